@@ -1,0 +1,58 @@
+# The two commands the README promises on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+NPM    := npm --no-audit --no-fund --loglevel=error
+
+DEV_STAMP     := $(VENV)/.dev-installed
+RUN_STAMP     := $(VENV)/.installed
+TEST_SERVERS  := tests/npm/node_modules/.installed
+INSPECTOR     := tests/npm-inspector/node_modules/.installed
+DEMO_SERVER   := examples/filesystem/node_modules/.installed
+
+.PHONY: test demo bench lint typecheck pytest clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --disable-pip-version-check -e .
+	touch $@
+
+$(DEV_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $@ $(RUN_STAMP)
+
+# Pinned by exact version and integrity hash; no package's install scripts run.
+$(TEST_SERVERS): tests/npm/package-lock.json
+	cd tests/npm && $(NPM) ci --ignore-scripts
+	touch $@
+
+$(INSPECTOR): tests/npm-inspector/package-lock.json
+	cd tests/npm-inspector && $(NPM) install --ignore-scripts
+	touch $@
+
+$(DEMO_SERVER): examples/filesystem/package-lock.json
+	cd examples/filesystem && $(NPM) ci --ignore-scripts
+	touch $@
+
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+typecheck: $(DEV_STAMP)
+	$(BIN)/mypy
+
+pytest: $(DEV_STAMP) $(TEST_SERVERS) $(INSPECTOR) $(DEMO_SERVER)
+	$(BIN)/pytest -q
+
+test: lint typecheck pytest
+
+demo: $(RUN_STAMP) $(DEMO_SERVER)
+	$(BIN)/agentrt demo
+
+bench: $(DEV_STAMP) $(TEST_SERVERS)
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) tests/npm/node_modules tests/npm-inspector/node_modules examples/filesystem/node_modules

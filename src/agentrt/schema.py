@@ -1,0 +1,196 @@
+"""Self-contained JSON Schema compilation.
+
+A tool schema may come from a server the operator does not control.  If the
+compiler followed a `$ref` to `file:///home/op/.ssh/id_ed25519` or
+`http://169.254.169.254/`, that server could make the runtime read the
+operator's files, block on a pipe or reach the network.  So a schema is first
+checked to be self-contained (`check_self_contained`), then compiled against a
+registry holding only the standard metaschemas, with retrieval refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Final
+
+import jsonschema
+import jsonschema.validators
+from jsonschema_specifications import REGISTRY as _METASCHEMAS
+from referencing import Registry
+from referencing.exceptions import NoSuchResource, Unresolvable
+
+from .errors import SchemaError
+from .sanitize import sanitize
+
+__all__ = ["WELL_KNOWN_DRAFTS", "CompiledSchema", "check_self_contained", "compile_schema"]
+
+_DRAFT_VALIDATORS: Final[dict[str, type[Any]]] = {
+    "http://json-schema.org/draft-03/schema": jsonschema.Draft3Validator,
+    "http://json-schema.org/draft-04/schema": jsonschema.Draft4Validator,
+    "http://json-schema.org/draft-06/schema": jsonschema.Draft6Validator,
+    "http://json-schema.org/draft-07/schema": jsonschema.Draft7Validator,
+    "https://json-schema.org/draft/2019-09/schema": jsonschema.Draft201909Validator,
+    "https://json-schema.org/draft/2020-12/schema": jsonschema.Draft202012Validator,
+}
+
+WELL_KNOWN_DRAFTS: Final = frozenset(
+    {uri for base in _DRAFT_VALIDATORS for uri in (base, base + "#")}
+)
+"""The draft metaschema URIs a schema may name in `$schema` or `$id`."""
+
+_OLD_DRAFTS: Final = frozenset(
+    {
+        "http://json-schema.org/draft-03/schema",
+        "http://json-schema.org/draft-03/schema#",
+        "http://json-schema.org/draft-04/schema",
+        "http://json-schema.org/draft-04/schema#",
+    }
+)
+_REF_KEYWORDS: Final = ("$ref", "$dynamicRef", "$recursiveRef")
+_SCHEME_OR_HOST: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:|^//")
+
+
+def _refuse_retrieval(uri: str) -> Any:
+    # Nothing outside the document and the bundled metaschemas is ever read.
+    raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
+
+
+_REGISTRY: Final = Registry(retrieve=_refuse_retrieval).combine(_METASCHEMAS)  # type: ignore[call-arg]
+
+
+def _walk(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    stack: list[tuple[Any, str]] = [(node, path)]
+    while stack:
+        current, where = stack.pop()
+        if isinstance(current, dict):
+            yield where, current
+            for key, value in current.items():
+                if isinstance(value, (dict, list)):
+                    stack.append((value, f"{where}/{key}"))
+        elif isinstance(current, list):
+            for index, value in enumerate(current):
+                if isinstance(value, (dict, list)):
+                    stack.append((value, f"{where}/{index}"))
+
+
+def check_self_contained(schema: Mapping[str, Any]) -> None:
+    """Refuse a schema that could make a compiler look outside it.
+
+    Refused anywhere in the document: a `$ref`, `$dynamicRef` or
+    `$recursiveRef` that is not a fragment; an `$id` that is neither a
+    fragment nor a well-known draft URI; a `$schema` that is not a well-known
+    draft URI; and, when the document uses draft-03/04, an `id` naming a
+    scheme or host.
+    """
+    nodes = list(_walk(dict(schema)))
+    old_draft = any(
+        isinstance(node.get("$schema"), str) and node["$schema"] in _OLD_DRAFTS for _, node in nodes
+    )
+    for where, node in nodes:
+        at = where or "/"
+        for keyword in _REF_KEYWORDS:
+            value = node.get(keyword)
+            if isinstance(value, str) and not value.startswith("#"):
+                raise SchemaError(
+                    f"the schema is not self-contained: {keyword} {sanitize(repr(value))} "
+                    f"at {sanitize(at)} points outside the document"
+                )
+        identifier = node.get("$id")
+        if (
+            isinstance(identifier, str)
+            and not identifier.startswith("#")
+            and identifier not in WELL_KNOWN_DRAFTS
+        ):
+            raise SchemaError(
+                f"the schema is not self-contained: $id {sanitize(repr(identifier))} "
+                f"at {sanitize(at)} is neither a fragment nor a well-known draft"
+            )
+        dialect = node.get("$schema")
+        if dialect is not None and (
+            not isinstance(dialect, str) or dialect not in WELL_KNOWN_DRAFTS
+        ):
+            raise SchemaError(
+                f"the schema is not self-contained: $schema {sanitize(repr(dialect))} "
+                f"at {sanitize(at)} is not a well-known draft"
+            )
+        legacy_id = node.get("id")
+        if old_draft and isinstance(legacy_id, str) and _SCHEME_OR_HOST.search(legacy_id):
+            raise SchemaError(
+                f"the schema is not self-contained: id {sanitize(repr(legacy_id))} "
+                f"at {sanitize(at)} names a scheme or host"
+            )
+
+
+def _is_integer(checker: Any, instance: Any) -> bool:
+    if isinstance(instance, bool):
+        return False
+    if isinstance(instance, int):
+        return True
+    if isinstance(instance, Decimal):
+        return instance.is_finite() and instance == instance.to_integral_value()
+    return isinstance(instance, float) and instance.is_integer()
+
+
+def _validator_class(schema: Mapping[str, Any]) -> type[Any]:
+    dialect = schema.get("$schema")
+    base_class: type[Any] = jsonschema.Draft202012Validator
+    if isinstance(dialect, str):
+        base_class = _DRAFT_VALIDATORS[dialect.rstrip("#")]
+    # JSON Schema counts 1.0 as an integer; parse_json yields Decimal('1.0').
+    type_checker = base_class.TYPE_CHECKER.redefine("integer", _is_integer)
+    return jsonschema.validators.extend(base_class, type_checker=type_checker)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledSchema:
+    """A compiled input schema; `first_error` validates one parsed instance."""
+
+    schema: Mapping[str, Any]
+    _validator: Any
+
+    def first_error(self, instance: Any) -> str | None:
+        """Return one sentence describing the first violation, or None when valid."""
+        try:
+            error = jsonschema.exceptions.best_match(self._validator.iter_errors(instance))
+        except (Unresolvable, RecursionError, ArithmeticError, ValueError, TypeError) as exc:
+            return f"the arguments could not be checked against the schema: {type(exc).__name__}"
+        except Exception as exc:  # a hostile schema must not crash the loop
+            return f"the arguments could not be checked against the schema: {type(exc).__name__}"
+        if error is None:
+            return None
+        where = "/".join(str(part) for part in error.absolute_path)
+        location = f" at /{where}" if where else ""
+        return f"{error.message}{location}"
+
+
+def compile_schema(schema: Mapping[str, Any]) -> CompiledSchema:
+    """Check a schema is self-contained and compile it, or raise `SchemaError` saying why."""
+    if not isinstance(schema, Mapping):
+        raise SchemaError("the input schema is not a JSON object")
+    check_self_contained(schema)
+    validator_class = _validator_class(schema)
+    try:
+        validator_class.check_schema(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        raise SchemaError(f"the schema does not compile: {sanitize(exc.message)}") from None
+    except Exception as exc:
+        raise SchemaError(f"the schema does not compile: {type(exc).__name__}") from None
+    validator = validator_class(schema, registry=_REGISTRY)
+    # jsonschema resolves references lazily; resolve each one now so a
+    # dangling reference is refused at registration, not at the first call.
+    resolver = validator._resolver
+    for _, node in _walk(dict(schema)):
+        for keyword in _REF_KEYWORDS:
+            reference = node.get(keyword)
+            if isinstance(reference, str) and keyword == "$ref":
+                try:
+                    resolver.lookup(reference)
+                except Exception:
+                    raise SchemaError(
+                        f"the schema does not compile: $ref {sanitize(repr(reference))} "
+                        "does not resolve inside the document"
+                    ) from None
+    return CompiledSchema(schema=schema, _validator=validator)
