@@ -1,0 +1,388 @@
+"""The proxy's one configuration file: which servers, which rules, which policy, which database.
+
+Whoever can write this file chooses how every tool is classified and where
+approvals are kept, so it is read only when the current user owns it and
+nobody else can write it.  Every object refuses a field it does not know,
+naming the field and the file: a misspelled `require_approval` would
+otherwise silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Final
+
+from ..canonical import JSONBoundaryError, parse_json
+from ..errors import AgentrtError
+from ..mcp._server import Server
+from ..policy import ClassPolicy, DefaultPolicy, Outcome
+from ..sanitize import sanitize
+from ..tools import SideEffect
+from ._files import Rules, read_owned, read_rules, rules_from_json
+
+__all__ = [
+    "DEFAULT_APPROVAL_TTL",
+    "DEFAULT_GRANT_TTL",
+    "DEFAULT_HOLD",
+    "DEFAULT_LEASE_TTL",
+    "DEFAULT_MAX_PENDING",
+    "DEFAULT_REPEAT_WINDOW",
+    "ConfigError",
+    "ProxyConfig",
+    "UpstreamConfig",
+    "load_config",
+    "parse_duration",
+]
+
+DEFAULT_HOLD: Final = 15.0
+DEFAULT_REPEAT_WINDOW: Final = 600.0
+DEFAULT_MAX_PENDING: Final = 5
+DEFAULT_APPROVAL_TTL: Final = 24 * 3600.0
+DEFAULT_GRANT_TTL: Final = 24 * 3600.0
+DEFAULT_LEASE_TTL: Final = 30.0
+
+SESSION_PATTERN: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+_TOP_FIELDS: Final = frozenset(
+    {
+        "database",
+        "session",
+        "servers",
+        "policy",
+        "hold",
+        "repeat_window",
+        "max_pending",
+        "approval_ttl",
+        "grant_ttl",
+        "lease_ttl",
+    }
+)
+_SERVER_FIELDS: Final = frozenset(
+    {
+        "name",
+        "command",
+        "endpoint",
+        "env",
+        "inherit_env",
+        "connect_timeout",
+        "default_timeout",
+        "manifest",
+        "rules",
+    }
+)
+# The proxy answers the host itself or passes a call on; it never ends a run
+# on a model's request, so `abort` is not offered.
+_POLICY_OUTCOMES: Final = {
+    "allow": Outcome.ALLOW,
+    "require_approval": Outcome.REQUIRE_APPROVAL,
+    "deny": Outcome.DENY,
+}
+
+
+class ConfigError(AgentrtError):
+    """The proxy configuration cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    """One upstream server, with the manifest it was pinned to and the operator's rules."""
+
+    server: Server
+    manifest_path: Path
+    rules: Rules
+    rules_path: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    """Everything `agentrt proxy` (and `agentrt pin/check`) reads from the file.
+
+    Durations are float seconds; paths are absolute.
+    """
+
+    path: Path
+    database: Path
+    session: str
+    servers: list[UpstreamConfig]
+    policy: ClassPolicy = field(default_factory=DefaultPolicy)
+    hold: float = DEFAULT_HOLD
+    repeat_window: float = DEFAULT_REPEAT_WINDOW
+    max_pending: int = DEFAULT_MAX_PENDING
+    approval_ttl: float = DEFAULT_APPROVAL_TTL
+    grant_ttl: float = DEFAULT_GRANT_TTL
+    lease_ttl: float = DEFAULT_LEASE_TTL
+
+    def protected_paths(self) -> list[Path]:
+        """The files a server must never be pointed at: whoever writes them governs the proxy."""
+        paths = [self.path, self.database]
+        paths += [Path(f"{self.database}{suffix}") for suffix in ("-wal", "-shm", "-journal")]
+        for upstream in self.servers:
+            paths.append(upstream.manifest_path)
+            if upstream.rules_path is not None:
+                paths.append(upstream.rules_path)
+        return paths
+
+
+_DURATION_PART: Final = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_SECONDS: Final = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go-style duration (`"15s"`, `"1m30s"`, `"250ms"`, `"24h"`).
+
+    Raises ValueError for anything else, a sign or zero included: every
+    duration the proxy reads must be positive.
+    """
+    position = 0
+    total = 0.0
+    while position < len(text):
+        match = _DURATION_PART.match(text, position)
+        if match is None:
+            break
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        position = match.end()
+    if not text or position != len(text):
+        raise ValueError(f"{sanitize(repr(text))} is not a duration like 15s, 1m30s or 250ms")
+    if not total > 0:
+        raise ValueError(f"{sanitize(repr(text))} is not a positive duration")
+    return total
+
+
+class _Reader:
+    """Field access that names the file and the field in every refusal."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, where: str, problem: str) -> ConfigError:
+        return ConfigError(f"{self.path}: {where} {problem}")
+
+    def object(self, value: Any, where: str, known: frozenset[str]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(where, "must be a JSON object")
+        for name in value:
+            if name not in known:
+                raise self.fail(f"{where}.{sanitize(name)}", "is not a field this file may have")
+        return value
+
+    def string(self, value: Any, where: str) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.fail(where, "must be a non-empty string")
+        return value
+
+    def strings(self, value: Any, where: str) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise self.fail(where, "must be a list of strings")
+        return list(value)
+
+    def duration(self, value: Any, where: str) -> float:
+        if not isinstance(value, str):
+            raise self.fail(where, "must be a duration string like 15s, 1m30s or 250ms")
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            raise self.fail(where, f"is wrong: {exc}") from None
+
+    def count(self, value: Any, where: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, Decimal)):
+            raise self.fail(where, "must be a positive whole number")
+        if isinstance(value, Decimal) and value != value.to_integral_value():
+            raise self.fail(where, "must be a positive whole number")
+        number = int(value)
+        if number < 1:
+            raise self.fail(where, "must be a positive whole number")
+        return number
+
+    def path_field(self, value: Any, where: str) -> Path:
+        text = self.string(value, where)
+        candidate = Path(text).expanduser()
+        if not candidate.is_absolute():
+            candidate = self.path.parent / candidate
+        return Path(os.path.abspath(candidate))
+
+
+def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
+    """Read and check the proxy configuration at `path`.
+
+    The file is read through `read_owned`, parsed with repeated keys refused,
+    and every field checked; relative paths are relative to the file.  Raises
+    `ConfigError` with one sentence naming the file and the field.
+    """
+    config_path = Path(os.path.abspath(Path(path).expanduser()))
+    reader = _Reader(config_path)
+    try:
+        data = read_owned(config_path)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the proxy configuration {config_path}: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        document = parse_json(data)
+    except JSONBoundaryError as exc:
+        raise ConfigError(f"{config_path} is not usable JSON: {exc}") from None
+    top = reader.object(document, "the configuration", _TOP_FIELDS)
+    for required in ("database", "session", "servers"):
+        if required not in top:
+            raise reader.fail(required, "is required")
+
+    session = reader.string(top["session"], "session")
+    if not SESSION_PATTERN.match(session):
+        raise reader.fail("session", "must be 1 to 64 letters, digits, '_' or '-'")
+    database = reader.path_field(top["database"], "database")
+
+    raw_servers = top["servers"]
+    if not isinstance(raw_servers, list) or not raw_servers:
+        raise reader.fail("servers", "must be a non-empty list of servers")
+    servers = [_upstream(reader, raw, f"servers[{index}]") for index, raw in enumerate(raw_servers)]
+    seen: set[str] = set()
+    for upstream in servers:
+        if upstream.server.name in seen:
+            raise reader.fail(
+                "servers", f'name the server "{sanitize(upstream.server.name)}" twice'
+            )
+        seen.add(upstream.server.name)
+
+    policy: ClassPolicy = DefaultPolicy()
+    if "policy" in top:
+        policy = _policy(reader, top["policy"])
+
+    config = ProxyConfig(
+        path=config_path,
+        database=database,
+        session=session,
+        servers=servers,
+        policy=policy,
+        hold=reader.duration(top["hold"], "hold") if "hold" in top else DEFAULT_HOLD,
+        repeat_window=(
+            reader.duration(top["repeat_window"], "repeat_window")
+            if "repeat_window" in top
+            else DEFAULT_REPEAT_WINDOW
+        ),
+        max_pending=(
+            reader.count(top["max_pending"], "max_pending")
+            if "max_pending" in top
+            else DEFAULT_MAX_PENDING
+        ),
+        approval_ttl=(
+            reader.duration(top["approval_ttl"], "approval_ttl")
+            if "approval_ttl" in top
+            else DEFAULT_APPROVAL_TTL
+        ),
+        grant_ttl=(
+            reader.duration(top["grant_ttl"], "grant_ttl")
+            if "grant_ttl" in top
+            else DEFAULT_GRANT_TTL
+        ),
+        lease_ttl=(
+            reader.duration(top["lease_ttl"], "lease_ttl")
+            if "lease_ttl" in top
+            else DEFAULT_LEASE_TTL
+        ),
+    )
+    _refuse_servers_that_reach_the_operators_files(config)
+    return config
+
+
+def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
+    entry = reader.object(raw, where, _SERVER_FIELDS)
+    for required in ("name", "manifest", "rules"):
+        if required not in entry:
+            raise reader.fail(f"{where}.{required}", "is required")
+    name = reader.string(entry["name"], f"{where}.name")
+    where = f'server "{sanitize(name)}"'
+    command = reader.strings(entry["command"], f"{where} command") if "command" in entry else None
+    endpoint = (
+        reader.string(entry["endpoint"], f"{where} endpoint") if "endpoint" in entry else None
+    )
+    options: dict[str, Any] = {}
+    if "env" in entry:
+        options["env"] = reader.strings(entry["env"], f"{where} env")
+    if "inherit_env" in entry:
+        options["inherit_env"] = reader.strings(entry["inherit_env"], f"{where} inherit_env")
+    if "connect_timeout" in entry:
+        options["connect_timeout"] = reader.duration(
+            entry["connect_timeout"], f"{where} connect_timeout"
+        )
+    if "default_timeout" in entry:
+        options["default_timeout"] = reader.duration(
+            entry["default_timeout"], f"{where} default_timeout"
+        )
+    try:
+        server = Server(name=name, command=command, endpoint=endpoint, **options)
+    except ValueError as exc:
+        raise ConfigError(f"{reader.path}: {exc}") from None
+
+    manifest_path = reader.path_field(entry["manifest"], f"{where} manifest")
+    raw_rules = entry["rules"]
+    rules_path: Path | None = None
+    try:
+        if isinstance(raw_rules, str):
+            rules_path = reader.path_field(raw_rules, f"{where} rules")
+            rules = read_rules(rules_path)
+        elif isinstance(raw_rules, dict):
+            rules = rules_from_json(raw_rules, f"{reader.path} ({where} rules)")
+        else:
+            raise reader.fail(f"{where} rules", "must be an object or the path of a rules file")
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{reader.path}: {where} rules: {exc}") from None
+    return UpstreamConfig(
+        server=server, manifest_path=manifest_path, rules=rules, rules_path=rules_path
+    )
+
+
+def _policy(reader: _Reader, raw: Any) -> ClassPolicy:
+    known = frozenset(str(side_effect) for side_effect in SideEffect)
+    entries = reader.object(raw, "policy", known)
+    outcomes: dict[SideEffect, Outcome] = {}
+    for name, value in entries.items():
+        if not isinstance(value, str) or value not in _POLICY_OUTCOMES:
+            raise reader.fail(f"policy.{name}", "must be allow, require_approval or deny")
+        outcomes[SideEffect(name)] = _POLICY_OUTCOMES[value]
+    # A class the file leaves out is denied (ClassPolicy's rule), never
+    # silently given the default's more generous answer.
+    return ClassPolicy(outcomes)
+
+
+def _names_or_holds(argument_path: str, protected: str) -> bool:
+    return protected == argument_path or protected.startswith(argument_path.rstrip(os.sep) + os.sep)
+
+
+def _refuse_servers_that_reach_the_operators_files(config: ProxyConfig) -> None:
+    """A stdio server handed the configuration, a manifest, the rules or the
+    database (or a directory holding one) could rewrite the policy or forge an
+    approval, so it is refused before it is ever started."""
+    protected = [os.path.realpath(path) for path in config.protected_paths()]
+    protected += [os.path.abspath(path) for path in config.protected_paths()]
+    for upstream in config.servers:
+        command = upstream.server.command
+        if command is None:
+            continue
+        for argument in command:
+            # `--root=/srv/data` names a path as surely as `/srv/data` does.
+            candidates = {argument, argument.partition("=")[2]} - {""}
+            for candidate in candidates:
+                expanded = os.path.expanduser(candidate)
+                for form in {os.path.abspath(expanded), os.path.realpath(expanded)}:
+                    for path in protected:
+                        if _names_or_holds(form, path):
+                            raise ConfigError(
+                                f'{config.path}: server "{sanitize(upstream.server.name)}" '
+                                f"would be started with {sanitize(repr(argument))}, which "
+                                f"reaches {path}; a server that can write it can rewrite "
+                                "the policy or forge an approval"
+                            )
