@@ -1,0 +1,822 @@
+"""The gate: the one place where a tool request is recorded, checked, decided,
+executed and recorded again.
+
+A program with its own loop proposes each decision with `Gate.step`; the
+`Driver` is that loop around an agent.  Every state change is a
+compare-and-set inside the transaction that writes its event, so two
+processes racing for one run cannot both act, and an operator's cancel
+stops a live loop at its next write.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import sqlite3
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+
+from .agent import Decision, DecisionKind, Observation
+from .approvals import end_run, expire_if_due
+from .canonical import JSONBoundaryError, canonical_json, parse_json
+from .errors import (
+    ApprovalHashMismatch,
+    RegistrationError,
+    RunLeased,
+    RunStateError,
+    SchemaError,
+)
+from .policy import DefaultPolicy, Outcome, Policy, PolicyDecision, RunView, ToolRequest
+from .sanitize import sanitize
+from .schema import CompiledSchema, compile_schema
+from .store import (
+    ApprovalRecord,
+    ApprovalStatus,
+    Event,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+    StepStatus,
+    Store,
+    approval_hash,
+    utc_now,
+)
+from .tools import TOOL_NAME_PATTERN, SideEffect, Tool, ToolCall, ToolResult, ToolSpec
+
+__all__ = ["INTERRUPTED_SIDE_EFFECT", "Gate", "Limits", "StepOutcome"]
+
+INTERRUPTED_SIDE_EFFECT: Final = "interrupted_side_effect"
+_MAX_ERROR_CHARS: Final = 2_000
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Run limits, checked before the next action starts.  Durations in seconds; None is off."""
+
+    max_steps: int = 50
+    max_consecutive_failures: int = 3
+    loop_window: int = 3
+    deadline: float | None = None
+    approval_ttl: float | None = None
+    grant_ttl: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """What one gate operation left behind."""
+
+    run_id: str
+    status: RunStatus
+    observation: Observation | None = None
+    approval: ApprovalRecord | None = None
+    result: str | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Registered:
+    tool: Tool
+    spec: ToolSpec
+    schema: CompiledSchema
+
+
+def _check_spec(tool: Any) -> _Registered:
+    spec = getattr(tool, "spec", None)
+    if not isinstance(spec, ToolSpec):
+        raise RegistrationError(f"{type(tool).__name__} has no ToolSpec `spec`")
+    name = spec.name
+    if not isinstance(name, str) or not TOOL_NAME_PATTERN.match(name):
+        raise RegistrationError(
+            f"tool name {sanitize(repr(name))} does not match ^[a-zA-Z0-9_-]{{1,64}}$"
+        )
+    if not isinstance(spec.description, str) or not spec.description.strip():
+        raise RegistrationError(f'tool "{name}" has no description')
+    if not isinstance(spec.side_effect, SideEffect):
+        raise RegistrationError(f'tool "{name}" has no side-effect class')
+    timeout = spec.timeout
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise RegistrationError(f'tool "{name}" needs a positive timeout in seconds')
+    if not isinstance(spec.input_schema, Mapping):
+        raise RegistrationError(f'tool "{name}" has no input schema object')
+    if spec.input_schema.get("type") != "object":
+        raise RegistrationError(f'tool "{name}": the input schema must describe an object')
+    if not callable(getattr(tool, "call", None)):
+        raise RegistrationError(f'tool "{name}" has no call method')
+    try:
+        compiled = compile_schema(spec.input_schema)
+    except SchemaError as exc:
+        raise SchemaError(f'tool "{name}": {exc}') from None
+    return _Registered(tool, spec, compiled)
+
+
+def _owner_label() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if len(text) > _MAX_ERROR_CHARS:
+        text = text[:_MAX_ERROR_CHARS] + "…"
+    return text
+
+
+class Gate:
+    """Record → validate → policy → execute → record, for a fixed set of tools."""
+
+    def __init__(
+        self,
+        store: Store,
+        tools: Iterable[Tool],
+        *,
+        policy: Policy | None = None,
+        limits: Limits | None = None,
+        observers: Sequence[Callable[[Event], object]] = (),
+        owner: str | None = None,
+        lease_ttl: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.policy: Policy = policy if policy is not None else DefaultPolicy()
+        self.limits = limits if limits is not None else Limits()
+        self.observers = tuple(observers)
+        self.owner = owner or _owner_label()
+        if not lease_ttl > 0:
+            raise ValueError("lease_ttl must be positive")
+        self.lease_ttl = float(lease_ttl)
+        self._tools: dict[str, _Registered] = {}
+        for tool in tools:
+            registered = _check_spec(tool)
+            if registered.spec.name in self._tools:
+                raise RegistrationError(f'tool name "{registered.spec.name}" is registered twice')
+            self._tools[registered.spec.name] = registered
+
+    @property
+    def specs(self) -> list[ToolSpec]:
+        """The specs the agent is shown, in registration order."""
+        return [registered.spec for registered in self._tools.values()]
+
+    # -- bookkeeping ---------------------------------------------------------
+
+    def _notify(self) -> None:
+        for event in self.store.take_committed_events():
+            for observer in self.observers:
+                try:
+                    observer(event)
+                except Exception:  # noqa: S112 - an observer must never break a run
+                    continue
+
+    def _acquire_lease(self, connection: sqlite3.Connection, run: RunRecord, now: float) -> None:
+        if (
+            run.lease_owner is not None
+            and run.lease_owner != self.owner
+            and run.lease_expires_at is not None
+            and run.lease_expires_at > now
+        ):
+            raise RunLeased(run.run_id, run.lease_owner, _iso(run.lease_expires_at))
+        cursor = connection.execute(
+            "UPDATE runs SET lease_owner = ?, lease_expires_at = ?"
+            " WHERE run_id = ?"
+            " AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
+            (self.owner, now + self.lease_ttl, run.run_id, self.owner, now),
+        )
+        if cursor.rowcount != 1:
+            raise RunStateError(f"run {sanitize(run.run_id)} was taken by another process")
+
+    def renew_lease(self, run_id: str) -> bool:
+        """Extend this gate's lease on a run; False if it no longer holds it."""
+        now = time.time()
+        with self.store.transaction() as connection:
+            cursor = connection.execute(
+                "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_owner = ?",
+                (now + self.lease_ttl, run_id, self.owner),
+            )
+            return cursor.rowcount == 1
+
+    @asynccontextmanager
+    async def lease(self, run_id: str) -> AsyncIterator[None]:
+        """Hold the run's lease (renewed in the background) for a loop around it."""
+        now = time.time()
+        with self.store.transaction() as connection:
+            run = self.store.get_run(run_id)
+            if not run.status.terminal:
+                self._acquire_lease(connection, run, now)
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._heartbeat, run_id)
+            try:
+                yield
+            finally:
+                group.cancel_scope.cancel()
+
+    async def _heartbeat(self, run_id: str) -> None:
+        while True:
+            await anyio.sleep(self.lease_ttl / 3)
+            try:
+                if not self.renew_lease(run_id):
+                    return
+            except sqlite3.Error:
+                continue
+
+    def history(self, run_id: str) -> list[Observation]:
+        """The observations of the run's steps so far, oldest first."""
+        observations = []
+        for step in self.store.list_steps(run_id, limit=1_000_000):
+            if step.observation_kind is None:
+                continue
+            observations.append(
+                Observation(
+                    step.step, step.tool, step.args, step.observation_kind, step.content or ""
+                )
+            )
+        return observations
+
+    def _run_view(self, run: RunRecord) -> RunView:
+        return RunView(
+            run_id=run.run_id,
+            goal=run.goal,
+            step_count=run.step_count,
+            consecutive_failures=run.consecutive_failures,
+            metadata=dict(run.metadata),
+        )
+
+    # -- starting and ending -------------------------------------------------
+
+    async def start(
+        self, goal: str, *, run_id: str | None = None, metadata: Mapping[str, str] | None = None
+    ) -> str:
+        """Record a new run and return its id."""
+        run_id = run_id or uuid.uuid4().hex
+        now = time.time()
+        created = utc_now()
+        deadline_at = None if self.limits.deadline is None else now + self.limits.deadline
+        with self.store.transaction() as connection:
+            seq_row = connection.execute(
+                "SELECT COALESCE(MAX(created_seq), 0) FROM runs"
+            ).fetchone()
+            try:
+                connection.execute(
+                    "INSERT INTO runs (run_id, goal, status, created_at, updated_at, metadata,"
+                    " deadline_at, created_seq) VALUES (?, ?, 'running', ?, ?, ?, ?, ?)",
+                    (run_id, goal, created, created, canonical_json(dict(metadata or {})),
+                     deadline_at, seq_row[0] + 1),
+                )  # fmt: skip
+            except sqlite3.IntegrityError:
+                raise RunStateError(f"run {sanitize(run_id)} already exists") from None
+            self.store.append_event(
+                connection, run_id, "run_started",
+                {"goal": goal, "tools": [spec.name for spec in self.specs],
+                 "metadata": dict(metadata or {})},
+            )  # fmt: skip
+        self._notify()
+        return run_id
+
+    def _limit_reached(self, run: RunRecord, now: float) -> str | None:
+        if run.deadline_at is not None and now >= run.deadline_at:
+            return "deadline"
+        if run.step_count >= self.limits.max_steps:
+            return "step_limit"
+        if run.consecutive_failures >= self.limits.max_consecutive_failures:
+            return "failure_limit"
+        window = self.limits.loop_window
+        if window > 0 and run.step_count >= window:
+            recent = self.store.last_steps(run.run_id, window)
+            if (
+                len(recent) == window
+                and all(step.status is StepStatus.SUCCEEDED for step in recent)
+                and len({(step.tool, step.args, step.content) for step in recent}) == 1
+            ):
+                return "loop_detected"
+        return None
+
+    # -- the sequence --------------------------------------------------------
+
+    async def step(self, run_id: str, decision: Decision) -> StepOutcome:
+        """Propose the agent's next decision for a running run and carry it out."""
+        now = time.time()
+        run = self.store.get_run(run_id)
+        if run.status is not RunStatus.RUNNING:
+            raise RunStateError(f"run {sanitize(run_id)} is {run.status}, not running")
+        if decision.kind is DecisionKind.COMPLETE:
+            return self._finish(run, RunStatus.COMPLETED, "completed", decision.result)
+        if decision.kind is DecisionKind.FAIL:
+            return self._finish(run, RunStatus.FAILED, decision.reason or "agent_failed", None)
+        limit = self._limit_reached(run, now)
+        if limit is not None:
+            return self._finish(run, RunStatus.FAILED, limit, None)
+
+        step_number = run.step_count + 1
+        tool_name, args = decision.tool, decision.args
+        registered = self._tools.get(tool_name)
+        problem: str | None = None
+        arguments: Any = None
+        if registered is None:
+            problem = f"unknown tool {sanitize(repr(tool_name))}"
+        else:
+            try:
+                arguments = parse_json(args)
+            except JSONBoundaryError as exc:
+                problem = f"the arguments are not valid JSON: {exc}"
+            else:
+                error = registered.schema.first_error(arguments)
+                if error is not None:
+                    problem = f"the arguments do not match the schema: {error}"
+        stored_args = args.encode("utf-8", "backslashreplace").decode("utf-8")
+
+        if problem is not None or registered is None:
+            return self._record_invalid(run, step_number, tool_name, stored_args, problem or "")
+
+        request = ToolRequest(registered.spec, args, arguments, run_id, step_number)
+        decision_made = await self._evaluate(request, run)
+        return await self._apply_decision(run, step_number, registered, request, decision_made)
+
+    async def _evaluate(self, request: ToolRequest, run: RunRecord) -> PolicyDecision:
+        try:
+            decided = await self.policy.evaluate(request, self._run_view(run))
+        except Exception as exc:
+            # Fail closed: a policy that cannot decide never lets a request through.
+            return PolicyDecision.abort(f"policy_error: {_error_text(exc)}")
+        if not isinstance(decided, PolicyDecision) or not isinstance(decided.outcome, Outcome):
+            return PolicyDecision.abort("policy_error: the policy returned no PolicyDecision")
+        return decided
+
+    def _record_invalid(
+        self, run: RunRecord, step_number: int, tool: str, args: str, problem: str
+    ) -> StepOutcome:
+        started = utc_now()
+        with self.store.transaction() as connection:
+            self._check_running(connection, run.run_id)
+            connection.execute(
+                "INSERT INTO steps (run_id, step, tool, args, status, observation_kind, content,"
+                " started_at, finished_at) VALUES (?, ?, ?, ?, 'invalid', 'invalid', ?, ?, ?)",
+                (run.run_id, step_number, tool, args, problem, started, started),
+            )
+            connection.execute(
+                "UPDATE runs SET step_count = ?, consecutive_failures = consecutive_failures + 1,"
+                " updated_at = ? WHERE run_id = ?",
+                (step_number, started, run.run_id),
+            )
+            self.store.append_event(
+                connection, run.run_id, "step_invalid",
+                {"step": step_number, "tool": tool, "args": args, "problem": problem},
+            )  # fmt: skip
+        self._notify()
+        observation = Observation(step_number, tool, args, "invalid", problem)
+        return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="invalid")
+
+    def _check_running(
+        self, connection: sqlite3.Connection, run_id: str, status: RunStatus = RunStatus.RUNNING
+    ) -> None:
+        row = connection.execute("SELECT status FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None or row[0] != status:
+            actual = row[0] if row else "missing"
+            raise RunStateError(f"run {sanitize(run_id)} is {actual}, not {status}")
+
+    async def _apply_decision(
+        self,
+        run: RunRecord,
+        step_number: int,
+        registered: _Registered,
+        request: ToolRequest,
+        decided: PolicyDecision,
+    ) -> StepOutcome:
+        now = time.time()
+        started = utc_now()
+        name, args = registered.spec.name, request.args
+        approval: ApprovalRecord | None = None
+        with self.store.transaction() as connection:
+            self._check_running(connection, run.run_id)
+            fresh = self.store.get_run(run.run_id)
+            self._acquire_lease(connection, fresh, now)
+            connection.execute(
+                "INSERT INTO steps (run_id, step, tool, args, status, started_at)"
+                " VALUES (?, ?, ?, ?, 'recorded', ?)",
+                (run.run_id, step_number, name, args, started),
+            )
+            connection.execute(
+                "UPDATE runs SET step_count = ?, updated_at = ? WHERE run_id = ?",
+                (step_number, started, run.run_id),
+            )
+            self.store.append_event(
+                connection, run.run_id, "step_recorded",
+                {"step": step_number, "tool": name, "args": args},
+            )  # fmt: skip
+            self.store.append_event(
+                connection, run.run_id, "policy_decided",
+                {"step": step_number, "outcome": str(decided.outcome), "reason": decided.reason},
+            )  # fmt: skip
+            if decided.outcome is Outcome.DENY:
+                self._set_step(connection, run.run_id, step_number, StepStatus.DENIED,
+                               "denied", decided.reason or "denied by policy", None)  # fmt: skip
+            elif decided.outcome is Outcome.ABORT:
+                self._set_step(connection, run.run_id, step_number, StepStatus.DENIED,
+                               "denied", decided.reason or "aborted by policy", None)  # fmt: skip
+                end_run(self.store, connection, run.run_id, RunStatus.FAILED,
+                        "policy_error" if decided.reason.startswith("policy_error")
+                        else "policy_abort")  # fmt: skip
+            elif decided.outcome is Outcome.REQUIRE_APPROVAL:
+                approval = self._request_approval(
+                    connection, run.run_id, step_number, name, args, decided, now
+                )
+            else:
+                self._mark_executing(connection, run.run_id, step_number, name)
+        self._notify()
+        if decided.outcome is Outcome.DENY:
+            observation = Observation(
+                step_number, name, args, "denied", decided.reason or "denied by policy"
+            )
+            return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="denied")
+        if decided.outcome is Outcome.ABORT:
+            return StepOutcome(run.run_id, RunStatus.FAILED, reason=decided.reason)
+        if approval is not None:
+            return StepOutcome(
+                run.run_id, RunStatus.WAITING_FOR_APPROVAL, approval=approval,
+                reason="waiting_for_approval",
+            )  # fmt: skip
+        return await self._execute(run.run_id, step_number, registered, args)
+
+    def _set_step(
+        self,
+        connection: sqlite3.Connection,
+        run_id: str,
+        step: int,
+        status: StepStatus,
+        observation_kind: str | None,
+        content: str | None,
+        summary: str | None,
+    ) -> None:
+        connection.execute(
+            "UPDATE steps SET status = ?, observation_kind = ?, content = ?, summary = ?,"
+            " finished_at = ? WHERE run_id = ? AND step = ?",
+            (str(status), observation_kind, content, summary, utc_now(), run_id, step),
+        )
+        if status is StepStatus.DENIED:
+            self.store.append_event(
+                connection, run_id, "step_denied", {"step": step, "reason": content or ""}
+            )
+
+    def _request_approval(
+        self,
+        connection: sqlite3.Connection,
+        run_id: str,
+        step: int,
+        tool: str,
+        args: str,
+        decided: PolicyDecision,
+        now: float,
+    ) -> ApprovalRecord:
+        kind = decided.kind or "approval"
+        # Round-trip through canonical JSON so the stored and hashed forms are one.
+        capability = parse_json(canonical_json(decided.capability))
+        presentation = parse_json(canonical_json(decided.presentation))
+        digest = approval_hash(kind, capability, presentation, tool, args)
+        approval_id = uuid.uuid4().hex[:16]
+        expires_at = None if self.limits.approval_ttl is None else now + self.limits.approval_ttl
+        seq_row = connection.execute(
+            "SELECT COALESCE(MAX(created_seq), 0) FROM approvals"
+        ).fetchone()
+        connection.execute(
+            "UPDATE approvals SET status = 'superseded'"
+            " WHERE run_id = ? AND status IN ('pending', 'approved')",
+            (run_id,),
+        )
+        connection.execute(
+            "INSERT INTO approvals (approval_id, run_id, step, kind, capability, presentation,"
+            " tool, args, approval_hash, status, created_at, expires_at, created_seq)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
+            (approval_id, run_id, step, kind, canonical_json(capability),
+             canonical_json(presentation), tool, args, digest, utc_now(), expires_at,
+             seq_row[0] + 1),
+        )  # fmt: skip
+        connection.execute(
+            "UPDATE steps SET status = 'waiting' WHERE run_id = ? AND step = ?", (run_id, step)
+        )
+        cursor = connection.execute(
+            "UPDATE runs SET status = 'waiting_for_approval', updated_at = ?,"
+            " lease_owner = NULL, lease_expires_at = NULL"
+            " WHERE run_id = ? AND status IN ('running', 'waiting_for_approval')",
+            (utc_now(), run_id),
+        )
+        if cursor.rowcount != 1:
+            raise RunStateError(f"run {sanitize(run_id)} ended while asking for approval")
+        self.store.append_event(
+            connection, run_id, "approval_requested",
+            {"approval_id": approval_id, "step": step, "kind": kind, "tool": tool,
+             "args": args, "capability": capability, "presentation": presentation,
+             "approval_hash": digest, "reason": decided.reason},
+        )  # fmt: skip
+        return self.store.get_approval(approval_id)
+
+    def _mark_executing(
+        self, connection: sqlite3.Connection, run_id: str, step: int, tool: str
+    ) -> None:
+        connection.execute(
+            "UPDATE steps SET status = 'executing' WHERE run_id = ? AND step = ?", (run_id, step)
+        )
+        self.store.append_event(connection, run_id, "tool_started", {"step": step, "tool": tool})
+
+    async def _execute(
+        self, run_id: str, step: int, registered: _Registered, args: str
+    ) -> StepOutcome:
+        spec = registered.spec
+        call = ToolCall(args=args, tool=spec.name, run_id=run_id, step=step)
+        error: str | None = None
+        result: ToolResult | None = None
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._heartbeat, run_id)
+            try:
+                with anyio.fail_after(spec.timeout):
+                    result = await registered.tool.call(call)
+            except TimeoutError:
+                error = f"the tool {spec.name} timed out after {spec.timeout:g}s"
+            except anyio.get_cancelled_exc_class():
+                group.cancel_scope.cancel()
+                raise
+            except Exception as exc:
+                error = f"the tool {spec.name} failed: {_error_text(exc)}"
+            group.cancel_scope.cancel()
+        if error is None and result is not None:
+            if not isinstance(result, ToolResult) or not isinstance(result.content, str):
+                error = f"the tool {spec.name} returned no ToolResult"
+            else:
+                try:
+                    parse_json(result.content)
+                except JSONBoundaryError as exc:
+                    error = f"the tool {spec.name} returned content that is not valid JSON: {exc}"
+        return self._record_result(run_id, step, spec, args, result, error)
+
+    def _record_result(
+        self,
+        run_id: str,
+        step: int,
+        spec: ToolSpec,
+        args: str,
+        result: ToolResult | None,
+        error: str | None,
+    ) -> StepOutcome:
+        finished = utc_now()
+        status = RunStatus.RUNNING
+        run_result: str | None = None
+        with self.store.transaction() as connection:
+            if error is not None:
+                raw_content = (
+                    result.content if result is not None and isinstance(result.content, str) else ""
+                )
+                self._set_step(connection, run_id, step, StepStatus.FAILED, "tool_error", error,
+                               raw_content[:_MAX_ERROR_CHARS] or None)  # fmt: skip
+                connection.execute(
+                    "UPDATE runs SET consecutive_failures = consecutive_failures + 1,"
+                    " updated_at = ? WHERE run_id = ?",
+                    (finished, run_id),
+                )
+                self.store.append_event(
+                    connection, run_id, "tool_error",
+                    {"step": step, "tool": spec.name, "error": error},
+                )  # fmt: skip
+            else:
+                assert result is not None
+                self._set_step(connection, run_id, step, StepStatus.SUCCEEDED, "result",
+                               result.content, result.summary)  # fmt: skip
+                connection.execute(
+                    "UPDATE runs SET consecutive_failures = 0, updated_at = ? WHERE run_id = ?",
+                    (finished, run_id),
+                )
+                self.store.append_event(
+                    connection, run_id, "tool_finished",
+                    {"step": step, "tool": spec.name, "content": result.content,
+                     "summary": result.summary},
+                )  # fmt: skip
+            current = connection.execute(
+                "SELECT status FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()[0]
+            status = RunStatus(current)
+            if status is RunStatus.RUNNING and error is None and spec.terminal:
+                assert result is not None
+                run_result = result.content
+                end_run(
+                    self.store, connection, run_id, RunStatus.COMPLETED, "completed", run_result
+                )
+                status = RunStatus.COMPLETED
+        self._notify()
+        kind = "tool_error" if error is not None else "result"
+        content = error if error is not None else (result.content if result else "")
+        observation = Observation(step, spec.name, args, kind, content)
+        return StepOutcome(run_id, status, observation, result=run_result, reason=kind)
+
+    def _finish(
+        self, run: RunRecord, status: RunStatus, reason: str, result: str | None
+    ) -> StepOutcome:
+        with self.store.transaction() as connection:
+            end_run(self.store, connection, run.run_id, status, reason, result)
+        self._notify()
+        return StepOutcome(run.run_id, status, result=result, reason=reason)
+
+    # -- resuming ------------------------------------------------------------
+
+    async def resume(self, run_id: str) -> StepOutcome:
+        """Continue a run after an approval decision or after its process died.
+
+        A waiting run whose latest approval was granted: the policy is asked
+        again, and if it still allows, exactly the recorded request executes.
+        A run whose process died mid-tool: a read-only step is marked
+        interrupted; any other step pauses on an `interrupted_side_effect`
+        approval, since the first attempt may have taken effect.
+        """
+        now = time.time()
+        run = self.store.get_run(run_id)
+        if run.status.terminal:
+            raise RunStateError(f"run {sanitize(run_id)} already ended ({run.status})")
+        if run.status is RunStatus.RUNNING:
+            return self._resume_running(run, now)
+        return await self._resume_waiting(run, now)
+
+    def _resume_running(self, run: RunRecord, now: float) -> StepOutcome:
+        with self.store.transaction() as connection:
+            self._check_running(connection, run.run_id)
+            fresh = self.store.get_run(run.run_id)
+            if fresh.lease_owner == self.owner:
+                raise RunStateError(f"run {sanitize(run.run_id)} is already being run by this gate")
+            self._acquire_lease(connection, fresh, now)
+            executing = connection.execute(
+                "SELECT step FROM steps WHERE run_id = ? AND status = 'executing'", (run.run_id,)
+            ).fetchone()
+            if executing is None:
+                self.store.append_event(connection, run.run_id, "run_taken_over",
+                                        {"owner": self.owner})  # fmt: skip
+                step_record = None
+            else:
+                step_record = self.store.get_step(run.run_id, executing[0])
+                assert step_record is not None
+                self._interrupt(connection, run.run_id, step_record, now)
+        self._notify()
+        if step_record is None:
+            return StepOutcome(run.run_id, RunStatus.RUNNING, reason="taken_over")
+        current = self.store.get_run(run.run_id)
+        if current.status is RunStatus.WAITING_FOR_APPROVAL:
+            return StepOutcome(
+                run.run_id, current.status, approval=self.store.waiting_approval(run.run_id),
+                reason=INTERRUPTED_SIDE_EFFECT,
+            )  # fmt: skip
+        observation = Observation(
+            step_record.step, step_record.tool, step_record.args, "interrupted",
+            "the tool was interrupted before it returned; it may be called again",
+        )  # fmt: skip
+        return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="interrupted")
+
+    def _interrupt(
+        self, connection: sqlite3.Connection, run_id: str, step: StepRecord, now: float
+    ) -> None:
+        registered = self._tools.get(step.tool)
+        read_only = registered is not None and registered.spec.side_effect is SideEffect.READ_ONLY
+        if read_only:
+            self._set_step(connection, run_id, step.step, StepStatus.INTERRUPTED, "interrupted",
+                           "the tool was interrupted before it returned; it may be called again",
+                           None)  # fmt: skip
+            self.store.append_event(connection, run_id, "step_interrupted",
+                                    {"step": step.step, "tool": step.tool})  # fmt: skip
+            return
+        side_effect = str(registered.spec.side_effect) if registered else "unknown"
+        decided = PolicyDecision.require_approval(
+            kind=INTERRUPTED_SIDE_EFFECT,
+            capability={"tool": step.tool, "step": step.step, "side_effect": side_effect},
+            presentation={
+                "tool": step.tool,
+                "side_effect": side_effect,
+                "warning": "the process running this tool died before it returned; "
+                "the first attempt may have taken effect. Approving runs the same request again.",
+                "arguments": step.args,
+            },
+            reason="a mutating tool was interrupted",
+        )
+        self.store.append_event(connection, run_id, "step_interrupted",
+                                {"step": step.step, "tool": step.tool})  # fmt: skip
+        self._request_approval(connection, run_id, step.step, step.tool, step.args, decided, now)
+
+    async def _resume_waiting(self, run: RunRecord, now: float) -> StepOutcome:
+        approval = self.store.latest_approval(run.run_id)
+        if approval is None:
+            raise RunStateError(f"run {sanitize(run.run_id)} waits on no approval")
+        if approval.status is ApprovalStatus.PENDING:
+            with self.store.transaction() as connection:
+                expired = expire_if_due(self.store, connection, approval, now)
+            self._notify()
+            if expired:
+                return StepOutcome(run.run_id, RunStatus.CANCELLED, reason="approval_expired")
+            return StepOutcome(
+                run.run_id, RunStatus.WAITING_FOR_APPROVAL, approval=approval,
+                reason="waiting_for_approval",
+            )  # fmt: skip
+        if approval.status is not ApprovalStatus.APPROVED:
+            raise RunStateError(
+                f"run {sanitize(run.run_id)}: approval {approval.approval_id} is {approval.status}"
+            )
+        if approval.recomputed_hash() != approval.approval_hash:
+            raise ApprovalHashMismatch(
+                f"approval {approval.approval_id} no longer matches its hash; the stored "
+                "request was changed and will not run"
+            )
+        grant_deadline: float | None = approval.grant_expires_at
+        if grant_deadline is None and self.limits.grant_ttl is not None:
+            decided_at = approval.decided_at
+            grant_deadline = (_parse_iso(decided_at) if decided_at else now) + self.limits.grant_ttl
+        if grant_deadline is not None and now >= grant_deadline:
+            with self.store.transaction() as connection:
+                connection.execute(
+                    "UPDATE approvals SET status = 'expired' WHERE approval_id = ? AND status = ?",
+                    (approval.approval_id, "approved"),
+                )
+                end_run(self.store, connection, run.run_id, RunStatus.CANCELLED, "grant_expired")
+            self._notify()
+            return StepOutcome(run.run_id, RunStatus.CANCELLED, reason="grant_expired")
+
+        registered = self._tools.get(approval.tool)
+        if registered is None:
+            raise RunStateError(
+                f"run {sanitize(run.run_id)} waits on tool {sanitize(approval.tool)}, "
+                "which this gate does not have"
+            )
+        # Re-evaluate: the operator's yes does not outrank a policy that now says no.
+        arguments = parse_json(approval.args)
+        request = ToolRequest(registered.spec, approval.args, arguments, run.run_id, approval.step)
+        decided = await self._evaluate(request, run)
+        if decided.outcome is Outcome.REQUIRE_APPROVAL and approval.kind != INTERRUPTED_SIDE_EFFECT:
+            fresh_hash = approval_hash(
+                decided.kind or "approval",
+                parse_json(canonical_json(decided.capability)),
+                parse_json(canonical_json(decided.presentation)),
+                approval.tool,
+                approval.args,
+            )
+            if fresh_hash != approval.approval_hash:
+                with self.store.transaction() as connection:
+                    self._check_running(connection, run.run_id, RunStatus.WAITING_FOR_APPROVAL)
+                    new_approval = self._request_approval(
+                        connection, run.run_id, approval.step, approval.tool, approval.args,
+                        decided, now,
+                    )  # fmt: skip
+                self._notify()
+                return StepOutcome(
+                    run.run_id, RunStatus.WAITING_FOR_APPROVAL, approval=new_approval,
+                    reason="approval_superseded",
+                )  # fmt: skip
+
+        with self.store.transaction() as connection:
+            self._check_running(connection, run.run_id, RunStatus.WAITING_FOR_APPROVAL)
+            cursor = connection.execute(
+                "UPDATE approvals SET status = 'used'"
+                " WHERE approval_id = ? AND status = 'approved'",
+                (approval.approval_id,),
+            )
+            if cursor.rowcount != 1:
+                raise RunStateError(
+                    f"approval {approval.approval_id} was used by another resume first"
+                )
+            connection.execute(
+                "UPDATE runs SET status = 'running', updated_at = ? WHERE run_id = ?"
+                " AND status = 'waiting_for_approval'",
+                (utc_now(), run.run_id),
+            )
+            self.store.append_event(
+                connection, run.run_id, "run_resumed",
+                {"approval_id": approval.approval_id, "outcome": str(decided.outcome)},
+            )  # fmt: skip
+            fresh = self.store.get_run(run.run_id)
+            self._acquire_lease(connection, fresh, now)
+            if decided.outcome is Outcome.DENY:
+                self._set_step(connection, run.run_id, approval.step, StepStatus.DENIED, "denied",
+                               decided.reason or "denied by policy", None)  # fmt: skip
+            elif decided.outcome is Outcome.ABORT:
+                self._set_step(connection, run.run_id, approval.step, StepStatus.DENIED, "denied",
+                               decided.reason or "aborted by policy", None)  # fmt: skip
+                end_run(self.store, connection, run.run_id, RunStatus.FAILED, "policy_abort")
+            else:
+                self._mark_executing(connection, run.run_id, approval.step, approval.tool)
+        self._notify()
+        if decided.outcome is Outcome.DENY:
+            observation = Observation(approval.step, approval.tool, approval.args, "denied",
+                                      decided.reason or "denied by policy")  # fmt: skip
+            return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="denied")
+        if decided.outcome is Outcome.ABORT:
+            return StepOutcome(run.run_id, RunStatus.FAILED, reason=decided.reason)
+        return await self._execute(run.run_id, approval.step, registered, approval.args)
+
+
+def _iso(epoch: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _parse_iso(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
