@@ -10,29 +10,12 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
-from ..canonical import JSONBoundaryError, parse_json
-from ..sanitize import sanitize
-from ..tools import SideEffect
+from ..canonical import canonical_json
+from ..mcp._rules import Rules, rules_from_json
 
-__all__ = ["Rules", "read_owned", "read_rules", "rules_from_json"]
-
-Rules = dict[str, dict[str, Any]]
-
-_FILE_RULE_FIELDS: Final = frozenset(
-    {
-        "side_effect",
-        "timeout",
-        "terminal",
-        "description",
-        "deny",
-        "fixed",
-        "rename",
-        "allow_hint_mismatch",
-    }
-)
+__all__ = ["read_owned", "read_rules", "rules_from_object"]
 
 
 def read_owned(path: str | os.PathLike[str]) -> bytes:
@@ -58,30 +41,13 @@ def read_owned(path: str | os.PathLike[str]) -> bytes:
         os.close(descriptor)
 
 
-def rules_from_json(document: Any, source: str) -> Rules:
-    """Check a parsed rules object: tool name → rule with known fields only."""
-    if not isinstance(document, dict):
-        raise ValueError(f"{source}: the rules must be a JSON object of tool name to rule")
-    rules: Rules = {}
-    for tool, rule in document.items():
-        if not isinstance(rule, dict):
-            raise ValueError(f'{source}: the rule for "{sanitize(tool)}" must be an object')
-        for name in rule:
-            if name not in _FILE_RULE_FIELDS:
-                raise ValueError(
-                    f'{source}: the rule for "{sanitize(tool)}" has an unknown field '
-                    f'"{sanitize(name)}"'
-                )
-        if rule.get("side_effect") not in {str(side_effect) for side_effect in SideEffect}:
-            raise ValueError(f'{source}: the rule for "{sanitize(tool)}" needs a side_effect')
-        rules[tool] = dict(rule)
-    return rules
+def rules_from_object(document: Any, source: str) -> Rules:
+    """The `Rules` an inline rules object describes, checked like a rules file."""
+    file_rules = rules_from_json(canonical_json(document), source=source)
+    return {tool: rule.to_rule() for tool, rule in file_rules.items()}
 
 
 def read_rules(path: str | os.PathLike[str]) -> Rules:
     """Read a rules file through `read_owned`."""
-    try:
-        document = parse_json(read_owned(path))
-    except JSONBoundaryError as exc:
-        raise ValueError(f"{Path(path)} is not usable JSON: {exc}") from None
-    return rules_from_json(document, str(path))
+    file_rules = rules_from_json(read_owned(path), source=str(path))
+    return {tool: rule.to_rule() for tool, rule in file_rules.items()}

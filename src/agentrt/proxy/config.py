@@ -18,11 +18,12 @@ from typing import Any, Final
 
 from ..canonical import JSONBoundaryError, parse_json
 from ..errors import AgentrtError
+from ..mcp._rules import Rules
 from ..mcp._server import Server
 from ..policy import ClassPolicy, DefaultPolicy, Outcome
 from ..sanitize import sanitize
 from ..tools import SideEffect
-from ._files import Rules, read_owned, read_rules, rules_from_json
+from ._files import read_owned, read_rules, rules_from_object
 
 __all__ = [
     "DEFAULT_APPROVAL_TTL",
@@ -333,12 +334,12 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
             rules_path = reader.path_field(raw_rules, f"{where} rules")
             rules = read_rules(rules_path)
         elif isinstance(raw_rules, dict):
-            rules = rules_from_json(raw_rules, f"{reader.path} ({where} rules)")
+            rules = rules_from_object(raw_rules, f"{reader.path} ({where} rules)")
         else:
             raise reader.fail(f"{where} rules", "must be an object or the path of a rules file")
     except ConfigError:
         raise
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, AgentrtError) as exc:
         raise ConfigError(f"{reader.path}: {where} rules: {exc}") from None
     return UpstreamConfig(
         server=server, manifest_path=manifest_path, rules=rules, rules_path=rules_path
