@@ -1,0 +1,108 @@
+"""The `agentrt` group: global options, how the database is opened, and exit codes.
+
+Exit 0 is success, 1 a refusal or a check that failed, 2 bad usage or a
+database (or configuration) that cannot be used.  Every error is one line on
+stderr, `agentrt: <sentence>`, with anything a model, a server or a file
+chose escaped.
+"""
+
+from __future__ import annotations
+
+import getpass
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import IO, Any, Final
+
+import click
+
+from ..errors import AgentrtError, StoreError
+from ..sanitize import sanitize
+from ..store import Store, open_store
+from ._output import Output
+
+__all__ = [
+    "EXIT_REFUSED",
+    "EXIT_UNUSABLE",
+    "AgentrtGroup",
+    "CommandError",
+    "Settings",
+    "login_name",
+    "open_for_deciding",
+    "open_for_reading",
+]
+
+EXIT_REFUSED: Final = 1
+EXIT_UNUSABLE: Final = 2
+
+
+class CommandError(click.ClickException):
+    """A one-sentence refusal or failure with its exit code, printed as `agentrt: …`."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_REFUSED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"agentrt: {self.format_message()}", err=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The global options every subcommand receives."""
+
+    database: str | None
+    output: Output
+
+
+class AgentrtGroup(click.Group):
+    """The command group; turns the runtime's typed errors into exit codes."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except StoreError as error:
+            raise CommandError(sanitize(str(error)), EXIT_UNUSABLE) from error
+        except sqlite3.DatabaseError as error:
+            # A file that is not an agentrt database (or is damaged) surfaces
+            # here; naming it beats a traceback.
+            raise CommandError(
+                f"the database cannot be read: {sanitize(str(error))}", EXIT_UNUSABLE
+            ) from error
+        except AgentrtError as error:
+            raise CommandError(sanitize(str(error)), EXIT_REFUSED) from error
+
+
+def _database_path(settings: Settings) -> str:
+    if not settings.database:
+        raise CommandError("no database given: pass --db PATH or set AGENTRT_DB", EXIT_UNUSABLE)
+    return settings.database
+
+
+@contextmanager
+def open_for_reading(settings: Settings) -> Iterator[Store]:
+    """The existing database, opened read-only: never created, migrated or written."""
+    store = open_store(_database_path(settings), read_only=True, create=False)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@contextmanager
+def open_for_deciding(settings: Settings) -> Iterator[Store]:
+    """The existing database, opened to record an operator's decision; never created."""
+    store = open_store(_database_path(settings), create=False)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def login_name() -> str:
+    """The login name, used as a label for who decided (it proves nothing)."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return ""

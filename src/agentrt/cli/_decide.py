@@ -1,0 +1,183 @@
+"""`approve`, `reject`, `cancel`: the operator's decisions, recorded in the database.
+
+An approval is a hash, not a yes.  The command prints the waiting request,
+hashes exactly the fields it printed, and decides against that hash; the
+store then refuses if the row changed in between (edited in the database, or
+replaced by a newer approval).  Nobody is asked without a terminal: a script
+names the approval it means (`--approval ID`) or says `--yes`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Final, TypeVar
+
+import click
+
+from .. import approvals
+from ..sanitize import sanitize
+from ..store import ApprovalRecord, ApprovalStatus, Store, approval_hash
+from ._app import CommandError, Settings, login_name, open_for_deciding
+from ._inspect import approval_fields, approval_json
+
+__all__ = ["approve", "cancel", "reject"]
+
+FC = TypeVar("FC", bound=Callable[..., object])
+
+_APPROVE: Final = "approve"
+_REJECT: Final = "reject"
+
+
+def _at_a_terminal() -> bool:
+    """Whether a person can answer: standard input is a terminal."""
+    return sys.stdin.isatty()
+
+
+def _find_waiting(store: Store, run_id: str, approval_id: str | None) -> ApprovalRecord:
+    if approval_id is None:
+        approval = store.waiting_approval(run_id)
+        if approval is None or approval.status is not ApprovalStatus.PENDING:
+            run = store.get_run(run_id)
+            raise CommandError(
+                f"run {sanitize(run_id)} is not waiting for a decision (it is {run.status})"
+            )
+        return approval
+    approval = store.get_approval(approval_id)
+    if approval.run_id != run_id:
+        raise CommandError(
+            f"approval {sanitize(approval_id)} belongs to run {sanitize(approval.run_id)}, "
+            f"not {sanitize(run_id)}"
+        )
+    if approval.status is not ApprovalStatus.PENDING:
+        raise CommandError(
+            f"approval {sanitize(approval_id)} is {approval.status}, not waiting for a decision"
+        )
+    return approval
+
+
+def _hash_of_what_was_shown(approval: ApprovalRecord) -> str:
+    # Recomputed from the fields printed, not copied from the row's stored
+    # hash: a row edited in the database keeps its old hash, and deciding
+    # against that would approve text nobody was shown.
+    return approval_hash(
+        approval.kind, approval.capability, approval.presentation, approval.tool, approval.args
+    )
+
+
+def _decide(
+    settings: Settings,
+    verdict: str,
+    run_id: str,
+    approval_id: str | None,
+    by: str,
+    note: str,
+    yes: bool,
+) -> None:
+    output = settings.output
+    with open_for_deciding(settings) as store:
+        approval = _find_waiting(store, run_id, approval_id)
+        shown_hash = _hash_of_what_was_shown(approval)
+        if output.json:
+            output.record(approval_json(approval))
+        else:
+            output.fields(approval_fields(approval))
+            if verdict == _REJECT:
+                output.line(f"the model will be told: {sanitize(note) if note else '-'}")
+        if not yes:
+            if _at_a_terminal():
+                click.confirm(
+                    f"{verdict.capitalize()} approval {sanitize(approval.approval_id)}?",
+                    abort=True,
+                    err=True,
+                )
+            elif approval_id is None:
+                raise CommandError(
+                    f"no terminal to ask at: to {verdict} this request, name it with "
+                    f"--approval {sanitize(approval.approval_id)} (or pass --yes)"
+                )
+        decide = approvals.approve if verdict == _APPROVE else approvals.reject
+        decided = decide(
+            store,
+            run_id,
+            approval_hash=shown_hash,
+            approval_id=approval.approval_id,
+            by=by,
+            note=note,
+        )
+    if output.json:
+        output.record({**approval_json(decided), "record": "decision"})
+        return
+    if verdict == _APPROVE:
+        output.line(
+            f"approved {sanitize(decided.approval_id)}; run {sanitize(run_id)} executes this "
+            "exact request when its program resumes it"
+        )
+    else:
+        output.line(
+            f"rejected {sanitize(decided.approval_id)}; run {sanitize(run_id)} is cancelled"
+        )
+
+
+_approval_option = click.option(
+    "--approval",
+    "approval_id",
+    metavar="ID",
+    help="The approval meant (as printed); needed without a terminal unless --yes.",
+)
+_yes_option = click.option("--yes", is_flag=True, help="Decide without asking.")
+
+
+def _by_option(verb: str) -> Callable[[FC], FC]:
+    return click.option(
+        "--by",
+        metavar="NAME",
+        default=login_name,
+        show_default="your login name",
+        help=f"Who {verb}, recorded as a label (it proves nothing).",
+    )
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN")
+@_approval_option
+@_by_option("decided")
+@click.option("--note", default="", help="A note kept with the decision.")
+@_yes_option
+@click.pass_obj
+def approve(
+    settings: Settings, run_id: str, approval_id: str | None, by: str, note: str, yes: bool
+) -> None:
+    """Approve the request RUN waits on, exactly as printed."""
+    _decide(settings, _APPROVE, run_id, approval_id, by, note, yes)
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN")
+@_approval_option
+@_by_option("decided")
+@click.option("--note", default="", help="What the model is told about the rejection.")
+@_yes_option
+@click.pass_obj
+def reject(
+    settings: Settings, run_id: str, approval_id: str | None, by: str, note: str, yes: bool
+) -> None:
+    """Reject the request RUN waits on; the run is cancelled and the model told --note."""
+    _decide(settings, _REJECT, run_id, approval_id, by, note, yes)
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN")
+@_by_option("cancelled")
+@click.pass_obj
+def cancel(settings: Settings, run_id: str, by: str) -> None:
+    """End a run that has not ended, as operator_cancelled."""
+    output = settings.output
+    with open_for_deciding(settings) as store:
+        run = approvals.cancel(store, run_id, by=by)
+    if output.json:
+        output.record(
+            {"record": "run", "run_id": run.run_id, "status": str(run.status), "reason": run.reason}
+        )
+        return
+    output.line(f"run {sanitize(run.run_id)} is {run.status} ({sanitize(run.reason)})")

@@ -1,0 +1,342 @@
+"""`runs`, `show`, `events`, `verify`: reading the database, never writing it.
+
+Each opens the existing file read-only and reads only the page it prints;
+totals come from COUNT queries, not from loading everything.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+from typing import Final
+
+import click
+
+from ..sanitize import sanitize
+from ..store import ApprovalRecord, RunRecord, StepRecord
+from ..trace import event_json, format_event
+from ._app import CommandError, Settings, open_for_reading
+from ._output import bounded, flatten, value_field
+
+__all__ = ["approval_fields", "events", "runs", "show", "verify"]
+
+_HASH: Final = re.compile(r"^[0-9a-f]{64}$")
+_GOAL_WIDTH: Final = 60
+
+
+def _short(text: str | None, width: int) -> str:
+    """A one-line cell: sanitized, its middle cut to fit about `width` characters."""
+    if text is None:
+        return "-"
+    return bounded(text, head=width * 2 // 3, tail=width // 3)
+
+
+def _page_line(noun: str, offset: int, shown: int, total: int) -> str:
+    if shown == 0:
+        return f"no {noun} on this page ({total} in all)"
+    return f"{noun} {offset + 1}-{offset + shown} of {total}"
+
+
+def _limit_option(default: int) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    return click.option(
+        "--limit",
+        type=click.IntRange(1, 10_000),
+        default=default,
+        show_default=True,
+        help="How many to print.",
+    )
+
+
+_offset_option = click.option(
+    "--offset", type=click.IntRange(0), default=0, show_default=True, help="How many to skip."
+)
+
+
+@click.command()
+@_limit_option(50)
+@_offset_option
+@click.pass_obj
+def runs(settings: Settings, limit: int, offset: int) -> None:
+    """List runs, newest first, those waiting for an approval in front."""
+    output = settings.output
+    with open_for_reading(settings) as store:
+        total = store.count_runs()
+        page = store.list_runs(limit=limit, offset=offset)
+        waiting = {run.run_id: store.waiting_approval(run.run_id) for run in page}
+    if output.json:
+        for run in page:
+            approval = waiting[run.run_id]
+            output.record(
+                {
+                    "record": "run",
+                    **_run_json(run),
+                    "waiting_approval": approval.approval_id if approval else None,
+                }
+            )
+        output.record({"record": "page", "offset": offset, "shown": len(page), "total": total})
+        return
+    rows = []
+    for run in page:
+        approval = waiting[run.run_id]
+        status = str(run.status) + (f" ({run.reason})" if run.reason else "")
+        rows.append(
+            [
+                sanitize(run.run_id),
+                sanitize(status),
+                str(run.step_count),
+                approval.approval_id if approval else "-",
+                run.updated_at,
+                _short(run.goal, _GOAL_WIDTH),
+            ]
+        )
+    if rows:
+        output.table(["RUN", "STATUS", "STEPS", "APPROVAL", "UPDATED", "GOAL"], rows)
+    output.line(_page_line("runs", offset, len(page), total))
+
+
+def _run_json(run: RunRecord) -> dict[str, object]:
+    return {
+        "run_id": run.run_id,
+        "goal": run.goal,
+        "status": str(run.status),
+        "reason": run.reason,
+        "result": run.result,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+        "step_count": run.step_count,
+        "consecutive_failures": run.consecutive_failures,
+        "lease_owner": run.lease_owner,
+        "lease_expires_at": run.lease_expires_at,
+        "metadata": run.metadata,
+    }
+
+
+def _run_fields(run: RunRecord) -> list[tuple[str, str]]:
+    pairs = [
+        ("run", sanitize(run.run_id)),
+        ("status", str(run.status)),
+        ("reason", sanitize(run.reason) if run.reason else "-"),
+        ("goal", value_field(run.goal)),
+        ("result", value_field(run.result)),
+        ("created", run.created_at),
+        ("updated", run.updated_at),
+        ("steps", str(run.step_count)),
+        ("failures in a row", str(run.consecutive_failures)),
+    ]
+    if run.lease_owner:
+        pairs.append(("lease", f"{sanitize(run.lease_owner)} until {run.lease_expires_at}"))
+    pairs.extend(flatten("metadata", run.metadata) if run.metadata else [])
+    return pairs
+
+
+def approval_fields(approval: ApprovalRecord) -> list[tuple[str, str]]:
+    """The approval as the operator is shown it, one field a line.
+
+    Everything the hash covers is here (kind, capability, presentation, tool,
+    the exact arguments), each long string bounded head and tail with its size.
+    """
+    return [
+        ("approval", sanitize(approval.approval_id)),
+        ("run", sanitize(approval.run_id)),
+        ("step", str(approval.step)),
+        ("status", str(approval.status)),
+        ("tool", value_field(approval.tool)),
+        ("kind", value_field(approval.kind)),
+        *flatten("capability", approval.capability),
+        *flatten("presentation", approval.presentation),
+        ("arguments", value_field(approval.args)),
+        ("created", approval.created_at),
+        ("expires", "-" if approval.expires_at is None else str(approval.expires_at)),
+        ("hash", approval.approval_hash),
+    ]
+
+
+def approval_json(approval: ApprovalRecord) -> dict[str, object]:
+    """The approval as one JSON object (exact values; the hash covers them)."""
+    return {
+        "record": "approval",
+        "approval_id": approval.approval_id,
+        "run_id": approval.run_id,
+        "step": approval.step,
+        "status": str(approval.status),
+        "tool": approval.tool,
+        "kind": approval.kind,
+        "capability": approval.capability,
+        "presentation": approval.presentation,
+        "args": approval.args,
+        "approval_hash": approval.approval_hash,
+        "decided_by": approval.decided_by,
+        "note": approval.note,
+        "created_at": approval.created_at,
+        "decided_at": approval.decided_at,
+        "expires_at": approval.expires_at,
+    }
+
+
+def _step_row(step: StepRecord) -> list[str]:
+    return [
+        str(step.step),
+        _short(step.tool, 32),
+        str(step.status),
+        sanitize(step.observation_kind or "-"),
+        _short(step.args, 40),
+        _short(step.summary, 48),
+    ]
+
+
+def _decision_commands(settings: Settings, approval: ApprovalRecord) -> list[str]:
+    database = shlex.quote(settings.database or "")
+    run_id = shlex.quote(approval.run_id)
+    approval_id = shlex.quote(approval.approval_id)
+    return [
+        sanitize(f"agentrt --db {database} {verb} {run_id} --approval {approval_id}")
+        for verb in ("approve", "reject")
+    ]
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN")
+@_limit_option(100)
+@_offset_option
+@click.pass_obj
+def show(settings: Settings, run_id: str, limit: int, offset: int) -> None:
+    """Show one run, a page of its steps, and the approval it waits on."""
+    output = settings.output
+    with open_for_reading(settings) as store:
+        run = store.get_run(run_id)
+        total_steps = store.count_steps(run_id)
+        steps = store.list_steps(run_id, limit=limit, offset=offset)
+        approval = store.waiting_approval(run_id)
+    if output.json:
+        output.record({"record": "run", **_run_json(run)})
+        for step in steps:
+            output.record({"record": "step", **_step_json(step)})
+        output.record(
+            {"record": "page", "offset": offset, "shown": len(steps), "total": total_steps}
+        )
+        if approval is not None:
+            output.record(approval_json(approval))
+        return
+    output.fields(_run_fields(run))
+    output.line()
+    if steps:
+        output.table(
+            ["STEP", "TOOL", "STATUS", "OBSERVED", "ARGUMENTS", "SUMMARY"],
+            [_step_row(step) for step in steps],
+        )
+    output.line(_page_line("steps", offset, len(steps), total_steps))
+    if approval is not None:
+        output.line()
+        output.line("waiting for an approval:")
+        output.fields(approval_fields(approval))
+        output.line()
+        for command in _decision_commands(settings, approval):
+            output.line(f"  {command}")
+
+
+def _step_json(step: StepRecord) -> dict[str, object]:
+    return {
+        "run_id": step.run_id,
+        "step": step.step,
+        "tool": step.tool,
+        "args": step.args,
+        "status": str(step.status),
+        "observation_kind": step.observation_kind,
+        "content": step.content,
+        "summary": step.summary,
+        "started_at": step.started_at,
+        "finished_at": step.finished_at,
+    }
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN")
+@_limit_option(1000)
+@_offset_option
+@click.pass_obj
+def events(settings: Settings, run_id: str, limit: int, offset: int) -> None:
+    """Print the audit trail of one run, oldest first.
+
+    With --json each line is the event exactly as the JSON Lines trace writes
+    it (characters beyond ASCII as escapes).
+    """
+    output = settings.output
+    with open_for_reading(settings) as store:
+        store.get_run(run_id)
+        total = store.count_events(run_id)
+        page = store.list_events(run_id, limit=limit, offset=offset)
+    if output.json:
+        for event in page:
+            output.json_text(event_json(event))
+        return
+    for event in page:
+        output.line(format_event(event))
+    output.line(_page_line("events", offset, len(page), total))
+
+
+def _parse_head(text: str) -> tuple[int, str]:
+    seq_text, colon, digest = text.partition(":")
+    if not colon or not seq_text.isdecimal() or int(seq_text) < 1 or not _HASH.match(digest):
+        raise click.BadParameter(
+            "expected SEQ:HASH, a positive event number and a 64-character lowercase hex hash",
+            param_hint="--head",
+        )
+    return int(seq_text), digest
+
+
+@click.command()
+@click.option("--from", "from_seq", type=click.IntRange(1), help="First event to check.")
+@click.option("--to", "to_seq", type=click.IntRange(1), help="Last event to check.")
+@click.option(
+    "--head",
+    "head",
+    metavar="SEQ:HASH",
+    help="A head printed earlier: fail unless the chain still reaches it unchanged.",
+)
+@click.pass_obj
+def verify(settings: Settings, from_seq: int | None, to_seq: int | None, head: str | None) -> None:
+    """Check the events' hash chain; print its head, or the first event that does not chain."""
+    output = settings.output
+    expected = _parse_head(head) if head is not None else None
+    if from_seq is not None and to_seq is not None and from_seq > to_seq:
+        raise click.BadParameter("--from must not be after --to", param_hint="--from")
+    with open_for_reading(settings) as store:
+        report = store.verify_chain(from_seq, to_seq)
+        anchor = None
+        if expected is not None and report.ok:
+            # The head is checked from the first event, so a chain rewritten
+            # wholesale (every hash recomputed) cannot reach the old head.
+            anchor = store.verify_chain(None, expected[0])
+    problem = None
+    if not report.ok:
+        problem = f"the chain is broken at event {report.first_bad_seq}: {report.reason}"
+    elif expected is not None and anchor is not None:
+        seq, digest = expected
+        if not anchor.ok:
+            problem = (
+                f"the chain no longer reaches event {seq}: it breaks at event "
+                f"{anchor.first_bad_seq} ({anchor.reason})"
+            )
+        elif anchor.head_seq < seq:
+            problem = f"the chain no longer reaches event {seq}: it ends at event {anchor.head_seq}"
+        elif anchor.head_hash != digest:
+            problem = f"event {seq} no longer has hash {digest}: it is now {anchor.head_hash}"
+    if output.json:
+        output.record(
+            {
+                "record": "verify",
+                "ok": problem is None,
+                "checked": report.checked,
+                "head_seq": report.head_seq,
+                "head_hash": report.head_hash,
+                "first_bad_seq": report.first_bad_seq,
+                "reason": report.reason if problem is None else problem,
+            }
+        )
+    elif problem is None:
+        output.line(
+            f"intact: {report.checked} events checked, head {report.head_seq}:{report.head_hash}"
+        )
+    if problem is not None:
+        raise CommandError(problem)

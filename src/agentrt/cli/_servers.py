@@ -1,0 +1,312 @@
+"""`pin`, `check`, `proxy`, `demo`: the subcommands that talk to MCP servers.
+
+`pin` and `check` read the proxy's configuration file (the same file
+`agentrt proxy` serves).  The modules behind `proxy` and `demo` are imported
+only when those subcommands run, so the inspecting and deciding subcommands
+never load MCP, HTTP or provider code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import anyio
+import click
+
+from ..canonical import canonical_json
+from ..errors import AgentrtError
+from ..sanitize import sanitize
+from ._app import EXIT_UNUSABLE, CommandError, Settings
+from ._output import Output, bounded
+
+__all__ = ["check", "demo", "pin", "proxy", "write_owner_only"]
+
+_HINTS: Final = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+
+
+def _module(name: str) -> Any:
+    """Import one of agentrt's own optional layers when a subcommand first needs it."""
+    return importlib.import_module(name)
+
+
+def _load_config(path: str) -> Any:
+    from ..proxy.config import load_config
+
+    try:
+        return load_config(path)
+    except (AgentrtError, OSError, ValueError) as error:
+        raise CommandError(
+            f"the configuration {sanitize(path)} cannot be used: {sanitize(str(error))}",
+            EXIT_UNUSABLE,
+        ) from error
+
+
+def _selected(config: Any, name: str | None) -> list[Any]:
+    upstreams: list[Any] = list(config.servers)
+    if name is None:
+        return upstreams
+    chosen = [upstream for upstream in upstreams if upstream.server.name == name]
+    if not chosen:
+        known = ", ".join(sanitize(upstream.server.name) for upstream in upstreams) or "none"
+        raise CommandError(
+            f'the configuration has no server "{sanitize(name)}" (it has: {known})', EXIT_UNUSABLE
+        )
+    return chosen
+
+
+def write_owner_only(path: Path, text: str) -> None:
+    """Replace `path` with `text`, readable and writable by the owner only (0600 under any umask).
+
+    The text goes to a new file beside it that is renamed over the old one,
+    so a reader never sees half a manifest and a symbolic link at `path` is
+    replaced, never followed.
+    """
+    descriptor, temporary = tempfile.mkstemp(
+        prefix=f".{path.name}.", suffix=".tmp", dir=path.parent
+    )
+    try:
+        try:
+            # The umask can only take bits away from mkstemp's 0600; fchmod
+            # makes the mode exact either way.
+            os.fchmod(descriptor, 0o600)
+            data = text.encode("utf-8")
+            while data:
+                written = os.write(descriptor, data)
+                data = data[written:]
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _hints(annotations: Mapping[str, Any] | None) -> str:
+    """The hints a server claims for a tool, as it sent them; they classify nothing."""
+    if not annotations:
+        return "no hints"
+    claimed = [
+        f"{name}={bounded(canonical_json(annotations[name]), 16, 8)}"
+        for name in _HINTS
+        if name in annotations
+    ]
+    return " ".join(claimed) or "no hints"
+
+
+def _print_manifest(output: Output, manifest: Any, manifest_path: Path) -> None:
+    tools = list(manifest.tools.values())
+    if output.json:
+        for tool in tools:
+            output.record(
+                {
+                    "record": "pinned_tool",
+                    "server": manifest.server,
+                    "tool": tool.name,
+                    "annotations": tool.annotations,
+                    "description": tool.description,
+                    "schema_hash": tool.schema_hash,
+                    "description_hash": tool.description_hash,
+                }
+            )
+        output.record(
+            {
+                "record": "manifest",
+                "server": manifest.server,
+                "path": str(manifest_path),
+                "tools": len(tools),
+            }
+        )
+        return
+    output.line(
+        f'server "{sanitize(manifest.server)}": {len(tools)} tools pinned to '
+        f"{sanitize(str(manifest_path))} (the hints are the server's claims; they classify nothing)"
+    )
+    if tools:
+        output.table(
+            ["TOOL", "HINTS", "DESCRIPTION"],
+            [
+                [
+                    bounded(tool.name, 40, 20),
+                    _hints(tool.annotations),
+                    bounded(tool.description, 50, 20),
+                ]
+                for tool in tools
+            ],
+        )
+
+
+@click.command()
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    metavar="FILE",
+    help="The proxy configuration file naming the servers and their manifests.",
+)
+@click.argument("server_name", metavar="[SERVER]", required=False)
+@click.pass_obj
+def pin(settings: Settings, config_path: str, server_name: str | None) -> None:
+    """Connect to each server, list its tools, and write its manifest (owner-only)."""
+    config = _load_config(config_path)
+    mcp = _module("agentrt.mcp")
+    failures = 0
+    for upstream in _selected(config, server_name):
+        name = sanitize(upstream.server.name)
+        try:
+            manifest = anyio.run(mcp.pin, upstream.server)
+        except AgentrtError as error:
+            failures += 1
+            click.echo(f'agentrt: server "{name}" was not pinned: {sanitize(str(error))}', err=True)
+            continue
+        try:
+            write_owner_only(upstream.manifest_path, manifest.to_json())
+        except OSError as error:
+            raise CommandError(
+                f"the manifest {sanitize(str(upstream.manifest_path))} cannot be written: "
+                f"{sanitize(error.strerror or str(error))}",
+                EXIT_UNUSABLE,
+            ) from error
+        _print_manifest(settings.output, manifest, upstream.manifest_path)
+    if failures:
+        raise CommandError(
+            f"{failures} server(s) could not be pinned; nothing was written for them"
+        )
+
+
+async def _check_one(mcp: Any, upstream: Any) -> tuple[str, Any]:
+    """Load one server against its manifest and rules; the connection is always closed."""
+    manifest = mcp.read_manifest(upstream.manifest_path)
+    _tools, report = await mcp.load(upstream.server, manifest, upstream.rules)
+    try:
+        return str(report), report
+    finally:
+        if report.connection is not None:
+            await report.connection.aclose()
+
+
+@click.command()
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    metavar="FILE",
+    help="The proxy configuration file naming the servers, manifests and rules.",
+)
+@click.pass_obj
+def check(settings: Settings, config_path: str) -> None:
+    """Load every server as the proxy would and print the report; no tool is called."""
+    config = _load_config(config_path)
+    mcp = _module("agentrt.mcp")
+    output = settings.output
+    failed = 0
+    for upstream in config.servers:
+        name = upstream.server.name
+        try:
+            text, report = anyio.run(_check_one, mcp, upstream)
+        except AgentrtError as error:
+            failed += 1
+            if output.json:
+                output.record({"record": "check", "server": name, "ok": False, "error": str(error)})
+            else:
+                output.line(f'server "{sanitize(name)}": not loaded: {sanitize(str(error))}')
+            continue
+        refused = list(report.refused)
+        failed += bool(refused)
+        if output.json:
+            output.record(
+                {
+                    "record": "check",
+                    "server": name,
+                    "ok": not refused,
+                    "registered": [
+                        {
+                            "tool": registration.tool,
+                            "name": registration.name,
+                            "side_effect": str(registration.side_effect),
+                            "hint_mismatch": registration.hint_mismatch,
+                        }
+                        for registration in report.registered
+                    ],
+                    "refused": [
+                        {"tool": refusal.tool, "reason": refusal.reason} for refusal in refused
+                    ],
+                    "unpinned": list(report.unpinned),
+                    "unclassified": list(report.unclassified),
+                }
+            )
+        else:
+            output.line(text)
+    if failed:
+        raise CommandError(f"{failed} server(s) did not load cleanly; see the report above")
+
+
+@click.command()
+@click.option(
+    "--config", "config_path", required=True, metavar="FILE", help="The proxy configuration file."
+)
+@click.option(
+    "--http",
+    "http_address",
+    metavar="HOST:PORT",
+    help="Also serve streamable HTTP on this address (loopback unless --allow-remote).",
+)
+@click.option("--allow-remote", is_flag=True, help="Allow --http on a non-loopback address.")
+@click.option("--token", metavar="TOKEN", help="Bearer token the HTTP endpoint requires.")
+@click.pass_obj
+def proxy(
+    settings: Settings,
+    config_path: str,
+    http_address: str | None,
+    allow_remote: bool,
+    token: str | None,
+) -> None:
+    """Serve the MCP proxy: the gate in front of the configured servers."""
+    serve = getattr(_module("agentrt.proxy"), "serve", None)
+    if serve is None:
+        raise CommandError("this build has no proxy server (agentrt.proxy.serve is missing)")
+    status = serve(config_path, http=http_address, allow_remote=allow_remote, token=token)
+    if isinstance(status, int) and status:
+        raise SystemExit(status)
+
+
+@click.command()
+@click.option("--model", metavar="PROVIDER:NAME", help="A real model, e.g. ollama:qwen3:30b-a3b.")
+@click.option("--base-url", metavar="URL", help="The endpoint of an OpenAI-compatible model.")
+@click.option(
+    "--interactive", is_flag=True, help="Ask at the terminal instead of approving for you."
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where the demo keeps its sandbox, manifest and database.",
+)
+@click.pass_obj
+def demo(
+    settings: Settings,
+    model: str | None,
+    base_url: str | None,
+    interactive: bool,
+    state_dir: Path | None,
+) -> None:
+    """Run the end-to-end demo: pin, load, a paused write, its approval, the audit trail."""
+    run_demo = _module("agentrt.demo").run_demo
+
+    async def run() -> int:
+        status: int = await run_demo(
+            model=model,
+            base_url=base_url,
+            interactive=interactive,
+            state_dir=state_dir,
+            out=click.get_text_stream("stdout"),
+        )
+        return status
+
+    status = anyio.run(run)
+    if status:
+        raise SystemExit(status)
