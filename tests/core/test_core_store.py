@@ -1,0 +1,244 @@
+"""The store on real files: who may write it, what it refuses, what a crash leaves behind."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from agentrt import (
+    Decision,
+    Gate,
+    RunLeased,
+    RunStatus,
+    SideEffect,
+    StoreError,
+    UnsafeDatabase,
+    approve,
+    open_store,
+)
+from agentrt.gate import INTERRUPTED_SIDE_EFFECT
+
+from .helpers import RecordingTool, approval_policy
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_new_database_files_are_owner_only_under_umask_000(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    previous = os.umask(0)
+    try:
+        store = open_store(db)
+        with store.transaction() as connection:
+            store.append_event(connection, "r", "probe", {})
+        modes = {
+            path.name: path.stat().st_mode & 0o777
+            for path in tmp_path.iterdir()
+            if path.name.startswith("runs.db")
+        }
+        store.close()
+    finally:
+        os.umask(previous)
+    assert "runs.db-wal" in modes and "runs.db" in modes
+    assert set(modes.values()) == {0o600}, modes
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o620, 0o602])
+def test_database_others_can_write_is_refused(tmp_path: Path, mode: int) -> None:
+    db = tmp_path / "runs.db"
+    open_store(db).close()
+    before = _digest(db)
+    db.chmod(mode)
+    with pytest.raises(UnsafeDatabase, match="writable by group or others"):
+        open_store(db)
+    with pytest.raises(UnsafeDatabase):
+        open_store(db, read_only=True)
+    assert _digest(db) == before
+
+
+def test_symbolic_link_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    open_store(db).close()
+    link = tmp_path / "link.db"
+    link.symlink_to(db)
+    with pytest.raises(UnsafeDatabase, match="symbolic link"):
+        open_store(link)
+    with pytest.raises(UnsafeDatabase, match="symbolic link"):
+        open_store(link, read_only=True)
+    dangling = tmp_path / "dangling.db"
+    dangling.symlink_to(tmp_path / "nowhere.db")
+    with pytest.raises(UnsafeDatabase):
+        open_store(dangling)
+    assert not (tmp_path / "nowhere.db").exists()
+
+
+def test_missing_database_is_never_created_without_create(tmp_path: Path) -> None:
+    db = tmp_path / "absent.db"
+    with pytest.raises(StoreError, match="does not exist"):
+        open_store(db, create=False)
+    with pytest.raises(StoreError, match="does not exist"):
+        open_store(db, read_only=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_database_from_a_newer_build_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    open_store(db).close()
+    raw = sqlite3.connect(db)
+    raw.execute("PRAGMA user_version = 99")
+    raw.commit()
+    raw.close()
+    for kwargs in ({}, {"read_only": True}, {"create": False}):
+        with pytest.raises(UnsafeDatabase, match="newer build"):
+            open_store(db, **kwargs)  # type: ignore[arg-type]
+
+
+def test_read_only_open_never_writes(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    store = open_store(db)
+    with store.transaction() as connection:
+        store.append_event(connection, "r", "probe", {"a": 1})
+    store.close()
+    before = _digest(db)
+    reader = open_store(db, read_only=True)
+    assert reader.verify_chain().ok
+    assert reader.list_runs() == []
+    with pytest.raises(StoreError, match="read-only"), reader.transaction():
+        pass
+    with pytest.raises(sqlite3.OperationalError):
+        reader._connection.execute("INSERT INTO extensions VALUES ('x', 1)")
+    reader.close()
+    assert _digest(db) == before
+
+
+def test_extension_migrations_are_forward_only(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    store = open_store(db)
+    store.migrate_extension("index", ["CREATE TABLE calls (key TEXT)"])
+    store.migrate_extension("index", ["CREATE TABLE calls (key TEXT)", "ALTER TABLE calls ADD n"])
+    assert store.extension_version("index") == 2
+    with pytest.raises(UnsafeDatabase, match="newer build"):
+        store.migrate_extension("index", ["CREATE TABLE calls (key TEXT)"])
+
+
+def test_verify_finds_the_first_altered_event(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    store = open_store(db)
+    with store.transaction() as connection:
+        for index in range(5):
+            store.append_event(connection, "r", "probe", {"i": index})
+    assert store.verify_chain().ok and store.verify_chain().head_seq == 5
+    raw = sqlite3.connect(db)
+    raw.execute("UPDATE events SET payload = '{\"i\":99}' WHERE seq = 3")
+    raw.commit()
+    raw.close()
+    report = open_store(db, read_only=True).verify_chain()
+    assert not report.ok and report.first_bad_seq == 3
+    raw = sqlite3.connect(db)
+    raw.execute("DELETE FROM events WHERE seq = 3")
+    raw.commit()
+    raw.close()
+    assert open_store(db, read_only=True).verify_chain().first_bad_seq == 3
+
+
+@pytest.mark.anyio
+async def test_live_lease_refuses_another_process(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    slow = RecordingTool("write", SideEffect.LOCAL_MUTATION, delay=0.5)
+    first = Gate(open_store(db), [slow], lease_ttl=5)
+    second = Gate(open_store(db), [slow], lease_ttl=5)
+    run_id = await first.start("x")
+    async with anyio.create_task_group() as group:
+        group.start_soon(first.step, run_id, Decision.tool_call("write", '{"path": "a"}'))
+        await anyio.sleep(0.1)
+        with pytest.raises(RunLeased, match=first.owner):
+            await second.resume(run_id)
+    assert len(slow.calls) == 1
+
+
+CRASHING_PROGRAM = textwrap.dedent(
+    """
+    import sys, anyio
+    from agentrt import Decision, Gate, SideEffect, ToolResult, ToolSpec, open_store
+
+    class Hang:
+        spec = ToolSpec("{name}", "hangs", {{"type": "object"}}, SideEffect.{effect}, 60.0)
+        async def call(self, call):
+            print("started", flush=True)
+            await anyio.sleep(60)
+            return ToolResult("{{}}")
+
+    async def main():
+        gate = Gate(open_store(sys.argv[1]), [Hang()], lease_ttl=1.0)
+        await gate.start("crash", run_id="crashy")
+        await gate.step("crashy", Decision.tool_call("{name}", "{{}}"))
+
+    anyio.run(main)
+    """
+)
+
+
+def _crash_mid_tool(db: Path, name: str, effect: str) -> None:
+    program = CRASHING_PROGRAM.format(name=name, effect=effect)
+    child = subprocess.Popen(
+        [sys.executable, "-c", program, str(db)], stdout=subprocess.PIPE, cwd=REPO
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == b"started"
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=10)
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_crash_mid_mutation_pauses_on_interrupted_side_effect(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    _crash_mid_tool(db, "write", "LOCAL_MUTATION")
+    write = RecordingTool("write", SideEffect.LOCAL_MUTATION, schema={"type": "object"})
+    gate = Gate(open_store(db), [write], policy=approval_policy())
+    # The dead process's lease is still live for up to a second: nobody may act yet.
+    with pytest.raises(RunLeased):
+        await gate.resume("crashy")
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            outcome = await gate.resume("crashy")
+            break
+        except RunLeased:
+            assert time.monotonic() < deadline
+            await anyio.sleep(0.2)
+    assert outcome.status is RunStatus.WAITING_FOR_APPROVAL
+    assert outcome.approval is not None and outcome.approval.kind == INTERRUPTED_SIDE_EFFECT
+    assert "may have taken effect" in outcome.approval.presentation["warning"]
+    assert write.calls == []
+    approve(gate.store, "crashy", approval_hash=outcome.approval.approval_hash)
+    await gate.resume("crashy")
+    assert [call.args for call in write.calls] == ["{}"]
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_crash_mid_read_marks_the_step_interrupted_and_continues(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    _crash_mid_tool(db, "read", "READ_ONLY")
+    read = RecordingTool("read", SideEffect.READ_ONLY, schema={"type": "object"})
+    gate = Gate(open_store(db), [read])
+    await anyio.sleep(1.2)
+    outcome = await gate.resume("crashy")
+    assert outcome.status is RunStatus.RUNNING
+    assert outcome.observation is not None and outcome.observation.kind == "interrupted"
+    assert gate.store.list_steps("crashy")[0].status == "interrupted"
+    assert read.calls == []
