@@ -1,0 +1,55 @@
+"""agentrt.mcp: an MCP server's tools as agentrt tools, under the operator's rules.
+
+The operator classifies, the server only describes.  `pin` records what a
+server's tools present (name, description, input schema, annotations) for an
+operator to review and store; `load` connects again and returns an agentrt
+tool for every pinned tool that has a `Rule` and still matches its pin, with a
+`Report` saying what happened to every other one.  A server is third-party
+code, so it gets as little of the operator's process as it needs.
+
+Out of scope: resources, prompts, sampling, elicitation, the server side of
+MCP, reconnection, input-required round trips, and `tools/list_changed`
+(ignored until the next load).
+"""
+
+from ._connection import (
+    MAX_RESPONSE_BODY_BYTES,
+    MAX_TOOL_PAGES,
+    MAX_TOOLS,
+    Connection,
+)
+from ._errors import LoadError, MCPError, OperatorFileError, PinError, ServerToolError
+from ._files import owned_privately, read_manifest, read_owned, read_rules
+from ._load import Refusal, Registration, Report, load
+from ._manifest import Manifest, PinnedTool
+from ._pin import pin
+from ._rules import FileRule, Rule, Rules
+from ._server import DEFAULT_MAX_CONTENT_BYTES, Server
+
+__all__ = [
+    "DEFAULT_MAX_CONTENT_BYTES",
+    "MAX_RESPONSE_BODY_BYTES",
+    "MAX_TOOLS",
+    "MAX_TOOL_PAGES",
+    "Connection",
+    "FileRule",
+    "LoadError",
+    "MCPError",
+    "Manifest",
+    "OperatorFileError",
+    "PinError",
+    "PinnedTool",
+    "Refusal",
+    "Registration",
+    "Report",
+    "Rule",
+    "Rules",
+    "Server",
+    "ServerToolError",
+    "load",
+    "owned_privately",
+    "pin",
+    "read_manifest",
+    "read_owned",
+    "read_rules",
+]

@@ -1,0 +1,183 @@
+"""`ServerTool`: one of a server's tools as an agentrt tool, under the operator's rule."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+
+from ..canonical import JSONBoundaryError, canonical_json, parse_json
+from ..sanitize import sanitize
+from ..tools import ToolCall, ToolResult, ToolSpec
+from ._errors import ServerToolError
+
+if TYPE_CHECKING:
+    from ._connection import Connection
+
+__all__ = ["ServerTool", "map_result"]
+
+TRUNCATION_MARKER: Final = "\n[truncated]"
+
+_PLACEHOLDERS: Final = {
+    "image": "[image omitted]",
+    "audio": "[audio omitted]",
+    "resource_link": "[resource link omitted]",
+    "resource": "[embedded resource omitted]",
+}
+_OTHER_PLACEHOLDER: Final = "[content omitted]"
+
+# How much of a server's error text is quoted in a tool error.
+_ERROR_TEXT_CHARS: Final = 2000
+
+
+class ServerTool:
+    """A server's tool behind the operator's rule: hidden parameters refused, fixed ones injected.
+
+    The gate validates the model's arguments against `spec.input_schema`, the
+    restricted schema, before `call` runs; `call` then refuses a denied or
+    fixed parameter that arrived anyway, injects the fixed values (outside
+    the approval hash, which covers what the model sent), and sends the call
+    under the rule's timeout.
+    """
+
+    def __init__(
+        self,
+        *,
+        spec: ToolSpec,
+        server: str,
+        tool: str,
+        connection: Connection,
+        deny: Sequence[str],
+        fixed: Mapping[str, Any],
+        max_content_bytes: int,
+    ) -> None:
+        self._spec = spec
+        self._server = server
+        self._tool = tool
+        self._connection = connection
+        self._deny = tuple(deny)
+        self._fixed = dict(fixed)
+        self._max_content_bytes = max_content_bytes
+
+    @property
+    def spec(self) -> ToolSpec:
+        return self._spec
+
+    @property
+    def server_tool_name(self) -> str:
+        """The tool's name on its server (the spec carries the final, prefixed name)."""
+        return self._tool
+
+    async def call(self, call: ToolCall) -> ToolResult:
+        where = f'server "{sanitize(self._server)}" tool "{sanitize(self._tool)}"'
+        try:
+            arguments = parse_json(call.args)
+        except JSONBoundaryError as exc:
+            raise ServerToolError(f"{where}: the arguments are not usable JSON: {exc}") from None
+        if not isinstance(arguments, dict):
+            raise ServerToolError(f"{where}: the arguments must be a JSON object")
+        for name in self._deny:
+            if name in arguments:
+                raise ServerToolError(
+                    f'{where}: the parameter "{sanitize(name)}" is denied by the operator\'s rule'
+                )
+        for name in self._fixed:
+            if name in arguments:
+                raise ServerToolError(
+                    f'{where}: the parameter "{sanitize(name)}" is fixed by the operator\'s rule '
+                    "and may not be sent"
+                )
+        if self._fixed:
+            arguments.update(self._fixed)
+            arguments_text = canonical_json(arguments)
+        else:
+            # Without injection the server receives exactly the bytes the model sent.
+            arguments_text = call.args
+        timeout = self._spec.timeout
+        try:
+            # The connection bounds the call too; this guard holds even if it did not.
+            with anyio.fail_after(timeout):
+                result = await self._connection.call_tool(
+                    self._tool, arguments_text, timeout=timeout
+                )
+        except TimeoutError:
+            raise ServerToolError(f"{where} did not answer within {timeout:g}s") from None
+        except ServerToolError:
+            raise
+        except Exception as exc:
+            raise ServerToolError(f"{where} failed: {sanitize(str(exc))}") from None
+        return map_result(self._server, self._tool, result, self._max_content_bytes)
+
+
+def map_result(server: str, tool: str, result: Any, max_content_bytes: int) -> ToolResult:
+    """Map a `tools/call` result object (parsed from the raw bytes) to a `ToolResult`.
+
+    Structured content that fits the cap is kept as canonical JSON (literals
+    as sent); otherwise the text blocks, joined with newlines, become one
+    JSON string capped at `max_content_bytes` encoded bytes.  `isError` and
+    an input-required result raise `ServerToolError` naming the server.
+    """
+    where = f'server "{sanitize(server)}" tool "{sanitize(tool)}"'
+    label = f"{sanitize(server)}/{sanitize(tool)}"
+    if not isinstance(result, dict):
+        raise ServerToolError(f"{where} returned a result that is not a JSON object")
+    if result.get("resultType") == "input_required":
+        raise ServerToolError(
+            f"{where} asked for more input, which is not supported; the call did not complete"
+        )
+    blocks = result.get("content")
+    text = _join_blocks(blocks if isinstance(blocks, list) else [])
+    if result.get("isError") is True:
+        quoted = text if len(text) <= _ERROR_TEXT_CHARS else text[:_ERROR_TEXT_CHARS] + "…"
+        raise ServerToolError(f"{where} reported an error: {sanitize(quoted)}")
+    dropped = ""
+    if "structuredContent" in result and result["structuredContent"] is not None:
+        structured = canonical_json(result["structuredContent"])
+        structured_bytes = len(structured.encode("utf-8"))
+        if structured_bytes <= max_content_bytes:
+            return ToolResult(content=structured, summary=f"{label}: {structured_bytes} bytes")
+        # Cutting structured content would turn an object into a string; drop it instead.
+        dropped = f", structured content of {structured_bytes} bytes dropped for the text"
+    content, truncated = cap_text(text, max_content_bytes)
+    size = len(content.encode("utf-8"))
+    summary = f"{label}: {size} bytes{', truncated' if truncated else ''}{dropped}"
+    return ToolResult(content=content, summary=summary)
+
+
+def _join_blocks(blocks: list[Any]) -> str:
+    parts: list[str] = []
+    for block in blocks:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        else:
+            parts.append(
+                _PLACEHOLDERS.get(kind, _OTHER_PLACEHOLDER)
+                if isinstance(kind, str)
+                else _OTHER_PLACEHOLDER
+            )
+    return "\n".join(parts)
+
+
+def cap_text(text: str, max_bytes: int) -> tuple[str, bool]:
+    """Encode `text` as a JSON string of at most `max_bytes` UTF-8 bytes.
+
+    Over the cap, the text is cut on a code point boundary and ends in
+    `"\\n[truncated]"`; escaping and the marker count inside the cap.
+    """
+    encoded = canonical_json(text)
+    if len(encoded.encode("utf-8")) <= max_bytes:
+        return encoded, False
+    marker_bytes = len(canonical_json(TRUNCATION_MARKER).encode("utf-8")) - 2
+    budget = max_bytes - 2 - marker_bytes  # the two quotes and the marker
+    used = 0
+    cut = 0
+    for char in text:
+        # Each code point's escaped form is independent of its neighbours.
+        size = len(canonical_json(char).encode("utf-8")) - 2
+        if used + size > budget:
+            break
+        used += size
+        cut += 1
+    return canonical_json(text[:cut] + TRUNCATION_MARKER), True
