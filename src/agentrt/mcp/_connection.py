@@ -1,0 +1,354 @@
+"""The client side of one MCP session, reading every answer from the bytes the server sent.
+
+This is agentrt's own small JSON-RPC 2.0 client rather than the SDK's session:
+the SDK's stdio transport cannot give an exact environment, set a
+parent-death signal or always kill the process group, and its models round
+numbers through float64, drop unknown keys and reject a whole `tools/list`
+page for one bad tool.  Pins and results must come from the raw bytes
+(docs/decisions/0003-mcp-client-transport.md).
+
+The interface the pin/load code builds on:
+
+- `await connect(server, on_step=..., on_started=...)` starts the stdio
+  server (or opens the HTTP client), performs the `initialize` handshake
+  advertising no client capabilities, and sends `notifications/initialized`.
+  `on_step` is told each step ("starting the server", "performing the
+  handshake") so the caller's single deadline can name the one that timed
+  out; `on_started` receives the `Connection` before the handshake, so a
+  caller whose deadline fires during it can still read `stderr_tail()`.  If
+  `connect` fails or is cancelled, everything it started is stopped.
+- `Connection.list_tools()` pages `tools/list` and returns one `RawTool`
+  per listed element, well-formed or not, in order.  The whole listing
+  fails (`ProtocolViolation`) only for what makes it untrustworthy as a
+  whole: a page that is not an object or has no `tools` array, a tool name
+  listed twice, more than `MAX_TOOL_PAGES` pages, a repeated cursor, more
+  than `MAX_TOOLS` tools.
+- `Connection.call_tool(name, arguments_json, timeout=...)` sends
+  `tools/call` with the arguments spliced in as the exact text given and
+  returns the `result` as parsed by `parse_json`.  On timeout it sends
+  `notifications/cancelled` and raises `CallTimeout`; a JSON-RPC error
+  raises `ServerErrorResponse`.  Several calls may be in flight at once.
+- `Connection.aclose()` is idempotent, safe from several tasks at once and
+  while calls are in flight (they fail with `ConnectionClosed`).
+- Every error is an `MCPConnectionError` whose message names the server;
+  connect and listing errors of a stdio server end with the tail of its
+  stderr when that is kept.
+
+Server-to-client requests are answered with an error (`ping` with `{}`);
+nothing answers sampling, elicitation or roots on the operator's behalf.
+Notifications from the server are ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+import anyio
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+
+from ..canonical import JSONBoundaryError, canonical_json, parse_json
+from ..sanitize import sanitize
+from ._connection_errors import (
+    CallTimeout,
+    ConnectionClosed,
+    MCPConnectionError,
+    ProtocolViolation,
+    ServerErrorResponse,
+)
+from ._http import MAX_RESPONSE_BODY_BYTES, open_http
+from ._jsonrpc import Incoming, encode_notification, encode_request
+from ._server import Server
+from ._stdio import start_stdio
+
+__all__ = [
+    "MAX_RESPONSE_BODY_BYTES",
+    "MAX_TOOLS",
+    "MAX_TOOL_PAGES",
+    "CallTimeout",
+    "Connection",
+    "ConnectionClosed",
+    "MCPConnectionError",
+    "ProtocolViolation",
+    "RawTool",
+    "ServerErrorResponse",
+    "connect",
+]
+
+MAX_TOOL_PAGES: Final = 100
+"""More pages than this fail the listing: a server that pages forever cannot hold the client."""
+
+MAX_TOOLS: Final = 1000
+"""A listing with more tools than this fails rather than growing without bound."""
+
+CANCEL_NOTICE_TIMEOUT: Final = 1.0
+"""How long sending `notifications/cancelled` may take before it is given up."""
+
+_CLIENT_INFO: Final = {"name": "agentrt", "version": "0.1.0"}
+
+
+class _Transport(Protocol):
+    async def request(self, request_id: int, method: str, message: bytes) -> Incoming: ...
+
+    async def send(self, message: bytes) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    def stderr_tail(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RawTool:
+    """One element of a `tools/list` result exactly as the server sent it.
+
+    `raw` is the element as parsed by `parse_json`: exact keys, number
+    literals kept (int or Decimal).  It is normally an object, but anything a
+    server listed is kept so the caller can refuse it on its own.  `name` is
+    the `name` member when `raw` is an object and that member is a string,
+    else None.  `page` and `position` (both from 0) locate it in the listing.
+    """
+
+    name: str | None
+    raw: Any
+    page: int
+    position: int
+
+
+class Connection:
+    """One live session with one MCP server; close it with `aclose()`.
+
+    `protocol_version` is the version the server chose at the handshake;
+    `server_info` and `capabilities` are its `serverInfo` and
+    `capabilities` as parsed (None when absent), for reports only.
+    """
+
+    def __init__(
+        self,
+        server: Server,
+        transport: _Transport,
+    ) -> None:
+        self.server = server
+        self._transport = transport
+        self._next_id = 0
+        self.protocol_version: str | None = None
+        self.server_info: Any = None
+        self.capabilities: Any = None
+
+    # -- public ----------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """End the session and, for stdio, the server's whole process group.
+
+        Idempotent; several tasks may call it at once (all return once it is
+        done); a call in flight fails with `ConnectionClosed`.
+        """
+        await self._transport.aclose()
+
+    def stderr_tail(self) -> str:
+        """The escaped last few KiB of a stdio server's stderr when kept here, else ""."""
+        return self._transport.stderr_tail()
+
+    async def list_tools(self) -> list[RawTool]:
+        """Every tool the server lists, in order, one `RawTool` per element, malformed ones too."""
+        try:
+            return await self._list_tools()
+        except MCPConnectionError as exc:
+            raise self._with_stderr(exc) from None
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments_json: str,
+        *,
+        timeout: float,  # noqa: ASYNC109 - the call's own bound, named by the interface
+    ) -> dict[str, Any]:
+        """Call one tool and return its `result` object as parsed from the server's bytes.
+
+        `arguments_json` must be the text of a JSON object; it is sent as
+        written.  After `timeout` seconds the request is cancelled with
+        `notifications/cancelled` and `CallTimeout` is raised.
+        """
+        try:
+            arguments = parse_json(arguments_json)
+        except JSONBoundaryError as exc:
+            raise ValueError(f"the arguments are not usable JSON: {exc}") from None
+        if not isinstance(arguments, dict):
+            raise ValueError("the arguments must be a JSON object")
+        params = f'{{"name":{canonical_json(name)},"arguments":{arguments_json}}}'
+        result = await self._request("tools/call", params, limit=timeout)
+        if not isinstance(result, dict):
+            raise ProtocolViolation(
+                self.server.name,
+                f'server "{self._name()}" answered tools/call for "{sanitize(name)}" '
+                "with a result that is not an object",
+            )
+        return result
+
+    # -- the handshake ---------------------------------------------------------
+
+    async def _handshake(self) -> None:
+        params = canonical_json(
+            {
+                "protocolVersion": LATEST_HANDSHAKE_VERSION,
+                # No sampling, roots or elicitation: nothing answers for the operator.
+                "capabilities": {},
+                "clientInfo": _CLIENT_INFO,
+            }
+        )
+        result = await self._request("initialize", params)
+        if not isinstance(result, dict):
+            raise ProtocolViolation(
+                self.server.name,
+                f'server "{self._name()}" answered initialize with a result that is not an object',
+            )
+        version = result.get("protocolVersion")
+        if not isinstance(version, str) or version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            shown = sanitize(version) if isinstance(version, str) else "no version"
+            raise ProtocolViolation(
+                self.server.name,
+                f'server "{self._name()}" chose protocol version {shown}, which this client '
+                f"does not speak (it speaks {', '.join(HANDSHAKE_PROTOCOL_VERSIONS)})",
+            )
+        self.protocol_version = version
+        self.server_info = result.get("serverInfo")
+        self.capabilities = result.get("capabilities")
+        if hasattr(self._transport, "protocol_version"):
+            self._transport.protocol_version = version
+        await self._transport.send(encode_notification("notifications/initialized", None))
+
+    # -- listing ---------------------------------------------------------------
+
+    async def _list_tools(self) -> list[RawTool]:
+        tools: list[RawTool] = []
+        names: set[str] = set()
+        cursors: set[str] = set()
+        cursor: str | None = None
+        for page in range(MAX_TOOL_PAGES):
+            params = None if cursor is None else canonical_json({"cursor": cursor})
+            result = await self._request("tools/list", params)
+            if not isinstance(result, dict):
+                raise self._listing_error(f"page {page + 1} is not an object")
+            # Exact keys: a page with "Tools" and no "tools" lists nothing a
+            # reader could agree on; with both, only "tools" counts.
+            if "tools" not in result:
+                raise self._listing_error(f'page {page + 1} has no "tools" member')
+            elements = result["tools"]
+            if not isinstance(elements, list):
+                raise self._listing_error(f'page {page + 1}\'s "tools" is not an array')
+            if len(tools) + len(elements) > MAX_TOOLS:
+                raise self._listing_error(f"it offers more than {MAX_TOOLS} tools")
+            for position, element in enumerate(elements):
+                name = element.get("name") if isinstance(element, dict) else None
+                if not isinstance(name, str):
+                    name = None
+                elif name in names:
+                    raise self._listing_error(f'it lists the tool "{sanitize(name)}" twice')
+                else:
+                    names.add(name)
+                tools.append(RawTool(name=name, raw=element, page=page, position=position))
+            next_cursor = result.get("nextCursor")
+            if next_cursor is None or next_cursor == "":
+                return tools
+            if not isinstance(next_cursor, str):
+                raise self._listing_error(f'page {page + 1}\'s "nextCursor" is not a string')
+            if next_cursor in cursors:
+                raise self._listing_error(
+                    f'page {page + 1} repeats the cursor "{sanitize(next_cursor)}"'
+                )
+            cursors.add(next_cursor)
+            cursor = next_cursor
+        raise self._listing_error(f"it has more than {MAX_TOOL_PAGES} pages")
+
+    def _listing_error(self, reason: str) -> ProtocolViolation:
+        return ProtocolViolation(
+            self.server.name, f'the tool listing of server "{self._name()}" is refused: {reason}'
+        )
+
+    # -- requests --------------------------------------------------------------
+
+    async def _request(
+        self, method: str, params_json: str | None, *, limit: float | None = None
+    ) -> Any:
+        self._next_id += 1
+        request_id = self._next_id
+        message = encode_request(request_id, method, params_json)
+        try:
+            with anyio.fail_after(limit):
+                answer = await self._transport.request(request_id, method, message)
+        except TimeoutError:
+            await self._send_cancelled(request_id, f"no answer within {limit:g}s")
+            raise CallTimeout(
+                self.server.name,
+                f'server "{self._name()}" did not answer {method} within {limit:g}s; '
+                "the request was cancelled",
+            ) from None
+        except anyio.get_cancelled_exc_class():
+            await self._send_cancelled(request_id, "the caller gave up")
+            raise
+        if answer.error is not None:
+            raise ServerErrorResponse(self.server.name, method, answer.error)
+        return answer.result
+
+    async def _send_cancelled(self, request_id: int, reason: str) -> None:
+        notice = encode_notification(
+            "notifications/cancelled",
+            canonical_json({"requestId": request_id, "reason": reason}),
+        )
+        # Best effort, bounded, and shielded so it is sent even while the caller is cancelled.
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(CANCEL_NOTICE_TIMEOUT),
+            contextlib.suppress(MCPConnectionError),
+        ):
+            await self._transport.send(notice)
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _name(self) -> str:
+        return sanitize(self.server.name)
+
+    def _with_stderr(self, error: MCPConnectionError) -> MCPConnectionError:
+        tail = self.stderr_tail()
+        if tail and not getattr(error, "_stderr_added", False):
+            error.args = (f"{error}; the server's stderr ends with: {tail}",)
+            error._stderr_added = True  # type: ignore[attr-defined]
+        return error
+
+
+async def connect(
+    server: Server,
+    *,
+    on_step: Callable[[str], None] | None = None,
+    on_started: Callable[[Connection], None] | None = None,
+) -> Connection:
+    """Start or reach `server`, perform the handshake and return the open `Connection`.
+
+    No timeout of its own: the caller bounds it (`anyio.fail_after`), and
+    `on_step` names the step in progress.  On any failure or cancellation
+    everything started here is stopped before the exception leaves.
+    """
+    step = on_step if on_step is not None else (lambda _step: None)
+    transport: _Transport
+    if server.command is not None:
+        step("starting the server")
+        transport = start_stdio(server)
+    else:
+        step("opening the HTTP client")
+        transport = open_http(server)
+    connection = Connection(server, transport)
+    try:
+        if on_started is not None:
+            on_started(connection)
+        step("performing the handshake")
+        await connection._handshake()
+    except MCPConnectionError as exc:
+        with anyio.CancelScope(shield=True):
+            await connection.aclose()
+        raise connection._with_stderr(exc) from None
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await connection.aclose()
+        raise
+    return connection

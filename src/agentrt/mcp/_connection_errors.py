@@ -1,0 +1,63 @@
+"""The errors a connection to an MCP server raises, each one sentence naming the server.
+
+Text the server chose (an error message, a line of its stderr) is escaped
+with `sanitize` before it becomes part of a message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import AgentrtError
+from ..sanitize import sanitize
+
+__all__ = [
+    "CallTimeout",
+    "ConnectionClosed",
+    "MCPConnectionError",
+    "ProtocolViolation",
+    "ServerErrorResponse",
+]
+
+
+class MCPConnectionError(AgentrtError):
+    """A connection to an MCP server could not be made or used.
+
+    `server` is the server's configured name.  The message is one sentence,
+    with server text escaped and, for a stdio server whose stderr is kept,
+    the tail of that stderr appended.
+    """
+
+    def __init__(self, server: str, message: str) -> None:
+        self.server = server
+        super().__init__(message)
+
+
+class ConnectionClosed(MCPConnectionError):
+    """The connection is closed: `aclose()` ran, or the server went away."""
+
+
+class ProtocolViolation(MCPConnectionError):
+    """The server sent something the protocol or this client's bounds refuse."""
+
+
+class ServerErrorResponse(MCPConnectionError):
+    """The server answered a request with a JSON-RPC error.
+
+    `code` is the error code; `server_message` is the server's own message,
+    already escaped; `data` is the error's `data` member as parsed, or None.
+    """
+
+    def __init__(self, server: str, method: str, error: dict[str, Any]) -> None:
+        self.code: int = error["code"]
+        self.server_message = sanitize(str(error["message"]))
+        self.data: Any = error.get("data")
+        super().__init__(
+            server,
+            f'server "{sanitize(server)}" answered {method} with error {self.code}: '
+            f"{self.server_message}",
+        )
+
+
+class CallTimeout(MCPConnectionError, TimeoutError):
+    """A request got no answer within its timeout; a cancellation was sent for it."""

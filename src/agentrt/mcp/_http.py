@@ -1,0 +1,328 @@
+"""A streamable HTTP MCP server: one POST per message, answers read from raw bytes.
+
+Each request is POSTed with `Accept: application/json, text/event-stream`;
+the answer is a JSON body or an SSE stream whose `data` fields are parsed here,
+from bytes, with `parse_json`.  The session id the server assigns at
+`initialize` is sent back on every later message together with the negotiated
+`MCP-Protocol-Version`, and the session is ended with DELETE on close.
+
+Not done, on purpose: the standalone GET SSE stream (nothing here listens to
+server pushes), reconnection or resumption (a half-delivered call has no
+honest retry), and following a redirect the caller's client does not follow
+itself (a credential the client adds would go wherever a 3xx points).  A body
+over `MAX_RESPONSE_BODY_BYTES` fails the read; it is counted while streaming,
+after decompression, so neither a large body nor a compression bomb is held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Final
+
+import anyio
+import httpx2
+
+from ..sanitize import sanitize
+from ._connection_errors import ConnectionClosed, MCPConnectionError, ProtocolViolation
+from ._jsonrpc import Incoming, IncomingKind, answer_server_request, read_message
+from ._server import Server
+
+__all__ = ["MAX_RESPONSE_BODY_BYTES", "HttpTransport", "open_http"]
+
+MAX_RESPONSE_BODY_BYTES: Final = 16 * 1024 * 1024
+
+SESSION_ID_HEADER: Final = "mcp-session-id"
+PROTOCOL_VERSION_HEADER: Final = "mcp-protocol-version"
+
+# Mirrors the SDK's defaults: a connect bound, and a read bound long enough
+# for a slow tool (the call's own timeout is the real limit).
+_DEFAULT_TIMEOUT: Final = httpx2.Timeout(30.0, read=300.0)
+_CLOSE_TIMEOUT: Final = 2.0
+
+
+@dataclass(slots=True)
+class HttpTransport:
+    """Streamable HTTP: each request is one POST whose body carries its answer."""
+
+    server: Server
+    url: str
+    client: httpx2.AsyncClient
+    session_id: str | None = None
+    protocol_version: str | None = None
+    _in_flight: set[anyio.CancelScope] = field(default_factory=set)
+    _closed: ConnectionClosed | None = None
+    _closing: anyio.Event | None = None
+
+    def stderr_tail(self) -> str:
+        return ""
+
+    def _name(self) -> str:
+        return sanitize(self.server.name)
+
+    def _headers(self) -> dict[str, str]:
+        headers = {
+            "accept": "application/json, text/event-stream",
+            "content-type": "application/json",
+        }
+        if self.session_id is not None:
+            headers[SESSION_ID_HEADER] = self.session_id
+        if self.protocol_version is not None:
+            headers[PROTOCOL_VERSION_HEADER] = self.protocol_version
+        return headers
+
+    # -- requests and notifications --------------------------------------------
+
+    async def request(self, request_id: int, method: str, message: bytes) -> Incoming:
+        """POST one request and return the message that answers it."""
+        if self._closed is not None:
+            raise self._closed
+        with anyio.CancelScope() as scope:
+            self._in_flight.add(scope)
+            try:
+                return await self._post_request(request_id, method, message)
+            except httpx2.HTTPError as exc:
+                raise MCPConnectionError(
+                    self.server.name,
+                    f'server "{self._name()}" could not be reached for {method}: '
+                    f"{sanitize(str(exc) or type(exc).__name__)}",
+                ) from None
+            finally:
+                self._in_flight.discard(scope)
+        # Only `aclose` cancels this scope: the request fails cleanly, it is not cancelled.
+        assert self._closed is not None
+        raise self._closed
+
+    async def send(self, message: bytes) -> None:
+        """POST a notification or an answer to the server; 202 Accepted is the expected reply."""
+        if self._closed is not None:
+            raise self._closed
+        try:
+            async with self.client.stream(
+                "POST", self.url, content=message, headers=self._headers()
+            ) as response:
+                self._refuse_redirect(response, "a notification")
+                if response.status_code >= 400:
+                    raise ProtocolViolation(
+                        self.server.name,
+                        f'server "{self._name()}" refused a notification with HTTP '
+                        f"{response.status_code}",
+                    )
+                await _read_capped(response, self.server)
+        except httpx2.HTTPError as exc:
+            raise MCPConnectionError(
+                self.server.name,
+                f'server "{self._name()}" could not be reached: '
+                f"{sanitize(str(exc) or type(exc).__name__)}",
+            ) from None
+
+    async def _post_request(self, request_id: int, method: str, message: bytes) -> Incoming:
+        async with self.client.stream(
+            "POST", self.url, content=message, headers=self._headers()
+        ) as response:
+            self._refuse_redirect(response, method)
+            if response.status_code == 202:
+                raise ProtocolViolation(
+                    self.server.name,
+                    f'server "{self._name()}" answered {method} with 202 Accepted and no answer',
+                )
+            if response.status_code >= 400:
+                return await self._error_status(response, method)
+            if method == "initialize":
+                session_id = response.headers.get(SESSION_ID_HEADER)
+                if session_id:
+                    self.session_id = session_id
+            content_type = response.headers.get("content-type", "").partition(";")[0]
+            content_type = content_type.strip().lower()
+            if content_type == "application/json":
+                body = await _read_capped(response, self.server)
+                answer = self._answer(read_message(body), request_id, method)
+                if answer is None:
+                    raise ProtocolViolation(
+                        self.server.name,
+                        f'server "{self._name()}" answered {method} with a JSON body '
+                        "that is not the answer to it",
+                    )
+                return answer
+            if content_type == "text/event-stream":
+                async for data in _sse_data(response, self.server):
+                    incoming = read_message(data)
+                    if incoming.kind is IncomingKind.REQUEST:
+                        await self.send(answer_server_request(incoming))
+                        continue
+                    answer = self._answer(incoming, request_id, method)
+                    if answer is not None:
+                        return answer
+                raise ProtocolViolation(
+                    self.server.name,
+                    f'server "{self._name()}" ended its event stream without answering {method}',
+                )
+            raise ProtocolViolation(
+                self.server.name,
+                f'server "{self._name()}" answered {method} with the content type '
+                f'"{sanitize(content_type)}"',
+            )
+
+    def _answer(self, incoming: Incoming, request_id: int, method: str) -> Incoming | None:
+        if incoming.request_id != request_id:
+            return None
+        if incoming.kind is IncomingKind.BAD_RESPONSE:
+            raise ProtocolViolation(
+                self.server.name,
+                f'server "{self._name()}" answered {method} with a message this client '
+                f"refuses: {sanitize(incoming.problem)}",
+            )
+        if incoming.kind is IncomingKind.RESPONSE:
+            return incoming
+        return None
+
+    def _refuse_redirect(self, response: httpx2.Response, what: str) -> None:
+        if 300 <= response.status_code < 400:
+            location = sanitize(response.headers.get("location", "nowhere"))
+            raise ProtocolViolation(
+                self.server.name,
+                f'server "{self._name()}" answered {what} with a redirect to {location}, '
+                "which is not followed; use that URL as the endpoint if it is the intended server",
+            )
+
+    async def _error_status(self, response: httpx2.Response, method: str) -> Incoming:
+        body = await _read_capped(response, self.server)
+        incoming = read_message(body)
+        # A server may carry a JSON-RPC error in a 4xx body (often with a null id).
+        if incoming.kind is IncomingKind.RESPONSE and incoming.error is not None:
+            return incoming
+        if response.status_code == 404 and self.session_id is not None:
+            raise ConnectionClosed(
+                self.server.name, f'server "{self._name()}" no longer knows this session (HTTP 404)'
+            )
+        raise ProtocolViolation(
+            self.server.name,
+            f'server "{self._name()}" answered {method} with HTTP {response.status_code}',
+        )
+
+    # -- closing ---------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """End the session (DELETE) and close the client; idempotent and safe concurrently."""
+        if self._closing is not None:
+            await self._closing.wait()
+            return
+        self._closing = anyio.Event()
+        try:
+            with anyio.CancelScope(shield=True):
+                self._closed = ConnectionClosed(
+                    self.server.name, f'the connection to server "{self._name()}" is closed'
+                )
+                for scope in list(self._in_flight):
+                    scope.cancel()
+                if self.session_id is not None:
+                    with anyio.move_on_after(_CLOSE_TIMEOUT):
+                        # The session ends on the server's side in any case.
+                        with contextlib.suppress(httpx2.HTTPError):
+                            await self.client.delete(self.url, headers=self._headers())
+                await self.client.aclose()
+        finally:
+            self._closing.set()
+
+
+def open_http(server: Server) -> HttpTransport:
+    """The transport for `server.endpoint`, with a client of its own.
+
+    With `http_client_factory` the client it returns is used for this
+    connection alone (its headers, auth, TLS settings, timeouts and redirect
+    choice) and closed with it; the factory must return a new client each
+    call.  Without one, a fresh client that follows no redirect.
+    """
+    assert server.endpoint is not None
+    if server.http_client_factory is not None:
+        client = server.http_client_factory()
+        if not isinstance(client, httpx2.AsyncClient):
+            raise MCPConnectionError(
+                server.name,
+                f'server "{sanitize(server.name)}": http_client_factory returned '
+                f"{type(client).__name__}, not an httpx2.AsyncClient",
+            )
+    else:
+        client = httpx2.AsyncClient(follow_redirects=False, timeout=_DEFAULT_TIMEOUT)
+    return HttpTransport(server=server, url=server.endpoint, client=client)
+
+
+async def _read_capped(response: httpx2.Response, server: Server) -> bytes:
+    _refuse_declared_length(response, server)
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in response.aiter_bytes():
+        total += len(chunk)
+        if total > MAX_RESPONSE_BODY_BYTES:
+            raise _too_large(server)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _refuse_declared_length(response: httpx2.Response, server: Server) -> None:
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_RESPONSE_BODY_BYTES:
+        raise _too_large(server)
+
+
+def _too_large(server: Server) -> ProtocolViolation:
+    return ProtocolViolation(
+        server.name,
+        f'server "{sanitize(server.name)}" sent a response body over '
+        f"{MAX_RESPONSE_BODY_BYTES} bytes, so the read failed",
+    )
+
+
+async def _sse_data(response: httpx2.Response, server: Server) -> AsyncIterator[bytes]:
+    """The `data` of each `message` event of an SSE body, as bytes, the whole body capped.
+
+    Lines end at CRLF, LF or CR; `data` fields of one event join with LF;
+    comments and other fields are skipped; an event cut off by the end of the
+    stream is dropped, as the SSE standard says.
+    """
+    _refuse_declared_length(response, server)
+    buffer = bytearray()
+    total = 0
+    data_lines: list[bytes] = []
+    event_type = b""
+    async for chunk in response.aiter_bytes():
+        total += len(chunk)
+        if total > MAX_RESPONSE_BODY_BYTES:
+            raise _too_large(server)
+        buffer += chunk
+        while True:
+            line_end = _line_end(buffer)
+            if line_end is None:
+                break
+            end, after = line_end
+            line = bytes(buffer[:end])
+            del buffer[:after]
+            if not line:
+                if data_lines and event_type in (b"", b"message"):
+                    yield b"\n".join(data_lines)
+                data_lines = []
+                event_type = b""
+                continue
+            if line.startswith(b":"):
+                continue
+            name, _, value = line.partition(b":")
+            if value.startswith(b" "):
+                value = value[1:]
+            if name == b"data":
+                data_lines.append(value)
+            elif name == b"event":
+                event_type = value
+
+
+def _line_end(buffer: bytearray) -> tuple[int, int] | None:
+    """Where the first line in `buffer` ends and the next begins, or None if incomplete."""
+    newline = buffer.find(b"\n")
+    carriage = buffer.find(b"\r")
+    if carriage < 0 or (0 <= newline < carriage):
+        return None if newline < 0 else (newline, newline + 1)
+    if carriage + 1 == len(buffer):
+        return None  # a CR at the end may be the first half of CRLF
+    if buffer[carriage + 1] == ord("\n"):
+        return carriage, carriage + 2
+    return carriage, carriage + 1

@@ -1,0 +1,173 @@
+"""JSON-RPC 2.0 messages as bytes: what this client writes and how it reads what a server sent.
+
+Everything a server sends is parsed with `agentrt.canonical.parse_json`, so
+number literals survive, repeated keys are refused and keys match exactly.
+Outgoing messages are written as text this module assembles; the arguments of
+a tool call are spliced in as the exact JSON text the caller gave, never
+re-encoded.  The transports (`_stdio`, `_http`) move these bytes; `_connection`
+decides what a message means for the caller.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Final
+
+from ..canonical import JSONBoundaryError, canonical_json, parse_json
+
+__all__ = [
+    "METHOD_NOT_FOUND",
+    "Incoming",
+    "IncomingKind",
+    "answer_server_request",
+    "encode_notification",
+    "encode_request",
+    "one_line",
+    "read_message",
+]
+
+METHOD_NOT_FOUND: Final = -32601
+
+_encode_string = json.JSONEncoder(ensure_ascii=False).encode
+
+
+class IncomingKind(StrEnum):
+    """What one message from a server is, as far as this client cares."""
+
+    RESPONSE = "response"  # an answer to one of our requests (result or error)
+    BAD_RESPONSE = "bad_response"  # looks like an answer to our request, but its bytes are refused
+    REQUEST = "request"  # the server asks us something (ping, sampling, elicitation, roots, ...)
+    NOTIFICATION = "notification"  # progress, logging, list_changed: nothing here listens
+    INVALID = "invalid"  # not a JSON-RPC message we can attribute to anything
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """One parsed message from a server.
+
+    `request_id` is set for a response (always an `int`: this client only
+    issues integer ids, and `True` or `1.0` is not `1`).  `server_request_id`
+    is the id of a server's request exactly as parsed, to be echoed back.
+    `problem` says why a message is `BAD_RESPONSE` or `INVALID`.
+    """
+
+    kind: IncomingKind
+    request_id: int | None = None
+    result: Any = None
+    error: dict[str, Any] | None = None
+    method: str | None = None
+    server_request_id: Any = None
+    problem: str = ""
+
+
+def one_line(json_text: str) -> str:
+    """Return `json_text` with its line breaks turned into spaces.
+
+    A raw line break can only be insignificant whitespace in valid JSON (the
+    boundary refuses control characters inside strings), so this keeps the
+    meaning and every literal while making the text safe for newline framing.
+    """
+    return json_text.replace("\r", " ").replace("\n", " ")
+
+
+def encode_request(request_id: int, method: str, params_json: str | None) -> bytes:
+    """One request; `params_json` is spliced in verbatim (already validated JSON text)."""
+    params = "" if params_json is None else f',"params":{one_line(params_json)}'
+    text = f'{{"jsonrpc":"2.0","id":{request_id},"method":{_encode_string(method)}{params}}}'
+    return text.encode("utf-8")
+
+
+def encode_notification(method: str, params_json: str | None) -> bytes:
+    """One notification (no id, no answer expected)."""
+    params = "" if params_json is None else f',"params":{one_line(params_json)}'
+    return f'{{"jsonrpc":"2.0","method":{_encode_string(method)}{params}}}'.encode()
+
+
+def answer_server_request(message: Incoming) -> bytes:
+    """The answer to a request the server sent: `{}` for ping, an error for anything else.
+
+    Nothing answers sampling, elicitation or roots on the operator's behalf:
+    this client advertises none of those capabilities and refuses them here.
+    """
+    echoed_id = canonical_json(message.server_request_id)
+    if message.method == "ping":
+        return f'{{"jsonrpc":"2.0","id":{echoed_id},"result":{{}}}}'.encode()
+    method = message.method if message.method is not None else ""
+    error = {
+        "code": METHOD_NOT_FOUND,
+        "message": f"this client does not answer {method} requests",
+    }
+    return f'{{"jsonrpc":"2.0","id":{echoed_id},"error":{canonical_json(error)}}}'.encode()
+
+
+def read_message(data: bytes) -> Incoming:
+    """Classify one message from a server; never raises.
+
+    A message that fails the JSON boundary but still names one of our integer
+    ids as a response is returned as `BAD_RESPONSE`, so the request it answers
+    fails at once with the reason instead of waiting for its timeout.
+    """
+    try:
+        value = parse_json(data)
+    except JSONBoundaryError as exc:
+        return _bad_bytes(data, str(exc))
+    if not isinstance(value, dict):
+        kind = "a batch" if isinstance(value, list) else "not an object"
+        return Incoming(IncomingKind.INVALID, problem=f"the message is {kind}")
+    if value.get("jsonrpc") != "2.0":
+        return _attributed(value, 'the message is not JSON-RPC 2.0 ("jsonrpc" is not "2.0")')
+    method = value.get("method")
+    if "method" in value:
+        if not isinstance(method, str):
+            return Incoming(IncomingKind.INVALID, problem="the message's method is not a string")
+        if "id" in value:
+            server_id = value["id"]
+            if not isinstance(server_id, (str, int)) or isinstance(server_id, bool):
+                return Incoming(IncomingKind.INVALID, problem="a request id is not a string or int")
+            return Incoming(IncomingKind.REQUEST, method=method, server_request_id=server_id)
+        return Incoming(IncomingKind.NOTIFICATION, method=method)
+    request_id = value.get("id")
+    if type(request_id) is not int:
+        return Incoming(IncomingKind.INVALID, problem="a response id is not one of this client's")
+    has_result, has_error = "result" in value, "error" in value
+    if has_result == has_error:
+        return Incoming(
+            IncomingKind.BAD_RESPONSE,
+            request_id=request_id,
+            problem="the response carries neither or both of result and error",
+        )
+    if has_error:
+        error = value["error"]
+        if (
+            not isinstance(error, dict)
+            or type(error.get("code")) is not int
+            or not isinstance(error.get("message"), str)
+        ):
+            return Incoming(
+                IncomingKind.BAD_RESPONSE,
+                request_id=request_id,
+                problem="the error response is not an object with an integer code and a message",
+            )
+        return Incoming(IncomingKind.RESPONSE, request_id=request_id, error=error)
+    return Incoming(IncomingKind.RESPONSE, request_id=request_id, result=value["result"])
+
+
+def _attributed(value: dict[str, Any], problem: str) -> Incoming:
+    request_id = value.get("id")
+    if type(request_id) is int and "method" not in value:
+        return Incoming(IncomingKind.BAD_RESPONSE, request_id=request_id, problem=problem)
+    return Incoming(IncomingKind.INVALID, problem=problem)
+
+
+def _bad_bytes(data: bytes, problem: str) -> Incoming:
+    # A second, lenient read only to learn which request (if any) this answers;
+    # nothing from it is ever used as a result.
+    try:
+        lenient = json.loads(data.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return Incoming(IncomingKind.INVALID, problem=problem)
+    if isinstance(lenient, dict):
+        return _attributed(lenient, problem)
+    return Incoming(IncomingKind.INVALID, problem=problem)

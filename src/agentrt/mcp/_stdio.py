@@ -1,0 +1,472 @@
+"""A stdio MCP server as a child process: exact environment, own process group, raw lines.
+
+The server is started with `subprocess.Popen` (not `anyio.open_process`)
+because only Popen takes a `preexec_fn`, which sets the Linux parent-death
+signal so the kernel kills the server if this process dies first.  Its pipes
+are read and written as non-blocking file descriptors through
+`anyio.wait_readable`/`wait_writable`, so nothing here needs a background
+task: whichever caller is waiting for an answer reads the next line and hands
+it to its owner (see `StdioTransport.request`).  Stderr, when kept, is drained
+by a daemon thread into a 4 KiB ring, so a chatty server never blocks on a
+full pipe.
+
+`aclose` stops the server politely (close stdin, wait, SIGTERM the group,
+wait, SIGKILL the group) and then always SIGKILLs the whole group before
+reaping the server, so no descendant outlives the connection, even when the
+server exited cleanly by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import anyio
+import anyio.to_thread
+
+from ..sanitize import sanitize
+from ._connection_errors import ConnectionClosed, MCPConnectionError, ProtocolViolation
+from ._jsonrpc import Incoming, IncomingKind, answer_server_request, read_message
+from ._server import Server
+
+__all__ = [
+    "MAX_LINE_BYTES",
+    "STDERR_TAIL_BYTES",
+    "StdioTransport",
+    "server_environment",
+    "start_stdio",
+]
+
+MAX_LINE_BYTES: Final = 16 * 1024 * 1024
+"""One message line from a server; a longer line breaks the connection."""
+
+STDERR_TAIL_BYTES: Final = 4 * 1024
+
+GRACE_AFTER_STDIN_CLOSED: Final = 2.0
+GRACE_AFTER_SIGTERM: Final = 2.0
+REAP_AFTER_SIGKILL: Final = 2.0
+_EXIT_POLL_INTERVAL: Final = 0.01
+_READ_CHUNK: Final = 64 * 1024
+
+# Variables a program needs to find its interpreter and a place to write.
+_BASE_VARIABLES: Final = ("PATH", "HOME", "TMPDIR")
+
+_PR_SET_PDEATHSIG: Final = 1
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl: Callable[..., int] = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+# Resolved once here, never inside the forked child: the child must not load
+# a library or allocate while another thread may hold an allocator lock.
+_prctl: Final = _load_prctl()
+
+
+def server_environment(server: Server) -> dict[str, str]:
+    """The exact environment a stdio server gets; nothing else of this process's leaks.
+
+    PATH, HOME and TMPDIR when set here, then each `inherit_env` name set
+    here, then `env` as written, a later entry replacing an earlier one.
+    Proxy variables (HTTP_PROXY and friends) reach the server only when named.
+    """
+    environment: dict[str, str] = {}
+    for name in (*_BASE_VARIABLES, *server.inherit_env):
+        value = os.environ.get(name)
+        if value is not None:
+            environment[name] = value
+    for entry in server.env:
+        name, _, value = entry.partition("=")
+        environment[name] = value
+    return environment
+
+
+def _parent_death_signal(parent_pid: int) -> Callable[[], None] | None:
+    if _prctl is None:
+        return None
+    prctl = _prctl
+
+    def set_parent_death_signal() -> None:
+        # Runs in the child between fork and exec.  The signal is tied to the
+        # thread that forked; it survives exec.  If the parent already died
+        # before prctl took effect, no signal will ever come: leave now.
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            os._exit(126)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return set_parent_death_signal
+
+
+class _StderrTail:
+    """The last `STDERR_TAIL_BYTES` of a server's stderr, drained by a daemon thread."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buffer = bytearray()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._drain, name="agentrt-mcp-stderr", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        try:
+            while True:
+                chunk = os.read(self._fd, 4096)
+                if not chunk:
+                    return
+                with self._lock:
+                    self._buffer += chunk
+                    if len(self._buffer) > STDERR_TAIL_BYTES:
+                        del self._buffer[: len(self._buffer) - STDERR_TAIL_BYTES]
+        except OSError:
+            return
+
+    def text(self) -> str:
+        with self._lock:
+            data = bytes(self._buffer)
+        return sanitize(data.decode("utf-8", errors="replace").strip())
+
+    async def finish(self, limit: float) -> None:
+        """Wait (bounded) for the drain to reach end of file, then release the descriptor."""
+        await anyio.to_thread.run_sync(self._thread.join, limit)
+        if not self._thread.is_alive():
+            os.close(self._fd)
+        # Otherwise a process outside the group still holds the pipe; the
+        # daemon thread keeps the descriptor until it reads end of file.
+
+
+@dataclass(slots=True)
+class _Pending:
+    method: str
+    message: Incoming | None = None
+    failure: MCPConnectionError | None = None
+
+
+@dataclass(slots=True)
+class StdioTransport:
+    """Newline-delimited JSON-RPC over a child's stdin and stdout."""
+
+    server: Server
+    process: subprocess.Popen[bytes]
+    stdin_fd: int
+    stdout_fd: int
+    stderr: _StderrTail | None
+    _buffer: bytearray = field(default_factory=bytearray)
+    _scan_from: int = 0
+    _pending: dict[int, _Pending] = field(default_factory=dict)
+    _reading: bool = False
+    _progress: anyio.Event = field(default_factory=anyio.Event)
+    _read_scope: anyio.CancelScope | None = None
+    _write_lock: anyio.Lock = field(default_factory=anyio.Lock)
+    _broken: MCPConnectionError | None = None
+    _closing: anyio.Event | None = None
+    _stdin_open: bool = True
+    _stdout_open: bool = True
+
+    def stderr_tail(self) -> str:
+        return self.stderr.text() if self.stderr is not None else ""
+
+    def _name(self) -> str:
+        return sanitize(self.server.name)
+
+    # -- sending ---------------------------------------------------------------
+
+    async def send(self, message: bytes) -> None:
+        """Write one message and its newline; a write cut short breaks the connection."""
+        if self._broken is not None:
+            raise self._broken
+        data = memoryview(message + b"\n")
+        written = 0
+        async with self._write_lock:
+            if self._broken is not None:
+                raise self._broken
+            try:
+                while written < len(data):
+                    try:
+                        written += os.write(self.stdin_fd, data[written:])
+                    except BlockingIOError:
+                        await anyio.wait_writable(self.stdin_fd)
+            except (anyio.ClosedResourceError, OSError):
+                raise self._break(
+                    ConnectionClosed(
+                        self.server.name,
+                        f'server "{self._name()}" stopped reading its stdin',
+                    )
+                ) from None
+            except BaseException:
+                if 0 < written < len(data):
+                    # The server now holds half a line; whatever follows would be garbage to it.
+                    self._break(
+                        ConnectionClosed(
+                            self.server.name,
+                            f'a message to server "{self._name()}" was cut off mid-write, '
+                            "so the connection is closed",
+                        )
+                    )
+                raise
+
+    # -- receiving -------------------------------------------------------------
+
+    async def request(self, request_id: int, method: str, message: bytes) -> Incoming:
+        """Send a request and wait for the message that answers it.
+
+        There is no reader task: whichever waiting caller finds nobody reading
+        becomes the reader, reads one line, dispatches it (to its own waiter,
+        another caller's, or an answer to the server) and wakes everyone.  A
+        cancelled reader steps down and another waiter takes over.
+        """
+        pending = _Pending(method)
+        self._pending[request_id] = pending
+        try:
+            await self.send(message)
+            while pending.message is None and pending.failure is None:
+                if self._broken is not None:
+                    raise self._broken
+                if self._reading:
+                    await self._progress.wait()
+                    continue
+                self._reading = True
+                try:
+                    await self._read_and_dispatch_one()
+                finally:
+                    self._reading = False
+                    self._wake_waiters()
+            if pending.failure is not None:
+                raise pending.failure
+            assert pending.message is not None
+            return pending.message
+        finally:
+            self._pending.pop(request_id, None)
+
+    def _wake_waiters(self) -> None:
+        progress, self._progress = self._progress, anyio.Event()
+        progress.set()
+
+    async def _read_and_dispatch_one(self) -> None:
+        line = await self._read_line()
+        if line is None:
+            return
+        message = read_message(line)
+        if message.kind is IncomingKind.REQUEST:
+            await self.send(answer_server_request(message))
+        elif message.kind in (IncomingKind.RESPONSE, IncomingKind.BAD_RESPONSE):
+            assert message.request_id is not None
+            pending = self._pending.get(message.request_id)
+            if pending is None:
+                return  # an answer to a request already given up on
+            if message.kind is IncomingKind.BAD_RESPONSE:
+                pending.failure = ProtocolViolation(
+                    self.server.name,
+                    f'server "{self._name()}" answered {pending.method} with a message this '
+                    f"client refuses: {sanitize(message.problem)}",
+                )
+            else:
+                pending.message = message
+        # Notifications and lines that are not JSON-RPC are ignored: a reader
+        # that crashed on them would hand the server a way to kill the session.
+
+    async def _read_line(self) -> bytes | None:
+        """The next line from stdout, or None when a read was interrupted by `aclose`."""
+        while True:
+            newline = self._buffer.find(b"\n", self._scan_from)
+            if newline >= 0:
+                line = bytes(self._buffer[:newline])
+                del self._buffer[: newline + 1]
+                self._scan_from = 0
+                return line
+            self._scan_from = len(self._buffer)
+            if len(self._buffer) > MAX_LINE_BYTES:
+                self._buffer.clear()
+                self._scan_from = 0
+                raise self._break(
+                    ProtocolViolation(
+                        self.server.name,
+                        f'server "{self._name()}" sent a message longer than '
+                        f"{MAX_LINE_BYTES} bytes, so the connection is closed",
+                    )
+                )
+            if self._broken is not None:
+                raise self._broken
+            try:
+                chunk = os.read(self.stdout_fd, _READ_CHUNK)
+            except BlockingIOError:
+                with anyio.CancelScope() as scope:
+                    self._read_scope = scope
+                    try:
+                        await anyio.wait_readable(self.stdout_fd)
+                    except anyio.ClosedResourceError:
+                        pass
+                    finally:
+                        self._read_scope = None
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                detail = f'server "{self._name()}" closed its stdout (it may have exited)'
+                exit_code = self.process.poll()
+                if exit_code is not None:
+                    detail = f'server "{self._name()}" exited with status {exit_code}'
+                raise self._break(ConnectionClosed(self.server.name, detail))
+            self._buffer += chunk
+
+    def _break(self, error: MCPConnectionError) -> MCPConnectionError:
+        """Mark the connection unusable: every waiting and later request fails with `error`."""
+        if self._broken is None:
+            self._broken = error
+        for pending in self._pending.values():
+            if pending.message is None and pending.failure is None:
+                pending.failure = self._broken
+        if self._read_scope is not None:
+            self._read_scope.cancel()
+        self._wake_waiters()
+        return self._broken
+
+    # -- shutting down ---------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Stop the server and its whole process group; idempotent and safe to call concurrently."""
+        if self._closing is not None:
+            await self._closing.wait()
+            return
+        self._closing = anyio.Event()
+        try:
+            with anyio.CancelScope(shield=True):
+                self._break(
+                    ConnectionClosed(
+                        self.server.name, f'the connection to server "{self._name()}" is closed'
+                    )
+                )
+                await self._stop_process()
+        finally:
+            self._closing.set()
+
+    async def _stop_process(self) -> None:
+        self._close_stdin()
+        exited = await self._wait_for_exit(GRACE_AFTER_STDIN_CLOSED)
+        if not exited:
+            self._signal_group(signal.SIGTERM)
+            exited = await self._wait_for_exit(GRACE_AFTER_SIGTERM)
+        # Always, even after a clean exit: the server is not reaped yet, so its
+        # id still names this group and cannot have been reused; whatever it
+        # left behind (a launcher's node process, a daemon) dies with it.
+        self._signal_group(signal.SIGKILL)
+        if not exited:
+            await self._wait_for_exit(REAP_AFTER_SIGKILL)
+        self._reap()
+        self._close_stdout()
+        if self.stderr is not None:
+            await self.stderr.finish(limit=1.0)
+
+    def _close_stdin(self) -> None:
+        if self._stdin_open:
+            self._stdin_open = False
+            anyio.notify_closing(self.stdin_fd)
+            os.close(self.stdin_fd)
+
+    def _close_stdout(self) -> None:
+        if self._stdout_open:
+            self._stdout_open = False
+            anyio.notify_closing(self.stdout_fd)
+            os.close(self.stdout_fd)
+
+    def _drain_stdout(self) -> None:
+        # A server flushing output on its way out must not block on a full pipe.
+        if not self._stdout_open or self._reading:
+            return
+        try:
+            while os.read(self.stdout_fd, _READ_CHUNK):
+                pass
+        except OSError:
+            pass
+
+    def _exited(self) -> bool:
+        """True once the server has exited, without reaping it (its pid stays reserved)."""
+        if self.process.returncode is not None:
+            return True
+        try:
+            status = os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True
+        return status is not None
+
+    async def _wait_for_exit(self, limit: float) -> bool:
+        with anyio.move_on_after(limit):
+            while not self._exited():
+                self._drain_stdout()
+                await anyio.sleep(_EXIT_POLL_INTERVAL)
+            return True
+        return self._exited()
+
+    def _signal_group(self, signal_number: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal_number)
+
+    def _reap(self) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=0.5)
+
+
+def start_stdio(server: Server) -> StdioTransport:
+    """Start a stdio server; raise `MCPConnectionError` naming the command if it cannot start.
+
+    Popen runs synchronously: fork and exec take milliseconds, and the
+    `preexec_fn` must run in the thread that owns the connection, because the
+    parent-death signal fires when *that thread* ends.
+    """
+    assert server.command is not None
+    keep_stderr = server.stderr is None
+    stderr_target: Any = subprocess.PIPE if keep_stderr else server.stderr
+    try:
+        process = subprocess.Popen(
+            server.command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr_target,
+            env=server_environment(server),
+            start_new_session=True,
+            preexec_fn=_parent_death_signal(os.getpid()),  # why a preexec_fn: ADR 0003
+            close_fds=True,
+        )
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise MCPConnectionError(
+            server.name,
+            f'server "{sanitize(server.name)}" could not be started: '
+            f"{sanitize(server.command[0])}: {sanitize(reason)}",
+        ) from None
+    assert process.stdin is not None and process.stdout is not None
+    # Own the descriptors; the file objects would otherwise close them on collection.
+    stdin_fd = os.dup(process.stdin.fileno())
+    stdout_fd = os.dup(process.stdout.fileno())
+    process.stdin.close()
+    process.stdout.close()
+    os.set_blocking(stdin_fd, False)
+    os.set_blocking(stdout_fd, False)
+    tail = None
+    if keep_stderr:
+        assert process.stderr is not None
+        stderr_fd = os.dup(process.stderr.fileno())
+        process.stderr.close()
+        tail = _StderrTail(stderr_fd)
+    return StdioTransport(
+        server=server,
+        process=process,
+        stdin_fd=stdin_fd,
+        stdout_fd=stdout_fd,
+        stderr=tail,
+    )

@@ -1,0 +1,1 @@
+"""Scriptable hostile MCP servers the tests start as real subprocesses."""
