@@ -22,6 +22,8 @@ from decimal import Decimal
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Final
 
+from .sanitize import sanitize
+
 __all__ = [
     "MAX_DEPTH",
     "MAX_NUMBER_EXPONENT",
@@ -84,7 +86,9 @@ def _object_without_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise JSONBoundaryError(f"the key {_encode_string(key)} is repeated in one object")
+            raise JSONBoundaryError(
+                f"the key {sanitize(_encode_string(key))} is repeated in one object"
+            )
         result[key] = value
     return result
 

@@ -21,6 +21,8 @@ MAX_COMBINING_RUN: Final = 4
 _INVISIBLE_LETTERS: Final = frozenset({0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800})
 _ZERO_WIDTH_JOINER: Final = 0x200D
 _EMOJI_VARIATION: Final = frozenset({0xFE0E, 0xFE0F})
+_TAG_BLOCK_FIRST: Final = 0xE0000
+_TAG_BLOCK_LAST: Final = 0xE007F
 
 
 def _escape(code: int) -> str:
@@ -38,13 +40,13 @@ def _is_emoji(char: str) -> bool:
         or 0x1F000 <= code <= 0x1FAFF
         or 0x2600 <= code <= 0x27BF
         or 0x1F3FB <= code <= 0x1F3FF
-        or code in _EMOJI_VARIATION
     )
 
 
 def _needs_escape(char: str) -> bool:
     code = ord(char)
-    if code in _INVISIBLE_LETTERS:
+    if code in _INVISIBLE_LETTERS or _TAG_BLOCK_FIRST <= code <= _TAG_BLOCK_LAST:
+        # The whole tag block, assigned or not: it is the classic invisible channel.
         return True
     category = unicodedata.category(char)
     # Cc: C0, DEL and C1 controls; Cf: bidi controls, zero-width characters,
@@ -86,6 +88,8 @@ def sanitize(text: str) -> str:
         cut = False
         if code == _ZERO_WIDTH_JOINER:
             before = text[index - 1] if index > 0 else ""
+            if ord(before or "\0") == 0xFE0F and index > 1:
+                before = text[index - 2]  # ❤️‍🔥: the joiner follows the emoji's selector
             after = text[index + 1] if index + 1 < length else ""
             if before and after and _is_emoji(before) and _is_emoji(after):
                 out.append(char)
