@@ -36,9 +36,11 @@ $(DEMO_SERVER): examples/filesystem/package-lock.json
 	cd examples/filesystem && $(NPM) ci --ignore-scripts
 	touch $@
 
+LINT_PATHS := src tests $(wildcard benchmarks)
+
 lint: $(DEV_STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
