@@ -14,7 +14,7 @@ or the JSON text itself.  Every member is optional:
 - "pages": {cursor: raw result text}; "" is the first page (no cursor).
   Default: one page listing the built-in tools.
 - "calls": {tool name: response spec}.  Built-in tools when not scripted:
-  "env" (structuredContent: this process's environment), "pid" (pid, pgid),
+  "env" (structuredContent: the environment as exec'd), "pid" (pid, pgid),
   "echo" (text: the raw request line), anything else: text "ok".
 - "methods": {method: response spec} for any other method.
 
@@ -122,6 +122,15 @@ def _text_result(text: str, structured: Any = None) -> str:
     return json.dumps(result)
 
 
+def _exec_environment() -> dict[str, str]:
+    # The environment exactly as exec'd: os.environ may hold variables the
+    # interpreter set itself (PEP 538 locale coercion), which we never sent.
+    with open("/proc/self/environ", "rb") as handle:
+        entries = handle.read().split(b"\0")
+    pairs = (entry.decode().partition("=") for entry in entries if entry)
+    return {name: value for name, _, value in pairs}
+
+
 def _handle(scenario: dict[str, Any], message: dict[str, Any], raw_line: bytes) -> None:
     method = message.get("method")
     request_id = message.get("id")
@@ -153,7 +162,7 @@ def _handle(scenario: dict[str, Any], message: dict[str, Any], raw_line: bytes) 
             ).start()
             return
         if name == "env":
-            default = _text_result("env", dict(os.environ))
+            default = _text_result("env", _exec_environment())
         elif name == "pid":
             default = _text_result("pid", {"pid": os.getpid(), "pgid": os.getpgid(0)})
         elif name == "echo":
