@@ -1,0 +1,334 @@
+"""`agentrt demo` end to end: the real filesystem MCP server over stdio, a real
+SQLite file, the real `agentrt` command deciding from another process."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from agentrt.canonical import parse_json
+from agentrt.demo import (
+    INPUT_FILE,
+    OUTPUT_FILE,
+    DemoPaths,
+    default_example_dir,
+    default_state_dir,
+    run_demo,
+    summary_of,
+)
+from agentrt.store import RunStatus, open_store
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+EXAMPLE_DIR = default_example_dir()
+AGENTRT = str(Path(sys.executable).parent / "agentrt")
+
+
+def needs_the_server() -> None:
+    if not DemoPaths(Path("."), EXAMPLE_DIR).server_script.is_file():
+        pytest.fail("the demo's filesystem server is not installed (make demo installs it)")
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def event_types(database: Path, run_id: str) -> list[str]:
+    with open_store(database, read_only=True) as store:
+        return [event.type for event in store.list_events(run_id)]
+
+
+def runs_of(database: Path) -> list[Any]:
+    with open_store(database, read_only=True) as store:
+        return store.list_runs()
+
+
+async def test_demo_runs_the_whole_story_with_the_real_filesystem_server(tmp_path: Path) -> None:
+    needs_the_server()
+    state = tmp_path / "state"
+    out = io.StringIO()
+
+    status = await run_demo(state_dir=state, out=out)
+
+    text = out.getvalue()
+    assert status == 0, text
+    paths = DemoPaths(state, EXAMPLE_DIR)
+    # The write executed exactly as approved.
+    readme = (paths.sandbox / INPUT_FILE).read_text()
+    assert (paths.sandbox / OUTPUT_FILE).read_text() == summary_of(readme)
+    # State is private: the directory 0700, the manifest and the database 0600.
+    assert mode(state) == 0o700
+    assert mode(paths.manifest) == 0o600
+    assert mode(paths.database) == 0o600
+    (run,) = runs_of(paths.database)
+    assert run.status is RunStatus.COMPLETED
+    types = event_types(paths.database, run.run_id)
+    assert types.index("approval_requested") < types.index("approval_granted")
+    assert types.count("tool_finished") == 2
+    with open_store(paths.database, read_only=True) as store:
+        assert store.verify_chain().ok
+        (write_step,) = [s for s in store.list_steps(run.run_id) if s.tool == "fs_write_file"]
+        approval = store.latest_approval(run.run_id)
+    assert approval is not None and approval.args == write_step.args
+    assert parse_json(write_step.args)["content"] == summary_of(readme)
+    # What the operator was shown.
+    assert text.startswith("agent: scripted")
+    assert "write_file" in text and "destructiveHint=true" in text
+    assert "hint mismatch allowed: classified local_mutation" in text
+    assert text.count("fs: unclassified ") == 9
+    assert f"path       {paths.sandbox.resolve() / OUTPUT_FILE}" in text
+    assert "lines      9" in text and "    | # Summary of README.md" in text
+    assert f"hash       {approval.approval_hash}" in text
+    assert "chain intact" in text
+    assert f"agentrt --db {paths.database} events {run.run_id}" in text
+
+
+async def test_demo_runs_twice_with_a_fresh_run_and_a_rewritten_sandbox(tmp_path: Path) -> None:
+    needs_the_server()
+    state = tmp_path / "state"
+    assert await run_demo(state_dir=state, out=io.StringIO()) == 0
+    paths = DemoPaths(state, EXAMPLE_DIR)
+    (paths.sandbox / INPUT_FILE).write_text("# tampered\n")
+    (paths.sandbox / OUTPUT_FILE).write_text("stale\n")
+
+    out = io.StringIO()
+    assert await run_demo(state_dir=state, out=out) == 0, out.getvalue()
+
+    runs = runs_of(paths.database)
+    assert len(runs) == 2 and {run.status for run in runs} == {RunStatus.COMPLETED}
+    assert runs[0].run_id != runs[1].run_id
+    readme = (paths.sandbox / INPUT_FILE).read_text()
+    assert readme != "# tampered\n"
+    assert (paths.sandbox / OUTPUT_FILE).read_text() == summary_of(readme)
+
+
+async def test_demo_refuses_rules_that_others_can_write_before_any_run(tmp_path: Path) -> None:
+    needs_the_server()
+    example = tmp_path / "example"
+    example.mkdir()
+    (example / "node_modules").symlink_to(EXAMPLE_DIR / "node_modules")
+    rules = example / "rules.json"
+    rules.write_bytes((EXAMPLE_DIR / "rules.json").read_bytes())
+    rules.chmod(0o666)
+    state = tmp_path / "state"
+    out = io.StringIO()
+
+    status = await run_demo(state_dir=state, example_dir=example, out=out)
+
+    assert status == 1
+    assert (
+        f"refusing to read {rules}: its mode 0666 lets group or others write it" in out.getvalue()
+    )
+    assert not (state / "agentrt.db").exists()
+    assert not (state / "sandbox" / OUTPUT_FILE).exists()
+
+
+async def test_demo_refuses_rules_with_an_unknown_field(tmp_path: Path) -> None:
+    needs_the_server()
+    example = tmp_path / "example"
+    example.mkdir()
+    (example / "node_modules").symlink_to(EXAMPLE_DIR / "node_modules")
+    (example / "rules.json").write_text(
+        '{"write_file": {"side_effect": "local_mutation", "allow_hint_mismach": true}}'
+    )
+    out = io.StringIO()
+
+    status = await run_demo(state_dir=tmp_path / "state", example_dir=example, out=out)
+
+    assert status == 1
+    assert "allow_hint_mismach" in out.getvalue()
+    assert not (tmp_path / "state" / "agentrt.db").exists()
+
+
+async def test_demo_refuses_a_state_dir_that_is_a_symbolic_link(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = tmp_path / "state"
+    link.symlink_to(target)
+    out = io.StringIO()
+
+    status = await run_demo(state_dir=link, out=out)
+
+    assert status == 1
+    assert f"refusing to use {link}: it is a symbolic link" in out.getvalue()
+    assert list(target.iterdir()) == []
+
+
+async def test_demo_refuses_a_state_dir_owned_by_another_account(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("making a directory another account owns needs root")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    os.chown(state, 4242, 4242)
+    out = io.StringIO()
+
+    status = await run_demo(state_dir=state, out=out)
+
+    assert status == 1
+    assert "is owned by uid 4242, not by you" in out.getvalue()
+    assert list(state.iterdir()) == []
+
+
+async def test_demo_tightens_its_own_state_dir_to_owner_only(tmp_path: Path) -> None:
+    needs_the_server()
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o777)
+
+    assert await run_demo(state_dir=state, out=io.StringIO()) == 0
+
+    assert mode(state) == 0o700 and mode(state / "sandbox") == 0o700
+
+
+async def test_demo_with_an_unknown_model_is_a_usage_error(tmp_path: Path) -> None:
+    out = io.StringIO()
+
+    assert await run_demo(model="gpt-4", state_dir=tmp_path / "s", out=out) == 2
+
+    assert "--model 'gpt-4' must be ollama:NAME or openai:NAME" in out.getvalue()
+    assert not (tmp_path / "s").exists()
+
+
+def test_state_dir_follows_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_state_dir() == tmp_path / "agentrt"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    assert default_state_dir() == Path.home() / ".cache" / "agentrt"
+
+
+async def wait_for_pending_approval(database: Path) -> str:
+    with anyio.fail_after(30):
+        while True:
+            if database.exists():
+                with open_store(database, read_only=True) as store:
+                    for run in store.list_runs():
+                        if store.waiting_approval(run.run_id) is not None:
+                            return run.run_id
+            await anyio.sleep(0.1)
+
+
+async def decide_from_another_process(
+    database: Path, *words: str
+) -> subprocess.CompletedProcess[str]:
+    return await anyio.to_thread.run_sync(
+        lambda: subprocess.run(
+            [AGENTRT, "--db", str(database), *words],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+    )
+
+
+async def test_interactive_demo_waits_for_agentrt_approve_in_another_process(
+    tmp_path: Path,
+) -> None:
+    needs_the_server()
+    state = tmp_path / "state"
+    paths = DemoPaths(state, EXAMPLE_DIR)
+    out = io.StringIO()
+    statuses: list[int] = []
+
+    async def demo() -> None:
+        statuses.append(await run_demo(state_dir=state, interactive=True, out=out))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(demo)
+        run_id = await wait_for_pending_approval(paths.database)
+        # Nothing is written while the run waits for the person.
+        assert not (paths.sandbox / OUTPUT_FILE).exists()
+        decided = await decide_from_another_process(
+            paths.database, "approve", run_id, "--yes", "--by", "tester"
+        )
+        assert decided.returncode == 0, decided.stderr
+
+    assert statuses == [0], out.getvalue()
+    text = out.getvalue()
+    assert f"agentrt --db {paths.database} approve {run_id}" in text
+    assert "approved by tester" in text
+    readme = (paths.sandbox / INPUT_FILE).read_text()
+    assert (paths.sandbox / OUTPUT_FILE).read_text() == summary_of(readme)
+
+
+async def test_interactive_demo_rejected_in_another_process_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    needs_the_server()
+    state = tmp_path / "state"
+    paths = DemoPaths(state, EXAMPLE_DIR)
+    out = io.StringIO()
+    statuses: list[int] = []
+
+    async def demo() -> None:
+        statuses.append(await run_demo(state_dir=state, interactive=True, out=out))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(demo)
+        run_id = await wait_for_pending_approval(paths.database)
+        decided = await decide_from_another_process(
+            paths.database, "reject", run_id, "--yes", "--note", "not today"
+        )
+        assert decided.returncode == 0, decided.stderr
+
+    assert statuses == [1]
+    assert "the approval is rejected; the write does not run" in out.getvalue()
+    assert not (paths.sandbox / OUTPUT_FILE).exists()
+    (run,) = runs_of(paths.database)
+    assert run.status is RunStatus.CANCELLED
+    with open_store(paths.database, read_only=True) as store:
+        assert store.verify_chain().ok
+
+
+@pytest.mark.timeout(120)
+async def test_ctrl_c_stops_between_steps_and_prints_the_resume_command_that_works(
+    tmp_path: Path,
+) -> None:
+    needs_the_server()
+    state = tmp_path / "state"
+    paths = DemoPaths(state, EXAMPLE_DIR)
+    script = (
+        "import sys, anyio\n"
+        "from pathlib import Path\n"
+        "from agentrt.demo import run_demo\n"
+        "sys.exit(anyio.run(lambda: run_demo(state_dir=Path(sys.argv[1]), interactive=True)))\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, str(state)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        run_id = await wait_for_pending_approval(paths.database)
+        # The demo prints "waiting" just after the approval is recorded.
+        await anyio.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        output, _ = await anyio.to_thread.run_sync(lambda: process.communicate(timeout=30))
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, output
+    resume_line = f"agentrt demo --state-dir {state} --interactive --resume {run_id}"
+    assert resume_line in output
+    assert not (paths.sandbox / OUTPUT_FILE).exists()
+    (run,) = runs_of(paths.database)
+    assert run.status is RunStatus.WAITING_FOR_APPROVAL
+
+    # The printed command continues the same run (approved here without --interactive).
+    out = io.StringIO()
+    assert await run_demo(state_dir=state, resume=run_id, out=out) == 0, out.getvalue()
+
+    (run,) = runs_of(paths.database)
+    assert run.status is RunStatus.COMPLETED
+    readme = (paths.sandbox / INPUT_FILE).read_text()
+    assert (paths.sandbox / OUTPUT_FILE).read_text() == summary_of(readme)
