@@ -1,11 +1,25 @@
 """`agentrt proxy`: an MCP server a host starts in place of its real servers.
 
 It connects to them through `agentrt.mcp`, offers the host only the tools
-that loaded (and `gate_status`), and hands every `tools/call` to a Gate.
+that loaded (and `gate_status`), and hands every `tools/call` to a Gate:
+recorded, validated, held to the policy, paused on an approval bound to the
+exact request, executed upstream only when allowed, and recorded again.
 """
 
 from __future__ import annotations
 
+from ._answers import Prefix
+from ._server import STATUS_TOOL, serve, serve_config
 from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config, parse_duration
 
-__all__ = ["ConfigError", "ProxyConfig", "UpstreamConfig", "load_config", "parse_duration"]
+__all__ = [
+    "STATUS_TOOL",
+    "ConfigError",
+    "Prefix",
+    "ProxyConfig",
+    "UpstreamConfig",
+    "load_config",
+    "parse_duration",
+    "serve",
+    "serve_config",
+]

@@ -1,0 +1,196 @@
+"""What the model is told: a recorded result, or plain prose behind a fixed prefix.
+
+Hosts and tests recognise an answer by its prefix.  `PENDING_APPROVAL`,
+`IN_PROGRESS`, `INTERRUPTED`, `UNKNOWN_OUTCOME` and `UNRECORDED` are not
+errors (nothing went wrong; the model should wait); the others are.  No
+answer names the database, the configuration, a run id or the operator
+command: the model must not learn how approvals are granted.  Text a server
+or the model chose is sanitized and bounded before it goes into prose.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Final
+
+from ..canonical import JSONBoundaryError, parse_json
+from ..sanitize import sanitize
+
+__all__ = ["Answer", "Prefix", "bounded"]
+
+MAX_QUOTED_CHARS: Final = 1_000
+
+
+class Prefix(enum.StrEnum):
+    PENDING_APPROVAL = "PENDING_APPROVAL"
+    IN_PROGRESS = "IN_PROGRESS"
+    INTERRUPTED = "INTERRUPTED"
+    UNKNOWN_OUTCOME = "UNKNOWN_OUTCOME"
+    UNRECORDED = "UNRECORDED"
+    DENIED = "DENIED"
+    INVALID = "INVALID"
+    REJECTED = "REJECTED"
+    EXPIRED = "EXPIRED"
+    DUPLICATE = "DUPLICATE"
+    BLOCKED = "BLOCKED"
+    UNAVAILABLE = "UNAVAILABLE"
+
+    @property
+    def is_error(self) -> bool:
+        return self not in _NOT_ERRORS
+
+
+_NOT_ERRORS: Final = frozenset(
+    {
+        Prefix.PENDING_APPROVAL,
+        Prefix.IN_PROGRESS,
+        Prefix.INTERRUPTED,
+        Prefix.UNKNOWN_OUTCOME,
+        Prefix.UNRECORDED,
+    }
+)
+
+_WAIT_FOR_A_PERSON: Final = (
+    "Do not retry it and do not try another tool to do the same thing. Do not ask the user "
+    "to approve it: a person decides outside this conversation. Once you are told it was "
+    "approved, call {tool} again with exactly the same arguments and it will run once."
+)
+
+
+def bounded(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
+    """`text` sanitized and cut to `limit` characters, for quoting inside prose."""
+    clean = sanitize(text)
+    return clean if len(clean) <= limit else clean[:limit] + "…"
+
+
+def _when(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One `tools/call` result as the host receives it."""
+
+    text: str
+    is_error: bool
+    prefix: Prefix | None = None
+
+    # -- what the gate recorded ----------------------------------------------
+
+    @classmethod
+    def result(cls, content: str) -> Answer:
+        """A recorded result: a JSON string is given as its text, any other value as JSON."""
+        try:
+            value = parse_json(content)
+        except JSONBoundaryError:
+            value = None
+        return cls(value if isinstance(value, str) else content, is_error=False)
+
+    @classmethod
+    def tool_error(cls, error: str) -> Answer:
+        return cls(bounded(error, 4 * MAX_QUOTED_CHARS), is_error=True)
+
+    # -- prose ---------------------------------------------------------------
+
+    @classmethod
+    def _prose(cls, prefix: Prefix, text: str) -> Answer:
+        return cls(f"{prefix}: {text}", prefix.is_error, prefix)
+
+    @classmethod
+    def pending(cls, tool: str, approval_id: str) -> Answer:
+        return cls._prose(
+            Prefix.PENDING_APPROVAL,
+            f"this call to {tool} needs a person's approval and is waiting for it "
+            f"(approval {approval_id}). Nothing ran. " + _WAIT_FOR_A_PERSON.format(tool=tool),
+        )
+
+    @classmethod
+    def interrupted(cls, tool: str, approval_id: str) -> Answer:
+        return cls._prose(
+            Prefix.INTERRUPTED,
+            f"an earlier attempt of this exact call to {tool} was cut off before it finished "
+            "and may have taken effect. It will not run again unless a person decides it "
+            f"should (approval {approval_id}). " + _WAIT_FOR_A_PERSON.format(tool=tool),
+        )
+
+    @classmethod
+    def unknown_outcome(cls, tool: str, approval_id: str) -> Answer:
+        return cls._prose(
+            Prefix.UNKNOWN_OUTCOME,
+            f"this call to {tool} timed out or lost its connection before the server answered, "
+            "so it may or may not have taken effect. A person decides whether it runs again "
+            f"(approval {approval_id}); until then other changing calls to {tool} are blocked. "
+            + _WAIT_FOR_A_PERSON.format(tool=tool),
+        )
+
+    @classmethod
+    def in_progress(cls, tool: str) -> Answer:
+        return cls._prose(
+            Prefix.IN_PROGRESS,
+            f"this exact call to {tool} is already running and its outcome will be recorded. "
+            "Do not start it again; call again with the same arguments later to learn how it "
+            "ended.",
+        )
+
+    @classmethod
+    def unrecorded(cls) -> Answer:
+        return cls._prose(
+            Prefix.UNRECORDED,
+            "the gate is shutting down and did not take this call; nothing ran and nothing "
+            "was recorded.",
+        )
+
+    @classmethod
+    def denied(cls, tool: str, reason: str) -> Answer:
+        return cls._prose(
+            Prefix.DENIED,
+            f"the policy does not allow this call to {tool} ({bounded(reason)}). Nothing ran.",
+        )
+
+    @classmethod
+    def invalid(cls, tool: str, problem: str) -> Answer:
+        return cls._prose(
+            Prefix.INVALID,
+            f"the call to {bounded(tool, 80)} was not accepted: {bounded(problem)}. Nothing "
+            "ran; correct the arguments and call again.",
+        )
+
+    @classmethod
+    def rejected(cls, tool: str, note: str) -> Answer:
+        said = f' The reviewer said: "{bounded(note)}".' if note else ""
+        return cls._prose(
+            Prefix.REJECTED,
+            f"a person rejected this exact call to {tool}; nothing ran.{said} Do not retry "
+            "it or try another tool to do the same thing.",
+        )
+
+    @classmethod
+    def expired(cls, tool: str) -> Answer:
+        return cls._prose(
+            Prefix.EXPIRED,
+            f"nobody decided on this exact call to {tool} in time, so it was not run. Do not "
+            "retry it unless the user asks for it again.",
+        )
+
+    @classmethod
+    def duplicate(cls, tool: str, when: float, succeeded: bool) -> Answer:
+        outcome = "succeeded" if succeeded else "failed"
+        return cls._prose(
+            Prefix.DUPLICATE,
+            f"this exact call to {tool} already ran at {_when(when)} and {outcome}; it was not "
+            "run again.",
+        )
+
+    @classmethod
+    def blocked(cls, tool: str) -> Answer:
+        return cls._prose(
+            Prefix.BLOCKED,
+            f"an earlier call to {tool} may or may not have taken effect and waits for a "
+            f"person's decision; no other changing call to {tool} runs until then. Nothing ran.",
+        )
+
+    @classmethod
+    def unavailable(cls, why: str) -> Answer:
+        return cls._prose(Prefix.UNAVAILABLE, f"{why} Nothing ran.")

@@ -1,0 +1,439 @@
+"""One host `tools/call` → one run through the gate, under the proxy's seven rules.
+
+The rules, in order, for a call whose key matches earlier ones: collect a
+waiting approval; `IN_PROGRESS` under a live hold; take over a run a dead
+process left (a mutating step then pauses on `interrupted_side_effect`);
+`REJECTED`/`EXPIRED` within the window; `DUPLICATE` for a mutating call that
+already executed; `BLOCKED` while another mutating call to the tool has an
+unknown outcome; otherwise a new run.  The index decides atomically; this
+module carries the decision out through `Gate.step`/`Gate.resume`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shlex
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import IO, Any, Final
+
+import anyio
+
+from ..agent import Decision, Observation
+from ..canonical import canonical_json
+from ..errors import AgentrtError, RunStateError
+from ..gate import INTERRUPTED_SIDE_EFFECT, Gate, StepOutcome
+from ..mcp._errors import ServerToolError
+from ..policy import (
+    ClassPolicy,
+    Outcome,
+    PolicyDecision,
+    RunView,
+    ToolRequest,
+    default_presentation,
+)
+from ..store import ApprovalRecord, ApprovalStatus, RunStatus, StepStatus, Store
+from ..tools import SideEffect, Tool, ToolCall, ToolResult, ToolSpec
+from . import _index as index_outcomes
+from ._answers import Answer
+from ._index import CallIndex, CallRow, call_key
+
+__all__ = ["UNKNOWN_OUTCOME", "Calls", "ProxyPolicy", "WatchedTool", "new_owner"]
+
+UNKNOWN_OUTCOME: Final = "unknown_outcome"
+_POLL_SECONDS: Final = 0.2
+_PROGRESS_SECONDS: Final = 1.0
+
+# How agentrt.mcp words a failure where the server did answer, or the call was
+# refused before it was sent: the outcome of those is known.  Anything else
+# (a timeout, a lost connection) may or may not have taken effect.
+_KNOWN_OUTCOME_MARKS: Final = (
+    "reported an error",
+    "asked for more input",
+    "is denied by the operator",
+    "is fixed by the operator",
+    "the arguments",
+    "returned a result that is not",
+)
+
+Progress = Callable[[float, str], Awaitable[None]]
+
+
+def new_owner() -> str:
+    """A label for this proxy process, unique even across restarts with the same pid."""
+    return f"proxy:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _mutating(spec: ToolSpec) -> bool:
+    return spec.side_effect is not SideEffect.READ_ONLY
+
+
+class WatchedTool:
+    """An upstream tool that notes a call cut off before the server answered.
+
+    The gate records a timeout or a lost connection as a tool error, like any
+    other; the proxy must tell them apart, because only a call whose server
+    answered has a known outcome.
+    """
+
+    def __init__(self, inner: Tool, cut_off: set[tuple[str, int]]) -> None:
+        self._inner = inner
+        self._cut_off = cut_off
+
+    @property
+    def spec(self) -> ToolSpec:
+        return self._inner.spec
+
+    async def call(self, call: ToolCall) -> ToolResult:
+        try:
+            return await self._inner.call(call)
+        except anyio.get_cancelled_exc_class():
+            self._cut_off.add((call.run_id, call.step))
+            raise
+        except ServerToolError as exc:
+            if not any(mark in str(exc) for mark in _KNOWN_OUTCOME_MARKS):
+                self._cut_off.add((call.run_id, call.step))
+            raise
+        except Exception:
+            self._cut_off.add((call.run_id, call.step))
+            raise
+
+
+class ProxyPolicy:
+    """The operator's class policy, plus one rule of the proxy's own.
+
+    A mutating call asked again in a run whose earlier attempt of it failed
+    without a known outcome needs a person's decision, whatever its class: the
+    first attempt may have taken effect.  The decision is computed from the
+    stored steps alone, so re-evaluation on resume (in any process) gives the
+    same answer and the approval's hash still matches.
+    """
+
+    def __init__(self, inner: ClassPolicy, store: Store) -> None:
+        self.inner = inner
+        self.store = store
+
+    async def evaluate(self, request: ToolRequest, run: RunView) -> PolicyDecision:
+        if _mutating(request.spec) and any(
+            step.step < request.step
+            and step.tool == request.spec.name
+            and step.status is StepStatus.FAILED
+            for step in self.store.list_steps(request.run_id)
+        ):
+            presentation = default_presentation(request)
+            presentation["warning"] = (
+                "the first attempt timed out or lost its connection before the server "
+                "answered; it may have taken effect. Approving runs the same request again."
+            )
+            return PolicyDecision.require_approval(
+                kind=UNKNOWN_OUTCOME,
+                capability={
+                    "tool": request.spec.name,
+                    "side_effect": str(request.spec.side_effect),
+                },
+                presentation=presentation,
+                reason="a mutating call's outcome is unknown",
+            )
+        return await self.inner.evaluate(request, run)
+
+    def outcome_for(self, side_effect: SideEffect) -> Outcome:
+        return self.inner.outcomes.get(side_effect, Outcome.DENY)
+
+
+class Calls:
+    """Handles host calls for one gate, one index and one session."""
+
+    def __init__(
+        self,
+        *,
+        gate: Gate,
+        index: CallIndex,
+        policy: ProxyPolicy,
+        cut_off: set[tuple[str, int]],
+        session: str,
+        database: str,
+        hold: float,
+        repeat_window: float,
+        max_pending: int,
+        log: IO[str] | None = None,
+    ) -> None:
+        self.gate = gate
+        self.store = gate.store
+        self.index = index
+        self.policy = policy
+        self.cut_off = cut_off
+        self.session = session
+        self.database = database
+        self.hold = hold
+        self.repeat_window = repeat_window
+        self.max_pending = max_pending
+        self.log = log if log is not None else sys.stderr
+        self.closing = anyio.Event()
+        self._specs = {spec.name: spec for spec in gate.specs}
+        self._announced: set[str] = set()
+
+    @property
+    def specs(self) -> Sequence[ToolSpec]:
+        return list(self._specs.values())
+
+    def new_run_id(self) -> str:
+        return f"{self.session}.{secrets.token_hex(8)}"
+
+    # -- the operator's line on stderr ----------------------------------------
+
+    def announce(self, approval: ApprovalRecord) -> None:
+        """One stderr line per approval that waits, with the exact commands to decide it."""
+        if approval.approval_id in self._announced:
+            return
+        self._announced.add(approval.approval_id)
+        database = _shell_quote(self.database)
+        run = _shell_quote(approval.run_id)
+        approval_id = _shell_quote(approval.approval_id)
+        self.log.write(
+            f"agentrt proxy: approval {approval.approval_id} ({approval.kind}) waits for "
+            f"{approval.tool}: agentrt --db {database} approve {run} --approval {approval_id}"
+            f"  |  agentrt --db {database} reject {run} --approval {approval_id} --note TEXT\n"
+        )
+        self.log.flush()
+
+    # -- one call ------------------------------------------------------------
+
+    async def handle(self, tool: str, arguments: Any, progress: Progress | None = None) -> Answer:
+        """Answer one `tools/call`; never raises for anything a host or server did."""
+        spec = self._specs.get(tool)
+        if spec is None:
+            return Answer.invalid(tool, "there is no tool with this name")
+        if arguments is None:
+            arguments = {}
+        args = canonical_json(arguments)
+        key = call_key(tool, args)
+        mutating = _mutating(spec)
+        may_need_approval = (
+            self.policy.outcome_for(spec.side_effect) is Outcome.REQUIRE_APPROVAL or mutating
+        )
+        for _attempt in range(3):
+            verdict = self.index.decide(
+                run_id=self.new_run_id(),
+                key=key,
+                tool=tool,
+                mutating=mutating,
+                repeat_window=self.repeat_window,
+                may_need_approval=may_need_approval,
+                max_pending=self.max_pending,
+            )
+            action, row = verdict.action, verdict.row
+            if action == "new":
+                assert row is not None
+                return await self._new_run(row, spec, args, progress)
+            if action == "collect":
+                assert row is not None and verdict.approval is not None
+                answer = await self._collect(row, spec, verdict.approval, progress)
+                if answer is not None:
+                    return answer
+                continue  # the approval moved on under us; decide again
+            if action == "in_progress":
+                return Answer.in_progress(tool)
+            if action == "take_over":
+                assert row is not None
+                return await self._take_over(row, spec, args, progress)
+            if action == "rejected":
+                note = verdict.approval.note if verdict.approval is not None else ""
+                return Answer.rejected(tool, note)
+            if action == "expired":
+                return Answer.expired(tool)
+            if action == "duplicate":
+                assert row is not None and row.settled_at is not None
+                return Answer.duplicate(tool, row.settled_at, row.outcome == index_outcomes.RESULT)
+            if action == "blocked":
+                return Answer.blocked(tool)
+            if action == "too_many_pending":
+                return Answer.unavailable(
+                    f"{self.max_pending} requests already wait for a person's decision, the "
+                    "most this gate lets wait at once; this call was not taken."
+                )
+        return Answer.in_progress(tool)
+
+    async def _new_run(
+        self, row: CallRow, spec: ToolSpec, args: str, progress: Progress | None
+    ) -> Answer:
+        try:
+            await self.gate.start(
+                f"proxy call to {spec.name}",
+                run_id=row.run_id,
+                metadata={"proxy_session": self.session, "call_key": row.call_key},
+            )
+            outcome = await self.gate.step(row.run_id, Decision.tool_call(spec.name, args))
+        except BaseException:
+            self._release_quietly(row.run_id)
+            raise
+        return await self._conclude(row, spec, args, outcome, progress)
+
+    async def _take_over(
+        self, row: CallRow, spec: ToolSpec, args: str, progress: Progress | None
+    ) -> Answer:
+        try:
+            outcome = await self.gate.resume(row.run_id)
+        except RunStateError:
+            self._release_quietly(row.run_id)
+            return Answer.in_progress(spec.name)
+        if outcome.reason == "taken_over":
+            # The dead process recorded the step's end but not the run's: finish from it.
+            last = self.store.last_steps(row.run_id, 1)
+            kind = last[0].observation_kind if last else None
+            if last and kind is not None:
+                step = last[0]
+                observation = Observation(step.step, step.tool, step.args, kind, step.content or "")
+                outcome = StepOutcome(row.run_id, RunStatus.RUNNING, observation, reason=kind)
+            else:
+                outcome = await self.gate.step(row.run_id, Decision.tool_call(spec.name, args))
+        return await self._conclude(row, spec, args, outcome, progress)
+
+    async def _conclude(
+        self,
+        row: CallRow,
+        spec: ToolSpec,
+        args: str,
+        outcome: StepOutcome,
+        progress: Progress | None,
+    ) -> Answer:
+        """Turn what the gate did into an answer, ending the run when the call is over."""
+        run_id = row.run_id
+        for _round in range(4):
+            if outcome.status is RunStatus.WAITING_FOR_APPROVAL and outcome.approval is not None:
+                self.announce(outcome.approval)
+                self.index.release(run_id)
+                if outcome.approval.kind == UNKNOWN_OUTCOME:
+                    return Answer.unknown_outcome(spec.name, outcome.approval.approval_id)
+                answer = await self._collect(row, spec, outcome.approval, progress)
+                return answer if answer is not None else Answer.in_progress(spec.name)
+            if outcome.status is RunStatus.CANCELLED:
+                settled = self.index.settle_if_ended(run_id)
+                if settled is not None and settled.outcome == index_outcomes.EXPIRED:
+                    return Answer.expired(spec.name)
+                approval = self.store.latest_approval(run_id)
+                return Answer.rejected(spec.name, approval.note if approval else "")
+            if outcome.status is RunStatus.FAILED:
+                self.index.settle_if_ended(run_id)
+                return Answer.denied(spec.name, outcome.reason)
+            if outcome.status is RunStatus.COMPLETED:
+                self.index.settle(run_id, index_outcomes.RESULT)
+                return Answer.result(outcome.result or "")
+            observation = outcome.observation
+            if observation is None:
+                outcome = await self.gate.step(run_id, Decision.tool_call(spec.name, args))
+                continue
+            kind = observation.kind
+            if kind == "result":
+                await self.gate.step(run_id, Decision.complete(observation.content))
+                self.index.settle(run_id, index_outcomes.RESULT)
+                return Answer.result(observation.content)
+            if kind == "interrupted":
+                # A read-only call cut off by a dead process simply runs again.
+                outcome = await self.gate.step(run_id, Decision.tool_call(spec.name, args))
+                continue
+            if kind == "tool_error":
+                if (run_id, observation.step) in self.cut_off and _mutating(spec):
+                    self.cut_off.discard((run_id, observation.step))
+                    self.index.mark_unknown_outcome(run_id)
+                    outcome = await self.gate.step(run_id, Decision.tool_call(spec.name, args))
+                    continue
+                self.cut_off.discard((run_id, observation.step))
+                await self.gate.step(run_id, Decision.fail("tool_error"))
+                self.index.settle(run_id, index_outcomes.TOOL_ERROR)
+                return Answer.tool_error(observation.content)
+            if kind == "denied":
+                await self.gate.step(run_id, Decision.fail("denied"))
+                self.index.settle(run_id, index_outcomes.DENIED)
+                return Answer.denied(spec.name, observation.content)
+            await self.gate.step(run_id, Decision.fail("invalid"))
+            self.index.settle(run_id, index_outcomes.INVALID)
+            return Answer.invalid(spec.name, observation.content)
+        self._release_quietly(run_id)
+        return Answer.in_progress(spec.name)
+
+    async def _collect(
+        self,
+        row: CallRow,
+        spec: ToolSpec,
+        approval: ApprovalRecord,
+        progress: Progress | None,
+    ) -> Answer | None:
+        """Hold a call on its waiting approval, up to `hold`; None if it moved on meanwhile."""
+        self.announce(approval)
+        deadline = time.monotonic() + self.hold
+        next_progress = time.monotonic()
+        while True:
+            current = self.store.get_approval(approval.approval_id)
+            if current.status is ApprovalStatus.APPROVED or (
+                current.status is ApprovalStatus.PENDING
+                and current.expires_at is not None
+                and time.time() >= current.expires_at
+            ):
+                return await self._resume(row, spec, current.args, progress)
+            if current.status is ApprovalStatus.REJECTED:
+                self.index.settle_if_ended(row.run_id)
+                return Answer.rejected(spec.name, current.note)
+            if current.status is ApprovalStatus.EXPIRED:
+                self.index.settle_if_ended(row.run_id)
+                return Answer.expired(spec.name)
+            if current.status is not ApprovalStatus.PENDING:
+                return None
+            now = time.monotonic()
+            if now >= deadline or self.closing.is_set():
+                return _waiting_answer(spec.name, current)
+            if progress is not None and now >= next_progress:
+                next_progress = now + _PROGRESS_SECONDS
+                await progress(now - (deadline - self.hold), "waiting for a person's approval")
+            with anyio.move_on_after(min(_POLL_SECONDS, deadline - now)):
+                await self.closing.wait()
+
+    async def _resume(
+        self, row: CallRow, spec: ToolSpec, args: str, progress: Progress | None
+    ) -> Answer:
+        if not self.index.try_hold(row.run_id):
+            return Answer.in_progress(spec.name)
+        try:
+            outcome = await self.gate.resume(row.run_id)
+        except RunStateError:
+            self._release_quietly(row.run_id)
+            settled = self.index.settle_if_ended(row.run_id)
+            if settled is not None and settled.settled:
+                return _settled_answer(spec.name, settled, self.store)
+            return Answer.in_progress(spec.name)
+        except AgentrtError as exc:
+            self._release_quietly(row.run_id)
+            return Answer.unavailable(f"the approved request could not be run: {exc}.")
+        return await self._conclude(row, spec, args, outcome, progress)
+
+    def _release_quietly(self, run_id: str) -> None:
+        # A hold that cannot be released lapses by itself.
+        with contextlib.suppress(Exception):
+            self.index.release(run_id)
+
+
+def _waiting_answer(tool: str, approval: ApprovalRecord) -> Answer:
+    if approval.kind == INTERRUPTED_SIDE_EFFECT:
+        return Answer.interrupted(tool, approval.approval_id)
+    if approval.kind == UNKNOWN_OUTCOME:
+        return Answer.unknown_outcome(tool, approval.approval_id)
+    return Answer.pending(tool, approval.approval_id)
+
+
+def _settled_answer(tool: str, row: CallRow, store: Store) -> Answer:
+    if row.outcome in (index_outcomes.REJECTED, index_outcomes.CANCELLED):
+        approval = store.latest_approval(row.run_id)
+        return Answer.rejected(tool, approval.note if approval else "")
+    if row.outcome == index_outcomes.EXPIRED:
+        return Answer.expired(tool)
+    if row.outcome in index_outcomes.EXECUTED and row.settled_at is not None:
+        return Answer.duplicate(tool, row.settled_at, row.outcome == index_outcomes.RESULT)
+    return Answer.in_progress(tool)
+
+
+def _shell_quote(text: str) -> str:
+    return shlex.quote(text)

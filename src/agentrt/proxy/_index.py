@@ -1,0 +1,348 @@
+"""The call index: which run answered which request, kept in the runtime's own database.
+
+MCP gives a server no notion of a conversation, so every `tools/call` is a
+run of its own.  The index maps a call's key (SHA-256 of the registered tool
+name and the canonical arguments) to those runs, so a host's blind retry
+finds the earlier run instead of acting twice.  A row is *held* by the proxy
+process handling it (renewed while it works); a hold that lapsed means that
+process died.  Every decision is taken inside one `BEGIN IMMEDIATE`
+transaction, so two proxies on one database never both start the same call.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from ..canonical import canonical_bytes, sha256_hex
+from ..store import ApprovalRecord, ApprovalStatus, RunRecord, RunStatus, Store
+
+__all__ = ["MIGRATIONS", "CallIndex", "CallRow", "Verdict", "call_key"]
+
+MIGRATIONS: Final[Sequence[str]] = (
+    """
+    CREATE TABLE proxy_calls (
+        run_id TEXT PRIMARY KEY,
+        session TEXT NOT NULL,
+        call_key TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        mutating INTEGER NOT NULL,
+        created_at REAL NOT NULL,
+        holder TEXT,
+        held_until REAL,
+        unknown_outcome INTEGER NOT NULL DEFAULT 0,
+        settled INTEGER NOT NULL DEFAULT 0,
+        outcome TEXT,
+        settled_at REAL
+    );
+    CREATE INDEX proxy_calls_by_key ON proxy_calls (session, call_key, created_at);
+    CREATE INDEX proxy_calls_open ON proxy_calls (session, settled, tool)
+    """,
+)
+
+# Outcomes of a settled call.  RESULT and TOOL_ERROR executed with a known
+# outcome (the server answered); the rest never ran.
+RESULT: Final = "result"
+TOOL_ERROR: Final = "tool_error"
+DENIED: Final = "denied"
+INVALID: Final = "invalid"
+REJECTED: Final = "rejected"
+EXPIRED: Final = "expired"
+CANCELLED: Final = "cancelled"
+FAILED: Final = "failed"
+EXECUTED: Final = frozenset({RESULT, TOOL_ERROR})
+
+
+def call_key(tool: str, args_text_canonical: str) -> str:
+    """The key of a call: SHA-256 of the registered tool name and the canonical arguments."""
+    return sha256_hex(canonical_bytes({"tool": tool, "args": args_text_canonical}))
+
+
+@dataclass(frozen=True, slots=True)
+class CallRow:
+    run_id: str
+    session: str
+    call_key: str
+    tool: str
+    mutating: bool
+    created_at: float
+    holder: str | None
+    held_until: float | None
+    unknown_outcome: bool
+    settled: bool
+    outcome: str | None
+    settled_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the index says to do with a call, in the order of the proxy's seven rules.
+
+    `action` is one of `collect` (a run waits on an approval), `in_progress`,
+    `take_over` (a dead process left it running; now held by us), `rejected`,
+    `expired`, `duplicate`, `blocked`, `too_many_pending`, `new` (held by us).
+    """
+
+    action: str
+    row: CallRow | None = None
+    approval: ApprovalRecord | None = None
+
+
+def _row(record: sqlite3.Row) -> CallRow:
+    return CallRow(
+        run_id=record["run_id"],
+        session=record["session"],
+        call_key=record["call_key"],
+        tool=record["tool"],
+        mutating=bool(record["mutating"]),
+        created_at=float(record["created_at"]),
+        holder=record["holder"],
+        held_until=record["held_until"],
+        unknown_outcome=bool(record["unknown_outcome"]),
+        settled=bool(record["settled"]),
+        outcome=record["outcome"],
+        settled_at=record["settled_at"],
+    )
+
+
+def _timestamp(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def outcome_of_ended_run(run: RunRecord, last_step_kind: str | None) -> str:
+    """The index outcome of a run that ended, read from how it ended."""
+    if run.status is RunStatus.COMPLETED:
+        return RESULT
+    if run.status is RunStatus.CANCELLED:
+        if run.reason == "approval_rejected":
+            return REJECTED
+        if run.reason in ("approval_expired", "grant_expired"):
+            return EXPIRED
+        return CANCELLED
+    if last_step_kind in (TOOL_ERROR, DENIED, INVALID):
+        return last_step_kind
+    return FAILED
+
+
+class CallIndex:
+    """The proxy's own tables in the runtime's database, and the decisions taken over them."""
+
+    def __init__(self, store: Store, session: str, holder: str, hold_ttl: float) -> None:
+        self.store = store
+        self.session = session
+        self.holder = holder
+        self.hold_ttl = hold_ttl
+        store.migrate_extension("proxy", MIGRATIONS)
+
+    # -- reads ---------------------------------------------------------------
+
+    def _rows(
+        self, connection: sqlite3.Connection, sql: str, parameters: Sequence[Any]
+    ) -> list[CallRow]:
+        return [_row(record) for record in connection.execute(sql, parameters).fetchall()]
+
+    def _one(self, connection: sqlite3.Connection, run_id: str) -> CallRow:
+        return self._rows(connection, "SELECT * FROM proxy_calls WHERE run_id = ?", (run_id,))[0]
+
+    def get(self, run_id: str) -> CallRow | None:
+        with self.store.transaction() as connection:
+            rows = self._rows(
+                connection,
+                "SELECT * FROM proxy_calls WHERE run_id = ? AND session = ?",
+                (run_id, self.session),
+            )
+        return rows[0] if rows else None
+
+    def waiting(self) -> list[tuple[CallRow, ApprovalRecord]]:
+        """This session's calls that wait on an operator's decision, oldest first."""
+        with self.store.transaction() as connection:
+            rows = self._rows(
+                connection,
+                "SELECT * FROM proxy_calls WHERE session = ? AND settled = 0 ORDER BY created_at",
+                (self.session,),
+            )
+        waiting = []
+        for row in rows:
+            approval = self.store.waiting_approval(row.run_id)
+            run = self.store.get_run(row.run_id)
+            if run.status is RunStatus.WAITING_FOR_APPROVAL and approval is not None:
+                waiting.append((row, approval))
+        return waiting
+
+    # -- the decision --------------------------------------------------------
+
+    def decide(
+        self,
+        *,
+        run_id: str,
+        key: str,
+        tool: str,
+        mutating: bool,
+        repeat_window: float,
+        may_need_approval: bool,
+        max_pending: int,
+    ) -> Verdict:
+        """Apply the seven rules to a call, atomically; `new` and `take_over` hold the row."""
+        now = time.time()
+        with self.store.transaction() as connection:
+            rows = self._rows(
+                connection,
+                "SELECT * FROM proxy_calls WHERE session = ? AND call_key = ?"
+                " ORDER BY created_at DESC",
+                (self.session, key),
+            )
+            open_rows = []
+            for row in rows:
+                if row.settled:
+                    continue
+                run = self.store.get_run(row.run_id)
+                if run.status.terminal:
+                    row = self._settle_from_run(connection, row, run)
+                    continue
+                open_rows.append((row, run))
+            # 1. a run waiting on an approval for this very request
+            for row, run in open_rows:
+                if run.status is RunStatus.WAITING_FOR_APPROVAL:
+                    approval = self.store.latest_approval(row.run_id)
+                    return Verdict("collect", row, approval)
+            # 2. a run executing under a live hold; 3. one a dead process left running
+            for row, _run in open_rows:
+                if row.holder is not None and (row.held_until or 0) > now:
+                    return Verdict("in_progress", row)
+                held = self._hold(connection, row.run_id, now)
+                return Verdict("take_over", held)
+            # 4. rejected / cancelled / expired; 5. duplicate — within the window
+            recent = [
+                row
+                for row in rows
+                if row.settled
+                and row.settled_at is not None
+                and row.settled_at >= now - repeat_window
+            ]
+            for row in recent:
+                if row.outcome in (REJECTED, CANCELLED):
+                    return Verdict("rejected", row, self.store.latest_approval(row.run_id))
+                if row.outcome == EXPIRED:
+                    return Verdict("expired", row)
+                if row.mutating and row.outcome in EXECUTED:
+                    return Verdict("duplicate", row)
+            # 6. another mutating call to this tool has an unknown outcome
+            if mutating:
+                for row in self._rows(
+                    connection,
+                    "SELECT * FROM proxy_calls WHERE session = ? AND settled = 0 AND tool = ?"
+                    " AND unknown_outcome = 1",
+                    (self.session, tool),
+                ):
+                    if not self.store.get_run(row.run_id).status.terminal:
+                        return Verdict("blocked", row)
+            if may_need_approval and self._pending_count(connection) >= max_pending:
+                return Verdict("too_many_pending")
+            # 7. a new run
+            connection.execute(
+                "INSERT INTO proxy_calls (run_id, session, call_key, tool, mutating, created_at,"
+                " holder, held_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, self.session, key, tool, int(mutating), now, self.holder,
+                 now + self.hold_ttl),
+            )  # fmt: skip
+            created = self._one(connection, run_id)
+        return Verdict("new", created)
+
+    def _pending_count(self, connection: sqlite3.Connection) -> int:
+        count = 0
+        for row in self._rows(
+            connection,
+            "SELECT * FROM proxy_calls WHERE session = ? AND settled = 0",
+            (self.session,),
+        ):
+            approval = self.store.latest_approval(row.run_id)
+            if approval is not None and approval.status is ApprovalStatus.PENDING:
+                count += 1
+        return count
+
+    def _settle_from_run(
+        self, connection: sqlite3.Connection, row: CallRow, run: RunRecord
+    ) -> CallRow:
+        steps = self.store.last_steps(row.run_id, 1)
+        kind = steps[0].observation_kind if steps else None
+        outcome = outcome_of_ended_run(run, kind)
+        settled_at = _timestamp(run.updated_at)
+        connection.execute(
+            "UPDATE proxy_calls SET settled = 1, outcome = ?, settled_at = ?, holder = NULL,"
+            " held_until = NULL WHERE run_id = ?",
+            (outcome, settled_at, row.run_id),
+        )
+        return self._rows(connection, "SELECT * FROM proxy_calls WHERE run_id = ?", (row.run_id,))[
+            0
+        ]
+
+    def _hold(self, connection: sqlite3.Connection, run_id: str, now: float) -> CallRow:
+        connection.execute(
+            "UPDATE proxy_calls SET holder = ?, held_until = ? WHERE run_id = ?",
+            (self.holder, now + self.hold_ttl, run_id),
+        )
+        return self._one(connection, run_id)
+
+    # -- writes by the process holding a call --------------------------------
+
+    def try_hold(self, run_id: str) -> bool:
+        """Hold a call (to collect its approval) unless a live process holds it."""
+        now = time.time()
+        with self.store.transaction() as connection:
+            cursor = connection.execute(
+                "UPDATE proxy_calls SET holder = ?, held_until = ? WHERE run_id = ? AND settled = 0"
+                " AND (holder IS NULL OR holder = ? OR held_until <= ?)",
+                (self.holder, now + self.hold_ttl, run_id, self.holder, now),
+            )
+            return cursor.rowcount == 1
+
+    def release(self, run_id: str) -> None:
+        with self.store.transaction() as connection:
+            connection.execute(
+                "UPDATE proxy_calls SET holder = NULL, held_until = NULL"
+                " WHERE run_id = ? AND holder = ?",
+                (run_id, self.holder),
+            )
+
+    def renew_holds(self) -> None:
+        """Extend every hold this process has; called a few times per hold period."""
+        now = time.time()
+        with self.store.transaction() as connection:
+            connection.execute(
+                "UPDATE proxy_calls SET held_until = ? WHERE holder = ? AND settled = 0",
+                (now + self.hold_ttl, self.holder),
+            )
+
+    def mark_unknown_outcome(self, run_id: str) -> None:
+        with self.store.transaction() as connection:
+            connection.execute(
+                "UPDATE proxy_calls SET unknown_outcome = 1 WHERE run_id = ?", (run_id,)
+            )
+
+    def settle(self, run_id: str, outcome: str) -> CallRow:
+        now = time.time()
+        with self.store.transaction() as connection:
+            connection.execute(
+                "UPDATE proxy_calls SET settled = 1, outcome = ?, settled_at = ?, holder = NULL,"
+                " held_until = NULL WHERE run_id = ?",
+                (outcome, now, run_id),
+            )
+            return self._rows(connection, "SELECT * FROM proxy_calls WHERE run_id = ?", (run_id,))[
+                0
+            ]
+
+    def settle_if_ended(self, run_id: str) -> CallRow | None:
+        """Settle a call whose run ended outside this process (rejected, expired, cancelled)."""
+        with self.store.transaction() as connection:
+            rows = self._rows(connection, "SELECT * FROM proxy_calls WHERE run_id = ?", (run_id,))
+            if not rows:
+                return None
+            row = rows[0]
+            run = self.store.get_run(run_id)
+            if row.settled or not run.status.terminal:
+                return row
+            return self._settle_from_run(connection, row, run)
