@@ -8,12 +8,11 @@ never load MCP, HTTP or provider code.
 
 from __future__ import annotations
 
-import importlib
 import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import click
@@ -24,17 +23,16 @@ from ..sanitize import sanitize
 from ._app import EXIT_UNUSABLE, CommandError, Settings
 from ._output import Output, bounded
 
+if TYPE_CHECKING:
+    from ..mcp import Manifest, Report
+    from ..proxy.config import ProxyConfig, UpstreamConfig
+
 __all__ = ["check", "demo", "pin", "proxy", "write_owner_only"]
 
 _HINTS: Final = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
 
 
-def _module(name: str) -> Any:
-    """Import one of agentrt's own optional layers when a subcommand first needs it."""
-    return importlib.import_module(name)
-
-
-def _load_config(path: str) -> Any:
+def _load_config(path: str) -> ProxyConfig:
     from ..proxy.config import load_config
 
     try:
@@ -46,8 +44,8 @@ def _load_config(path: str) -> Any:
         ) from error
 
 
-def _selected(config: Any, name: str | None) -> list[Any]:
-    upstreams: list[Any] = list(config.servers)
+def _selected(config: ProxyConfig, name: str | None) -> list[UpstreamConfig]:
+    upstreams = list(config.servers)
     if name is None:
         return upstreams
     chosen = [upstream for upstream in upstreams if upstream.server.name == name]
@@ -99,7 +97,7 @@ def _hints(annotations: Mapping[str, Any] | None) -> str:
     return " ".join(claimed) or "no hints"
 
 
-def _print_manifest(output: Output, manifest: Any, manifest_path: Path) -> None:
+def _print_manifest(output: Output, manifest: Manifest, manifest_path: Path) -> None:
     tools = list(manifest.tools.values())
     if output.json:
         for tool in tools:
@@ -153,13 +151,14 @@ def _print_manifest(output: Output, manifest: Any, manifest_path: Path) -> None:
 @click.pass_obj
 def pin(settings: Settings, config_path: str, server_name: str | None) -> None:
     """Connect to each server, list its tools, and write its manifest (owner-only)."""
+    from ..mcp import pin as pin_server
+
     config = _load_config(config_path)
-    mcp = _module("agentrt.mcp")
     failures = 0
     for upstream in _selected(config, server_name):
         name = sanitize(upstream.server.name)
         try:
-            manifest = anyio.run(mcp.pin, upstream.server)
+            manifest = anyio.run(pin_server, upstream.server)
         except AgentrtError as error:
             failures += 1
             click.echo(f'agentrt: server "{name}" was not pinned: {sanitize(str(error))}', err=True)
@@ -179,15 +178,15 @@ def pin(settings: Settings, config_path: str, server_name: str | None) -> None:
         )
 
 
-async def _check_one(mcp: Any, upstream: Any) -> tuple[str, Any]:
+async def _check_one(upstream: UpstreamConfig) -> Report:
     """Load one server against its manifest and rules; the connection is always closed."""
-    manifest = mcp.read_manifest(upstream.manifest_path)
-    _tools, report = await mcp.load(upstream.server, manifest, upstream.rules)
-    try:
-        return str(report), report
-    finally:
-        if report.connection is not None:
-            await report.connection.aclose()
+    from ..mcp import load, read_manifest
+
+    manifest = read_manifest(upstream.manifest_path)
+    _tools, report = await load(upstream.server, manifest, upstream.rules)
+    if report.connection is not None:
+        await report.connection.aclose()
+    return report
 
 
 @click.command()
@@ -202,13 +201,12 @@ async def _check_one(mcp: Any, upstream: Any) -> tuple[str, Any]:
 def check(settings: Settings, config_path: str) -> None:
     """Load every server as the proxy would and print the report; no tool is called."""
     config = _load_config(config_path)
-    mcp = _module("agentrt.mcp")
     output = settings.output
     failed = 0
     for upstream in config.servers:
         name = upstream.server.name
         try:
-            text, report = anyio.run(_check_one, mcp, upstream)
+            report = anyio.run(_check_one, upstream)
         except AgentrtError as error:
             failed += 1
             if output.json:
@@ -241,7 +239,7 @@ def check(settings: Settings, config_path: str) -> None:
                 }
             )
         else:
-            output.line(text)
+            output.line(str(report))
     if failed:
         raise CommandError(f"{failed} server(s) did not load cleanly; see the report above")
 
@@ -254,24 +252,28 @@ def check(settings: Settings, config_path: str) -> None:
     "--http",
     "http_address",
     metavar="HOST:PORT",
-    help="Also serve streamable HTTP on this address (loopback unless --allow-remote).",
+    help="Serve streamable HTTP on this address instead of stdio (loopback unless --allow-remote).",
 )
-@click.option("--allow-remote", is_flag=True, help="Allow --http on a non-loopback address.")
-@click.option("--token", metavar="TOKEN", help="Bearer token the HTTP endpoint requires.")
-@click.pass_obj
+@click.option(
+    "--allow-remote", is_flag=True, help="Allow --http on a non-loopback address (needs --token)."
+)
+@click.option(
+    "--token",
+    envvar="AGENTRT_PROXY_TOKEN",
+    metavar="TOKEN",
+    help="Bearer token the HTTP endpoint requires (or AGENTRT_PROXY_TOKEN).",
+)
 def proxy(
-    settings: Settings,
-    config_path: str,
-    http_address: str | None,
-    allow_remote: bool,
-    token: str | None,
+    config_path: str, http_address: str | None, allow_remote: bool, token: str | None
 ) -> None:
-    """Serve the MCP proxy: the gate in front of the configured servers."""
-    serve = getattr(_module("agentrt.proxy"), "serve", None)
-    if serve is None:
-        raise CommandError("this build has no proxy server (agentrt.proxy.serve is missing)")
+    """Serve the MCP proxy: the gate in front of the configured servers.
+
+    It opens (and creates, if need be) the database the configuration names.
+    """
+    from ..proxy import serve
+
     status = serve(config_path, http=http_address, allow_remote=allow_remote, token=token)
-    if isinstance(status, int) and status:
+    if status:
         raise SystemExit(status)
 
 
@@ -279,33 +281,33 @@ def proxy(
 @click.option("--model", metavar="PROVIDER:NAME", help="A real model, e.g. ollama:qwen3:30b-a3b.")
 @click.option("--base-url", metavar="URL", help="The endpoint of an OpenAI-compatible model.")
 @click.option(
-    "--interactive", is_flag=True, help="Ask at the terminal instead of approving for you."
+    "--interactive", is_flag=True, help="Wait for `agentrt approve` instead of approving for you."
 )
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Where the demo keeps its sandbox, manifest and database.",
+    help="Where the demo keeps its sandbox, manifest and database (default: the user cache).",
 )
-@click.pass_obj
+@click.option("--resume", "resume_run", metavar="RUN", help="Continue a run a stopped demo left.")
 def demo(
-    settings: Settings,
     model: str | None,
     base_url: str | None,
     interactive: bool,
     state_dir: Path | None,
+    resume_run: str | None,
 ) -> None:
     """Run the end-to-end demo: pin, load, a paused write, its approval, the audit trail."""
-    run_demo = _module("agentrt.demo").run_demo
+    from ..demo import run_demo
 
     async def run() -> int:
-        status: int = await run_demo(
+        return await run_demo(
             model=model,
             base_url=base_url,
             interactive=interactive,
             state_dir=state_dir,
             out=click.get_text_stream("stdout"),
+            resume=resume_run,
         )
-        return status
 
     status = anyio.run(run)
     if status:
