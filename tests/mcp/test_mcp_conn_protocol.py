@@ -1,0 +1,240 @@
+"""What a hostile stdio server can send, and what the connection does with it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from servers.harness import stdio_server
+
+from agentrt.mcp import _stdio
+from agentrt.mcp._connection import Connection, connect
+from agentrt.mcp._connection_errors import (
+    CallTimeout,
+    ConnectionClosed,
+    ProtocolViolation,
+    ServerErrorResponse,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+async def _connected(scenario: dict[str, Any]) -> Connection:
+    return await connect(stdio_server(scenario))
+
+
+def _received(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_bytes().splitlines()]
+
+
+async def test_an_elicitation_mid_call_is_refused_and_the_call_completes(tmp_path: Path) -> None:
+    log = tmp_path / "received.jsonl"
+    connection = await _connected({"calls": {"ask": {"elicit": True}}, "log": str(log)})
+    try:
+        result = await connection.call_tool("ask", "{}", timeout=10)
+    finally:
+        await connection.aclose()
+    assert result["content"][0]["text"] == "elicitation answered with error -32601"
+    answers = [line for line in _received(log) if line.get("id") == "elicit-1"]
+    assert answers == [
+        {
+            "jsonrpc": "2.0",
+            "id": "elicit-1",
+            "error": {
+                "code": -32601,
+                "message": "this client does not answer elicitation/create requests",
+            },
+        }
+    ]
+
+
+async def test_sampling_and_roots_requests_get_errors_and_ping_gets_an_empty_result(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "received.jsonl"
+    before = [
+        '{"jsonrpc":"2.0","id":101,"method":"sampling/createMessage","params":{}}',
+        '{"jsonrpc":"2.0","id":"r","method":"roots/list"}',
+        '{"jsonrpc":"2.0","id":102,"method":"ping"}',
+    ]
+    connection = await _connected({"calls": {"ok": {"before": before}}, "log": str(log)})
+    try:
+        await connection.call_tool("ok", "{}", timeout=10)
+    finally:
+        await connection.aclose()  # the server logs every line it read before it exits
+    answers = {json.dumps(line["id"]): line for line in _received(log) if "method" not in line}
+    assert answers["101"]["error"]["code"] == -32601
+    assert "sampling/createMessage" in answers["101"]["error"]["message"]
+    assert answers['"r"']["error"]["code"] == -32601
+    assert answers["102"] == {"jsonrpc": "2.0", "id": 102, "result": {}}
+
+
+async def test_notifications_and_garbage_lines_do_not_disturb_a_call() -> None:
+    before = [
+        "this is not json",
+        "",
+        "[1, 2, 3]",
+        '{"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":1}}',
+        '{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}',
+        # Our id as a string, as a decimal: equal in Python, not the same id.
+        '{"jsonrpc":"2.0","id":"{id}","result":{"wrong":"id type"}}',
+        '{"jsonrpc":"2.0","id":{id}.0,"result":{"wrong":"id type"}}',
+        '{"jsonrpc":"2.0","id":true,"result":{"wrong":"id type"}}',
+        '{"jsonrpc":"2.0","id":999,"result":{"nobody":"asked"}}',
+        '{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"null id"}}',
+        "{}",
+    ]
+    connection = await _connected({"calls": {"ok": {"before": before}}})
+    try:
+        result = await connection.call_tool("ok", "{}", timeout=10)
+    finally:
+        await connection.aclose()
+    assert result == {"content": [{"type": "text", "text": "ok"}]}
+
+
+async def test_a_response_with_a_repeated_key_fails_that_call_at_once() -> None:
+    line = '{"jsonrpc":"2.0","id":{id},"result":{"content":[],"isError":false,"isError":true}}'
+    connection = await _connected({"calls": {"twice": {"line": line}}})
+    try:
+        with anyio.fail_after(5), pytest.raises(ProtocolViolation) as caught:
+            await connection.call_tool("twice", "{}", timeout=30)
+        # The connection itself is unharmed.
+        assert await connection.call_tool("ok", "{}", timeout=5)
+    finally:
+        await connection.aclose()
+    assert str(caught.value) == (
+        'server "hostile" answered tools/call with a message this client refuses: '
+        'the key "isError" is repeated in one object'
+    )
+
+
+async def test_a_response_with_an_absurd_number_fails_that_call() -> None:
+    line = '{"jsonrpc":"2.0","id":{id},"result":{"content":[],"n":1e999999}}'
+    connection = await _connected({"calls": {"huge": {"line": line}}})
+    try:
+        with anyio.fail_after(5), pytest.raises(ProtocolViolation) as caught:
+            await connection.call_tool("huge", "{}", timeout=30)
+    finally:
+        await connection.aclose()
+    assert "exponent" in str(caught.value)
+
+
+async def test_a_response_that_is_not_jsonrpc_2_fails_that_call() -> None:
+    line = '{"jsonrpc":"1.0","id":{id},"result":{"content":[]}}'
+    connection = await _connected({"calls": {"old": {"line": line}}})
+    try:
+        with anyio.fail_after(5), pytest.raises(ProtocolViolation):
+            await connection.call_tool("old", "{}", timeout=30)
+    finally:
+        await connection.aclose()
+
+
+async def test_a_jsonrpc_error_names_the_server_and_escapes_its_message() -> None:
+    error = {"code": -32000, "message": "disk full\x1b[31m\u202eevil", "data": {"n": 1}}
+    connection = await _connected({"calls": {"fail": {"error": error}}})
+    try:
+        with pytest.raises(ServerErrorResponse) as caught:
+            await connection.call_tool("fail", "{}", timeout=5)
+    finally:
+        await connection.aclose()
+    assert str(caught.value) == (
+        'server "hostile" answered tools/call with error -32000: disk full\\x1b[31m\\u202eevil'
+    )
+    assert caught.value.code == -32000 and caught.value.data == {"n": 1}
+
+
+async def test_a_call_that_is_never_answered_times_out_and_is_cancelled(tmp_path: Path) -> None:
+    log = tmp_path / "received.jsonl"
+    connection = await _connected({"calls": {"hang": {"never": True}}, "log": str(log)})
+    try:
+        with pytest.raises(CallTimeout) as caught:
+            await connection.call_tool("hang", '{"q": 1}', timeout=0.3)
+        assert isinstance(caught.value, TimeoutError)
+        # The connection is still usable after a timed-out call.
+        assert await connection.call_tool("ok", "{}", timeout=5)
+    finally:
+        await connection.aclose()
+    received = _received(log)
+    call = next(line for line in received if line.get("params", {}).get("name") == "hang")
+    cancelled = [line for line in received if line.get("method") == "notifications/cancelled"]
+    assert [line["params"]["requestId"] for line in cancelled] == [call["id"]]
+    assert str(caught.value) == (
+        'server "hostile" did not answer tools/call within 0.3s; the request was cancelled'
+    )
+
+
+async def test_a_caller_cancelling_a_call_also_sends_cancelled(tmp_path: Path) -> None:
+    log = tmp_path / "received.jsonl"
+    connection = await _connected({"calls": {"hang": {"never": True}}, "log": str(log)})
+    try:
+        with anyio.move_on_after(0.3):
+            await connection.call_tool("hang", "{}", timeout=30)
+    finally:
+        await connection.aclose()
+    assert any(line.get("method") == "notifications/cancelled" for line in _received(log))
+
+
+async def test_a_server_exiting_mid_call_fails_the_call_with_its_status() -> None:
+    connection = await _connected({"calls": {"die": {"exit": 7}}})
+    try:
+        with anyio.fail_after(5), pytest.raises(ConnectionClosed) as caught:
+            await connection.call_tool("die", "{}", timeout=30)
+        with pytest.raises(ConnectionClosed):
+            await connection.call_tool("ok", "{}", timeout=5)
+    finally:
+        await connection.aclose()
+    assert 'server "hostile"' in str(caught.value)
+
+
+async def test_a_line_over_the_bound_closes_the_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_stdio, "MAX_LINE_BYTES", 1_000_000)
+    connection = await _connected({"calls": {"flood": {"text_of_size": 1_500_000}}})
+    try:
+        with anyio.fail_after(10), pytest.raises(ProtocolViolation) as caught:
+            await connection.call_tool("flood", "{}", timeout=30)
+        with pytest.raises(ProtocolViolation):
+            await connection.call_tool("ok", "{}", timeout=5)
+    finally:
+        await connection.aclose()
+    assert "longer than 1000000 bytes" in str(caught.value)
+
+
+async def test_an_unknown_protocol_version_is_refused_at_the_handshake(tmp_path: Path) -> None:
+    result = '{"protocolVersion":"1999-01-01","capabilities":{},"serverInfo":{"name":"x"}}'
+    with pytest.raises(ProtocolViolation) as caught:
+        await connect(stdio_server({"initialize": {"result": result}}))
+    assert "chose protocol version 1999-01-01, which this client does not speak" in str(
+        caught.value
+    )
+
+
+async def test_arguments_that_are_not_a_json_object_are_refused_before_sending(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "received.jsonl"
+    connection = await _connected({"log": str(log)})
+    try:
+        for bad in ("[1]", '{"a":1,"a":2}', '{"a":1} {"b":2}', "{"):
+            with pytest.raises(ValueError):
+                await connection.call_tool("ok", bad, timeout=5)
+    finally:
+        await connection.aclose()
+    assert not any(line.get("method") == "tools/call" for line in _received(log))
+
+
+async def test_pretty_printed_arguments_are_sent_on_one_line(tmp_path: Path) -> None:
+    log = tmp_path / "received.jsonl"
+    connection = await _connected({"log": str(log)})
+    try:
+        pretty = '{\n  "path": "a\\nb",\r\n  "n": 1.50\n}'
+        result = await connection.call_tool("ok", pretty, timeout=5)
+    finally:
+        await connection.aclose()
+    assert result["content"][0]["text"] == "ok"
+    call = next(line for line in log.read_bytes().splitlines() if b"tools/call" in line)
+    assert b'"arguments":{   "path": "a\\nb",    "n": 1.50 }' in call
