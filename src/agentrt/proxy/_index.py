@@ -196,12 +196,13 @@ class CallIndex:
                 (self.session, key),
             )
             open_rows = []
-            for row in rows:
+            for position, row in enumerate(rows):
                 if row.settled:
                     continue
                 run = self.store.get_run(row.run_id)
                 if run.status.terminal:
-                    row = self._settle_from_run(connection, row, run)
+                    # Ended outside any proxy (rejected, expired, cancelled by the operator).
+                    rows[position] = self._settle_from_run(connection, row, run)
                     continue
                 open_rows.append((row, run))
             # 1. a run waiting on an approval for this very request
