@@ -200,3 +200,17 @@ def test_cancel_of_an_ended_run_is_refused(produced: Produced, run_cli) -> None:
     result = run_cli("cancel", produced.completed_run)
     assert result.exit_code == 1
     assert "already ended" in result.output
+
+
+def test_an_approved_request_waiting_for_its_program_is_shown_without_decision_commands(
+    produced: Produced, run_cli
+) -> None:
+    assert run_cli("approve", produced.waiting_run, "--yes", "--by", "carol").exit_code == 0
+    shown = run_cli("show", produced.waiting_run)
+    assert shown.exit_code == 0, shown.output
+    assert "approved, waiting for its program to resume it:" in shown.output
+    assert "decided by" in shown.output and "carol" in shown.output
+    assert "--approval" not in shown.output
+    again = run_cli("approve", produced.waiting_run, "--yes")
+    assert again.exit_code == 1
+    assert f"its approval {produced.approval_id} is approved" in again.output

@@ -126,3 +126,11 @@ def test_bad_usage_exits_2(run_cli) -> None:
     assert run_cli("runs", "--limit", "0").exit_code == 2
     assert run_cli("runs", "--offset", "-1").exit_code == 2
     assert run_cli("show").exit_code == 2
+
+
+def test_a_directory_in_place_of_the_database_is_refused(tmp_path: Path, run_cli) -> None:
+    directory = tmp_path / "a-directory.db"
+    directory.mkdir()
+    result = run_cli("runs", database=directory)
+    assert result.exit_code == 2
+    assert "is not a regular file" in _one_error_line(result.output)

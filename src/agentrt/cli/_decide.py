@@ -36,11 +36,17 @@ def _at_a_terminal() -> bool:
 
 def _find_waiting(store: Store, run_id: str, approval_id: str | None) -> ApprovalRecord:
     if approval_id is None:
+        run = store.get_run(run_id)
         approval = store.waiting_approval(run_id)
-        if approval is None or approval.status is not ApprovalStatus.PENDING:
-            run = store.get_run(run_id)
+        if approval is None:
             raise CommandError(
                 f"run {sanitize(run_id)} is not waiting for a decision (it is {run.status})"
+            )
+        if approval.status is not ApprovalStatus.PENDING:
+            raise CommandError(
+                f"run {sanitize(run_id)} is not waiting for a decision: its approval "
+                f"{sanitize(approval.approval_id)} is {approval.status} and waits for its "
+                "program to resume the run"
             )
         return approval
     approval = store.get_approval(approval_id)

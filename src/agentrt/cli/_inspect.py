@@ -9,17 +9,18 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Final
 
 import click
 
 from ..sanitize import sanitize
-from ..store import ApprovalRecord, RunRecord, StepRecord
+from ..store import ApprovalRecord, ApprovalStatus, RunRecord, StepRecord
 from ..trace import event_json, format_event
 from ._app import CommandError, Settings, open_for_reading
 from ._output import bounded, flatten, value_field
 
-__all__ = ["approval_fields", "events", "runs", "show", "verify"]
+__all__ = ["approval_fields", "approval_json", "events", "runs", "show", "verify"]
 
 _HASH: Final = re.compile(r"^[0-9a-f]{64}$")
 _GOAL_WIDTH: Final = 60
@@ -30,6 +31,12 @@ def _short(text: str | None, width: int) -> str:
     if text is None:
         return "-"
     return bounded(text, head=width * 2 // 3, tail=width // 3)
+
+
+def _epoch(seconds: float) -> str:
+    """A time the store keeps as epoch seconds, shown as UTC ISO 8601 like its other times."""
+    moment = datetime.fromtimestamp(seconds, UTC)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _page_line(noun: str, offset: int, shown: int, total: int) -> str:
@@ -79,13 +86,15 @@ def runs(settings: Settings, limit: int, offset: int) -> None:
     rows = []
     for run in page:
         approval = waiting[run.run_id]
-        status = str(run.status) + (f" ({run.reason})" if run.reason else "")
+        status = str(run.status)
+        if run.reason and run.reason != status:
+            status += f" ({run.reason})"
         rows.append(
             [
                 sanitize(run.run_id),
                 sanitize(status),
                 str(run.step_count),
-                approval.approval_id if approval else "-",
+                sanitize(approval.approval_id) if approval else "-",
                 run.updated_at,
                 _short(run.goal, _GOAL_WIDTH),
             ]
@@ -124,8 +133,8 @@ def _run_fields(run: RunRecord) -> list[tuple[str, str]]:
         ("steps", str(run.step_count)),
         ("failures in a row", str(run.consecutive_failures)),
     ]
-    if run.lease_owner:
-        pairs.append(("lease", f"{sanitize(run.lease_owner)} until {run.lease_expires_at}"))
+    if run.lease_owner and run.lease_expires_at is not None:
+        pairs.append(("lease", f"{sanitize(run.lease_owner)} until {_epoch(run.lease_expires_at)}"))
     pairs.extend(flatten("metadata", run.metadata) if run.metadata else [])
     return pairs
 
@@ -147,8 +156,19 @@ def approval_fields(approval: ApprovalRecord) -> list[tuple[str, str]]:
         *flatten("presentation", approval.presentation),
         ("arguments", value_field(approval.args)),
         ("created", approval.created_at),
-        ("expires", "-" if approval.expires_at is None else str(approval.expires_at)),
+        ("expires", "-" if approval.expires_at is None else _epoch(approval.expires_at)),
+        *_decided_fields(approval),
         ("hash", approval.approval_hash),
+    ]
+
+
+def _decided_fields(approval: ApprovalRecord) -> list[tuple[str, str]]:
+    if approval.decided_at is None:
+        return []
+    return [
+        ("decided", approval.decided_at),
+        ("decided by", value_field(approval.decided_by)),
+        ("note", value_field(approval.note)),
     ]
 
 
@@ -226,13 +246,18 @@ def show(settings: Settings, run_id: str, limit: int, offset: int) -> None:
             [_step_row(step) for step in steps],
         )
     output.line(_page_line("steps", offset, len(steps), total_steps))
-    if approval is not None:
-        output.line()
+    if approval is None:
+        return
+    output.line()
+    if approval.status is ApprovalStatus.PENDING:
         output.line("waiting for an approval:")
         output.fields(approval_fields(approval))
         output.line()
         for command in _decision_commands(settings, approval):
             output.line(f"  {command}")
+    else:
+        output.line("approved, waiting for its program to resume it:")
+        output.fields(approval_fields(approval))
 
 
 def _step_json(step: StepRecord) -> dict[str, object]:
