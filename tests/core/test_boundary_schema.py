@@ -466,15 +466,28 @@ def test_an_invalid_regex_is_refused_at_compile(schema: dict[str, Any]) -> None:
         compile_schema(schema)
 
 
-def test_an_invalid_draft04_pattern_property_fails_validation_cleanly() -> None:
-    # The draft-04 metaschema does not declare patternProperties keys as
-    # regexes, so this compiles; the first validation then fails closed.
-    compiled = compile_schema(
-        {"$schema": "http://json-schema.org/draft-04/schema#", "patternProperties": {"(": {}}}
-    )
-    assert compiled.first_error({"a": 1}) == (
-        "the arguments could not be checked against the schema: error"
-    )
+@pytest.mark.xfail(
+    strict=True,
+    reason="the draft-04 metaschema does not declare patternProperties keys as "
+    "regexes, and compile_schema checks no pattern itself, so '(' compiles",
+)
+def test_an_invalid_draft04_pattern_property_is_refused_at_compile() -> None:
+    with pytest.raises(SchemaError, match="the schema does not compile"):
+        compile_schema(
+            {"$schema": "http://json-schema.org/draft-04/schema#", "patternProperties": {"(": {}}}
+        )
+
+
+def test_an_invalid_draft04_pattern_property_never_lets_a_value_through() -> None:
+    try:
+        compiled = compile_schema(
+            {"$schema": "http://json-schema.org/draft-04/schema#", "patternProperties": {"(": {}}}
+        )
+    except SchemaError:
+        return  # refused at compile: the better of the two outcomes
+    # Compiled: the first validation must fail closed, in one sentence.
+    error = compiled.first_error({"a": 1})
+    assert error == "the arguments could not be checked against the schema: error"
 
 
 CATASTROPHIC_PROBE = """
