@@ -20,9 +20,9 @@ from ..tools import TOOL_NAME_PATTERN, SideEffect, Tool, ToolSpec
 from . import _connection
 from ._errors import LoadError
 from ._manifest import Manifest, PinnedTool, description_hash, schema_text
+from ._phase import Phase
 from ._rules import Rule, Rules
 from ._server import Server
-from ._steps import StepTracker
 from ._tool import ServerTool
 
 __all__ = ["Refusal", "Registration", "Report", "load"]
@@ -130,32 +130,18 @@ async def load(server: Server, manifest: Manifest, rules: Rules) -> tuple[list[T
                 f'a rule names "{sanitize(name)}", which the manifest for server '
                 f'"{sanitize(server.name)}" does not pin'
             )
-    steps = StepTracker(server)
-    connection: _connection.Connection | None = None
+    phase = Phase(server, "loading")
     try:
         with anyio.fail_after(server.connect_timeout):
-            steps.enter("connecting")
-            connection = await _connection.connect(
-                server, on_step=steps.enter, on_started=steps.started
-            )
-            steps.enter("listing the tools")
-            raw_tools = await connection.list_tools()
-            tools, report = await _check_all(server, manifest, rules, connection, raw_tools, steps)
+            raw_tools = await phase.connect_and_list()
+            tools, report = await _check_all(server, manifest, rules, raw_tools, phase)
     except BaseException as exc:
-        if connection is not None:
-            with anyio.CancelScope(shield=True):
-                await connection.aclose()
-        if isinstance(exc, TimeoutError):
-            raise LoadError(steps.timed_out("loading")) from None
-        if isinstance(exc, LoadError) or not isinstance(exc, Exception):
-            raise
-        raise LoadError(
-            f'loading server "{sanitize(server.name)}" failed while {steps.current}: '
-            f"{sanitize(str(exc))}"
-        ) from exc
+        await phase.close()
+        if isinstance(exc, Exception):
+            raise LoadError(phase.failure(exc)) from exc
+        raise
     if not tools:
-        with anyio.CancelScope(shield=True):
-            await connection.aclose()
+        await phase.close()
         closed = Report(
             server=report.server,
             connection=None,
@@ -179,10 +165,11 @@ async def _check_all(
     server: Server,
     manifest: Manifest,
     rules: Rules,
-    connection: _connection.Connection,
     raw_tools: list[_connection.RawTool],
-    steps: StepTracker,
+    phase: Phase,
 ) -> tuple[list[Tool], Report]:
+    connection = phase.connection
+    assert connection is not None
     live: dict[str, Mapping[str, Any]] = {
         raw_tool.name: raw_tool.raw for raw_tool in raw_tools if raw_tool.name is not None
     }
@@ -194,7 +181,7 @@ async def _check_all(
         if rule is None:
             report.unclassified.append(name)
             continue
-        steps.enter(f'checking the tool "{name}"')
+        phase.enter(f'checking the tool "{name}"')
         # The checks are synchronous; a checkpoint per tool lets the deadline fire between them.
         await anyio.lowlevel.checkpoint()
         try:

@@ -6,12 +6,10 @@ from datetime import UTC, datetime
 
 import anyio
 
-from ..sanitize import sanitize
-from . import _connection
 from ._errors import PinError
 from ._manifest import Manifest, PinnedTool, pin_raw_tool
+from ._phase import Phase
 from ._server import Server
-from ._steps import StepTracker
 
 __all__ = ["pin"]
 
@@ -24,29 +22,14 @@ async def pin(server: Server) -> Manifest:
     stdio server, the tail of its stderr).  The connection is closed before
     this returns.
     """
-    steps = StepTracker(server)
-    connection: _connection.Connection | None = None
+    phase = Phase(server, "pinning")
     try:
         with anyio.fail_after(server.connect_timeout):
-            steps.enter("connecting")
-            connection = await _connection.connect(
-                server, on_step=steps.enter, on_started=steps.started
-            )
-            steps.enter("listing the tools")
-            raw_tools = await connection.list_tools()
-    except TimeoutError:
-        raise PinError(steps.timed_out("pinning")) from None
+            raw_tools = await phase.connect_and_list()
     except Exception as exc:
-        if isinstance(exc, PinError):
-            raise
-        raise PinError(
-            f'pinning server "{sanitize(server.name)}" failed while {steps.current}: '
-            f"{sanitize(str(exc))}"
-        ) from exc
+        raise PinError(phase.failure(exc)) from exc
     finally:
-        if connection is not None:
-            with anyio.CancelScope(shield=True):
-                await connection.aclose()
+        await phase.close()
     tools: dict[str, PinnedTool] = {}
     for raw_tool in raw_tools:
         # A tool without a usable name cannot be classified, so it cannot be pinned either.
