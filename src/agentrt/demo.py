@@ -399,7 +399,11 @@ async def run_demo(
         if threading.current_thread() is threading.main_thread():
             watchers.start_soon(_watch_interrupts, switch, say, watchers.cancel_scope)
         try:
-            status = await demo.run(switch, resume)
+            try:
+                status = await demo.run(switch, resume)
+            except BaseExceptionGroup as group:
+                # The gate's lease wraps what the loop raised in a task group's group.
+                raise _only_error(group) from None
         except DemoStopped as exc:
             say(f"stopped: {exc}")
             demo.print_resume_command()
@@ -417,6 +421,19 @@ async def run_demo(
         say("stopped at once by a second Ctrl-C")
         demo.print_resume_command()
     return status
+
+
+def _only_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception inside (nested) groups, or the group itself when there are several."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        else:
+            leaves.append(current)
+    return leaves[0] if len(leaves) == 1 else group
 
 
 class _Demo:

@@ -25,6 +25,7 @@ from agentrt.demo import (
     run_demo,
     summary_of,
 )
+from agentrt.errors import StoreError
 from agentrt.store import RunStatus, open_store
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
@@ -208,11 +209,13 @@ def test_state_dir_follows_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_p
 async def wait_for_pending_approval(database: Path) -> str:
     with anyio.fail_after(30):
         while True:
-            if database.exists():
+            try:
                 with open_store(database, read_only=True) as store:
                     for run in store.list_runs():
                         if store.waiting_approval(run.run_id) is not None:
                             return run.run_id
+            except StoreError:
+                pass  # not created, or not yet migrated, by the demo
             await anyio.sleep(0.1)
 
 
@@ -332,3 +335,173 @@ async def test_ctrl_c_stops_between_steps_and_prints_the_resume_command_that_wor
     assert run.status is RunStatus.COMPLETED
     readme = (paths.sandbox / INPUT_FILE).read_text()
     assert (paths.sandbox / OUTPUT_FILE).read_text() == summary_of(readme)
+
+
+def openai_call(name: str, arguments: str) -> dict[str, Any]:
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": name, "arguments": arguments}}
+        ],
+    }
+    return {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}
+
+
+def openai_text(text: str) -> dict[str, Any]:
+    message = {"role": "assistant", "content": text}
+    return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+
+
+async def test_demo_with_an_openai_compatible_model_runs_the_same_story(
+    tmp_path: Path, model_server: Any
+) -> None:
+    needs_the_server()
+    state = tmp_path / "state"
+    sandbox = (state / "sandbox").resolve()
+    written = "The sandbox README explains the demo.\n"
+    model_server.answer(openai_call("fs_read_text_file", f'{{"path": "{sandbox / INPUT_FILE}"}}'))
+    model_server.answer(
+        openai_call(
+            "fs_write_file",
+            f'{{"path": "{sandbox / OUTPUT_FILE}", "content": "{written.strip()}\\n"}}',
+        )
+    )
+    model_server.answer(openai_text("I wrote SUMMARY.md."))
+    out = io.StringIO()
+
+    status = await run_demo(
+        model="openai:local-model", base_url=model_server.url + "/v1", state_dir=state, out=out
+    )
+
+    assert status == 0, out.getvalue()
+    assert out.getvalue().startswith(
+        f"agent: OpenAI-compatible model local-model at {model_server.url}/v1"
+    )
+    assert (sandbox / OUTPUT_FILE).read_text() == written
+    second, third = model_server.requests[1].json(), model_server.requests[2].json()
+    assert "# The agentrt demo sandbox" in second["messages"][-1]["content"]
+    assert "Successfully wrote to" in third["messages"][-1]["content"]
+    # The model was shown only the five classified tools.
+    assert sorted(t["function"]["name"] for t in second["tools"]) == [
+        "fs_get_file_info",
+        "fs_list_directory",
+        "fs_read_text_file",
+        "fs_search_files",
+        "fs_write_file",
+    ]
+
+
+async def test_demo_with_an_ollama_model_runs_the_same_story(
+    tmp_path: Path, model_server: Any
+) -> None:
+    needs_the_server()
+    state = tmp_path / "state"
+    sandbox = (state / "sandbox").resolve()
+
+    def ollama_call(name: str, arguments: dict[str, str]) -> dict[str, Any]:
+        message = {"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": name, "arguments": arguments}}
+        ]}  # fmt: skip
+        return {"model": "qwen3", "message": message, "done": True}
+
+    model_server.answer(ollama_call("fs_read_text_file", {"path": str(sandbox / INPUT_FILE)}))
+    model_server.answer(
+        ollama_call("fs_write_file", {"path": str(sandbox / OUTPUT_FILE), "content": "short\n"})
+    )
+    model_server.answer({"model": "qwen3", "message": {"role": "assistant", "content": "done"}})
+    out = io.StringIO()
+
+    status = await run_demo(
+        model="ollama:qwen3:30b-a3b", base_url=model_server.url, state_dir=state, out=out
+    )
+
+    assert status == 0, out.getvalue()
+    assert out.getvalue().startswith("agent: Ollama model qwen3:30b-a3b")
+    assert (sandbox / OUTPUT_FILE).read_text() == "short\n"
+    assert [r.path for r in model_server.requests] == ["/api/chat"] * 3
+
+
+async def test_model_arguments_that_are_not_json_are_recorded_verbatim_as_invalid(
+    tmp_path: Path, model_server: Any
+) -> None:
+    needs_the_server()
+    state = tmp_path / "state"
+    broken = '{"path": "SUMMARY.md", "content": "never closed'
+    model_server.answer(openai_call("fs_write_file", broken))
+    model_server.answer(openai_text("I could not write it."))
+    out = io.StringIO()
+
+    status = await run_demo(model="openai:m", base_url=model_server.url, state_dir=state, out=out)
+
+    assert status == 0, out.getvalue()
+    database = state / "agentrt.db"
+    (run,) = runs_of(database)
+    with open_store(database, read_only=True) as store:
+        (step,) = store.list_steps(run.run_id)
+        assert store.latest_approval(run.run_id) is None
+    assert (step.status, step.tool, step.args) == ("invalid", "fs_write_file", broken)
+    told = model_server.requests[1].json()["messages"]
+    assert told[-2]["tool_calls"][0]["function"]["arguments"] == broken
+    assert told[-1]["content"].startswith("The call was not run because it was invalid: ")
+    assert not (state / "sandbox" / OUTPUT_FILE).exists()
+
+
+async def test_demo_model_endpoint_failure_keeps_the_run_and_prints_how_to_resume(
+    tmp_path: Path, model_server: Any
+) -> None:
+    needs_the_server()
+    state = tmp_path / "state"
+    model_server.answer({"error": {"message": "model not loaded"}}, status=503)
+    out = io.StringIO()
+
+    status = await run_demo(model="openai:m", base_url=model_server.url, state_dir=state, out=out)
+
+    assert status == 1
+    text = out.getvalue()
+    assert "answered 503: model not loaded" in text
+    (run,) = runs_of(state / "agentrt.db")
+    assert run.status is RunStatus.RUNNING
+    expected = (
+        f"agentrt demo --state-dir {state} --model openai:m --base-url {model_server.url}"
+        f" --resume {run.run_id}"
+    )
+    assert expected in text
+
+
+@pytest.mark.timeout(60)
+async def test_ctrl_c_while_the_model_thinks_stops_at_once_without_a_step(
+    tmp_path: Path, model_server: Any
+) -> None:
+    needs_the_server()
+    state = tmp_path / "state"
+    model_server.answer(openai_text("too late"), delay=30.0)
+    script = (
+        "import sys, anyio\n"
+        "from pathlib import Path\n"
+        "from agentrt.demo import run_demo\n"
+        "sys.exit(anyio.run(lambda: run_demo(state_dir=Path(sys.argv[1]),"
+        " model='openai:m', base_url=sys.argv[2])))\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, str(state), model_server.url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        with anyio.fail_after(30):
+            while not model_server.requests:
+                await anyio.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        output, _ = await anyio.to_thread.run_sync(lambda: process.communicate(timeout=10))
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, output
+    assert "stopped by Ctrl-C while the model was deciding" in output
+    (run,) = runs_of(state / "agentrt.db")
+    assert run.status is RunStatus.RUNNING
+    with open_store(state / "agentrt.db", read_only=True) as store:
+        assert store.list_steps(run.run_id) == []
+    assert f"--resume {run.run_id}" in output
