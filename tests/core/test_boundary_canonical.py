@@ -17,7 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agentrt.canonical import (
@@ -396,3 +396,30 @@ def test_these_number_pairs_hash_differently(first: str, second: str) -> None:
 )
 def test_spellings_of_the_same_literal_hash_equally(first: str, second: str) -> None:
     assert canonical_of(first) == canonical_of(second)
+
+
+# --- Python floats (a consumer's own values, before any parse) -------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="canonical._number_literal writes a float from repr(), whose exponent keeps "
+    "a leading zero (1e-05); the same text parsed back is Decimal('1E-5') and is "
+    "written 0.00001, so canonical JSON is not idempotent over floats",
+)
+@settings(max_examples=500, deadline=None)
+@given(number=st.floats(allow_nan=False, allow_infinity=False))
+@example(number=1e-05)
+@example(number=1.5e-07)
+def test_a_float_canonicalises_to_the_same_text_as_its_reparse(number: float) -> None:
+    once = canonical_json([number])
+    assert canonical_json(parse_json(once)) == once
+    assert float(parse_json(once)[0]) == number
+
+
+@settings(max_examples=500, deadline=None)
+@given(number=st.floats(allow_nan=False, allow_infinity=False))
+def test_a_float_is_written_as_a_json_number_of_the_same_value(number: float) -> None:
+    written = canonical_json(number)
+    assert JSON_NUMBER.fullmatch(written), written
+    assert float(written) == number
