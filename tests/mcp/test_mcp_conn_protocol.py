@@ -186,7 +186,7 @@ async def test_a_server_exiting_mid_call_fails_the_call_with_its_status() -> Non
             await connection.call_tool("ok", "{}", timeout=5)
     finally:
         await connection.aclose()
-    assert 'server "hostile"' in str(caught.value)
+    assert str(caught.value) == 'server "hostile" exited (status 7)'
 
 
 async def test_a_line_over_the_bound_closes_the_connection(

@@ -54,6 +54,7 @@ GRACE_AFTER_STDIN_CLOSED: Final = 2.0
 GRACE_AFTER_SIGTERM: Final = 2.0
 REAP_AFTER_SIGKILL: Final = 2.0
 _EXIT_POLL_INTERVAL: Final = 0.01
+_EXIT_STATUS_WAIT: Final = 0.5
 _READ_CHUNK: Final = 64 * 1024
 
 # Variables a program needs to find its interpreter and a place to write.
@@ -197,6 +198,9 @@ class StdioTransport:
                 raise self._broken
             try:
                 while written < len(data):
+                    if not self._stdin_open:
+                        # Closed while this task waited: the number may name another file now.
+                        raise anyio.ClosedResourceError
                     try:
                         written += os.write(self.stdin_fd, data[written:])
                     except BlockingIOError:
@@ -302,6 +306,8 @@ class StdioTransport:
                 )
             if self._broken is not None:
                 raise self._broken
+            if not self._stdout_open:
+                raise self._break(self._closed_error())
             try:
                 chunk = os.read(self.stdout_fd, _READ_CHUNK)
             except BlockingIOError:
@@ -317,10 +323,12 @@ class StdioTransport:
             except OSError:
                 chunk = b""
             if not chunk:
-                detail = f'server "{self._name()}" closed its stdout (it may have exited)'
-                exit_code = self.process.poll()
-                if exit_code is not None:
-                    detail = f'server "{self._name()}" exited with status {exit_code}'
+                detail = f'server "{self._name()}" closed its stdout'
+                # End of file usually means the server is exiting; give it a moment to finish.
+                await self._wait_for_exit(_EXIT_STATUS_WAIT)
+                status = self._exit_status()
+                if status is not None:
+                    detail = f'server "{self._name()}" exited ({status})'
                 raise self._break(ConnectionClosed(self.server.name, detail))
             self._buffer += chunk
 
@@ -346,11 +354,7 @@ class StdioTransport:
         self._closing = anyio.Event()
         try:
             with anyio.CancelScope(shield=True):
-                self._break(
-                    ConnectionClosed(
-                        self.server.name, f'the connection to server "{self._name()}" is closed'
-                    )
-                )
+                self._break(self._closed_error())
                 await self._stop_process()
         finally:
             self._closing.set()
@@ -394,15 +398,35 @@ class StdioTransport:
         except OSError:
             pass
 
-    def _exited(self) -> bool:
-        """True once the server has exited, without reaping it (its pid stays reserved)."""
+    def _closed_error(self) -> ConnectionClosed:
+        return ConnectionClosed(
+            self.server.name, f'the connection to server "{self._name()}" is closed'
+        )
+
+    def _exit_status(self) -> str | None:
+        """How the server ended ("status 3", "signal 9"), or None while it runs.
+
+        Never reaps it: until `aclose` has killed the group, the server's pid
+        must stay reserved so the group id cannot name anyone else's processes.
+        """
         if self.process.returncode is not None:
-            return True
+            code = self.process.returncode
+            return f"status {code}" if code >= 0 else f"signal {-code}"
+        if not hasattr(os, "waitid"):  # macOS: poll() reaps; the pid-reuse window is accepted
+            return None if self.process.poll() is None else self._exit_status()
         try:
-            status = os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            state = os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
-            return True
-        return status is not None
+            return "status unknown"
+        if state is None:
+            return None
+        if state.si_code == os.CLD_EXITED:
+            return f"status {state.si_status}"
+        return f"signal {state.si_status}"
+
+    def _exited(self) -> bool:
+        """True once the server has exited, without reaping it."""
+        return self._exit_status() is not None
 
     async def _wait_for_exit(self, limit: float) -> bool:
         with anyio.move_on_after(limit):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +58,21 @@ def kill_quietly(pid: int) -> None:
     """Clean up a process a failed test may have left behind."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, 9)
+
+
+@contextlib.contextmanager
+def http_server(script: Path, *arguments: str) -> Iterator[str]:
+    """Run an HTTP server script on 127.0.0.1; yield its MCP endpoint URL; kill it after."""
+    process = subprocess.Popen([sys.executable, str(script), *arguments], stdout=subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        port = int(process.stdout.readline())
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def hostile_http(scenario: dict[str, Any] | None = None) -> contextlib.AbstractContextManager[str]:
+    """hostile_http.py with `scenario` (see that file's docstring)."""
+    return http_server(HOSTILE_HTTP, json.dumps(scenario or {}))
