@@ -22,10 +22,12 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, TextIO
 
@@ -70,6 +72,9 @@ _SERVER_SCRIPT: Final = Path(
     "node_modules", "@modelcontextprotocol", "server-filesystem", "dist", "index.js"
 )
 _LIMITS: Final = Limits(max_steps=20)
+# Short, so the resume command printed after Ctrl-C works soon; the gate's
+# heartbeat renews it every third of this while a step runs.
+_LEASE_TTL = 10.0
 _POLL_SECONDS: Final = 0.25
 _APPROVED_BY: Final = "agentrt demo"
 _SHOWN_CHARS: Final = 100
@@ -476,6 +481,24 @@ class _Demo:
             return
         self.say(f"run {self.run_id} is kept in {sanitize(str(self.paths.database))}; to continue:")
         self.say(f"  {self._demo_command('--resume', self.run_id)}")
+        lease_ends = self._lease_end()
+        if lease_ends is not None:
+            # The lease outlives this process by design: another process may
+            # not take a run over until it is sure this one has stopped.
+            self.say(f"  (this process's lease on the run lasts until {lease_ends}; resume after)")
+
+    def _lease_end(self) -> str | None:
+        if self.run_id is None:
+            return None
+        try:
+            with open_store(self.paths.database, read_only=True) as store:
+                run = store.get_run(self.run_id)
+        except AgentrtError:
+            return None
+        expires = run.lease_expires_at
+        if run.status is not RunStatus.RUNNING or expires is None or expires <= time.time():
+            return None
+        return datetime.fromtimestamp(expires, UTC).isoformat(timespec="seconds")
 
     async def run(self, switch: _StopSwitch, resume: str | None) -> int:
         paths, say = self.paths, self.say
@@ -580,7 +603,9 @@ class _Demo:
             inner = self.agent
         store = open_store(paths.database)
         try:
-            gate = Gate(store, list(tools), policy=DEMO_POLICY, limits=_LIMITS)
+            gate = Gate(
+                store, list(tools), policy=DEMO_POLICY, limits=_LIMITS, lease_ttl=_LEASE_TTL
+            )
             driver = Driver(gate, _NarratedAgent(inner, say, switch))
             say.section("run: the policy allows reads, holds local writes, denies the rest")
             if resume is None:

@@ -505,3 +505,36 @@ async def test_ctrl_c_while_the_model_thinks_stops_at_once_without_a_step(
     with open_store(state / "agentrt.db", read_only=True) as store:
         assert store.list_steps(run.run_id) == []
     assert f"--resume {run.run_id}" in output
+
+
+async def test_demo_resume_continues_a_run_its_model_left_once_the_lease_expires(
+    tmp_path: Path, model_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    needs_the_server()
+    monkeypatch.setattr("agentrt.demo._LEASE_TTL", 0.5)
+    state = tmp_path / "state"
+    sandbox = (state / "sandbox").resolve()
+    model_server.answer({"error": {"message": "model not loaded"}}, status=503)
+    out = io.StringIO()
+    assert (
+        await run_demo(model="openai:m", base_url=model_server.url, state_dir=state, out=out) == 1
+    )
+    (run,) = runs_of(state / "agentrt.db")
+    assert "lease on the run lasts until" in out.getvalue()
+    await anyio.sleep(0.6)
+    model_server.answer(openai_call("fs_read_text_file", f'{{"path": "{sandbox / INPUT_FILE}"}}'))
+    model_server.answer(
+        openai_call("fs_write_file", f'{{"path": "{sandbox / OUTPUT_FILE}", "content": "ok\\n"}}')
+    )
+    model_server.answer(openai_text("done"))
+    out = io.StringIO()
+
+    status = await run_demo(
+        model="openai:m", base_url=model_server.url, state_dir=state, resume=run.run_id, out=out
+    )
+
+    assert status == 0, out.getvalue()
+    (resumed,) = runs_of(state / "agentrt.db")
+    assert resumed.run_id == run.run_id and resumed.status is RunStatus.COMPLETED
+    assert (sandbox / OUTPUT_FILE).read_text() == "ok\n"
+    assert "run_taken_over" in event_types(state / "agentrt.db", run.run_id)
