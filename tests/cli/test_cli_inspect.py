@@ -79,8 +79,8 @@ def test_runs_json_is_one_object_a_line_with_the_page_total(produced: Produced, 
     assert records[2] == {"record": "page", "offset": 0, "shown": 2, "total": 3}
 
 
-def test_hostile_goal_prints_escaped_in_runs_and_show(produced: Produced, run_cli) -> None:
-    for args in (("runs",), ("show", produced.hostile_run)):
+def test_hostile_goal_prints_escaped_in_runs_show_and_events(produced: Produced, run_cli) -> None:
+    for args in (("runs",), ("show", produced.hostile_run), ("events", produced.hostile_run)):
         result = run_cli(*args)
         assert result.exit_code == 0, result.output
         assert "\x1b" not in result.output

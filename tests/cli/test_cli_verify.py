@@ -57,6 +57,24 @@ def test_verify_reports_an_intact_chain_and_its_head(produced: Produced, run_cli
     assert result.output.startswith(f"intact: {count} events checked, head {count}:")
 
 
+def test_verify_json_reports_an_intact_chain(produced: Produced, run_cli) -> None:
+    result = run_cli("--json", "verify")
+    assert result.exit_code == 0, result.output
+    (line,) = result.output.splitlines()
+    report = json.loads(line)
+    count = _event_count(produced)
+    assert report == {
+        "record": "verify",
+        "ok": True,
+        "checked": count,
+        "head_seq": count,
+        "head_hash": report["head_hash"],
+        "first_bad_seq": None,
+        "reason": "intact",
+    }
+    assert _head(run_cli("verify").output) == (count, report["head_hash"])
+
+
 def test_verify_names_the_first_event_whose_payload_was_altered(
     produced: Produced, run_cli
 ) -> None:
