@@ -238,3 +238,20 @@ async def test_pretty_printed_arguments_are_sent_on_one_line(tmp_path: Path) -> 
     assert result["content"][0]["text"] == "ok"
     call = next(line for line in log.read_bytes().splitlines() if b"tools/call" in line)
     assert b'"arguments":{   "path": "a\\nb",    "n": 1.50 }' in call
+
+
+async def test_a_response_that_is_not_utf8_fails_that_call_and_spares_the_rest() -> None:
+    bad = b'{"jsonrpc":"2.0","id":{id},"result":{"content":[],"text":"\xff\xfe"}}'
+    junk = b"\xff\xff not even json"
+    scenario = {"calls": {"latin": {"before_hex": [junk.hex(), bad.hex()], "never": True}}}
+    connection = await _connected(scenario)
+    try:
+        with anyio.fail_after(5), pytest.raises(ProtocolViolation) as caught:
+            await connection.call_tool("latin", "{}", timeout=30)
+        assert await connection.call_tool("ok", "{}", timeout=5)
+    finally:
+        await connection.aclose()
+    assert str(caught.value) == (
+        'server "hostile" answered tools/call with a message this client refuses: '
+        "the input is not valid UTF-8 (byte 55)"
+    )

@@ -285,7 +285,9 @@ class Connection:
                 "the request was cancelled",
             ) from None
         except anyio.get_cancelled_exc_class():
-            await self._send_cancelled(request_id, "the caller gave up")
+            # The protocol forbids cancelling initialize; connect closes the session instead.
+            if method != "initialize":
+                await self._send_cancelled(request_id, "the caller gave up")
             raise
         if answer.error is not None:
             raise ServerErrorResponse(self.server.name, method, answer.error)

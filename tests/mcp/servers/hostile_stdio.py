@@ -20,6 +20,7 @@ or the JSON text itself.  Every member is optional:
 
 A response spec is an object with any of:
   "before": [raw lines sent first; "{id}" becomes the request id],
+  "before_hex": [the same, as hex, for bytes that are not UTF-8],
   "sleep": seconds before answering,
   "elicit": true (send an elicitation/create request, wait for its answer,
             then answer the call with text naming the answer's error code),
@@ -75,6 +76,8 @@ def _respond(spec: dict[str, Any], request_id: Any, raw_line: bytes, default: st
     id_text = json.dumps(request_id)
     for line in spec.get("before", []):
         _write(line.replace("{id}", id_text).encode())
+    for hex_line in spec.get("before_hex", []):
+        _write(bytes.fromhex(hex_line).replace(b"{id}", id_text.encode()))
     if "sleep" in spec:
         time.sleep(spec["sleep"])
     if "exit" in spec:
