@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
+from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -34,6 +38,7 @@ RULES: dict[str, Any] = {
     "gate_status": {"side_effect": "read_only", "rename": "gate_status"},
 }
 
+_MANIFEST: list[str] = []
 _COMMAND = re.compile(r"approve (\S+) --approval (\S+)")
 
 
@@ -125,8 +130,10 @@ async def build_setup(
     conf.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     log = work / "upstream.log"
-    manifest = await pin(upstream_server(log))
-    write_private(conf / "up.manifest.json", manifest.to_json())
+    if not _MANIFEST:
+        # The upstream's tools do not depend on its log path: pin once per test process.
+        _MANIFEST.append((await pin(upstream_server(log))).to_json())
+    write_private(conf / "up.manifest.json", _MANIFEST[0])
     document: dict[str, Any] = {
         "database": "proxy.db",
         "session": "test-session",
@@ -173,3 +180,82 @@ async def host(setup: ProxySetup) -> AsyncIterator[ClientSession]:
 
 def text_of(result: Any) -> str:
     return "".join(block.text for block in result.content if getattr(block, "type", "") == "text")
+
+
+class RawHost:
+    """A host speaking JSON-RPC lines to a proxy subprocess, so a test can close its stdin,
+    signal it or kill it at an exact moment."""
+
+    def __init__(self, process: Any, stderr: Any) -> None:
+        self.process = process
+        self._stderr = stderr
+        self._reader = BufferedByteReceiveStream(process.stdout)
+        self._next_id = 0
+
+    @classmethod
+    @asynccontextmanager
+    async def start(cls, setup: ProxySetup) -> AsyncIterator[RawHost]:
+        with setup.stderr_path.open("a") as errlog:
+            process = await anyio.open_process(
+                setup.command(), stderr=errlog, env=setup.environment(), cwd=str(setup.root)
+            )
+            raw = cls(process, errlog)
+            try:
+                await raw.request("initialize", {
+                    "protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "raw-host", "version": "0"},
+                })  # fmt: skip
+                await raw.notify("notifications/initialized", {})
+                yield raw
+            finally:
+                if process.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+                with anyio.CancelScope(shield=True):
+                    await process.wait()
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        message = {"jsonrpc": "2.0", "method": method, "params": params}
+        await self.process.stdin.send((json.dumps(message) + "\n").encode())
+
+    async def send_request(self, method: str, params: dict[str, Any]) -> int:
+        self._next_id += 1
+        message = {"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params}
+        await self.process.stdin.send((json.dumps(message) + "\n").encode())
+        return self._next_id
+
+    async def response(self, request_id: int) -> dict[str, Any]:
+        while True:
+            line = await self._reader.receive_until(b"\n", 1 << 22)
+            message = json.loads(line)
+            if message.get("id") == request_id and "method" not in message:
+                return dict(message)
+
+    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        return await self.response(await self.send_request(method, params))
+
+    async def call(self, tool: str, arguments: dict[str, Any]) -> int:
+        return await self.send_request("tools/call", {"name": tool, "arguments": arguments})
+
+
+def proxy_pid_from_lease(database: Path) -> int:
+    """The pid of the proxy process executing a call, read from its run's lease owner."""
+    with open_store(database, read_only=True) as store:
+        for run in store.list_runs(limit=100):
+            if run.lease_owner:
+                return int(run.lease_owner.split(":")[2])
+    raise LookupError("no run is leased")
+
+
+def wait_for(condition: Callable[[], bool], limit: float = 15.0) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the condition never held")
+        time.sleep(0.05)
+
+
+async def until(condition: Callable[[], bool], limit: float = 15.0) -> None:
+    with anyio.fail_after(limit):
+        while not condition():
+            await anyio.sleep(0.05)

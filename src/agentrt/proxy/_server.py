@@ -25,7 +25,6 @@ import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server as LowLevelServer
-from mcp.server.stdio import stdio_server
 
 from ..canonical import canonical_json
 from ..errors import AgentrtError, RunNotFound
@@ -37,6 +36,7 @@ from ..tools import Tool
 from ._answers import Answer, bounded
 from ._calls import Calls, ProxyPolicy, WatchedTool, new_owner
 from ._index import CallIndex
+from ._stdio import stdio_wire
 from .config import ConfigError, ProxyConfig, load_config
 
 __all__ = ["STATUS_TOOL", "serve", "serve_config"]
@@ -418,7 +418,7 @@ async def serve_config(
                 with anyio.CancelScope() as serving:
                     async with anyio.create_task_group() as group:
                         group.start_soon(_watch_signals, serving, stream)
-                        async with stdio_server() as (read_stream, write_stream):
+                        async with stdio_wire() as (read_stream, write_stream):
                             await server.run(
                                 read_stream, write_stream, server.create_initialization_options()
                             )

@@ -1,0 +1,152 @@
+"""Crashes, cancellations, shutdown, restarts and two proxies on one database."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from proxy_helpers import (
+    RULES,
+    ProxySetup,
+    RawHost,
+    build_setup,
+    host,
+    proxy_pid_from_lease,
+    text_of,
+    until,
+)
+
+from agentrt.store import RunStatus, open_store
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+SLOW_RULES: dict[str, Any] = {
+    **RULES,
+    "write_note": {"side_effect": "local_mutation", "timeout": "30s"},
+}
+
+
+def run_statuses(database: Path) -> list[RunStatus]:
+    with open_store(database, read_only=True) as store:
+        return [run.status for run in store.list_runs(limit=100)]
+
+
+def result_text(response: dict[str, Any]) -> str:
+    return "".join(block.get("text", "") for block in response["result"]["content"])
+
+
+async def test_a_crash_mid_call_answers_interrupted_and_runs_again_only_when_approved(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(tmp_path, rules=SLOW_RULES)
+    arguments = {"note": "migrate", "seconds": 3}
+    async with RawHost.start(setup) as raw:
+        await raw.call("up_write_note", arguments)
+        await until(lambda: len(setup.started()) == 1)
+        os.kill(proxy_pid_from_lease(setup.database), signal.SIGKILL)
+        await raw.process.wait()
+    # The lease (1s) lapses with the dead process.
+    await anyio.sleep(1.5)
+    async with host(setup) as session:
+        first = await session.call_tool("up_write_note", arguments)
+        assert text_of(first).startswith("INTERRUPTED: ")
+        assert first.is_error is False
+        assert "may have taken effect" in text_of(first)
+        again = await session.call_tool("up_write_note", arguments)
+        assert text_of(again).startswith("INTERRUPTED: ")
+        assert len(setup.started()) == 1
+        assert setup.executions() == []
+        assert len(setup.waiting_commands()) == 1
+        setup.approve_latest()
+        approved = await session.call_tool("up_write_note", arguments)
+    assert text_of(approved) == "noted migrate"
+    assert setup.executions() == ["write_note migrate"]
+
+
+async def test_a_restarted_proxy_collects_an_approval_granted_while_it_was_gone(
+    setup: ProxySetup,
+) -> None:
+    arguments = {"to": "later@example.org", "body": "x"}
+    async with host(setup) as session:
+        first = await session.call_tool("up_send_mail", arguments)
+    assert text_of(first).startswith("PENDING_APPROVAL: ")
+    setup.approve_latest()
+    async with host(setup) as session:
+        second = await session.call_tool("up_send_mail", arguments)
+    assert text_of(second) == "sent to later@example.org"
+    assert setup.executions() == ["send_mail later@example.org"]
+
+
+async def test_a_host_cancelling_a_call_lets_the_upstream_call_finish_and_be_recorded(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(tmp_path, rules=SLOW_RULES)
+    arguments = {"note": "cancelled", "seconds": 1.5}
+    async with host(setup) as session:
+        with anyio.move_on_after(0.5) as scope:
+            await session.call_tool("up_write_note", arguments)
+        assert scope.cancelled_caught
+        await until(lambda: setup.executions() == ["write_note cancelled"])
+        await until(lambda: RunStatus.COMPLETED in run_statuses(setup.database))
+        retry = await session.call_tool("up_write_note", arguments)
+    assert text_of(retry).startswith("DUPLICATE: ")
+    assert setup.executions() == ["write_note cancelled"]
+
+
+@pytest.mark.parametrize("how", ["stdin_close", "SIGTERM", "SIGINT"])
+async def test_shutdown_lets_a_call_in_flight_finish_and_be_recorded(
+    tmp_path: Path, how: str
+) -> None:
+    setup = await build_setup(tmp_path, rules=SLOW_RULES)
+    async with RawHost.start(setup) as raw:
+        await raw.call("up_write_note", {"note": "inflight", "seconds": 1.5})
+        await until(lambda: len(setup.started()) == 1)
+        if how == "stdin_close":
+            await raw.process.stdin.aclose()
+        else:
+            raw.process.send_signal(getattr(signal, how))
+        with anyio.fail_after(20):
+            code = await raw.process.wait()
+    assert code == 0
+    assert setup.executions() == ["write_note inflight"]
+    assert run_statuses(setup.database) == [RunStatus.COMPLETED]
+    with open_store(setup.database, read_only=True) as store:
+        assert store.verify_chain().ok
+
+
+async def test_a_call_after_shutdown_began_is_not_taken(tmp_path: Path) -> None:
+    setup = await build_setup(tmp_path, rules=SLOW_RULES)
+    async with RawHost.start(setup) as raw:
+        await raw.call("up_write_note", {"note": "first", "seconds": 1.5})
+        await until(lambda: len(setup.started()) == 1)
+        raw.process.send_signal(signal.SIGTERM)
+        await anyio.sleep(0.3)
+        # The proxy stopped reading its input: this request is never taken.
+        with pytest.raises((anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)):
+            for _ in range(50):
+                await raw.call("up_write_note", {"note": "second"})
+                await anyio.sleep(0.05)
+        await raw.process.wait()
+    assert setup.executions() == ["write_note first"]
+
+
+async def test_two_proxies_on_one_database_run_an_identical_call_once(tmp_path: Path) -> None:
+    setup = await build_setup(tmp_path, rules=SLOW_RULES)
+    arguments = {"note": "once", "seconds": 1.5}
+    answers: list[str] = []
+    async with host(setup) as first, host(setup) as second:
+
+        async def call(session: Any) -> None:
+            answers.append(text_of(await session.call_tool("up_write_note", arguments)))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(call, first)
+            group.start_soon(call, second)
+        retry = text_of(await second.call_tool("up_write_note", arguments))
+    assert sorted(answer.split(":")[0] for answer in answers) == ["IN_PROGRESS", "noted once"]
+    assert retry.startswith("DUPLICATE: ")
+    assert setup.executions() == ["write_note once"]
