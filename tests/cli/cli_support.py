@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 
 from agentrt import ClassPolicy, Decision, Outcome, SideEffect, ToolCall, ToolResult, ToolSpec
-from agentrt.gate import Gate
+from agentrt.gate import Gate, Limits
 from agentrt.store import open_store
 
 HOSTILE_GOAL = "tidy \x1b[31mred\x1b[0m notes \u202eexe.txt"
@@ -82,7 +82,9 @@ class Produced:
     write_args: str
 
 
-def produce(database: Path, sandbox: Path, *, long_content: str = "") -> Produced:
+def produce(
+    database: Path, sandbox: Path, *, long_content: str = "", approval_ttl: float | None = None
+) -> Produced:
     """Three runs through the real Gate: one completed, one with a hostile goal that
     completed, and one paused on a write that needs approval (created last)."""
     sandbox.mkdir(exist_ok=True)
@@ -93,7 +95,12 @@ def produce(database: Path, sandbox: Path, *, long_content: str = "") -> Produce
     async def scenario() -> Produced:
         store = open_store(database)
         try:
-            gate = Gate(store, [ReadNote(sandbox), WriteNote(sandbox)], policy=POLICY)
+            gate = Gate(
+                store,
+                [ReadNote(sandbox), WriteNote(sandbox)],
+                policy=POLICY,
+                limits=Limits(approval_ttl=approval_ttl),
+            )
             completed = await gate.start("read the todo list")
             await gate.step(completed, Decision.tool_call("read_note", '{"path": "todo.txt"}'))
             await gate.step(completed, Decision.complete("the list says: buy milk"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import json
 import sqlite3
+import time
 
 import anyio
 from cli_support import POLICY, Produced, ReadNote, WriteNote, produce
@@ -214,3 +215,16 @@ def test_an_approved_request_waiting_for_its_program_is_shown_without_decision_c
     again = run_cli("approve", produced.waiting_run, "--yes")
     assert again.exit_code == 1
     assert f"its approval {produced.approval_id} is approved" in again.output
+
+
+def test_an_expired_approval_is_refused_and_its_run_cancelled(tmp_path, run_cli) -> None:
+    produced = produce(tmp_path / "ttl.db", tmp_path / "sandbox", approval_ttl=0.05)
+    time.sleep(0.2)
+    result = run_cli("approve", produced.waiting_run, "--yes", database=produced.database)
+    assert result.exit_code == 1
+    assert "expired before it was decided; the run is cancelled" in result.output
+    with open_store(produced.database, read_only=True, create=False) as store:
+        assert store.get_approval(produced.approval_id).status is ApprovalStatus.EXPIRED
+        run = store.get_run(produced.waiting_run)
+    assert (run.status, run.reason) == (RunStatus.CANCELLED, "approval_expired")
+    assert not (produced.sandbox / "done.txt").exists()

@@ -23,7 +23,7 @@ from ._inspect import approval_fields, approval_json
 
 __all__ = ["approve", "cancel", "reject"]
 
-FC = TypeVar("FC", bound=Callable[..., object])
+_Decorated = TypeVar("_Decorated", bound=Callable[..., object])
 
 _APPROVE: Final = "approve"
 _REJECT: Final = "reject"
@@ -134,7 +134,7 @@ _approval_option = click.option(
 _yes_option = click.option("--yes", is_flag=True, help="Decide without asking.")
 
 
-def _by_option(verb: str) -> Callable[[FC], FC]:
+def _by_option(verb: str) -> Callable[[_Decorated], _Decorated]:
     return click.option(
         "--by",
         metavar="NAME",
