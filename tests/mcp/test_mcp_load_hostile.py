@@ -585,6 +585,25 @@ async def test_an_is_error_result_is_a_tool_error_naming_the_server(closing: lis
     assert str(caught.value) == 'server "srv" tool "fail" reported an error: disk on fire\\x1b[2J'
 
 
+async def test_an_input_required_result_is_a_tool_error_not_a_round_trip(
+    closing: list[Report], tmp_path: Path
+) -> None:
+    log = tmp_path / "received.log"
+    calls = {
+        "ask": {
+            "result": '{"resultType":"input_required","requestState":"s1",'
+            '"inputRequests":{"q":{"method":"roots/list"}}}'
+        }
+    }
+    server = hostile([tool("ask")], calls=calls, log=str(log))
+    tools, report = await pin_then_load(server, server, {"ask": WRITE})
+    closing.append(report)
+    with pytest.raises(ServerToolError, match="asked for more input"):
+        await tools[0].call(ToolCall(args="{}"))
+    # Nothing answered on the operator's behalf: exactly one call was sent.
+    assert log.read_bytes().count(b'"tools/call"') == 1
+
+
 async def test_a_200_kb_result_is_capped(closing: list[Report], tmp_path: Path) -> None:
     big = "x" * (200 * 1024)
     calls = {"dump": {"result": json.dumps({"content": [{"type": "text", "text": big}]})}}

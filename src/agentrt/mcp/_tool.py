@@ -74,7 +74,9 @@ class ServerTool:
         try:
             arguments = parse_json(call.args)
         except JSONBoundaryError as exc:
-            raise ServerToolError(f"{where}: the arguments are not usable JSON: {exc}") from None
+            raise ServerToolError(
+                f"{where}: the arguments are not usable JSON: {sanitize(str(exc))}"
+            ) from None
         if not isinstance(arguments, dict):
             raise ServerToolError(f"{where}: the arguments must be a JSON object")
         for name in self._deny:
