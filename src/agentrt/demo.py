@@ -520,16 +520,22 @@ class _Demo:
         )
         say(f"agent: {self._agent_line()}")
         say(f"state: {sanitize(str(paths.state_dir))} (mode 0700)")
-        if resume is None:
-            self._prepare_sandbox()
-            await self._pin(server)
-        else:
-            self.run_id = resume
-            say(f"resuming run {sanitize(resume)}")
-        manifest = read_manifest(paths.manifest)
-        rules = {name: rule.to_rule() for name, rule in read_rules(paths.rules).items()}
-        say(f"read {sanitize(str(paths.manifest))} and {sanitize(str(paths.rules))} (owner-only)")
-        tools, report = await load(server, manifest, rules)
+        # Pinning and loading change nothing but the demo's own files, so Ctrl-C
+        # may cut them short (pin and load close the server on the way out).
+        with switch.cancellable() as setup:
+            if resume is None:
+                self._prepare_sandbox()
+                await self._pin(server)
+            else:
+                self.run_id = resume
+                say(f"resuming run {sanitize(resume)}")
+            manifest = read_manifest(paths.manifest)
+            rules = {name: rule.to_rule() for name, rule in read_rules(paths.rules).items()}
+            shown = f"{sanitize(str(paths.manifest))} and {sanitize(str(paths.rules))}"
+            say(f"read {shown} (each owned by you, writable by nobody else)")
+            tools, report = await load(server, manifest, rules)
+        if setup.cancelled_caught:
+            raise DemoStopped("stopped by Ctrl-C before the run started")
         try:
             self._show_report(report, manifest)
             return await self._drive(tools, report, switch, resume)
