@@ -59,6 +59,11 @@ class Settings:
 class AgentrtGroup(click.Group):
     """The command group; turns the runtime's typed errors into exit codes."""
 
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        # In the order an operator meets them (look, decide, check, serve),
+        # not alphabetically.
+        return list(self.commands)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)

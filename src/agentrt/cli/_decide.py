@@ -158,7 +158,7 @@ def approve(
     _decide(settings, _APPROVE, run_id, approval_id, by, note, yes)
 
 
-@click.command()
+@click.command(short_help="Reject the request RUN waits on; the run is cancelled.")
 @click.argument("run_id", metavar="RUN")
 @_approval_option
 @_by_option("decided")

@@ -310,9 +310,11 @@ def _parse_head(text: str) -> tuple[int, str]:
     return int(seq_text), digest
 
 
-@click.command()
-@click.option("--from", "from_seq", type=click.IntRange(1), help="First event to check.")
-@click.option("--to", "to_seq", type=click.IntRange(1), help="Last event to check.")
+@click.command(short_help="Check the events' hash chain.")
+@click.option(
+    "--from", "from_seq", type=click.IntRange(1), metavar="SEQ", help="First event to check."
+)
+@click.option("--to", "to_seq", type=click.IntRange(1), metavar="SEQ", help="Last event to check.")
 @click.option(
     "--head",
     "head",

@@ -139,7 +139,7 @@ def _print_manifest(output: Output, manifest: Manifest, manifest_path: Path) -> 
         )
 
 
-@click.command()
+@click.command(short_help="Pin each server's tools to its manifest.")
 @click.option(
     "--config",
     "config_path",
@@ -189,7 +189,7 @@ async def _check_one(upstream: UpstreamConfig) -> Report:
     return report
 
 
-@click.command()
+@click.command(short_help="Load every server as the proxy would; call nothing.")
 @click.option(
     "--config",
     "config_path",
@@ -277,7 +277,7 @@ def proxy(
         raise SystemExit(status)
 
 
-@click.command()
+@click.command(short_help="Run the end-to-end demo.")
 @click.option("--model", metavar="PROVIDER:NAME", help="A real model, e.g. ollama:qwen3:30b-a3b.")
 @click.option("--base-url", metavar="URL", help="The endpoint of an OpenAI-compatible model.")
 @click.option(
