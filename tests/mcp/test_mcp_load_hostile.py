@@ -645,3 +645,28 @@ async def test_a_server_that_never_answers_a_call_is_bounded_by_the_rule_timeout
             await hang.call(ToolCall(args="{}"))
     # The session is still usable after a call timed out.
     assert json.loads((await ok.call(ToolCall(args="{}"))).content) == "ok"
+
+
+async def test_a_check_that_breaks_on_one_schema_refuses_only_that_tool(
+    closing: list[Report], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stands for a schema no check foresaw: the failure is contained to its tool.
+    import agentrt.mcp._load as load_module
+
+    original = load_module.check_self_contained
+
+    def breaks_on_boom(schema: Any) -> None:
+        if "boom" in schema.get("properties", {}):
+            raise RecursionError("maximum recursion depth exceeded")
+        original(schema)
+
+    monkeypatch.setattr(load_module, "check_self_contained", breaks_on_boom)
+    server = hostile(
+        [tool("odd", schema='{"type":"object","properties":{"boom":{}}}'), tool("good")]
+    )
+    _tools, report = await pin_then_load(server, server, {"odd": WRITE, "good": WRITE})
+    closing.append(report)
+    assert refusal(report, "odd") == (
+        "it could not be checked: RecursionError: maximum recursion depth exceeded"
+    )
+    assert registered(report) == ["good"]

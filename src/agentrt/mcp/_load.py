@@ -194,6 +194,12 @@ async def _check_all(
         except _Refused as refused:
             report.refused.append(Refusal(tool=name, reason=str(refused)))
             continue
+        except Exception as exc:
+            # A schema no check foresaw must cost only its own tool, never the whole load.
+            report.refused.append(
+                Refusal(tool=name, reason=f"it could not be checked: {type(exc).__name__}: {exc}")
+            )
+            continue
         holders[tool.spec.name] = name
         tools.append(tool)
         report.registered.append(
