@@ -213,9 +213,7 @@ class Calls:
         args = canonical_json(arguments)
         key = call_key(tool, args)
         mutating = _mutating(spec)
-        may_need_approval = (
-            self.policy.outcome_for(spec.side_effect) is Outcome.REQUIRE_APPROVAL or mutating
-        )
+        may_need_approval = self.policy.outcome_for(spec.side_effect) is Outcome.REQUIRE_APPROVAL
         for _attempt in range(3):
             verdict = self.index.decide(
                 run_id=self.new_run_id(),

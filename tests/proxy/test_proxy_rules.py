@@ -1,0 +1,86 @@
+"""The rules a host's retries meet: unknown outcomes, blocked tools, the pending limit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from proxy_helpers import build_setup, host, text_of
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+async def test_a_timed_out_write_has_an_unknown_outcome_and_blocks_other_writes_to_the_tool(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(tmp_path)
+    slow = {"note": "slow", "seconds": 4}
+    async with host(setup) as session:
+        first = await session.call_tool("up_write_note", slow)
+        assert text_of(first).startswith("UNKNOWN_OUTCOME: ")
+        assert first.is_error is False
+        other = await session.call_tool("up_write_note", {"note": "other"})
+        assert text_of(other).startswith("BLOCKED: ")
+        assert other.is_error is True
+        # A read-only tool is not held hostage.
+        echo = await session.call_tool("up_echo", {"text": "still here"})
+        assert text_of(echo) == "still here"
+        same = await session.call_tool("up_write_note", slow)
+        assert text_of(same).startswith("UNKNOWN_OUTCOME: ")
+        assert [line.split()[1] for line in setup.started()] == ["slow"]
+        setup.reject_latest("it went through; do not repeat")
+        rejected = await session.call_tool("up_write_note", slow)
+        assert text_of(rejected).startswith("REJECTED: ")
+        unblocked = await session.call_tool("up_write_note", {"note": "other"})
+    assert text_of(unblocked) == "noted other"
+    assert [line.split()[1] for line in setup.started()] == ["slow", "other"]
+    with_kind = setup.approval(setup.waiting_commands()[0][1])
+    assert with_kind.kind == "unknown_outcome"
+
+
+async def test_no_more_than_max_pending_approvals_wait_at_once(tmp_path: Path) -> None:
+    setup = await build_setup(tmp_path, max_pending=1, hold="100ms")
+    async with host(setup) as session:
+        first = await session.call_tool("up_send_mail", {"to": "a@x.y", "body": "1"})
+        second = await session.call_tool("up_send_mail", {"to": "b@x.y", "body": "2"})
+        allowed = await session.call_tool("up_write_note", {"note": "local"})
+        same = await session.call_tool("up_send_mail", {"to": "a@x.y", "body": "1"})
+    assert text_of(first).startswith("PENDING_APPROVAL: ")
+    assert text_of(second).startswith("UNAVAILABLE: ")
+    assert second.is_error is True
+    assert text_of(allowed) == "noted local"
+    # The waiting request itself is still collected, not refused.
+    assert text_of(same).startswith("PENDING_APPROVAL: ")
+    assert len(setup.waiting_commands()) == 1
+
+
+async def test_a_duplicate_is_only_a_duplicate_within_the_repeat_window(tmp_path: Path) -> None:
+    import anyio
+
+    setup = await build_setup(tmp_path, repeat_window="1s")
+    async with host(setup) as session:
+        first = await session.call_tool("up_write_note", {"note": "w"})
+        second = await session.call_tool("up_write_note", {"note": "w"})
+        await anyio.sleep(1.2)
+        third = await session.call_tool("up_write_note", {"note": "w"})
+    assert text_of(first) == "noted w"
+    assert text_of(second).startswith("DUPLICATE: ")
+    assert text_of(third) == "noted w"
+    assert setup.executions() == ["write_note w", "write_note w"]
+
+
+async def test_read_only_calls_are_never_duplicates(tmp_path: Path) -> None:
+    setup = await build_setup(tmp_path)
+    async with host(setup) as session:
+        answers = [await session.call_tool("up_echo", {"text": "again"}) for _ in range(3)]
+    assert [text_of(answer) for answer in answers] == ["again"] * 3
+
+
+async def test_the_same_arguments_in_another_key_order_are_the_same_call(tmp_path: Path) -> None:
+    setup = await build_setup(tmp_path)
+    async with host(setup) as session:
+        first = await session.call_tool("up_send_mail", {"to": "o@x.y", "body": "b"})
+        second = await session.call_tool("up_send_mail", {"body": "b", "to": "o@x.y"})
+    assert text_of(first).startswith("PENDING_APPROVAL: ")
+    assert text_of(second).startswith("PENDING_APPROVAL: ")
+    assert len(setup.waiting_commands()) == 1
