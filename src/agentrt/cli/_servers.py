@@ -32,6 +32,15 @@ __all__ = ["check", "demo", "pin", "proxy", "write_owner_only"]
 _HINTS: Final = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
 
 
+_config_option = click.option(
+    "--config",
+    "config_path",
+    required=True,
+    metavar="FILE",
+    help="The proxy configuration file (the same one `agentrt proxy` serves).",
+)
+
+
 def _load_config(path: str) -> ProxyConfig:
     from ..proxy.config import load_config
 
@@ -140,13 +149,7 @@ def _print_manifest(output: Output, manifest: Manifest, manifest_path: Path) -> 
 
 
 @click.command(short_help="Pin each server's tools to its manifest.")
-@click.option(
-    "--config",
-    "config_path",
-    required=True,
-    metavar="FILE",
-    help="The proxy configuration file naming the servers and their manifests.",
-)
+@_config_option
 @click.argument("server_name", metavar="[SERVER]", required=False)
 @click.pass_obj
 def pin(settings: Settings, config_path: str, server_name: str | None) -> None:
@@ -190,13 +193,7 @@ async def _check_one(upstream: UpstreamConfig) -> Report:
 
 
 @click.command(short_help="Load every server as the proxy would; call nothing.")
-@click.option(
-    "--config",
-    "config_path",
-    required=True,
-    metavar="FILE",
-    help="The proxy configuration file naming the servers, manifests and rules.",
-)
+@_config_option
 @click.pass_obj
 def check(settings: Settings, config_path: str) -> None:
     """Load every server as the proxy would and print the report; no tool is called."""
@@ -245,9 +242,7 @@ def check(settings: Settings, config_path: str) -> None:
 
 
 @click.command()
-@click.option(
-    "--config", "config_path", required=True, metavar="FILE", help="The proxy configuration file."
-)
+@_config_option
 @click.option(
     "--http",
     "http_address",
