@@ -10,16 +10,24 @@ tells the model what was wrong.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from ..agent import Decision, Observation, StepInput
 from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..sanitize import sanitize
 from ..tools import ToolSpec
-from ._http import ProviderError
+from ._http import (
+    DEFAULT_TIMEOUT,
+    MAX_RESPONSE_BYTES,
+    Endpoint,
+    HTTPClientFactory,
+    ProviderError,
+    post_json,
+)
 
 __all__ = [
     "SYSTEM_PROMPT",
+    "ChatAgent",
     "arguments_object",
     "decision_from_message",
     "function_tools",
@@ -114,3 +122,65 @@ def decision_from_message(message: Any, where: str) -> Decision:
     if content and content.strip():
         return Decision.complete(content)
     return Decision.fail(f"{sanitize(where)} answered with neither text nor a tool call")
+
+
+class ChatAgent:
+    """What the chat adapters share: a checked endpoint, one POST a step, the answer as a Decision.
+
+    A subclass names its `provider` and `path`, builds `request_body`, and
+    finds the assistant message in the parsed answer (`answer_message`).
+    """
+
+    provider: ClassVar[str] = ""
+    path: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        model: str,
+        endpoint: Endpoint,
+        *,
+        http_client_factory: HTTPClientFactory | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+    ) -> None:
+        self.model = model
+        self.endpoint = endpoint
+        self._client_factory = http_client_factory
+        self._timeout = timeout
+        self._max_response_bytes = max_response_bytes
+
+    def __repr__(self) -> str:
+        # Never the key.
+        return f"{type(self).__name__}(model={self.model!r}, base_url={self.endpoint.base_url!r})"
+
+    @property
+    def description(self) -> str:
+        """One line naming the model and where it is served, for the operator."""
+        return f"{self.provider} model {sanitize(self.model)} at {sanitize(self.endpoint.base_url)}"
+
+    def request_body(self, step_input: StepInput) -> dict[str, Any]:
+        """The request for this step (public so tests and operators can read it)."""
+        raise NotImplementedError
+
+    def answer_message(self, answer: Any, where: str) -> Any:
+        """The assistant message inside a parsed answer; `ProviderError` when there is none."""
+        raise NotImplementedError
+
+    async def decide(self, step_input: StepInput) -> Decision:
+        """Ask the model; a tool call becomes `Decision.tool_call`, text `Decision.complete`.
+
+        Raises `ProviderError` when the endpoint cannot be used: no decision
+        is recorded in the model's name, and the run stays as it was, to be
+        resumed once the endpoint is back.
+        """
+        answer = await post_json(
+            self.endpoint,
+            self.path,
+            self.request_body(step_input),
+            what=f"the {self.provider} endpoint",
+            client_factory=self._client_factory,
+            deadline=self._timeout,
+            max_bytes=self._max_response_bytes,
+        )
+        where = f"the {self.provider} model {sanitize(self.model)}"
+        return decision_from_message(self.answer_message(answer, where), where)

@@ -8,11 +8,11 @@ from typing import Any, Final
 
 import httpx2
 
-from ..agent import Decision, StepInput
+from ..agent import StepInput
 from ..sanitize import sanitize
 from ._chat import (
+    ChatAgent,
     arguments_object,
-    decision_from_message,
     function_tools,
     observation_text,
     opening_messages,
@@ -23,7 +23,6 @@ from ._http import (
     Endpoint,
     HTTPClientFactory,
     ProviderError,
-    post_json,
 )
 
 __all__ = ["DEFAULT_OLLAMA_URL", "OllamaAgent", "ollama_base_url"]
@@ -53,15 +52,18 @@ def ollama_base_url(host: str | None) -> str:
     return f"{url.scheme}://{hostname}:{port}{url.path.rstrip('/')}"
 
 
-class OllamaAgent:
+class OllamaAgent(ChatAgent):
     """Asks an Ollama model for the next step; non-streaming, one request a step.
 
     `base_url` defaults to `OLLAMA_HOST` or http://127.0.0.1:11434.  `api_key`
     (for a hosted Ollama) is sent only over https or to a loopback host and is
     never read from the environment.  `http_client_factory` returns a new
     client for each request (the agent closes it); redirects are refused
-    either way.
+    either way.  `options` (e.g. `{"temperature": 0}`) pass as Ollama's own.
     """
+
+    provider = "Ollama"
+    path = "/api/chat"
 
     def __init__(
         self,
@@ -78,23 +80,16 @@ class OllamaAgent:
             raise ProviderError("an Ollama agent needs a model name, e.g. ollama:qwen3:30b-a3b")
         if base_url is None:
             base_url = ollama_base_url(os.environ.get("OLLAMA_HOST"))
-        self.model = model
-        self.endpoint = Endpoint(base_url, api_key)
-        self._client_factory = http_client_factory
-        self._timeout = timeout
-        self._max_response_bytes = max_response_bytes
+        super().__init__(
+            model,
+            Endpoint(base_url, api_key),
+            http_client_factory=http_client_factory,
+            timeout=timeout,
+            max_response_bytes=max_response_bytes,
+        )
         self._options = dict(options) if options is not None else None
 
-    def __repr__(self) -> str:
-        return f"OllamaAgent(model={self.model!r}, base_url={self.endpoint.base_url!r})"
-
-    @property
-    def description(self) -> str:
-        """One line naming the model and where it is served, for the operator."""
-        return f"Ollama model {sanitize(self.model)} at {sanitize(self.endpoint.base_url)}"
-
     def request_body(self, step_input: StepInput) -> dict[str, Any]:
-        """The `/api/chat` request for this step (exposed so tests can read it)."""
         messages = opening_messages(step_input)
         for observation in step_input.history:
             arguments = arguments_object(observation.args)
@@ -134,24 +129,9 @@ class OllamaAgent:
             body["options"] = self._options
         return body
 
-    async def decide(self, step_input: StepInput) -> Decision:
-        """Ask the model; a tool call becomes `Decision.tool_call`, text `Decision.complete`.
-
-        Raises `ProviderError` when the server cannot be used (the run is left
-        as it was, so it can be resumed once the server is back).
-        """
-        answer = await post_json(
-            self.endpoint,
-            "/api/chat",
-            self.request_body(step_input),
-            what="the Ollama server",
-            client_factory=self._client_factory,
-            deadline=self._timeout,
-            max_bytes=self._max_response_bytes,
-        )
-        where = f"the Ollama model {sanitize(self.model)}"
+    def answer_message(self, answer: Any, where: str) -> Any:
         if not isinstance(answer, dict):
             raise ProviderError(f"{where} answered with something other than a JSON object")
         if isinstance(answer.get("error"), str):
             raise ProviderError(f"{where} answered with an error: {sanitize(answer['error'])}")
-        return decision_from_message(answer.get("message"), where)
+        return answer.get("message")

@@ -8,16 +8,14 @@ from typing import Any, Final
 
 import httpx2
 
-from ..agent import Decision, StepInput
-from ..sanitize import sanitize
-from ._chat import decision_from_message, function_tools, observation_text, opening_messages
+from ..agent import StepInput
+from ._chat import ChatAgent, function_tools, observation_text, opening_messages
 from ._http import (
     DEFAULT_TIMEOUT,
     MAX_RESPONSE_BYTES,
     Endpoint,
     HTTPClientFactory,
     ProviderError,
-    post_json,
 )
 
 __all__ = ["DEFAULT_OPENAI_URL", "OpenAIAgent"]
@@ -35,14 +33,18 @@ def _is_default_host(base_url: str) -> bool:
     return url.scheme == "https" and url.host == _DEFAULT_HOST and url.port in (None, 443)
 
 
-class OpenAIAgent:
+class OpenAIAgent(ChatAgent):
     """Asks a chat-completions model for the next step, one request a step.
 
     The key is `api_key`, or `OPENAI_API_KEY` only when `base_url` is the
     default host: a key meant for one provider is never handed to another
     URL by accident.  Any key goes over plain http only to a loopback host;
-    otherwise construction refuses before anything is sent.
+    otherwise construction refuses before anything is sent.  `extra_body`
+    adds fields to every request (e.g. `{"temperature": 0}`).
     """
+
+    provider = "OpenAI-compatible"
+    path = "/chat/completions"
 
     def __init__(
         self,
@@ -64,26 +66,16 @@ class OpenAIAgent:
                     f"{_KEY_VARIABLE} is not set; the default endpoint {DEFAULT_OPENAI_URL}"
                     " needs a key"
                 )
-        self.model = model
-        self.endpoint = Endpoint(base_url, api_key)
-        self._client_factory = http_client_factory
-        self._timeout = timeout
-        self._max_response_bytes = max_response_bytes
+        super().__init__(
+            model,
+            Endpoint(base_url, api_key),
+            http_client_factory=http_client_factory,
+            timeout=timeout,
+            max_response_bytes=max_response_bytes,
+        )
         self._extra_body = dict(extra_body) if extra_body is not None else {}
 
-    def __repr__(self) -> str:
-        # Never the key.
-        return f"OpenAIAgent(model={self.model!r}, base_url={self.endpoint.base_url!r})"
-
-    @property
-    def description(self) -> str:
-        """One line naming the model and where it is served, for the operator."""
-        return (
-            f"OpenAI-compatible model {sanitize(self.model)} at {sanitize(self.endpoint.base_url)}"
-        )
-
     def request_body(self, step_input: StepInput) -> dict[str, Any]:
-        """The `/chat/completions` request for this step (exposed so tests can read it)."""
         messages = opening_messages(step_input)
         for observation in step_input.history:
             call_id = f"call_{observation.step}"
@@ -115,23 +107,8 @@ class OpenAIAgent:
         )
         return body
 
-    async def decide(self, step_input: StepInput) -> Decision:
-        """Ask the model; a tool call becomes `Decision.tool_call`, text `Decision.complete`.
-
-        Raises `ProviderError` when the endpoint cannot be used (the run is
-        left as it was, so it can be resumed once the endpoint is back).
-        """
-        answer = await post_json(
-            self.endpoint,
-            "/chat/completions",
-            self.request_body(step_input),
-            what="the OpenAI-compatible endpoint",
-            client_factory=self._client_factory,
-            deadline=self._timeout,
-            max_bytes=self._max_response_bytes,
-        )
-        where = f"the model {sanitize(self.model)}"
+    def answer_message(self, answer: Any, where: str) -> Any:
         choices = answer.get("choices") if isinstance(answer, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise ProviderError(f"{where} answered without a choice")
-        return decision_from_message(choices[0].get("message"), where)
+        return choices[0].get("message")
