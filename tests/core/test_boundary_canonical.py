@@ -423,3 +423,8 @@ def test_a_float_is_written_as_a_json_number_of_the_same_value(number: float) ->
     written = canonical_json(number)
     assert JSON_NUMBER.fullmatch(written), written
     assert float(written) == number
+
+
+def test_the_deepest_accepted_value_canonicalises() -> None:
+    deepest = '{"a":[' * 128 + "1.50" + "]}" * 128
+    assert canonical_json(parse_json(deepest)) == deepest

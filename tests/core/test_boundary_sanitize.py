@@ -298,3 +298,16 @@ ORDINARY_CHARACTERS = st.characters(categories=("L", "N", "P", "S", "Zs")).filte
 @given(text=st.text(ORDINARY_CHARACTERS, max_size=40))
 def test_letters_numbers_punctuation_symbols_and_spaces_pass_unchanged(text: str) -> None:
     assert sanitize(text) == text
+
+
+@pytest.mark.timeout(20)
+def test_a_megabyte_of_combining_marks_collapses_to_one_marker() -> None:
+    result = sanitize("a" + "\u0301" * 1_000_000 + "b")
+    assert result == "a" + "\u0301" * MAX_COMBINING_RUN + "\\u{…}b"
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("hostile", [ZWJ, VS16, "\u202e"], ids=["joiners", "selectors", "bidi"])
+def test_a_megabyte_of_invisible_characters_is_escaped_in_one_pass(hostile: str) -> None:
+    result = sanitize("a" + hostile * 1_000_000)
+    assert result == "a" + escape_of(ord(hostile)) * 1_000_000
