@@ -35,7 +35,11 @@ def _short(text: str | None, width: int) -> str:
 
 def _epoch(seconds: float) -> str:
     """A time the store keeps as epoch seconds, shown as UTC ISO 8601 like its other times."""
-    moment = datetime.fromtimestamp(seconds, UTC)
+    try:
+        moment = datetime.fromtimestamp(seconds, UTC)
+    except (OverflowError, OSError, ValueError):
+        # A value no clock can show (an edited row) is printed as stored.
+        return str(seconds)
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
