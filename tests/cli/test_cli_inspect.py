@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import stat
 from pathlib import Path
 
@@ -186,3 +187,13 @@ def test_reading_commands_never_write_the_database(produced: Produced, run_cli) 
     for sidecar in (wal, Path(f"{produced.database}-shm")):
         if sidecar.exists():
             assert stat.S_IMODE(os.stat(sidecar).st_mode) & 0o077 == 0
+
+
+def test_an_expiry_no_clock_can_show_is_printed_as_stored(produced: Produced, run_cli) -> None:
+    with sqlite3.connect(produced.database) as connection:
+        connection.execute(
+            "UPDATE approvals SET expires_at = 1e300 WHERE approval_id = ?", (produced.approval_id,)
+        )
+    result = run_cli("show", produced.waiting_run)
+    assert result.exit_code == 0, result.output
+    assert "expires                   1e+300" in result.output
