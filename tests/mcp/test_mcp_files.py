@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-import threading
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,36 +77,39 @@ def test_a_directory_and_a_missing_file_are_refused(tmp_path: Path) -> None:
         read_owned(tmp_path / "absent.json")
 
 
-def test_the_file_read_is_the_file_checked(tmp_path: Path) -> None:
-    # Swap a world-writable file in under the name while the check runs on
-    # the descriptor: whatever is read must be what was checked.
-    path = _private_file(tmp_path / "rules.json", b'"private"')
+@pytest.mark.parametrize("swap", ["just_before_open", "just_after_open"])
+def test_the_file_read_is_the_file_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: str
+) -> None:
+    # The name holds a private file on one side of the open and a
+    # world-writable one on the other.  A check by path (before or after the
+    # open) would pass on the private file and read the hostile bytes; the
+    # check on the open descriptor refuses them either way.
+    path = tmp_path / "rules.json"
+    private = tmp_path / "private.json"
     hostile = tmp_path / "hostile.json"
     hostile.write_bytes(b'"hostile"')
     hostile.chmod(0o666)
-    spare = tmp_path / "spare.json"
-    stop = threading.Event()
+    if swap == "just_before_open":
+        _private_file(path, b'"private"')
+    else:
+        os.replace(hostile, path)
+        _private_file(private, b'"private"')
+    real_open = os.open
 
-    def swap() -> None:
-        while not stop.is_set():
-            os.replace(path, spare)
-            os.link(hostile, path)
-            os.replace(spare, path)
+    def open_with_swap(name: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if os.fspath(name) != str(path):
+            return real_open(name, flags, *args, **kwargs)
+        if swap == "just_before_open":
+            os.replace(hostile, path)
+            return real_open(name, flags, *args, **kwargs)
+        descriptor = real_open(name, flags, *args, **kwargs)
+        os.replace(private, path)
+        return descriptor
 
-    swapper = threading.Thread(target=swap)
-    swapper.start()
-    outcomes: set[bytes | str] = set()
-    try:
-        for _ in range(300):
-            try:
-                outcomes.add(read_owned(path))
-            except OperatorFileError as exc:
-                outcomes.add(type(exc).__name__)
-    finally:
-        stop.set()
-        swapper.join()
-    assert b'"hostile"' not in outcomes
-    assert b'"private"' in outcomes
+    monkeypatch.setattr(os, "open", open_with_swap)
+    with pytest.raises(OperatorFileError, match="0666"):
+        read_owned(path)
 
 
 def test_owned_privately_checks_a_given_stat_result(tmp_path: Path) -> None:
