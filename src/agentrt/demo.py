@@ -245,6 +245,7 @@ class _StopSwitch:
 
     def __init__(self) -> None:
         self.requested = False
+        self.stopped_at_once = False
         self._scope: anyio.CancelScope | None = None
 
     def request(self) -> None:
@@ -266,6 +267,7 @@ async def _watch_interrupts(switch: _StopSwitch, say: _Say, hard_stop: anyio.Can
     with anyio.open_signal_receiver(signal.SIGINT) as signals:
         async for _ in signals:
             if switch.requested:
+                switch.stopped_at_once = True
                 hard_stop.cancel()
                 return
             say()
@@ -410,7 +412,7 @@ async def run_demo(
                 # The gate's lease wraps what the loop raised in a task group's group.
                 raise _only_error(group) from None
         except DemoStopped as exc:
-            say(f"stopped: {exc}")
+            say(str(exc))
             demo.print_resume_command()
             status = EXIT_INTERRUPTED
         except ProviderError as exc:
@@ -420,9 +422,12 @@ async def run_demo(
         except AgentrtError as exc:
             say(f"error: {exc}")
             status = EXIT_FAILED
+        except OSError as exc:
+            say(f"error: {sanitize(str(exc))}")
+            status = EXIT_FAILED
         finally:
             watchers.cancel_scope.cancel()
-    if watchers.cancel_scope.cancelled_caught and status == EXIT_INTERRUPTED:
+    if switch.stopped_at_once:
         say("stopped at once by a second Ctrl-C")
         demo.print_resume_command()
     return status

@@ -321,6 +321,8 @@ async def test_ctrl_c_stops_between_steps_and_prints_the_resume_command_that_wor
         if process.poll() is None:
             process.kill()
     assert process.returncode == 130, output
+    assert "stopped by Ctrl-C while waiting for the decision" in output
+    assert "second Ctrl-C" not in output
     resume_line = f"agentrt demo --state-dir {state} --interactive --resume {run_id}"
     assert resume_line in output
     assert not (paths.sandbox / OUTPUT_FILE).exists()
