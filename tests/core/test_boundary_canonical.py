@@ -294,7 +294,7 @@ def render(tree: Any, data: st.DataObject, *, shuffle: bool) -> str:
 
 
 PROPERTY_SETTINGS = settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 
@@ -331,7 +331,7 @@ def test_canonical_json_has_no_insignificant_whitespace(tree: Any, data: st.Data
 JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(literal=NUMBER_LITERALS)
 def test_a_canonical_number_keeps_the_value_and_precision_of_its_literal(literal: str) -> None:
     written = canonical_json(parse_json(literal))
@@ -340,7 +340,7 @@ def test_a_canonical_number_keeps_the_value_and_precision_of_its_literal(literal
     assert Decimal(written).as_tuple() == Decimal(literal).as_tuple()
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(first=NUMBER_LITERALS, second=NUMBER_LITERALS)
 def test_number_literals_differing_in_value_or_precision_stay_distinct(
     first: str, second: str
@@ -407,7 +407,7 @@ def test_spellings_of_the_same_literal_hash_equally(first: str, second: str) -> 
     "a leading zero (1e-05); the same text parsed back is Decimal('1E-5') and is "
     "written 0.00001, so canonical JSON is not idempotent over floats",
 )
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(number=st.floats(allow_nan=False, allow_infinity=False))
 @example(number=1e-05)
 @example(number=1.5e-07)
@@ -417,7 +417,7 @@ def test_a_float_canonicalises_to_the_same_text_as_its_reparse(number: float) ->
     assert float(parse_json(once)[0]) == number
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(number=st.floats(allow_nan=False, allow_infinity=False))
 def test_a_float_is_written_as_a_json_number_of_the_same_value(number: float) -> None:
     written = canonical_json(number)
