@@ -231,6 +231,20 @@ def _hints(annotations: dict[str, Any] | None) -> str:
     )
 
 
+_SHOWN_APART: Final = frozenset(
+    {"tool", "side_effect", "path", "lines", "bytes", "preview", "arguments"}
+)
+
+
+def _content_of(args: str) -> str | None:
+    try:
+        arguments = parse_json(args)
+    except JSONBoundaryError:
+        return None
+    content = arguments.get("content") if isinstance(arguments, dict) else None
+    return content if isinstance(content, str) else None
+
+
 def _command(*words: str | Path) -> str:
     return " ".join(shlex.quote(str(word)) for word in words)
 
@@ -681,18 +695,29 @@ class _Demo:
         presentation = approval.presentation if isinstance(approval.presentation, dict) else {}
         say(f"  approval   {approval.approval_id} (step {approval.step})")
         say(f"  tool       {_short(approval.tool, 64)} ({_short(approval.kind, 40)})")
+        say(f"  capability {_short(canonical_json(approval.capability), 200)}")
         if isinstance(presentation.get("path"), str):
             say(f"  path       {_short(presentation['path'], 200)}")
         if "lines" in presentation:
             say(f"  lines      {_short(canonical_json(presentation['lines']), 20)}")
         if "bytes" in presentation:
             say(f"  bytes      {_short(canonical_json(presentation['bytes']), 20)}")
+        for key, value in sorted(presentation.items()):
+            # Whatever else the policy chose to show (an interrupted step's warning).
+            if key not in _SHOWN_APART:
+                text = value if isinstance(value, str) else canonical_json(value)
+                say(f"  {_short(str(key), 10):<10} {_short(text, 400)}")
         preview = presentation.get("preview")
         if isinstance(preview, str):
-            say("  preview")
-            for line in preview.splitlines() or [""]:
+            content = _content_of(approval.args)
+            cut = "" if content is None or len(content) <= len(preview) else " (the start)"
+            say(f"  preview{cut}")
+            # Split on newlines only: a U+2028 or a form feed is shown escaped
+            # inside its line, not as a line break the file does not have.
+            lines = preview.removesuffix("\n").split("\n")
+            for line in lines:
                 say(f"    | {_short(line, 160)}")
-        if "path" not in presentation:
+        else:
             say(f"  arguments  {_short(approval.args, 400)}")
         shown_hash = approval_hash(
             approval.kind, approval.capability, approval.presentation, approval.tool, approval.args
@@ -765,7 +790,12 @@ class _Demo:
         if not target.resolve().is_relative_to(sandbox):
             self.say(f"  the approved path {_short(path)} is outside the sandbox; not read")
             return False
-        with target.open("rb") as file:
+        # Not blocking: a FIFO planted at the path must not hang the check.
+        descriptor = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(descriptor, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                self.say(f"  {_short(path)} is not a regular file")
+                return False
             on_disk = file.read(_MAX_CHECKED_BYTES + 1)
         if on_disk != content.encode("utf-8"):
             self.say(f"  {_short(path)} does NOT hold the approved content")

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-from agentrt.canonical import parse_json
+from agentrt.canonical import canonical_json, parse_json
 from agentrt.demo import (
     INPUT_FILE,
     OUTPUT_FILE,
@@ -540,3 +540,33 @@ async def test_demo_resume_continues_a_run_its_model_left_once_the_lease_expires
     assert resumed.run_id == run.run_id and resumed.status is RunStatus.COMPLETED
     assert (sandbox / OUTPUT_FILE).read_text() == "ok\n"
     assert "run_taken_over" in event_types(state / "agentrt.db", run.run_id)
+
+
+async def test_demo_escapes_everything_the_model_chose_before_printing_it(
+    tmp_path: Path, model_server: Any
+) -> None:
+    needs_the_server()
+    state = tmp_path / "state"
+    sandbox = (state / "sandbox").resolve()
+    hostile = "approve\u202e evil\nline\x1b[2J two\u2028three\u200b"
+    model_server.answer(openai_call("fs_read_text_file\x1b[31m", '{"path": "\u202e"}'))
+    model_server.answer(
+        openai_call(
+            "fs_write_file",
+            canonical_json({"path": str(sandbox / OUTPUT_FILE), "content": hostile}),
+        )
+    )
+    model_server.answer(openai_text("done\u202e\x07"))
+    out = io.StringIO()
+
+    status = await run_demo(model="openai:m", base_url=model_server.url, state_dir=state, out=out)
+
+    text = out.getvalue()
+    assert status == 0, text
+    for raw in ("\u202e", "\x1b", "\u2028", "\u200b", "\x07"):
+        assert raw not in text
+    assert "fs_read_text_file\\x1b[31m" in text
+    assert "    | approve\\u202e evil" in text
+    assert "    | line\\x1b[2J two\\u2028three\\u200b" in text
+    # The file holds exactly what was approved, escapes and all.
+    assert (sandbox / OUTPUT_FILE).read_text() == hostile
