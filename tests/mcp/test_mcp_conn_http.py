@@ -19,6 +19,7 @@ from agentrt.mcp._connection_errors import (
     ConnectionClosed,
     MCPConnectionError,
     ProtocolViolation,
+    ServerErrorResponse,
 )
 from agentrt.mcp._server import Server
 
@@ -273,3 +274,42 @@ async def test_http_call_never_answered_times_out_and_posts_cancelled(tmp_path: 
     call = next(body for body in bodies if body.get("params", {}).get("name") == "hang")
     cancelled = [body for body in bodies if body.get("method") == "notifications/cancelled"]
     assert [body["params"]["requestId"] for body in cancelled] == [call["id"]]
+
+
+async def test_http_jsonrpc_error_in_a_4xx_body_is_the_servers_error() -> None:
+    body = '{"jsonrpc":"2.0","id":null,"error":{"code":-32602,"message":"bad \\u001b[31margs"}}'
+    scenario = {"http_error": {"picky": {"status": 400, "body": body}}}
+    with hostile_http(scenario) as url:
+        connection = await connect(Server(name="remote", endpoint=url))
+        try:
+            with pytest.raises(ServerErrorResponse) as caught:
+                await connection.call_tool("picky", "{}", timeout=10)
+        finally:
+            await connection.aclose()
+    assert str(caught.value) == (
+        'server "remote" answered tools/call with error -32602: bad \\x1b[31margs'
+    )
+
+
+async def test_http_error_status_without_a_jsonrpc_error_names_the_status() -> None:
+    scenario = {"http_error": {"broken": {"status": 500, "body": "<html>oops</html>"}}}
+    with hostile_http(scenario) as url:
+        connection = await connect(Server(name="remote", endpoint=url))
+        try:
+            with pytest.raises(ProtocolViolation) as caught:
+                await connection.call_tool("broken", "{}", timeout=10)
+        finally:
+            await connection.aclose()
+    assert str(caught.value) == 'server "remote" answered tools/call with HTTP 500'
+
+
+async def test_http_404_after_the_session_began_closes_it() -> None:
+    scenario = {"http_error": {"tools/list": {"status": 404, "body": "gone"}}}
+    with hostile_http(scenario) as url:
+        connection = await connect(Server(name="remote", endpoint=url))
+        try:
+            with pytest.raises(ConnectionClosed) as caught:
+                await connection.list_tools()
+        finally:
+            await connection.aclose()
+    assert str(caught.value) == 'server "remote" no longer knows this session (HTTP 404)'

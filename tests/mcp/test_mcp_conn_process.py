@@ -285,3 +285,17 @@ def test_the_server_dies_when_its_parent_is_killed(tmp_path: Path) -> None:
         parent.kill()
         if server_pid is not None:
             kill_quietly(server_pid)
+
+
+async def test_a_server_flooding_stderr_never_blocks_and_only_the_tail_is_kept() -> None:
+    connection = await connect(stdio_server({"stderr_flood": 1_000_000}))
+    try:
+        with anyio.fail_after(10):
+            assert await connection.list_tools()
+            assert wait_until(lambda: connection.stderr_tail().endswith("flood over"), 5)
+    finally:
+        await connection.aclose()
+    # The tail is 4 KiB of what the server wrote; escaping (\x0a) may lengthen the text.
+    tail = connection.stderr_tail().replace("\\x0a", "\n")
+    assert len(tail) + len("\n") == _stdio.STDERR_TAIL_BYTES  # the last newline is stripped
+    assert tail.startswith("eeee")

@@ -255,3 +255,16 @@ async def test_a_response_that_is_not_utf8_fails_that_call_and_spares_the_rest()
         'server "hostile" answered tools/call with a message this client refuses: '
         "the input is not valid UTF-8 (byte 55)"
     )
+
+
+async def test_a_late_answer_to_a_timed_out_call_is_ignored() -> None:
+    late = {"sleep": 0.4, "result": '{"content":[{"type":"text","text":"late"}]}'}
+    connection = await _connected({"calls": {"late": late}})
+    try:
+        with pytest.raises(CallTimeout):
+            await connection.call_tool("late", "{}", timeout=0.1)
+        await anyio.sleep(0.5)  # the late answer is on the pipe by now
+        result = await connection.call_tool("ok", "{}", timeout=5)
+    finally:
+        await connection.aclose()
+    assert result["content"][0]["text"] == "ok"

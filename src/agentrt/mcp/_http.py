@@ -19,11 +19,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import anyio
 import httpx2
 
+from ..canonical import JSONBoundaryError, parse_json
 from ..sanitize import sanitize
 from ._connection_errors import ConnectionClosed, MCPConnectionError, ProtocolViolation
 from ._jsonrpc import Incoming, IncomingKind, answer_server_request, read_message
@@ -189,9 +190,13 @@ class HttpTransport:
     async def _error_status(self, response: httpx2.Response, method: str) -> Incoming:
         body = await _read_capped(response, self.server)
         incoming = read_message(body)
-        # A server may carry a JSON-RPC error in a 4xx body (often with a null id).
         if incoming.kind is IncomingKind.RESPONSE and incoming.error is not None:
             return incoming
+        # A server may reject a request before reading its id and carry the
+        # JSON-RPC error in the 4xx body with a null id: it still answers this POST.
+        error = _error_member(body)
+        if error is not None:
+            return Incoming(IncomingKind.RESPONSE, request_id=None, error=error)
         if response.status_code == 404 and self.session_id is not None:
             raise ConnectionClosed(
                 self.server.name, f'server "{self._name()}" no longer knows this session (HTTP 404)'
@@ -258,6 +263,23 @@ async def _read_capped(response: httpx2.Response, server: Server) -> bytes:
             raise _too_large(server)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _error_member(body: bytes) -> dict[str, Any] | None:
+    try:
+        value = parse_json(body)
+    except JSONBoundaryError:
+        return None
+    if not isinstance(value, dict) or value.get("jsonrpc") != "2.0":
+        return None
+    error = value.get("error")
+    if (
+        isinstance(error, dict)
+        and type(error.get("code")) is int
+        and isinstance(error.get("message"), str)
+    ):
+        return error
+    return None
 
 
 def _refuse_declared_length(response: httpx2.Response, server: Server) -> None:

@@ -16,6 +16,8 @@ and serves until killed.  Any path serves MCP.  Members, all optional:
   sent as SSE events first ("{id}" becomes the request id),
   "end_without_answer": true (SSE only: end the stream with no answer),
   "never": true (never answer).
+- "http_error": {tool or method: {"status", "body", "content_type"}}: answer
+  that request with this HTTP status and body ("{id}" becomes the id).
 """
 
 from __future__ import annotations
@@ -116,6 +118,12 @@ class Handler(BaseHTTPRequestHandler):
             result = spec.get("result", json.dumps(default))
         else:
             result = "{}"
+        failure = _scenario.get("http_error", {}).get(params.get("name") or method)
+        if failure is not None:
+            body = failure.get("body", "").replace("{id}", json.dumps(request_id))
+            content_type = failure.get("content_type", "application/json")
+            self._send(failure["status"], body.encode(), content_type, {})
+            return
         if spec.get("never"):
             time.sleep(60)
             self.close_connection = True

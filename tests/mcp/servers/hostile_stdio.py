@@ -7,6 +7,8 @@ or the JSON text itself.  Every member is optional:
 - "pidfile": path; {"pid", "pgid", "ppid"} is written there at start.
 - "stderr": text written to stderr at start; "exit_at_start": exit code,
   right after that text (a server that dies saying why).
+- "stderr_flood": n; n bytes written to stderr at start (a server that
+  would block on a full pipe if nobody drained it).
 - "ignore_sigterm": true; "ignore_eof": true (stay alive after stdin closes).
 - "grandchild": path; a grandchild (a sleeping Python process in the same
   process group, stdio on /dev/null) is started and its pid written there.
@@ -202,6 +204,9 @@ def main() -> None:
             handle.write(str(child.pid))
     if "stderr" in scenario:
         sys.stderr.write(scenario["stderr"])
+        sys.stderr.flush()
+    if "stderr_flood" in scenario:
+        sys.stderr.write("e" * scenario["stderr_flood"] + "\nflood over\n")
         sys.stderr.flush()
     if "exit_at_start" in scenario:
         sys.exit(scenario["exit_at_start"])
