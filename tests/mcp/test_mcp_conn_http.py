@@ -153,7 +153,12 @@ async def test_http_sse_noise_before_the_answer_is_ignored() -> None:
         '{"jsonrpc":"2.0","method":"notifications/progress","params":{}}',
         '{"jsonrpc":"2.0","id":"{id}","result":{"wrong":"id"}}',
     ]
-    with hostile_http({"mode": "sse", "calls": {"ok": {"before": before}}}) as url:
+    # An answer in an event that is not a "message" event is not an answer.
+    other_event = 'event: other\ndata: {"jsonrpc":"2.0","id":{id},"result":{"wrong":1}}\n\n'
+    # An event cut off by a blank line inside "data" is two events, neither ours.
+    cr_lines = "data: {\r\rdata: }\r\r"
+    spec = {"before": before, "before_raw": [other_event, cr_lines]}
+    with hostile_http({"mode": "sse", "calls": {"ok": spec}}) as url:
         connection = await connect(Server(name="remote", endpoint=url))
         try:
             result = await connection.call_tool("ok", "{}", timeout=10)

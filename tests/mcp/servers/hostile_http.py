@@ -13,7 +13,8 @@ and serves until killed.  Any path serves MCP.  Members, all optional:
 - "calls": {tool: spec}; spec "result": raw result text, "elicit": true
   (SSE only: ask the client for input mid-call, wait for its answer, then
   answer with text naming the answer's error code), "before": raw data lines
-  sent as SSE events first ("{id}" becomes the request id),
+  sent as SSE events first ("{id}" becomes the request id), "before_raw":
+  raw SSE text sent first (same substitution),
   "end_without_answer": true (SSE only: end the stream with no answer),
   "never": true (never answer).
 - "http_error": {tool or method: {"status", "body", "content_type"}}: answer
@@ -146,6 +147,8 @@ class Handler(BaseHTTPRequestHandler):
         for before in spec.get("before", []):
             data = before.replace("{id}", json.dumps(request_id))
             self.wfile.write(f"event: message\ndata: {data}\n\n".encode())
+        for raw in spec.get("before_raw", []):
+            self.wfile.write(raw.replace("{id}", json.dumps(request_id)).encode())
         if spec.get("elicit"):
             self._elicit_then_answer(request_id)
             return
