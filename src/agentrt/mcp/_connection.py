@@ -42,6 +42,7 @@ Notifications from the server are ignored.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -86,7 +87,15 @@ MAX_TOOLS: Final = 1000
 CANCEL_NOTICE_TIMEOUT: Final = 1.0
 """How long sending `notifications/cancelled` may take before it is given up."""
 
-_CLIENT_INFO: Final = {"name": "agentrt", "version": "0.1.0"}
+
+def _client_version() -> str:
+    try:
+        return importlib.metadata.version("agentrt")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+_CLIENT_INFO: Final = {"name": "agentrt", "version": _client_version()}
 
 
 class _Transport(Protocol):
@@ -97,6 +106,8 @@ class _Transport(Protocol):
     async def aclose(self) -> None: ...
 
     def stderr_tail(self) -> str: ...
+
+    def negotiated(self, protocol_version: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,8 +225,7 @@ class Connection:
         self.protocol_version = version
         self.server_info = result.get("serverInfo")
         self.capabilities = result.get("capabilities")
-        if hasattr(self._transport, "protocol_version"):
-            self._transport.protocol_version = version
+        self._transport.negotiated(version)
         await self._transport.send(encode_notification("notifications/initialized", None))
 
     # -- listing ---------------------------------------------------------------

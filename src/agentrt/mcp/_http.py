@@ -59,6 +59,10 @@ class HttpTransport:
     def stderr_tail(self) -> str:
         return ""
 
+    def negotiated(self, protocol_version: str) -> None:
+        """Send `MCP-Protocol-Version` on every message from now on."""
+        self.protocol_version = protocol_version
+
     def _name(self) -> str:
         return sanitize(self.server.name)
 

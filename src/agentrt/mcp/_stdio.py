@@ -182,6 +182,9 @@ class StdioTransport:
     def stderr_tail(self) -> str:
         return self.stderr.text() if self.stderr is not None else ""
 
+    def negotiated(self, protocol_version: str) -> None:
+        """Nothing on stdio carries the version after the handshake."""
+
     def _name(self) -> str:
         return sanitize(self.server.name)
 
