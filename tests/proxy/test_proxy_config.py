@@ -159,10 +159,10 @@ def test_a_server_with_both_command_and_endpoint_is_refused(tmp_path: Path) -> N
 def test_a_configuration_others_can_write_is_refused(tmp_path: Path) -> None:
     path = write_config(tmp_path, base(tmp_path))
     path.chmod(0o620)
-    with pytest.raises(ConfigError, match="written by others"):
+    with pytest.raises(ConfigError, match="group or others write"):
         load_config(path)
     path.chmod(0o602)
-    with pytest.raises(ConfigError, match="written by others"):
+    with pytest.raises(ConfigError, match="group or others write"):
         load_config(path)
 
 
@@ -191,7 +191,7 @@ def test_a_rules_file_others_can_write_is_refused(tmp_path: Path) -> None:
     rules.chmod(0o666)
     document = base(tmp_path)
     document["servers"][0]["rules"] = "fs.rules.json"
-    with pytest.raises(ConfigError, match="written by others"):
+    with pytest.raises(ConfigError, match="group or others write"):
         load_config(write_config(tmp_path, document))
 
 
@@ -249,3 +249,11 @@ def test_a_server_reaching_a_relative_directory_holding_the_database_is_refused(
 def test_a_server_over_a_sibling_sandbox_starts(tmp_path: Path) -> None:
     config = load_config(write_config(tmp_path, base(tmp_path)))
     assert config.servers[0].server.command == ["node", "server.js", str(tmp_path / "sandbox")]
+
+
+def test_a_configuration_behind_a_symbolic_link_is_refused(tmp_path: Path) -> None:
+    real = write_config(tmp_path, base(tmp_path), name="real.json")
+    link = tmp_path / "proxy.json"
+    link.symlink_to(real)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        load_config(link)

@@ -150,3 +150,17 @@ async def test_two_proxies_on_one_database_run_an_identical_call_once(tmp_path: 
     assert sorted(answer.split(":")[0] for answer in answers) == ["IN_PROGRESS", "noted once"]
     assert retry.startswith("DUPLICATE: ")
     assert setup.executions() == ["write_note once"]
+
+
+async def test_garbage_from_the_host_costs_only_that_line(tmp_path: Path) -> None:
+    setup = await build_setup(tmp_path)
+    async with RawHost.start(setup) as raw:
+        await raw.process.stdin.send(b"{not json\n\xff\xfe\n" + b"[" * 100_000 + b"\n")
+        response = await raw.request(
+            "tools/call", {"name": "up_echo", "arguments": {"text": "after garbage"}}
+        )
+        bidi = await raw.request("tools/call", {"name": "up_\u202eecho", "arguments": {}})
+    assert result_text(response) == "after garbage"
+    assert result_text(bidi).startswith("INVALID: ")
+    assert "\u202e" not in result_text(bidi)
+    assert setup.executions() == []

@@ -453,3 +453,6 @@ def serve(
     except (ConfigError, AgentrtError) as exc:
         _log(sys.stderr, f"agentrt proxy: {exc}")
         return 1
+    except OSError as exc:
+        _log(sys.stderr, f"agentrt proxy: {sanitize(str(exc))}")
+        return 1

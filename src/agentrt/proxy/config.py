@@ -16,14 +16,13 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Final
 
-from ..canonical import JSONBoundaryError, parse_json
+from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..errors import AgentrtError
-from ..mcp._rules import Rules
-from ..mcp._server import Server
+from ..mcp import Rules, Server, read_owned, read_rules
+from ..mcp._rules import parse_duration, rules_from_json
 from ..policy import ClassPolicy, DefaultPolicy, Outcome
 from ..sanitize import sanitize
 from ..tools import SideEffect
-from ._files import read_owned, read_rules, rules_from_object
 
 __all__ = [
     "DEFAULT_APPROVAL_TTL",
@@ -128,40 +127,6 @@ class ProxyConfig:
         return paths
 
 
-_DURATION_PART: Final = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_UNIT_SECONDS: Final = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in a Go-style duration (`"15s"`, `"1m30s"`, `"250ms"`, `"24h"`).
-
-    Raises ValueError for anything else, a sign or zero included: every
-    duration the proxy reads must be positive.
-    """
-    position = 0
-    total = 0.0
-    while position < len(text):
-        match = _DURATION_PART.match(text, position)
-        if match is None:
-            break
-        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        position = match.end()
-    if not text or position != len(text):
-        raise ValueError(f"{sanitize(repr(text))} is not a duration like 15s, 1m30s or 250ms")
-    if not total > 0:
-        raise ValueError(f"{sanitize(repr(text))} is not a positive duration")
-    return total
-
-
 class _Reader:
     """Field access that names the file and the field in every refusal."""
 
@@ -226,10 +191,8 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
     reader = _Reader(config_path)
     try:
         data = read_owned(config_path)
-    except OSError as exc:
-        raise ConfigError(f"cannot read the proxy configuration {config_path}: {exc}") from None
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    except AgentrtError as exc:
+        raise ConfigError(f"the proxy configuration: {exc}") from None
     try:
         document = parse_json(data)
     except JSONBoundaryError as exc:
@@ -332,11 +295,15 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
     try:
         if isinstance(raw_rules, str):
             rules_path = reader.path_field(raw_rules, f"{where} rules")
-            rules = read_rules(rules_path)
+            file_rules = read_rules(rules_path)
         elif isinstance(raw_rules, dict):
-            rules = rules_from_object(raw_rules, f"{reader.path} ({where} rules)")
+            # Checked exactly as a rules file is: the same fields, the same refusals.
+            file_rules = rules_from_json(
+                canonical_json(raw_rules), source=f"{reader.path} ({where} rules)"
+            )
         else:
             raise reader.fail(f"{where} rules", "must be an object or the path of a rules file")
+        rules: Rules = {tool: rule.to_rule() for tool, rule in file_rules.items()}
     except ConfigError:
         raise
     except (OSError, ValueError, AgentrtError) as exc:
