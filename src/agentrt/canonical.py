@@ -179,7 +179,8 @@ def _number_literal(number: int | Decimal | float) -> str:
             raise JSONBoundaryError("NaN and infinities are not JSON numbers")
         if number.is_integer() and abs(number) < 2**53:
             return str(int(number))
-        return repr(number).replace("e+", "e")
+        # Through Decimal, so a float and its parsed-back literal print alike.
+        number = Decimal(repr(number))
     if not number.is_finite():
         raise JSONBoundaryError("NaN and infinities are not JSON numbers")
     # str(Decimal) keeps the digits and exponent as parsed; only the exponent

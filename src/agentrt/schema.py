@@ -10,14 +10,18 @@ registry holding only the standard metaschemas, with retrieval refused.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any, Final
 
 import jsonschema
 import jsonschema.validators
+import regex
+from jsonschema.exceptions import ValidationError
 from jsonschema_specifications import REGISTRY as _METASCHEMAS
 from referencing import Registry
 from referencing.exceptions import NoSuchResource, Unresolvable
@@ -134,6 +138,103 @@ def _is_integer(checker: Any, instance: Any) -> bool:
     return isinstance(instance, float) and instance.is_integer()
 
 
+# A server chooses the patterns and a model the strings they are matched
+# against; Python's `re` backtracks without bound and holds the event loop.
+# The `regex` module accepts the same syntax (lookaround included) and takes a
+# timeout, so a catastrophic pattern costs at most this long per check.
+_REGEX_SECONDS: Final = 0.25
+_MAX_MESSAGE_CHARS: Final = 500
+_DECIMAL_REPR: Final = re.compile(r"Decimal\('([^']*)'\)")
+
+
+@functools.lru_cache(maxsize=1024)
+def _regex(pattern: str) -> Any:
+    return regex.compile(pattern)
+
+
+def _search(pattern: str, text: str) -> bool:
+    try:
+        return _regex(pattern).search(text, timeout=_REGEX_SECONDS) is not None
+    except TimeoutError:
+        raise ValidationError(
+            f"the pattern {pattern!r} took too long to check; the value is refused"
+        ) from None
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string"):
+        try:
+            matched = _search(pattern, instance)
+        except ValidationError as error:
+            yield error
+            return
+        if not matched:
+            yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(
+    validator: Any, patterns: Mapping[str, Any], instance: Any, schema: Any
+) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            try:
+                matched = _search(pattern, key)
+            except ValidationError as error:
+                yield error
+                return
+            if matched:
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional_properties(
+    validator: Any, additional: Any, instance: Any, schema: Any
+) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    properties = schema.get("properties", {})
+    patterns = list(schema.get("patternProperties", {}))
+    extras = []
+    for key in instance:
+        if key in properties:
+            continue
+        try:
+            if any(_search(pattern, key) for pattern in patterns):
+                continue
+        except ValidationError as error:
+            yield error
+            return
+        extras.append(key)
+    if validator.is_type(additional, "object"):
+        for key in extras:
+            yield from validator.descend(instance[key], additional, path=key)
+    elif additional is False and extras:
+        listed = ", ".join(repr(key) for key in sorted(extras))
+        yield ValidationError(f"additional properties are not allowed ({listed} unexpected)")
+
+
+def _exact(number: Any) -> Fraction:
+    if isinstance(number, float):
+        return Fraction(Decimal(repr(number)))
+    return Fraction(number)
+
+
+def _multiple_of(
+    validator: Any, step: Any, instance: Any, schema: Any
+) -> Iterator[ValidationError]:
+    # Exact arithmetic: Decimal % float raises, and Decimal % Decimal rounds
+    # past 28 digits, which would refuse a true multiple.
+    if not validator.is_type(instance, "number"):
+        return
+    try:
+        failed = (_exact(instance) / _exact(step)).denominator != 1
+    except (ArithmeticError, ValueError, TypeError):
+        failed = True
+    if failed:
+        yield ValidationError(f"{instance!r} is not a multiple of {step}")
+
+
 def _validator_class(schema: Mapping[str, Any]) -> type[Any]:
     dialect = schema.get("$schema")
     base_class: type[Any] = jsonschema.Draft202012Validator
@@ -141,7 +242,33 @@ def _validator_class(schema: Mapping[str, Any]) -> type[Any]:
         base_class = _DRAFT_VALIDATORS[dialect.rstrip("#")]
     # JSON Schema counts 1.0 as an integer; parse_json yields Decimal('1.0').
     type_checker = base_class.TYPE_CHECKER.redefine("integer", _is_integer)
-    return jsonschema.validators.extend(base_class, type_checker=type_checker)  # type: ignore[no-any-return]
+    keywords = {
+        "pattern": _pattern,
+        "patternProperties": _pattern_properties,
+        "additionalProperties": _additional_properties,
+        "multipleOf": _multiple_of,
+    }
+    return jsonschema.validators.extend(  # type: ignore[no-any-return]
+        base_class, validators=keywords, type_checker=type_checker
+    )
+
+
+def _check_patterns(schema: Mapping[str, Any]) -> None:
+    """Refuse, at compile time, a pattern no regular-expression engine here accepts."""
+    for where, node in _walk(dict(schema)):
+        candidates = []
+        if isinstance(node.get("pattern"), str):
+            candidates.append(node["pattern"])
+        if isinstance(node.get("patternProperties"), dict):
+            candidates.extend(node["patternProperties"])
+        for pattern in candidates:
+            try:
+                _regex(pattern)
+            except (regex.error, TypeError, ValueError, OverflowError, RecursionError):
+                raise SchemaError(
+                    f"the schema does not compile: the pattern {sanitize(repr(pattern))} "
+                    f"at {sanitize(where or '/')} is not a regular expression"
+                ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +290,11 @@ class CompiledSchema:
             return None
         where = "/".join(str(part) for part in error.absolute_path)
         location = f" at /{where}" if where else ""
-        return f"{error.message}{location}"
+        message = _DECIMAL_REPR.sub(r"\1", f"{error.message}{location}")
+        if len(message) > _MAX_MESSAGE_CHARS:
+            message = message[: _MAX_MESSAGE_CHARS - 1] + "…"
+        # The message quotes keys and values the model chose.
+        return sanitize(message)
 
 
 def compile_schema(schema: Mapping[str, Any]) -> CompiledSchema:
@@ -178,6 +309,7 @@ def compile_schema(schema: Mapping[str, Any]) -> CompiledSchema:
         raise SchemaError(f"the schema does not compile: {sanitize(exc.message)}") from None
     except Exception as exc:
         raise SchemaError(f"the schema does not compile: {type(exc).__name__}") from None
+    _check_patterns(schema)
     validator = validator_class(schema, registry=_REGISTRY)
     # jsonschema resolves references lazily; resolve each one now so a
     # dangling reference is refused at registration, not at the first call.

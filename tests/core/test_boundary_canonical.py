@@ -401,12 +401,6 @@ def test_spellings_of_the_same_literal_hash_equally(first: str, second: str) -> 
 # --- Python floats (a consumer's own values, before any parse) -------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="canonical._number_literal writes a float from repr(), whose exponent keeps "
-    "a leading zero (1e-05); the same text parsed back is Decimal('1E-5') and is "
-    "written 0.00001, so canonical JSON is not idempotent over floats",
-)
 @settings(max_examples=300, deadline=None)
 @given(number=st.floats(allow_nan=False, allow_infinity=False))
 @example(number=1e-05)
