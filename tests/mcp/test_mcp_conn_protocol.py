@@ -268,3 +268,43 @@ async def test_a_late_answer_to_a_timed_out_call_is_ignored() -> None:
     finally:
         await connection.aclose()
     assert result["content"][0]["text"] == "ok"
+
+
+_BIG_ARGUMENTS = json.dumps({"blob": "b" * 300_000})
+
+
+@pytest.fixture
+def short_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deaf server never sees end of stdin; don't wait the full polite grace for it."""
+    monkeypatch.setattr(_stdio, "GRACE_AFTER_STDIN_CLOSED", 0.3)
+
+
+async def test_a_write_cut_off_by_the_timeout_closes_the_connection(short_grace: None) -> None:
+    connection = await _connected({"deaf_after_handshake": True})
+    try:
+        with pytest.raises(CallTimeout):
+            await connection.call_tool("ok", _BIG_ARGUMENTS, timeout=0.3)
+        # Half a request sits in the server's stdin: nothing more may follow it.
+        with pytest.raises(ConnectionClosed) as caught:
+            await connection.call_tool("ok", "{}", timeout=5)
+    finally:
+        await connection.aclose()
+    assert "was cut off mid-write, so the connection is closed" in str(caught.value)
+
+
+async def test_close_while_a_write_is_blocked_fails_the_call_cleanly(short_grace: None) -> None:
+    connection = await _connected({"deaf_after_handshake": True})
+    errors: list[BaseException] = []
+
+    async def call() -> None:
+        try:
+            await connection.call_tool("ok", _BIG_ARGUMENTS, timeout=30)
+        except ConnectionClosed as exc:
+            errors.append(exc)
+
+    with anyio.fail_after(15):
+        async with anyio.create_task_group() as group:
+            group.start_soon(call)
+            await anyio.sleep(0.3)
+            await connection.aclose()
+    assert len(errors) == 1

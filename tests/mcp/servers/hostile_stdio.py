@@ -9,6 +9,7 @@ or the JSON text itself.  Every member is optional:
   right after that text (a server that dies saying why).
 - "stderr_flood": n; n bytes written to stderr at start (a server that
   would block on a full pipe if nobody drained it).
+- "deaf_after_handshake": true; stop reading stdin once initialized.
 - "ignore_sigterm": true; "ignore_eof": true (stay alive after stdin closes).
 - "grandchild": path; a grandchild (a sleeping Python process in the same
   process group, stdio on /dev/null) is started and its pid written there.
@@ -231,6 +232,10 @@ def main() -> None:
         if message.get("method") == "initialize" and scenario.get("initialize", {}).get("never"):
             continue
         _handle(scenario, message, raw_line.rstrip(b"\n"))
+        initialized = message.get("method") == "notifications/initialized"
+        if initialized and scenario.get("deaf_after_handshake"):
+            while True:  # never reads stdin again: the client's writes fill the pipe
+                time.sleep(60)
     if scenario.get("ignore_eof"):
         while True:
             time.sleep(60)
