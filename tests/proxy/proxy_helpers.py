@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -28,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 FILESYSTEM_SERVER = (
     REPO / "tests/npm/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js"
 )
+AGENTRT = Path(sys.executable).parent / "agentrt"
 INSPECTOR = REPO / "tests/npm-inspector/node_modules/.bin/mcp-inspector"
 
 RULES: dict[str, Any] = {
@@ -110,7 +112,17 @@ class ProxySetup:
         return {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")}
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "agentrt.proxy", "--config", str(self.config_path)]
+        """What a host is configured to start: the `agentrt proxy` command."""
+        return [str(AGENTRT), "proxy", "--config", str(self.config_path)]
+
+    def operator_command(self, verb: str) -> list[str]:
+        """The exact `agentrt ... approve|reject` command the proxy printed last, runnable."""
+        lines = [line for line in self.stderr().splitlines() if " waits for " in line]
+        for part in lines[-1].partition(": agentrt ")[2].split("  |  "):
+            words = shlex.split("agentrt " + part)
+            if verb in words:
+                return [str(AGENTRT), *words[1:]]
+        raise LookupError(f"no {verb} command was printed")
 
 
 def upstream_server(log: Path, name: str = "up") -> Server:

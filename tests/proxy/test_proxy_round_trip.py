@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import anyio
@@ -37,7 +38,13 @@ async def test_approval_round_trip_runs_the_call_once_and_a_third_call_is_duplic
         assert text_of(first).startswith("PENDING_APPROVAL: ")
         assert first.is_error is False
         assert setup.executions() == []
-        approved = setup.approve_latest()
+        # The operator runs exactly what the proxy printed.
+        decided = subprocess.run(
+            [*setup.operator_command("approve"), "--yes"], capture_output=True, text=True,
+            timeout=30, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert decided.returncode == 0, decided.stderr
+        approved = setup.approval(setup.waiting_commands()[-1][1])
         second = await session.call_tool("up_send_mail", arguments)
         assert text_of(second) == "sent to ops@example.org"
         assert second.is_error is False
