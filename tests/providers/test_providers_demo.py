@@ -570,3 +570,26 @@ async def test_demo_escapes_everything_the_model_chose_before_printing_it(
     assert "    | line\\x1b[2J two\\u2028three\\u200b" in text
     # The file holds exactly what was approved, escapes and all.
     assert (sandbox / OUTPUT_FILE).read_text() == hostile
+
+
+def test_the_agentrt_demo_command_runs_the_story_end_to_end(tmp_path: Path) -> None:
+    needs_the_server()
+    state = tmp_path / "state"
+
+    finished = subprocess.run(
+        [AGENTRT, "demo", "--state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "chain intact" in finished.stdout
+    verified = subprocess.run(
+        [AGENTRT, "--db", str(state / "agentrt.db"), "verify"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert verified.returncode == 0 and "intact" in verified.stdout
