@@ -404,6 +404,9 @@ async def run_demo(
     approving; `resume` continues a run an earlier demo left (after Ctrl-C).
     """
     say = _Say(out)
+    if base_url and not model:
+        say("error: --base-url names a model endpoint, so it needs --model (openai:NAME, ...)")
+        return EXIT_USAGE
     try:
         agent: Agent | None = agent_for(model, base_url=base_url) if model else None
     except ProviderError as exc:

@@ -197,6 +197,10 @@ async def test_demo_with_an_unknown_model_is_a_usage_error(tmp_path: Path) -> No
 
     assert "--model 'gpt-4' must be ollama:NAME or openai:NAME" in out.getvalue()
     assert not (tmp_path / "s").exists()
+    out = io.StringIO()
+    assert await run_demo(base_url="http://127.0.0.1:9", state_dir=tmp_path / "s", out=out) == 2
+    assert "--base-url names a model endpoint, so it needs --model" in out.getvalue()
+    assert not (tmp_path / "s").exists()
 
 
 def test_state_dir_follows_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
