@@ -244,3 +244,20 @@ def test_agent_for_builds_the_agent_a_model_value_names(monkeypatch: pytest.Monk
     for bad in ("qwen3", "ollama:", "anthropic:claude", "\u202eopenai:x"):
         with pytest.raises(ProviderError, match="--model"):
             agent_for(bad)
+
+
+async def test_plain_http_request_ignores_an_environment_proxy_that_would_read_the_key(
+    model_server: Any, other_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(variable, other_server.url)
+    for variable in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(variable, raising=False)
+    model_server.answer(completion({"content": "direct"}))
+    other_server.answer(completion({"content": "through the proxy"}))
+    agent = OpenAIAgent("m", base_url=model_server.url, api_key="secret")
+
+    assert await agent.decide(step_input()) == Decision.complete("direct")
+
+    assert other_server.requests == []
+    assert model_server.requests[0].headers["Authorization"] == "Bearer secret"
