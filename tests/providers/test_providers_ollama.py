@@ -231,3 +231,19 @@ def test_ollama_request_body_is_plain_json(model_server: Any) -> None:
     agent = OllamaAgent("m", base_url=model_server.url, options={"temperature": 0})
     body = agent.request_body(step_input())
     assert json.loads(json.dumps(body))["options"] == {"temperature": 0}
+
+
+async def test_ollama_compressed_body_is_bounded_by_its_decoded_size(model_server: Any) -> None:
+    import gzip
+
+    inflated = json.dumps(chat_answer({"content": "z" * (MAX_RESPONSE_BYTES + 1)})).encode()
+    compressed = gzip.compress(inflated)
+    assert len(compressed) < MAX_RESPONSE_BYTES // 100
+    # Sent compressed although the adapter asked for the plain body.
+    model_server.answer(raw=compressed, headers={"Content-Encoding": "gzip"}, chunked=True)
+    agent = OllamaAgent("m", base_url=model_server.url)
+
+    with pytest.raises(ProviderError, match=f"over the {MAX_RESPONSE_BYTES} bytes allowed"):
+        await agent.decide(step_input())
+
+    assert model_server.requests[0].headers["Accept-Encoding"] == "identity"
