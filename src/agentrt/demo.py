@@ -246,7 +246,8 @@ def _content_of(args: str) -> str | None:
 
 
 def _command(*words: str | Path) -> str:
-    return " ".join(shlex.quote(str(word)) for word in words)
+    """A command line to copy: each word shell-quoted, any control character escaped."""
+    return " ".join(shlex.quote(sanitize(str(word))) for word in words)
 
 
 # -- Ctrl-C -----------------------------------------------------------------
@@ -501,7 +502,8 @@ class _Demo:
         if self.run_id is None:
             self.say("no run was recorded; run the demo again to start over")
             return
-        self.say(f"run {self.run_id} is kept in {sanitize(str(self.paths.database))}; to continue:")
+        kept = f"run {sanitize(self.run_id)} is kept in {sanitize(str(self.paths.database))}"
+        self.say(f"{kept}; to continue:")
         self.say(f"  {self._demo_command('--resume', self.run_id)}")
         lease_ends = self._lease_end()
         if lease_ends is not None:
@@ -524,6 +526,7 @@ class _Demo:
 
     async def run(self, switch: _StopSwitch, resume: str | None) -> int:
         paths, say = self.paths, self.say
+        say(f"agent: {self._agent_line()}")
         node = shutil.which("node")
         if node is None:
             raise DemoError("node is not on PATH; the demo's MCP server needs Node.js 20 or later")
@@ -540,7 +543,6 @@ class _Demo:
             name=DEMO_SERVER,
             command=[node, str(paths.server_script), str(paths.sandbox.resolve())],
         )
-        say(f"agent: {self._agent_line()}")
         say(f"state: {sanitize(str(paths.state_dir))} (mode 0700)")
         # Pinning and loading change nothing but the demo's own files, so Ctrl-C
         # may cut them short (pin and load close the server on the way out).

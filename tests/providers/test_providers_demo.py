@@ -597,3 +597,22 @@ def test_the_agentrt_demo_command_runs_the_story_end_to_end(tmp_path: Path) -> N
         timeout=30,
     )
     assert verified.returncode == 0 and "intact" in verified.stdout
+
+
+async def test_demo_resume_of_an_unknown_run_is_refused_with_the_id_escaped(
+    tmp_path: Path,
+) -> None:
+    needs_the_server()
+    state = tmp_path / "state"
+    assert await run_demo(state_dir=state, out=io.StringIO()) == 0
+    (finished,) = runs_of(state / "agentrt.db")
+    out = io.StringIO()
+
+    status = await run_demo(state_dir=state, resume="nope\x1b]0;owned\x07", out=out)
+
+    assert status == 1
+    text = out.getvalue()
+    assert "\x1b" not in text and "\x07" not in text
+    assert "nope\\x1b]0;owned\\x07" in text
+    (still,) = runs_of(state / "agentrt.db")
+    assert still == finished
