@@ -39,9 +39,8 @@ from ..policy import (
 )
 from ..store import ApprovalRecord, ApprovalStatus, RunStatus, StepStatus, Store
 from ..tools import SideEffect, Tool, ToolCall, ToolResult, ToolSpec
-from . import _index as index_outcomes
 from ._answers import Answer
-from ._index import CallIndex, CallRow, call_key
+from ._index import EXECUTED, Action, CallIndex, CallRow, Settled, call_key
 
 __all__ = ["UNKNOWN_OUTCOME", "Calls", "ProxyPolicy", "WatchedTool", "new_owner"]
 
@@ -225,31 +224,31 @@ class Calls:
                 max_pending=self.max_pending,
             )
             action, row = verdict.action, verdict.row
-            if action == "new":
+            if action is Action.NEW:
                 assert row is not None
                 return await self._new_run(row, spec, args, progress)
-            if action == "collect":
+            if action is Action.COLLECT:
                 assert row is not None and verdict.approval is not None
                 answer = await self._collect(row, spec, verdict.approval, progress)
                 if answer is not None:
                     return answer
                 continue  # the approval moved on under us; decide again
-            if action == "in_progress":
+            if action is Action.IN_PROGRESS:
                 return Answer.in_progress(tool)
-            if action == "take_over":
+            if action is Action.TAKE_OVER:
                 assert row is not None
                 return await self._take_over(row, spec, args, progress)
-            if action == "rejected":
+            if action is Action.REJECTED:
                 note = verdict.approval.note if verdict.approval is not None else ""
                 return Answer.rejected(tool, note)
-            if action == "expired":
+            if action is Action.EXPIRED:
                 return Answer.expired(tool)
-            if action == "duplicate":
+            if action is Action.DUPLICATE:
                 assert row is not None and row.settled_at is not None
-                return Answer.duplicate(tool, row.settled_at, row.outcome == index_outcomes.RESULT)
-            if action == "blocked":
+                return Answer.duplicate(tool, row.settled_at, row.outcome == Settled.RESULT)
+            if action is Action.BLOCKED:
                 return Answer.blocked(tool)
-            if action == "too_many_pending":
+            if action is Action.TOO_MANY_PENDING:
                 return Answer.unavailable(
                     f"{self.max_pending} requests already wait for a person's decision, the "
                     "most this gate lets wait at once; this call was not taken."
@@ -311,7 +310,7 @@ class Calls:
                 return answer if answer is not None else Answer.in_progress(spec.name)
             if outcome.status is RunStatus.CANCELLED:
                 settled = self.index.settle_if_ended(run_id)
-                if settled is not None and settled.outcome == index_outcomes.EXPIRED:
+                if settled is not None and settled.outcome == Settled.EXPIRED:
                     return Answer.expired(spec.name)
                 approval = self.store.latest_approval(run_id)
                 return Answer.rejected(spec.name, approval.note if approval else "")
@@ -319,7 +318,7 @@ class Calls:
                 self.index.settle_if_ended(run_id)
                 return Answer.denied(spec.name, outcome.reason)
             if outcome.status is RunStatus.COMPLETED:
-                self.index.settle(run_id, index_outcomes.RESULT)
+                self.index.settle(run_id, Settled.RESULT)
                 return Answer.result(outcome.result or "")
             observation = outcome.observation
             if observation is None:
@@ -328,7 +327,7 @@ class Calls:
             kind = observation.kind
             if kind == "result":
                 await self.gate.step(run_id, Decision.complete(observation.content))
-                self.index.settle(run_id, index_outcomes.RESULT)
+                self.index.settle(run_id, Settled.RESULT)
                 return Answer.result(observation.content)
             if kind == "interrupted":
                 # A read-only call cut off by a dead process simply runs again.
@@ -342,14 +341,14 @@ class Calls:
                     continue
                 self.cut_off.discard((run_id, observation.step))
                 await self.gate.step(run_id, Decision.fail("tool_error"))
-                self.index.settle(run_id, index_outcomes.TOOL_ERROR)
+                self.index.settle(run_id, Settled.TOOL_ERROR)
                 return Answer.tool_error(observation.content)
             if kind == "denied":
                 await self.gate.step(run_id, Decision.fail("denied"))
-                self.index.settle(run_id, index_outcomes.DENIED)
+                self.index.settle(run_id, Settled.DENIED)
                 return Answer.denied(spec.name, observation.content)
             await self.gate.step(run_id, Decision.fail("invalid"))
-            self.index.settle(run_id, index_outcomes.INVALID)
+            self.index.settle(run_id, Settled.INVALID)
             return Answer.invalid(spec.name, observation.content)
         self._release_quietly(run_id)
         return Answer.in_progress(spec.name)
@@ -423,13 +422,13 @@ def _waiting_answer(tool: str, approval: ApprovalRecord) -> Answer:
 
 
 def _settled_answer(tool: str, row: CallRow, store: Store) -> Answer:
-    if row.outcome in (index_outcomes.REJECTED, index_outcomes.CANCELLED):
+    if row.outcome in (Settled.REJECTED, Settled.CANCELLED):
         approval = store.latest_approval(row.run_id)
         return Answer.rejected(tool, approval.note if approval else "")
-    if row.outcome == index_outcomes.EXPIRED:
+    if row.outcome == Settled.EXPIRED:
         return Answer.expired(tool)
-    if row.outcome in index_outcomes.EXECUTED and row.settled_at is not None:
-        return Answer.duplicate(tool, row.settled_at, row.outcome == index_outcomes.RESULT)
+    if row.outcome in EXECUTED and row.settled_at is not None:
+        return Answer.duplicate(tool, row.settled_at, row.outcome == Settled.RESULT)
     return Answer.in_progress(tool)
 
 

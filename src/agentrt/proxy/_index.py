@@ -11,6 +11,7 @@ transaction, so two proxies on one database never both start the same call.
 
 from __future__ import annotations
 
+import enum
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -21,7 +22,16 @@ from typing import Any, Final
 from ..canonical import canonical_bytes, sha256_hex
 from ..store import ApprovalRecord, ApprovalStatus, RunRecord, RunStatus, Store
 
-__all__ = ["MIGRATIONS", "CallIndex", "CallRow", "Verdict", "call_key"]
+__all__ = [
+    "EXECUTED",
+    "MIGRATIONS",
+    "Action",
+    "CallIndex",
+    "CallRow",
+    "Settled",
+    "Verdict",
+    "call_key",
+]
 
 MIGRATIONS: Final[Sequence[str]] = (
     """
@@ -44,17 +54,36 @@ MIGRATIONS: Final[Sequence[str]] = (
     """,
 )
 
-# Outcomes of a settled call.  RESULT and TOOL_ERROR executed with a known
-# outcome (the server answered); the rest never ran.
-RESULT: Final = "result"
-TOOL_ERROR: Final = "tool_error"
-DENIED: Final = "denied"
-INVALID: Final = "invalid"
-REJECTED: Final = "rejected"
-EXPIRED: Final = "expired"
-CANCELLED: Final = "cancelled"
-FAILED: Final = "failed"
-EXECUTED: Final = frozenset({RESULT, TOOL_ERROR})
+
+class Settled(enum.StrEnum):
+    """How a call ended.  RESULT and TOOL_ERROR executed with a known outcome
+    (the server answered); the others never ran."""
+
+    RESULT = "result"
+    TOOL_ERROR = "tool_error"
+    DENIED = "denied"
+    INVALID = "invalid"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+EXECUTED: Final = frozenset({Settled.RESULT, Settled.TOOL_ERROR})
+
+
+class Action(enum.StrEnum):
+    """What the index tells the proxy to do with a call (the seven rules, in order)."""
+
+    COLLECT = "collect"
+    IN_PROGRESS = "in_progress"
+    TAKE_OVER = "take_over"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    DUPLICATE = "duplicate"
+    BLOCKED = "blocked"
+    TOO_MANY_PENDING = "too_many_pending"
+    NEW = "new"
 
 
 def call_key(tool: str, args_text_canonical: str) -> str:
@@ -82,12 +111,10 @@ class CallRow:
 class Verdict:
     """What the index says to do with a call, in the order of the proxy's seven rules.
 
-    `action` is one of `collect` (a run waits on an approval), `in_progress`,
-    `take_over` (a dead process left it running; now held by us), `rejected`,
-    `expired`, `duplicate`, `blocked`, `too_many_pending`, `new` (held by us).
+    `TAKE_OVER` and `NEW` come back with the row held by this process.
     """
 
-    action: str
+    action: Action
     row: CallRow | None = None
     approval: ApprovalRecord | None = None
 
@@ -113,19 +140,19 @@ def _timestamp(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
-def outcome_of_ended_run(run: RunRecord, last_step_kind: str | None) -> str:
+def outcome_of_ended_run(run: RunRecord, last_step_kind: str | None) -> Settled:
     """The index outcome of a run that ended, read from how it ended."""
     if run.status is RunStatus.COMPLETED:
-        return RESULT
+        return Settled.RESULT
     if run.status is RunStatus.CANCELLED:
         if run.reason == "approval_rejected":
-            return REJECTED
+            return Settled.REJECTED
         if run.reason in ("approval_expired", "grant_expired"):
-            return EXPIRED
-        return CANCELLED
-    if last_step_kind in (TOOL_ERROR, DENIED, INVALID):
-        return last_step_kind
-    return FAILED
+            return Settled.EXPIRED
+        return Settled.CANCELLED
+    if last_step_kind in (Settled.TOOL_ERROR, Settled.DENIED, Settled.INVALID):
+        return Settled(last_step_kind)
+    return Settled.FAILED
 
 
 class CallIndex:
@@ -209,13 +236,13 @@ class CallIndex:
             for row, run in open_rows:
                 if run.status is RunStatus.WAITING_FOR_APPROVAL:
                     approval = self.store.latest_approval(row.run_id)
-                    return Verdict("collect", row, approval)
+                    return Verdict(Action.COLLECT, row, approval)
             # 2. a run executing under a live hold; 3. one a dead process left running
             for row, _run in open_rows:
                 if row.holder is not None and (row.held_until or 0) > now:
-                    return Verdict("in_progress", row)
+                    return Verdict(Action.IN_PROGRESS, row)
                 held = self._hold(connection, row.run_id, now)
-                return Verdict("take_over", held)
+                return Verdict(Action.TAKE_OVER, held)
             # 4. rejected / cancelled / expired; 5. duplicate — within the window
             recent = [
                 row
@@ -225,12 +252,12 @@ class CallIndex:
                 and row.settled_at >= now - repeat_window
             ]
             for row in recent:
-                if row.outcome in (REJECTED, CANCELLED):
-                    return Verdict("rejected", row, self.store.latest_approval(row.run_id))
-                if row.outcome == EXPIRED:
-                    return Verdict("expired", row)
+                if row.outcome in (Settled.REJECTED, Settled.CANCELLED):
+                    return Verdict(Action.REJECTED, row, self.store.latest_approval(row.run_id))
+                if row.outcome == Settled.EXPIRED:
+                    return Verdict(Action.EXPIRED, row)
                 if row.mutating and row.outcome in EXECUTED:
-                    return Verdict("duplicate", row)
+                    return Verdict(Action.DUPLICATE, row)
             # 6. another mutating call to this tool has an unknown outcome
             if mutating:
                 for row in self._rows(
@@ -240,9 +267,9 @@ class CallIndex:
                     (self.session, tool),
                 ):
                     if not self.store.get_run(row.run_id).status.terminal:
-                        return Verdict("blocked", row)
+                        return Verdict(Action.BLOCKED, row)
             if may_need_approval and self._pending_count(connection) >= max_pending:
-                return Verdict("too_many_pending")
+                return Verdict(Action.TOO_MANY_PENDING)
             # 7. a new run
             connection.execute(
                 "INSERT INTO proxy_calls (run_id, session, call_key, tool, mutating, created_at,"
@@ -251,7 +278,7 @@ class CallIndex:
                  now + self.hold_ttl),
             )  # fmt: skip
             created = self._one(connection, run_id)
-        return Verdict("new", created)
+        return Verdict(Action.NEW, created)
 
     def _pending_count(self, connection: sqlite3.Connection) -> int:
         count = 0
@@ -324,7 +351,7 @@ class CallIndex:
                 "UPDATE proxy_calls SET unknown_outcome = 1 WHERE run_id = ?", (run_id,)
             )
 
-    def settle(self, run_id: str, outcome: str) -> CallRow:
+    def settle(self, run_id: str, outcome: Settled) -> CallRow:
         now = time.time()
         with self.store.transaction() as connection:
             connection.execute(
