@@ -205,18 +205,41 @@ class Gate:
 
     @asynccontextmanager
     async def lease(self, run_id: str) -> AsyncIterator[None]:
-        """Hold the run's lease (renewed in the background) for a loop around it."""
+        """Hold the run's lease (renewed in the background) for a loop around it.
+
+        On the way out the lease is released, so another process may resume
+        the run at once rather than after the lease's time runs out.
+        """
         now = time.time()
         with self.store.transaction() as connection:
             run = self.store.get_run(run_id)
             if not run.status.terminal:
                 self._acquire_lease(connection, run, now)
+        failure: BaseException | None = None
         async with anyio.create_task_group() as group:
             group.start_soon(self._heartbeat, run_id)
             try:
                 yield
+            except BaseException as exc:
+                # Re-raised below, outside the task group, so the caller sees
+                # the loop's own exception rather than an ExceptionGroup.
+                failure = exc
             finally:
                 group.cancel_scope.cancel()
+        self._release_lease(run_id)
+        if failure is not None:
+            raise failure
+
+    def _release_lease(self, run_id: str) -> None:
+        try:
+            with self.store.transaction() as connection:
+                connection.execute(
+                    "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL"
+                    " WHERE run_id = ? AND lease_owner = ?",
+                    (run_id, self.owner),
+                )
+        except sqlite3.Error:
+            pass  # the lease then simply expires
 
     async def _heartbeat(self, run_id: str) -> None:
         while True:

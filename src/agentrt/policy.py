@@ -110,7 +110,11 @@ def default_presentation(request: ToolRequest) -> dict[str, Any]:
         if isinstance(path, str):
             presentation["path"] = path
         if isinstance(content, str):
-            presentation["lines"] = len(content.splitlines())
+            # Count "\n" only: splitlines() also breaks at U+2028, \x0b, \x85...,
+            # which would let a model make the shown count differ from the file's.
+            presentation["lines"] = content.count("\n") + (
+                0 if not content or content.endswith("\n") else 1
+            )
             presentation["bytes"] = len(content.encode("utf-8"))
             presentation["preview"] = content[:_PREVIEW_CHARS]
         presentation["arguments"] = arguments

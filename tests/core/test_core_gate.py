@@ -502,3 +502,36 @@ async def test_observers_see_events_only_after_commit(db: Path) -> None:
     assert "\\u202e" in text.getvalue()
     records = [json.loads(line) for line in lines.getvalue().splitlines()]
     assert [record["type"] for record in records][:2] == ["run_started", "step_recorded"]
+
+
+async def test_driver_raises_the_agents_own_error_and_releases_the_lease(db: Path) -> None:
+    from agentrt import AgentrtError
+
+    class Unreachable(AgentrtError):
+        pass
+
+    class Failing:
+        async def decide(self, step_input: object) -> Decision:
+            raise Unreachable("the model endpoint is down")
+
+    store = open_store(db)
+    gate = Gate(store, [RecordingTool("read", SideEffect.READ_ONLY)], lease_ttl=60)
+    with pytest.raises(Unreachable):
+        await Driver(gate, Failing()).run("x", run_id="resumable")
+    run = store.get_run("resumable")
+    assert run.status is RunStatus.RUNNING and run.lease_owner is None
+    # Another process may pick the run up at once, not after the lease's 60 s.
+    other = Gate(open_store(db), [RecordingTool("read", SideEffect.READ_ONLY)])
+    result = await Driver(other, ScriptAgent([Decision.complete("done")])).resume("resumable")
+    assert result.status is RunStatus.COMPLETED
+
+
+async def test_presentation_line_count_counts_newlines_only(db: Path) -> None:
+    write = RecordingTool("write", SideEffect.LOCAL_MUTATION)
+    store = open_store(db)
+    gate = Gate(store, [write], policy=approval_policy())
+    run_id = await gate.start("x")
+    args = json.dumps({"path": "a", "content": "one\u2028two\x0bthree\x85four\nfive"})
+    outcome = await gate.step(run_id, Decision.tool_call("write", args))
+    assert outcome.approval is not None
+    assert outcome.approval.presentation["lines"] == 2
