@@ -308,27 +308,42 @@ async def _sse_data(response: httpx2.Response, server: Server) -> AsyncIterator[
     stream is dropped, as the SSE standard says.
     """
     _refuse_declared_length(response, server)
-    buffer = bytearray()
+    events = _SSEEvents()
     total = 0
-    data_lines: list[bytes] = []
-    event_type = b""
     async for chunk in response.aiter_bytes():
         total += len(chunk)
         if total > MAX_RESPONSE_BODY_BYTES:
             raise _too_large(server)
-        buffer += chunk
+        for data in events.feed(chunk, final=False):
+            yield data
+    for data in events.feed(b"", final=True):
+        yield data
+
+
+class _SSEEvents:
+    """An incremental SSE parser over bytes (the subset MCP uses: `event` and `data`)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._data_lines: list[bytes] = []
+        self._event_type = b""
+
+    def feed(self, chunk: bytes, *, final: bool) -> list[bytes]:
+        """Add `chunk`; return the data of every `message` event it completes."""
+        self._buffer += chunk
+        completed: list[bytes] = []
         while True:
-            line_end = _line_end(buffer)
+            line_end = _line_end(self._buffer, final=final)
             if line_end is None:
-                break
+                return completed
             end, after = line_end
-            line = bytes(buffer[:end])
-            del buffer[:after]
+            line = bytes(self._buffer[:end])
+            del self._buffer[:after]
             if not line:
-                if data_lines and event_type in (b"", b"message"):
-                    yield b"\n".join(data_lines)
-                data_lines = []
-                event_type = b""
+                if self._data_lines and self._event_type in (b"", b"message"):
+                    completed.append(b"\n".join(self._data_lines))
+                self._data_lines = []
+                self._event_type = b""
                 continue
             if line.startswith(b":"):
                 continue
@@ -336,19 +351,20 @@ async def _sse_data(response: httpx2.Response, server: Server) -> AsyncIterator[
             if value.startswith(b" "):
                 value = value[1:]
             if name == b"data":
-                data_lines.append(value)
+                self._data_lines.append(value)
             elif name == b"event":
-                event_type = value
+                self._event_type = value
 
 
-def _line_end(buffer: bytearray) -> tuple[int, int] | None:
+def _line_end(buffer: bytearray, *, final: bool) -> tuple[int, int] | None:
     """Where the first line in `buffer` ends and the next begins, or None if incomplete."""
     newline = buffer.find(b"\n")
     carriage = buffer.find(b"\r")
     if carriage < 0 or (0 <= newline < carriage):
         return None if newline < 0 else (newline, newline + 1)
     if carriage + 1 == len(buffer):
-        return None  # a CR at the end may be the first half of CRLF
+        # A CR at the end may be the first half of CRLF, unless nothing follows.
+        return (carriage, carriage + 1) if final else None
     if buffer[carriage + 1] == ord("\n"):
         return carriage, carriage + 2
     return carriage, carriage + 1
