@@ -107,11 +107,11 @@ class HttpTransport:
             async with self.client.stream(
                 "POST", self.url, content=message, headers=self._headers()
             ) as response:
-                self._refuse_redirect(response, "a notification")
+                self._refuse_redirect(response, "a notification or answer")
                 if response.status_code >= 400:
                     raise ProtocolViolation(
                         self.server.name,
-                        f'server "{self._name()}" refused a notification with HTTP '
+                        f'server "{self._name()}" refused a notification or answer with HTTP '
                         f"{response.status_code}",
                     )
                 await _read_capped(response, self.server)
