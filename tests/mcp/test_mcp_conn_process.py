@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import anyio
@@ -299,3 +300,31 @@ async def test_a_server_flooding_stderr_never_blocks_and_only_the_tail_is_kept()
     tail = connection.stderr_tail().replace("\\x0a", "\n")
     assert len(tail) + len("\n") == _stdio.STDERR_TAIL_BYTES  # the last newline is stripped
     assert tail.startswith("eeee")
+
+
+async def test_connections_leave_no_descriptors_threads_or_children_behind() -> None:
+    async def open_and_close() -> None:
+        connection = await connect(stdio_server())
+        await connection.call_tool("ok", "{}", timeout=5)
+        await connection.aclose()
+
+    await open_and_close()  # warm up: worker threads and imports that stay by design
+    descriptors = len(os.listdir("/proc/self/fd"))
+    threads = {thread.ident for thread in threading.enumerate()}
+    for _ in range(10):
+        await open_and_close()
+    assert len(os.listdir("/proc/self/fd")) == descriptors
+    assert {thread.ident for thread in threading.enumerate()} <= threads | _worker_threads()
+    assert not _children()
+
+
+def _worker_threads() -> set[int | None]:
+    # anyio keeps idle worker threads for a while; they are not ours to count.
+    return {
+        thread.ident for thread in threading.enumerate() if thread.name.startswith("AnyIO worker")
+    }
+
+
+def _children() -> list[str]:
+    children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+    return children.read_text().split() if children.exists() else []
