@@ -52,7 +52,11 @@ class Host:
     def close(self) -> tuple[int, str]:
         assert self.process.stdin and self.process.stderr
         self.process.stdin.close()
-        code = self.process.wait(timeout=60)
+        try:
+            code = self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
         return code, self.process.stderr.read()
 
 
@@ -78,6 +82,7 @@ def test_a_call_held_by_the_proxy_runs_once_approved_with_the_command(tmp_path: 
                         "name": "things",
                         "command": [sys.executable, str(SERVER_SCRIPT), str(marks)],
                         "manifest": "things.manifest.json",
+                        "connect_timeout": "60s",
                         "rules": {
                             "write_thing": {
                                 "side_effect": "local_mutation",
@@ -127,10 +132,14 @@ def test_a_call_held_by_the_proxy_runs_once_approved_with_the_command(tmp_path: 
 
         second = host.request("tools/call", call)
         assert second.get("isError") is not True, second
+        assert second["content"][0]["text"] == "done", second
         calls = (marks / "calls").read_text().splitlines()
         assert [json.loads(line)["arguments"] for line in calls] == [{"id": "a", "text": "hello"}]
-    finally:
-        code, stderr = host.close()
+    except Exception as failure:
+        # What the proxy logged is what explains a failure here; keep it.
+        _, stderr = host.close()
+        raise AssertionError(f"{failure!r}\n--- proxy stderr ---\n{stderr}") from failure
+    code, stderr = host.close()
     assert code == 0, stderr
     # The line the proxy writes for the operator is the command that decided it.
     assert f"agentrt --db {database} approve {run_id} --approval {approval_id}" in stderr
