@@ -50,7 +50,14 @@ async def test_the_inspector_cli_lists_and_calls_through_the_proxy(setup: ProxyS
     listing = inspector(setup, "--method", "tools/list")
     assert listing.returncode == 0, listing.stderr
     names = {tool["name"] for tool in json.loads(listing.stdout)["tools"]}
-    assert names == {"gate_status", "up_echo", "up_fail", "up_send_mail", "up_write_note"}
+    assert names == {
+        "gate_status",
+        "up_crash",
+        "up_echo",
+        "up_fail",
+        "up_send_mail",
+        "up_write_note",
+    }
     called = inspector(
         setup, "--method", "tools/call", "--tool-name", "up_echo", "--tool-arg", "text=hi there"
     )

@@ -164,3 +164,23 @@ async def test_garbage_from_the_host_costs_only_that_line(tmp_path: Path) -> Non
     assert result_text(bidi).startswith("INVALID: ")
     assert "\u202e" not in result_text(bidi)
     assert setup.executions() == []
+
+
+async def test_calls_from_one_host_are_handled_concurrently(tmp_path: Path) -> None:
+    setup = await build_setup(tmp_path, rules=SLOW_RULES)
+    finished: list[str] = []
+    async with host(setup) as session:
+
+        async def slow() -> None:
+            await session.call_tool("up_write_note", {"note": "slow", "seconds": 2})
+            finished.append("slow")
+
+        async def quick() -> None:
+            await until(lambda: len(setup.started()) == 1)
+            await session.call_tool("up_echo", {"text": "quick"})
+            finished.append("quick")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(slow)
+            group.start_soon(quick)
+    assert finished == ["quick", "slow"]

@@ -16,7 +16,14 @@ async def test_the_host_sees_only_loaded_tools_and_one_gate_status(setup: ProxyS
     async with host(setup) as session:
         listing = await session.list_tools()
     names = sorted(tool.name for tool in listing.tools)
-    assert names == ["gate_status", "up_echo", "up_fail", "up_send_mail", "up_write_note"]
+    assert names == [
+        "gate_status",
+        "up_crash",
+        "up_echo",
+        "up_fail",
+        "up_send_mail",
+        "up_write_note",
+    ]
     status = next(tool for tool in listing.tools if tool.name == "gate_status")
     assert "never runs" in (status.description or "")
     assert "already taken" in setup.stderr()

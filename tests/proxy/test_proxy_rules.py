@@ -84,3 +84,20 @@ async def test_the_same_arguments_in_another_key_order_are_the_same_call(tmp_pat
     assert text_of(first).startswith("PENDING_APPROVAL: ")
     assert text_of(second).startswith("PENDING_APPROVAL: ")
     assert len(setup.waiting_commands()) == 1
+
+
+async def test_a_server_dying_mid_call_leaves_an_unknown_outcome_and_the_proxy_serving(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(tmp_path)
+    async with host(setup) as session:
+        crashed = await session.call_tool("up_crash", {"target": "prod"})
+        assert text_of(crashed).startswith("UNKNOWN_OUTCOME: ")
+        blocked = await session.call_tool("up_crash", {"target": "staging"})
+        assert text_of(blocked).startswith("BLOCKED: ")
+        gone = await session.call_tool("up_echo", {"text": "anyone?"})
+        assert gone.is_error is True
+        assert not text_of(gone).startswith(("DUPLICATE", "PENDING"))
+        status = await session.call_tool("gate_status", {})
+    assert "up_crash" in text_of(status)
+    assert len([line for line in setup.started() if "crash" in line]) == 1
