@@ -686,8 +686,8 @@ def _check_version(connection: sqlite3.Connection, label: str, *, allow_older: b
         if version == 0:
             raise StoreError(f"{sanitize(label)} is not an agentrt database (no schema)")
         raise StoreError(
-            f"database {sanitize(label)} has schema {version}; open it once with a writing "
-            f"command of this build to migrate it to {SCHEMA_VERSION}"
+            f"database {sanitize(label)} has schema {version}; open it once with the program "
+            f"that owns it (or `agentrt proxy`/`agentrt demo`) to migrate it to {SCHEMA_VERSION}"
         )
 
 
