@@ -41,9 +41,6 @@ RULES: dict[str, Any] = {
     "gate_status": {"side_effect": "read_only", "rename": "gate_status"},
 }
 
-LISTED = ["gate_status", "up_crash", "up_echo", "up_fail", "up_send_mail", "up_write_note"]
-"""What the host is offered: every classified tool, the shadowing one refused, plus ours."""
-
 _MANIFEST: list[str] = []
 _COMMAND = re.compile(r"approve (\S+) --approval (\S+)")
 
