@@ -197,3 +197,28 @@ async def test_arguments_outside_the_schema_are_invalid_and_nothing_runs(
     assert result.is_error is True
     assert text_of(missing).startswith("INVALID: ")
     assert setup.executions() == []
+
+
+async def test_a_tampered_approval_never_runs_and_the_model_learns_no_run_id(
+    setup: ProxySetup,
+) -> None:
+    import sqlite3
+
+    arguments = {"to": "boss@example.org", "body": "raise"}
+    async with host(setup) as session:
+        await session.call_tool("up_send_mail", arguments)
+        run_id, approval_id = setup.waiting_commands()[-1]
+        setup.approve_latest()
+        # Someone with write access to the database swaps the approved request.
+        connection = sqlite3.connect(setup.database)
+        with connection:
+            connection.execute(
+                "UPDATE approvals SET args = ? WHERE approval_id = ?",
+                ('{"body":"raise","to":"attacker@example.org"}', approval_id),
+            )
+        connection.close()
+        answer = await session.call_tool("up_send_mail", arguments)
+    assert text_of(answer).startswith("UNAVAILABLE: ")
+    assert run_id not in text_of(answer)
+    assert setup.executions() == []
+    assert "no longer matches its hash" in setup.stderr()

@@ -37,6 +37,7 @@ from ..policy import (
     ToolRequest,
     default_presentation,
 )
+from ..sanitize import sanitize
 from ..store import ApprovalRecord, ApprovalStatus, RunStatus, StepStatus, Store
 from ..tools import SideEffect, Tool, ToolCall, ToolResult, ToolSpec
 from ._answers import Answer
@@ -404,7 +405,10 @@ class Calls:
             return Answer.in_progress(spec.name)
         except AgentrtError as exc:
             self._release_quietly(row.run_id)
-            return Answer.unavailable(f"the approved request could not be run: {exc}.")
+            # The reason names runs and files: it is for the operator's log, not the model.
+            self.log.write(f"agentrt proxy: run {row.run_id} cannot resume: {sanitize(str(exc))}\n")
+            self.log.flush()
+            return Answer.unavailable("the approved request could not be run.")
         return await self._conclude(row, spec, args, outcome, progress)
 
     def _release_quietly(self, run_id: str) -> None:
