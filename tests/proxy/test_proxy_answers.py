@@ -1,0 +1,55 @@
+"""The answers' fixed prefixes, their isError flags, and what they never say."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrt.proxy import Prefix
+from agentrt.proxy._answers import Answer
+
+NOT_ERRORS = {"PENDING_APPROVAL", "IN_PROGRESS", "INTERRUPTED", "UNKNOWN_OUTCOME", "UNRECORDED"}
+ERRORS = {"DENIED", "INVALID", "REJECTED", "EXPIRED", "DUPLICATE", "BLOCKED", "UNAVAILABLE"}
+
+
+def every_answer() -> list[Answer]:
+    return [
+        Answer.pending("t", "a1"),
+        Answer.interrupted("t", "a1"),
+        Answer.unknown_outcome("t", "a1"),
+        Answer.in_progress("t"),
+        Answer.unrecorded(),
+        Answer.denied("t", "no"),
+        Answer.invalid("t", "bad"),
+        Answer.rejected("t", "note"),
+        Answer.expired("t"),
+        Answer.duplicate("t", 0.0, True),
+        Answer.blocked("t"),
+        Answer.unavailable("busy."),
+    ]
+
+
+def test_every_prefix_is_an_error_exactly_when_the_spec_says() -> None:
+    assert {str(prefix) for prefix in Prefix} == NOT_ERRORS | ERRORS
+    for answer in every_answer():
+        assert answer.prefix is not None
+        assert answer.text.startswith(f"{answer.prefix}: ")
+        assert answer.is_error is (str(answer.prefix) in ERRORS)
+
+
+@pytest.mark.parametrize("answer", every_answer(), ids=lambda answer: str(answer.prefix))
+def test_no_answer_names_the_operator_command_or_the_database(answer: Answer) -> None:
+    for word in ("agentrt ", "--db", "--approval", ".db", "run id", "database", "config"):
+        assert word not in answer.text
+
+
+def test_model_and_server_text_in_prose_is_escaped_and_bounded() -> None:
+    hostile = "\x1b[31m" + "\u202e" + "x" * 50_000
+    for answer in (Answer.rejected("t", hostile), Answer.invalid(hostile, hostile)):
+        assert "\x1b" not in answer.text and "\u202e" not in answer.text
+        assert len(answer.text) < 3_000
+
+
+def test_a_result_that_is_a_json_string_is_given_as_its_text() -> None:
+    assert Answer.result('"hello\\nworld"').text == "hello\nworld"
+    assert Answer.result('{"b":1,"a":[2]}').text == '{"b":1,"a":[2]}'
+    assert Answer.result('"x"').is_error is False
