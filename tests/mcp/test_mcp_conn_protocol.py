@@ -308,3 +308,28 @@ async def test_close_while_a_write_is_blocked_fails_the_call_cleanly(short_grace
             await anyio.sleep(0.3)
             await connection.aclose()
     assert len(errors) == 1
+
+
+async def test_a_server_that_writes_before_it_reads_does_not_deadlock_a_big_request() -> None:
+    # The server fills its stdout (300 KB) before reading again; our 300 KB
+    # request fills its stdin.  Each side would wait for the other forever.
+    connection = await _connected({"flood_after_handshake": 300_000})
+    try:
+        with anyio.fail_after(10):
+            result = await connection.call_tool("echo", _BIG_ARGUMENTS, timeout=10)
+    finally:
+        await connection.aclose()
+    assert _BIG_ARGUMENTS in result["content"][0]["text"]
+
+
+async def test_what_a_server_writes_while_a_request_waits_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_stdio, "MAX_LINE_BYTES", 50_000)
+    connection = await _connected({"flood_after_handshake": 300_000})
+    try:
+        with anyio.fail_after(10), pytest.raises(ProtocolViolation) as caught:
+            await connection.call_tool("echo", _BIG_ARGUMENTS, timeout=10)
+    finally:
+        await connection.aclose()
+    assert "wrote more than 100000 bytes without reading its stdin" in str(caught.value)

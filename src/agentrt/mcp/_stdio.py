@@ -55,6 +55,7 @@ GRACE_AFTER_SIGTERM: Final = 2.0
 REAP_AFTER_SIGKILL: Final = 2.0
 _EXIT_POLL_INTERVAL: Final = 0.01
 _EXIT_STATUS_WAIT: Final = 0.5
+_WRITE_POLL_INTERVAL: Final = 0.01
 _READ_CHUNK: Final = 64 * 1024
 
 # Variables a program needs to find its interpreter and a place to write.
@@ -207,7 +208,12 @@ class StdioTransport:
                     try:
                         written += os.write(self.stdin_fd, data[written:])
                     except BlockingIOError:
-                        await anyio.wait_writable(self.stdin_fd)
+                        # A server that writes before it reads would deadlock with us:
+                        # its stdout full, its stdin (our write) full.  Keep taking what
+                        # it wrote while we wait for room.
+                        self._take_available_stdout()
+                        with anyio.move_on_after(_WRITE_POLL_INTERVAL):
+                            await anyio.wait_writable(self.stdin_fd)
             except (anyio.ClosedResourceError, OSError):
                 raise self._break(
                     ConnectionClosed(
@@ -226,6 +232,30 @@ class StdioTransport:
                         )
                     )
                 raise
+
+    def _take_available_stdout(self) -> None:
+        """Move whatever stdout holds now into the line buffer, without waiting."""
+        took = False
+        while self._stdout_open:
+            try:
+                chunk = os.read(self.stdout_fd, _READ_CHUNK)
+            except OSError:  # BlockingIOError included: nothing more for now
+                break
+            if not chunk:
+                break  # end of file: the reader will meet it again
+            self._buffer += chunk
+            took = True
+            if len(self._buffer) > 2 * MAX_LINE_BYTES:
+                raise self._break(
+                    ProtocolViolation(
+                        self.server.name,
+                        f'server "{self._name()}" wrote more than {2 * MAX_LINE_BYTES} bytes '
+                        "without reading its stdin, so the connection is closed",
+                    )
+                )
+        if took and self._read_scope is not None:
+            # The reader waits for new bytes; the lines it needs may be in the buffer now.
+            self._read_scope.cancel()
 
     # -- receiving -------------------------------------------------------------
 

@@ -10,6 +10,8 @@ or the JSON text itself.  Every member is optional:
 - "stderr_flood": n; n bytes written to stderr at start (a server that
   would block on a full pipe if nobody drained it).
 - "deaf_after_handshake": true; stop reading stdin once initialized.
+- "flood_after_handshake": n; once initialized, write about n bytes of
+  notifications before reading stdin again (a server that writes first).
 - "ignore_sigterm": true; "ignore_eof": true (stay alive after stdin closes).
 - "grandchild": path; a grandchild (a sleeping Python process in the same
   process group, stdio on /dev/null) is started and its pid written there.
@@ -233,6 +235,11 @@ def main() -> None:
             continue
         _handle(scenario, message, raw_line.rstrip(b"\n"))
         initialized = message.get("method") == "notifications/initialized"
+        if initialized and "flood_after_handshake" in scenario:
+            # Write first, read later: blocks on a full stdout until the client reads.
+            note = '{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"%s"}}'
+            for _ in range(scenario["flood_after_handshake"] // 1000):
+                _write((note % ("f" * 920)).encode())
         if initialized and scenario.get("deaf_after_handshake"):
             while True:  # never reads stdin again: the client's writes fill the pipe
                 time.sleep(60)
