@@ -318,3 +318,23 @@ async def test_http_404_after_the_session_began_closes_it() -> None:
         finally:
             await connection.aclose()
     assert str(caught.value) == 'server "remote" no longer knows this session (HTTP 404)'
+
+
+async def test_http_client_factory_handing_out_one_client_twice_is_refused() -> None:
+    shared = httpx2.AsyncClient()
+    with hostile_http() as url:
+        server = Server(name="remote", endpoint=url, http_client_factory=lambda: shared)
+        first = await connect(server)
+        try:
+            with pytest.raises(MCPConnectionError) as caught:
+                await connect(server)
+            assert await first.call_tool("ok", "{}", timeout=10)  # the first is unharmed
+        finally:
+            await first.aclose()
+        # Once the first connection closed it, the shared client is closed: refused too.
+        with pytest.raises(MCPConnectionError):
+            await connect(server)
+    assert str(caught.value) == (
+        'server "remote": http_client_factory returned a client that is closed or in use '
+        "by another connection; it must return a new one"
+    )

@@ -17,6 +17,7 @@ after decompression, so neither a large body nor a compression bomb is held.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -41,6 +42,10 @@ PROTOCOL_VERSION_HEADER: Final = "mcp-protocol-version"
 # for a slow tool (the call's own timeout is the real limit).
 _DEFAULT_TIMEOUT: Final = httpx2.Timeout(30.0, read=300.0)
 _CLOSE_TIMEOUT: Final = 2.0
+
+# Clients owned by open connections, only to refuse a factory that hands out
+# the same client twice.  Holds no client alive.
+_clients_in_use: Final[weakref.WeakSet[httpx2.AsyncClient]] = weakref.WeakSet()
 
 
 @dataclass(slots=True)
@@ -231,6 +236,7 @@ class HttpTransport:
                         with contextlib.suppress(httpx2.HTTPError):
                             await self.client.delete(self.url, headers=self._headers())
                 await self.client.aclose()
+                _clients_in_use.discard(self.client)
         finally:
             self._closing.set()
 
@@ -241,7 +247,8 @@ def open_http(server: Server) -> HttpTransport:
     With `http_client_factory` the client it returns is used for this
     connection alone (its headers, auth, TLS settings, timeouts and redirect
     choice) and closed with it; the factory must return a new client each
-    call.  Without one, a fresh client that follows no redirect.
+    call (a closed client, or one another open connection uses, is refused).
+    Without one, a fresh client that follows no redirect.
     """
     assert server.endpoint is not None
     if server.http_client_factory is not None:
@@ -252,8 +259,17 @@ def open_http(server: Server) -> HttpTransport:
                 f'server "{sanitize(server.name)}": http_client_factory returned '
                 f"{type(client).__name__}, not an httpx2.AsyncClient",
             )
+        if client.is_closed or client in _clients_in_use:
+            # Closing this connection closes its client: a shared one would take
+            # its other users down with it.
+            raise MCPConnectionError(
+                server.name,
+                f'server "{sanitize(server.name)}": http_client_factory returned a client '
+                "that is closed or in use by another connection; it must return a new one",
+            )
     else:
         client = httpx2.AsyncClient(follow_redirects=False, timeout=_DEFAULT_TIMEOUT)
+    _clients_in_use.add(client)
     return HttpTransport(server=server, url=server.endpoint, client=client)
 
 
