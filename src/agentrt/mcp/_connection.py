@@ -288,6 +288,8 @@ class Connection:
             with anyio.fail_after(limit):
                 answer = await self._transport.request(request_id, method, message)
         except TimeoutError:
+            if limit is None:
+                raise  # not ours: no bound was set here
             await self._send_cancelled(request_id, f"no answer within {limit:g}s")
             raise CallTimeout(
                 self.server.name,
