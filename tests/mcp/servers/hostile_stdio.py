@@ -231,8 +231,6 @@ def main() -> None:
                 _answers[str(message["id"])] = message
                 _answer_ready.notify_all()
             continue
-        if message.get("method") == "initialize" and scenario.get("initialize", {}).get("never"):
-            continue
         _handle(scenario, message, raw_line.rstrip(b"\n"))
         initialized = message.get("method") == "notifications/initialized"
         if initialized and "flood_after_handshake" in scenario:
