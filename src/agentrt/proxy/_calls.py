@@ -20,6 +20,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import IO, Any, Final
 
 import anyio
@@ -62,6 +63,20 @@ _KNOWN_OUTCOME_MARKS: Final = (
 )
 
 Progress = Callable[[float, str], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One host call being answered: its tool, canonical arguments, progress
+    callback, and the token that names this call's hold in the index."""
+
+    spec: ToolSpec
+    args: str
+    progress: Progress | None
+    token: str
+
+    def decision(self) -> Decision:
+        return Decision.tool_call(self.spec.name, self.args)
 
 
 def new_owner() -> str:
@@ -214,6 +229,7 @@ class Calls:
         key = call_key(tool, args)
         mutating = _mutating(spec)
         may_need_approval = self.policy.outcome_for(spec.side_effect) is Outcome.REQUIRE_APPROVAL
+        call = _Call(spec, args, progress, secrets.token_hex(6))
         for _attempt in range(3):
             verdict = self.index.decide(
                 run_id=self.new_run_id(),
@@ -223,14 +239,15 @@ class Calls:
                 repeat_window=self.repeat_window,
                 may_need_approval=may_need_approval,
                 max_pending=self.max_pending,
+                token=call.token,
             )
             action, row = verdict.action, verdict.row
             if action is Action.NEW:
                 assert row is not None
-                return await self._new_run(row, spec, args, progress)
+                return await self._holding(row, call, self._new_run(row, call))
             if action is Action.COLLECT:
                 assert row is not None and verdict.approval is not None
-                answer = await self._collect(row, spec, verdict.approval, progress)
+                answer = await self._collect(row, call, verdict.approval)
                 if answer is not None:
                     return answer
                 continue  # the approval moved on under us; decide again
@@ -238,7 +255,7 @@ class Calls:
                 return Answer.in_progress(tool)
             if action is Action.TAKE_OVER:
                 assert row is not None
-                return await self._take_over(row, spec, args, progress)
+                return await self._holding(row, call, self._take_over(row, call))
             if action is Action.REJECTED:
                 note = verdict.approval.note if verdict.approval is not None else ""
                 return Answer.rejected(tool, note)
@@ -256,29 +273,29 @@ class Calls:
                 )
         return Answer.in_progress(tool)
 
-    async def _new_run(
-        self, row: CallRow, spec: ToolSpec, args: str, progress: Progress | None
-    ) -> Answer:
+    async def _holding(self, row: CallRow, call: _Call, work: Awaitable[Answer]) -> Answer:
+        """Run `work` on a call this process holds; whatever happens, the hold ends with it
+        (the heartbeat would otherwise keep a failed call IN_PROGRESS for ever)."""
         try:
-            await self.gate.start(
-                f"proxy call to {spec.name}",
-                run_id=row.run_id,
-                metadata={"proxy_session": self.session, "call_key": row.call_key},
-            )
-            outcome = await self.gate.step(row.run_id, Decision.tool_call(spec.name, args))
-        except BaseException:
-            self._release_quietly(row.run_id)
-            raise
-        return await self._conclude(row, spec, args, outcome, progress)
+            return await work
+        finally:
+            self._release_quietly(row.run_id, call.token)
 
-    async def _take_over(
-        self, row: CallRow, spec: ToolSpec, args: str, progress: Progress | None
-    ) -> Answer:
+    async def _new_run(self, row: CallRow, call: _Call) -> Answer:
+        await self.gate.start(
+            f"proxy call to {call.spec.name}",
+            run_id=row.run_id,
+            metadata={"proxy_session": self.session, "call_key": row.call_key},
+        )
+        outcome = await self.gate.step(row.run_id, call.decision())
+        return await self._conclude(row, call, outcome)
+
+    async def _take_over(self, row: CallRow, call: _Call) -> Answer:
         try:
             outcome = await self.gate.resume(row.run_id)
         except RunStateError:
-            self._release_quietly(row.run_id)
-            return Answer.in_progress(spec.name)
+            self._release_quietly(row.run_id, call.token)
+            return Answer.in_progress(call.spec.name)
         if outcome.reason == "taken_over":
             # The dead process recorded the step's end but not the run's: finish from it.
             last = self.store.last_steps(row.run_id, 1)
@@ -288,42 +305,35 @@ class Calls:
                 observation = Observation(step.step, step.tool, step.args, kind, step.content or "")
                 outcome = StepOutcome(row.run_id, RunStatus.RUNNING, observation, reason=kind)
             else:
-                outcome = await self.gate.step(row.run_id, Decision.tool_call(spec.name, args))
-        return await self._conclude(row, spec, args, outcome, progress)
+                outcome = await self.gate.step(row.run_id, call.decision())
+        return await self._conclude(row, call, outcome)
 
-    async def _conclude(
-        self,
-        row: CallRow,
-        spec: ToolSpec,
-        args: str,
-        outcome: StepOutcome,
-        progress: Progress | None,
-    ) -> Answer:
+    async def _conclude(self, row: CallRow, call: _Call, outcome: StepOutcome) -> Answer:
         """Turn what the gate did into an answer, ending the run when the call is over."""
         run_id = row.run_id
         for _round in range(4):
             if outcome.status is RunStatus.WAITING_FOR_APPROVAL and outcome.approval is not None:
                 self.announce(outcome.approval)
-                self.index.release(run_id)
+                self.index.release(run_id, call.token)
                 if outcome.approval.kind == UNKNOWN_OUTCOME:
-                    return Answer.unknown_outcome(spec.name, outcome.approval.approval_id)
-                answer = await self._collect(row, spec, outcome.approval, progress)
-                return answer if answer is not None else Answer.in_progress(spec.name)
+                    return Answer.unknown_outcome(call.spec.name, outcome.approval.approval_id)
+                answer = await self._collect(row, call, outcome.approval)
+                return answer if answer is not None else Answer.in_progress(call.spec.name)
             if outcome.status is RunStatus.CANCELLED:
                 settled = self.index.settle_if_ended(run_id)
                 if settled is not None and settled.outcome == Settled.EXPIRED:
-                    return Answer.expired(spec.name)
+                    return Answer.expired(call.spec.name)
                 approval = self.store.latest_approval(run_id)
-                return Answer.rejected(spec.name, approval.note if approval else "")
+                return Answer.rejected(call.spec.name, approval.note if approval else "")
             if outcome.status is RunStatus.FAILED:
                 self.index.settle_if_ended(run_id)
-                return Answer.denied(spec.name, outcome.reason)
+                return Answer.denied(call.spec.name, outcome.reason)
             if outcome.status is RunStatus.COMPLETED:
                 self.index.settle(run_id, Settled.RESULT)
                 return Answer.result(outcome.result or "")
             observation = outcome.observation
             if observation is None:
-                outcome = await self.gate.step(run_id, Decision.tool_call(spec.name, args))
+                outcome = await self.gate.step(run_id, call.decision())
                 continue
             kind = observation.kind
             if kind == "result":
@@ -332,13 +342,13 @@ class Calls:
                 return Answer.result(observation.content)
             if kind == "interrupted":
                 # A read-only call cut off by a dead process simply runs again.
-                outcome = await self.gate.step(run_id, Decision.tool_call(spec.name, args))
+                outcome = await self.gate.step(run_id, call.decision())
                 continue
             if kind == "tool_error":
-                if (run_id, observation.step) in self.cut_off and _mutating(spec):
+                if (run_id, observation.step) in self.cut_off and _mutating(call.spec):
                     self.cut_off.discard((run_id, observation.step))
                     self.index.mark_unknown_outcome(run_id)
-                    outcome = await self.gate.step(run_id, Decision.tool_call(spec.name, args))
+                    outcome = await self.gate.step(run_id, call.decision())
                     continue
                 self.cut_off.discard((run_id, observation.step))
                 await self.gate.step(run_id, Decision.fail("tool_error"))
@@ -347,20 +357,14 @@ class Calls:
             if kind == "denied":
                 await self.gate.step(run_id, Decision.fail("denied"))
                 self.index.settle(run_id, Settled.DENIED)
-                return Answer.denied(spec.name, observation.content)
+                return Answer.denied(call.spec.name, observation.content)
             await self.gate.step(run_id, Decision.fail("invalid"))
             self.index.settle(run_id, Settled.INVALID)
-            return Answer.invalid(spec.name, observation.content)
-        self._release_quietly(run_id)
-        return Answer.in_progress(spec.name)
+            return Answer.invalid(call.spec.name, observation.content)
+        self._release_quietly(run_id, call.token)
+        return Answer.in_progress(call.spec.name)
 
-    async def _collect(
-        self,
-        row: CallRow,
-        spec: ToolSpec,
-        approval: ApprovalRecord,
-        progress: Progress | None,
-    ) -> Answer | None:
+    async def _collect(self, row: CallRow, call: _Call, approval: ApprovalRecord) -> Answer | None:
         """Hold a call on its waiting approval, up to `hold`; None if it moved on meanwhile."""
         self.announce(approval)
         deadline = time.monotonic() + self.hold
@@ -372,49 +376,50 @@ class Calls:
                 and current.expires_at is not None
                 and time.time() >= current.expires_at
             ):
-                return await self._resume(row, spec, current.args, progress)
+                return await self._resume(row, call)
             if current.status is ApprovalStatus.REJECTED:
                 self.index.settle_if_ended(row.run_id)
-                return Answer.rejected(spec.name, current.note)
+                return Answer.rejected(call.spec.name, current.note)
             if current.status is ApprovalStatus.EXPIRED:
                 self.index.settle_if_ended(row.run_id)
-                return Answer.expired(spec.name)
+                return Answer.expired(call.spec.name)
             if current.status is not ApprovalStatus.PENDING:
                 return None
             now = time.monotonic()
             if now >= deadline or self.closing.is_set():
-                return _waiting_answer(spec.name, current)
-            if progress is not None and now >= next_progress:
+                return _waiting_answer(call.spec.name, current)
+            if call.progress is not None and now >= next_progress:
                 next_progress = now + _PROGRESS_SECONDS
-                await progress(now - (deadline - self.hold), "waiting for a person's approval")
+                await call.progress(now - (deadline - self.hold), "waiting for a person's approval")
             with anyio.move_on_after(min(_POLL_SECONDS, deadline - now)):
                 await self.closing.wait()
 
-    async def _resume(
-        self, row: CallRow, spec: ToolSpec, args: str, progress: Progress | None
-    ) -> Answer:
-        if not self.index.try_hold(row.run_id):
-            return Answer.in_progress(spec.name)
+    async def _resume(self, row: CallRow, call: _Call) -> Answer:
+        if not self.index.try_hold(row.run_id, call.token):
+            return Answer.in_progress(call.spec.name)
+        return await self._holding(row, call, self._resume_held(row, call))
+
+    async def _resume_held(self, row: CallRow, call: _Call) -> Answer:
         try:
             outcome = await self.gate.resume(row.run_id)
         except RunStateError:
-            self._release_quietly(row.run_id)
+            self._release_quietly(row.run_id, call.token)
             settled = self.index.settle_if_ended(row.run_id)
             if settled is not None and settled.settled:
-                return _settled_answer(spec.name, settled, self.store)
-            return Answer.in_progress(spec.name)
+                return _settled_answer(call.spec.name, settled, self.store)
+            return Answer.in_progress(call.spec.name)
         except AgentrtError as exc:
-            self._release_quietly(row.run_id)
+            self._release_quietly(row.run_id, call.token)
             # The reason names runs and files: it is for the operator's log, not the model.
             self.log.write(f"agentrt proxy: run {row.run_id} cannot resume: {sanitize(str(exc))}\n")
             self.log.flush()
             return Answer.unavailable("the approved request could not be run.")
-        return await self._conclude(row, spec, args, outcome, progress)
+        return await self._conclude(row, call, outcome)
 
-    def _release_quietly(self, run_id: str) -> None:
+    def _release_quietly(self, run_id: str, token: str) -> None:
         # A hold that cannot be released lapses by itself.
         with contextlib.suppress(Exception):
-            self.index.release(run_id)
+            self.index.release(run_id, token)
 
 
 def _waiting_answer(tool: str, approval: ApprovalRecord) -> Answer:

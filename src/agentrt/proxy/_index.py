@@ -212,6 +212,7 @@ class CallIndex:
         repeat_window: float,
         may_need_approval: bool,
         max_pending: int,
+        token: str,
     ) -> Verdict:
         """Apply the seven rules to a call, atomically; `new` and `take_over` hold the row."""
         now = time.time()
@@ -241,7 +242,7 @@ class CallIndex:
             for row, _run in open_rows:
                 if row.holder is not None and (row.held_until or 0) > now:
                     return Verdict(Action.IN_PROGRESS, row)
-                held = self._hold(connection, row.run_id, now)
+                held = self._hold(connection, row.run_id, now, token)
                 return Verdict(Action.TAKE_OVER, held)
             # 4. rejected / cancelled / expired; 5. duplicate — within the window
             recent = [
@@ -274,7 +275,7 @@ class CallIndex:
             connection.execute(
                 "INSERT INTO proxy_calls (run_id, session, call_key, tool, mutating, created_at,"
                 " holder, held_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, self.session, key, tool, int(mutating), now, self.holder,
+                (run_id, self.session, key, tool, int(mutating), now, self._holder(token),
                  now + self.hold_ttl),
             )  # fmt: skip
             created = self._one(connection, run_id)
@@ -304,36 +305,40 @@ class CallIndex:
             " held_until = NULL WHERE run_id = ?",
             (outcome, settled_at, row.run_id),
         )
-        return self._rows(connection, "SELECT * FROM proxy_calls WHERE run_id = ?", (row.run_id,))[
-            0
-        ]
+        return self._one(connection, row.run_id)
 
-    def _hold(self, connection: sqlite3.Connection, run_id: str, now: float) -> CallRow:
+    def _holder(self, token: str) -> str:
+        # One holder per call, not per process: two calls of this process must
+        # not release (or resume under) each other's hold.
+        return f"{self.holder}#{token}"
+
+    def _hold(self, connection: sqlite3.Connection, run_id: str, now: float, token: str) -> CallRow:
         connection.execute(
             "UPDATE proxy_calls SET holder = ?, held_until = ? WHERE run_id = ?",
-            (self.holder, now + self.hold_ttl, run_id),
+            (self._holder(token), now + self.hold_ttl, run_id),
         )
         return self._one(connection, run_id)
 
     # -- writes by the process holding a call --------------------------------
 
-    def try_hold(self, run_id: str) -> bool:
-        """Hold a call (to collect its approval) unless a live process holds it."""
+    def try_hold(self, run_id: str, token: str) -> bool:
+        """Hold a call (to run its approved request) unless a live holder has it,
+        this process's other calls included: only one of them may resume it."""
         now = time.time()
         with self.store.transaction() as connection:
             cursor = connection.execute(
                 "UPDATE proxy_calls SET holder = ?, held_until = ? WHERE run_id = ? AND settled = 0"
-                " AND (holder IS NULL OR holder = ? OR held_until <= ?)",
-                (self.holder, now + self.hold_ttl, run_id, self.holder, now),
+                " AND (holder IS NULL OR held_until <= ?)",
+                (self._holder(token), now + self.hold_ttl, run_id, now),
             )
             return cursor.rowcount == 1
 
-    def release(self, run_id: str) -> None:
+    def release(self, run_id: str, token: str) -> None:
         with self.store.transaction() as connection:
             connection.execute(
                 "UPDATE proxy_calls SET holder = NULL, held_until = NULL"
                 " WHERE run_id = ? AND holder = ?",
-                (run_id, self.holder),
+                (run_id, self._holder(token)),
             )
 
     def renew_holds(self) -> None:
@@ -341,8 +346,9 @@ class CallIndex:
         now = time.time()
         with self.store.transaction() as connection:
             connection.execute(
-                "UPDATE proxy_calls SET held_until = ? WHERE holder = ? AND settled = 0",
-                (now + self.hold_ttl, self.holder),
+                "UPDATE proxy_calls SET held_until = ?"
+                " WHERE substr(holder, 1, ?) = ? AND settled = 0",
+                (now + self.hold_ttl, len(self.holder) + 1, f"{self.holder}#"),
             )
 
     def mark_unknown_outcome(self, run_id: str) -> None:
