@@ -257,3 +257,12 @@ def test_a_configuration_behind_a_symbolic_link_is_refused(tmp_path: Path) -> No
     link.symlink_to(real)
     with pytest.raises(ConfigError, match="symbolic link"):
         load_config(link)
+
+
+def test_a_server_handed_the_operators_directory_in_its_environment_is_refused(
+    tmp_path: Path,
+) -> None:
+    document = base(tmp_path)
+    document["servers"][0]["env"] = [f"ALLOWED_ROOT={tmp_path}"]
+    with pytest.raises(ConfigError, match="forge an approval"):
+        load_config(write_config(tmp_path, document))

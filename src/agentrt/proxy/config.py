@@ -332,15 +332,17 @@ def _names_or_holds(argument_path: str, protected: str) -> bool:
 
 def _refuse_servers_that_reach_the_operators_files(config: ProxyConfig) -> None:
     """A stdio server handed the configuration, a manifest, the rules or the
-    database (or a directory holding one) could rewrite the policy or forge an
-    approval, so it is refused before it is ever started."""
+    database (or a directory holding one), in its arguments or its environment,
+    could rewrite the policy or forge an approval, so it is refused before it
+    is ever started."""
     protected = [os.path.realpath(path) for path in config.protected_paths()]
     protected += [os.path.abspath(path) for path in config.protected_paths()]
     for upstream in config.servers:
         command = upstream.server.command
         if command is None:
             continue
-        for argument in command:
+        # A root handed over in the environment (`ROOT=/srv/data`) reaches it as surely.
+        for argument in [*command, *upstream.server.env]:
             # `--root=/srv/data` names a path as surely as `/srv/data` does.
             candidates = {argument, argument.partition("=")[2]} - {""}
             for candidate in candidates:
