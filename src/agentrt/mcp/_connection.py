@@ -142,6 +142,7 @@ class Connection:
     ) -> None:
         self.server = server
         self._transport = transport
+        self._closing: anyio.Event | None = None
         self._next_id = 0
         self.protocol_version: str | None = None
         self.server_info: Any = None
@@ -153,9 +154,18 @@ class Connection:
         """End the session and, for stdio, the server's whole process group.
 
         Idempotent; several tasks may call it at once (all return once it is
-        done); a call in flight fails with `ConnectionClosed`.
+        done); a call in flight fails with `ConnectionClosed`.  The shutdown
+        runs shielded: cancelling a caller never leaves a server half-stopped.
         """
-        await self._transport.aclose()
+        if self._closing is not None:
+            await self._closing.wait()
+            return
+        self._closing = anyio.Event()
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._transport.aclose()
+        finally:
+            self._closing.set()
 
     def stderr_tail(self) -> str:
         """The escaped last few KiB of a stdio server's stderr when kept here, else ""."""

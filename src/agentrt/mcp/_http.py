@@ -59,7 +59,6 @@ class HttpTransport:
     protocol_version: str | None = None
     _in_flight: set[anyio.CancelScope] = field(default_factory=set)
     _closed: ConnectionClosed | None = None
-    _closing: anyio.Event | None = None
 
     def stderr_tail(self) -> str:
         return ""
@@ -93,11 +92,7 @@ class HttpTransport:
             try:
                 return await self._post_request(request_id, method, message)
             except httpx2.HTTPError as exc:
-                raise MCPConnectionError(
-                    self.server.name,
-                    f'server "{self._name()}" could not be reached for {method}: '
-                    f"{sanitize(str(exc) or type(exc).__name__)}",
-                ) from None
+                raise self._unreachable(exc, f" for {method}") from None
             finally:
                 self._in_flight.discard(scope)
         # Only `aclose` cancels this scope: the request fails cleanly, it is not cancelled.
@@ -121,11 +116,14 @@ class HttpTransport:
                     )
                 await _read_capped(response, self.server)
         except httpx2.HTTPError as exc:
-            raise MCPConnectionError(
-                self.server.name,
-                f'server "{self._name()}" could not be reached: '
-                f"{sanitize(str(exc) or type(exc).__name__)}",
-            ) from None
+            raise self._unreachable(exc, "") from None
+
+    def _unreachable(self, error: httpx2.HTTPError, purpose: str) -> MCPConnectionError:
+        return MCPConnectionError(
+            self.server.name,
+            f'server "{self._name()}" could not be reached{purpose}: '
+            f"{sanitize(str(error) or type(error).__name__)}",
+        )
 
     async def _post_request(self, request_id: int, method: str, message: bytes) -> Incoming:
         async with self.client.stream(
@@ -218,27 +216,19 @@ class HttpTransport:
     # -- closing ---------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """End the session (DELETE) and close the client; idempotent and safe concurrently."""
-        if self._closing is not None:
-            await self._closing.wait()
-            return
-        self._closing = anyio.Event()
-        try:
-            with anyio.CancelScope(shield=True):
-                self._closed = ConnectionClosed(
-                    self.server.name, f'the connection to server "{self._name()}" is closed'
-                )
-                for scope in list(self._in_flight):
-                    scope.cancel()
-                if self.session_id is not None:
-                    with anyio.move_on_after(_CLOSE_TIMEOUT):
-                        # The session ends on the server's side in any case.
-                        with contextlib.suppress(httpx2.HTTPError):
-                            await self.client.delete(self.url, headers=self._headers())
-                await self.client.aclose()
-                _clients_in_use.discard(self.client)
-        finally:
-            self._closing.set()
+        """End the session (DELETE) and close the client; `Connection.aclose` calls it once."""
+        self._closed = ConnectionClosed(
+            self.server.name, f'the connection to server "{self._name()}" is closed'
+        )
+        for scope in list(self._in_flight):
+            scope.cancel()
+        if self.session_id is not None:
+            with anyio.move_on_after(_CLOSE_TIMEOUT):
+                # The session ends on the server's side in any case.
+                with contextlib.suppress(httpx2.HTTPError):
+                    await self.client.delete(self.url, headers=self._headers())
+        await self.client.aclose()
+        _clients_in_use.discard(self.client)
 
 
 def open_http(server: Server) -> HttpTransport:

@@ -176,7 +176,6 @@ class StdioTransport:
     _read_scope: anyio.CancelScope | None = None
     _write_lock: anyio.Lock = field(default_factory=anyio.Lock)
     _broken: MCPConnectionError | None = None
-    _closing: anyio.Event | None = None
     _stdin_open: bool = True
     _stdout_open: bool = True
 
@@ -380,17 +379,9 @@ class StdioTransport:
     # -- shutting down ---------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Stop the server and its whole process group; idempotent and safe to call concurrently."""
-        if self._closing is not None:
-            await self._closing.wait()
-            return
-        self._closing = anyio.Event()
-        try:
-            with anyio.CancelScope(shield=True):
-                self._break(self._closed_error())
-                await self._stop_process()
-        finally:
-            self._closing.set()
+        """Stop the server and its whole process group; `Connection.aclose` calls it once."""
+        self._break(self._closed_error())
+        await self._stop_process()
 
     async def _stop_process(self) -> None:
         self._close_stdin()
