@@ -109,7 +109,12 @@ async def test_the_stock_filesystem_server_writes_only_after_approval_and_only_o
     target = sandbox / "notes.txt"
     arguments = {"path": str(target), "content": "line one\nline two\n"}
     async with host(setup) as session:
-        names = {tool.name for tool in (await session.list_tools()).tools}
+        listed = (await session.list_tools()).tools
+        names = {tool.name for tool in listed}
+        write_tool = next(tool for tool in listed if tool.name == "fs_write_file")
+        # The server claims destructiveHint; the operator classified it local_mutation.
+        assert write_tool.annotations is not None
+        assert write_tool.annotations.destructive_hint is False
         assert names == {"gate_status", "fs_read_text_file", "fs_list_allowed_directories",
                          "fs_write_file"}  # fmt: skip
         read = await session.call_tool("fs_read_text_file", {"path": str(sandbox / "README.md")})

@@ -24,6 +24,14 @@ async def test_the_host_sees_only_loaded_tools_and_one_gate_status(setup: ProxyS
         "up_send_mail",
         "up_write_note",
     ]
+    hints = {
+        tool.name: (tool.annotations.read_only_hint, tool.annotations.destructive_hint)
+        for tool in listing.tools
+        if tool.annotations is not None
+    }
+    # The operator's classes are what the host is told.
+    assert hints["up_echo"] == (True, False)
+    assert hints["up_write_note"] == (False, False)
     status = next(tool for tool in listing.tools if tool.name == "gate_status")
     assert "never runs" in (status.description or "")
     assert "already taken" in setup.stderr()

@@ -32,7 +32,7 @@ from ..gate import Gate, Limits
 from ..mcp import Connection, load, read_manifest
 from ..sanitize import sanitize
 from ..store import ApprovalStatus, Store, open_store
-from ..tools import Tool
+from ..tools import SideEffect, Tool
 from ._answers import Answer, bounded
 from ._calls import Calls, ProxyPolicy, WatchedTool, new_owner
 from ._index import CallIndex
@@ -175,11 +175,16 @@ class Proxy:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        # The hints a host sees are the operator's classification, never the server's claims.
         tools = [
             types.Tool(
                 name=spec.name,
                 description=spec.description,
                 input_schema=_plain(spec.input_schema),
+                annotations=types.ToolAnnotations(
+                    read_only_hint=spec.side_effect is SideEffect.READ_ONLY,
+                    destructive_hint=spec.side_effect is SideEffect.DESTRUCTIVE,
+                ),
             )
             for spec in self.calls.specs
         ]
