@@ -101,3 +101,21 @@ async def test_a_server_dying_mid_call_leaves_an_unknown_outcome_and_the_proxy_s
         status = await session.call_tool("gate_status", {})
     assert "up_crash" in text_of(status)
     assert len([line for line in setup.started() if "crash" in line]) == 1
+
+
+async def test_an_unknown_outcome_approved_runs_the_call_again_exactly_once(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(tmp_path)
+    arguments = {"note": "retry", "first_seconds": 3}
+    async with host(setup) as session:
+        first = await session.call_tool("up_write_note", arguments)
+        assert text_of(first).startswith("UNKNOWN_OUTCOME: ")
+        approval = setup.approval(setup.waiting_commands()[-1][1])
+        assert "may have taken effect" in approval.presentation["warning"]
+        setup.approve_latest()
+        again = await session.call_tool("up_write_note", arguments)
+        after = await session.call_tool("up_write_note", arguments)
+    assert text_of(again) == "noted retry"
+    assert text_of(after).startswith("DUPLICATE: ")
+    assert len([line for line in setup.started() if " retry " in line]) == 2

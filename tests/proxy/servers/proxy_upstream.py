@@ -20,6 +20,7 @@ from typing import Any
 
 LOG = os.environ["PROXY_UPSTREAM_LOG"]
 _write_lock = threading.Lock()
+_seen: set[str] = set()
 
 
 def _object(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
@@ -44,7 +45,12 @@ TOOLS: list[dict[str, Any]] = [
         "name": "write_note",
         "description": "Append a note.",
         "inputSchema": _object(
-            {"note": {"type": "string"}, "seconds": {"type": "number"}}, ["note"]
+            {
+                "note": {"type": "string"},
+                "seconds": {"type": "number"},
+                "first_seconds": {"type": "number"},
+            },
+            ["note"],
         ),
     },
     {
@@ -93,6 +99,10 @@ def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     if name == "write_note":
         _record(f"start {arguments['note']} {time.time()}")
         time.sleep(float(arguments.get("seconds", 0)))
+        if arguments["note"] not in _seen:
+            # Slow only the first time: a retry after a timeout then answers.
+            _seen.add(arguments["note"])
+            time.sleep(float(arguments.get("first_seconds", 0)))
         _record(f"write_note {arguments['note']}")
         return _text(f"noted {arguments['note']}")
     if name == "send_mail":
