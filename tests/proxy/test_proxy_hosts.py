@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -236,3 +237,44 @@ async def test_http_on_a_non_loopback_address_needs_allow_remote_and_a_token(
         assert finished.returncode == 1
         assert "--allow-remote and a --token" in finished.stderr
     assert not setup.database.exists()
+
+
+async def test_sigterm_over_http_lets_the_call_in_flight_finish_and_be_recorded(
+    tmp_path: Path,
+) -> None:
+    from proxy_helpers import RULES, build_setup
+
+    from agentrt.store import RunStatus, open_store
+
+    rules = {**RULES, "write_note": {"side_effect": "local_mutation", "timeout": "30s"}}
+    setup = await build_setup(tmp_path, rules=rules)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    with setup.stderr_path.open("a") as errlog:
+        process = await anyio.open_process(
+            [*setup.command(), "--http", f"127.0.0.1:{port}"],
+            stderr=errlog, env=setup.environment(), cwd=str(setup.root),
+        )  # fmt: skip
+        await until(lambda: _listening(port))
+
+        async def call() -> None:
+            # The host may lose its answer when the server goes away; the call must not.
+            with contextlib.suppress(Exception):
+                async with (
+                    streamable_http_client(url) as (read_stream, write_stream),
+                    ClientSession(read_stream, write_stream) as session,
+                ):
+                    await session.initialize()
+                    await session.call_tool("up_write_note", {"note": "h", "seconds": 1.5})
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(call)
+            await until(lambda: len(setup.started()) == 1)
+            process.terminate()
+            with anyio.fail_after(20):
+                code = await process.wait()
+            group.cancel_scope.cancel()
+    assert setup.executions() == ["write_note h"]
+    with open_store(setup.database, read_only=True) as store:
+        assert [run.status for run in store.list_runs()] == [RunStatus.COMPLETED]
+    assert code == 0, setup.stderr()

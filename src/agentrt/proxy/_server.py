@@ -16,7 +16,7 @@ import ipaddress
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
@@ -325,11 +325,12 @@ def _status_word(kind: str) -> str:
     return "needs approval"
 
 
-async def _watch_signals(scope: anyio.CancelScope, log: IO[str]) -> None:
+async def _watch_signals(stop: Callable[[], object], log: IO[str]) -> None:
+    """On SIGINT or SIGTERM, stop taking calls; those in flight finish and are recorded."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for received in signals:
             _log(log, f"agentrt proxy: {signal.Signals(received).name}: finishing calls in flight")
-            scope.cancel()
+            stop()
             return
 
 
@@ -388,8 +389,25 @@ async def _serve_http(
     if token is not None:
         app = _RequireToken(app, token)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+
+    class _Server(uvicorn.Server):
+        # uvicorn re-raises the signal it caught once it stops, which would end
+        # the process before the calls in flight are recorded and the upstream
+        # servers closed; the proxy's own watcher stops it instead.
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    server_http = _Server(config)
+
+    def stop() -> None:
+        server_http.should_exit = True
+
     _log(log, f"agentrt proxy: serving streamable HTTP on http://{host}:{port}/mcp")
-    await uvicorn.Server(config).serve()
+    async with anyio.create_task_group() as group:
+        group.start_soon(_watch_signals, stop, log)
+        await server_http.serve()
+        group.cancel_scope.cancel()
 
 
 async def serve_config(
@@ -422,7 +440,7 @@ async def serve_config(
             else:
                 with anyio.CancelScope() as serving:
                     async with anyio.create_task_group() as group:
-                        group.start_soon(_watch_signals, serving, stream)
+                        group.start_soon(_watch_signals, serving.cancel, stream)
                         async with stdio_wire() as (read_stream, write_stream):
                             await server.run(
                                 read_stream, write_stream, server.create_initialization_options()
