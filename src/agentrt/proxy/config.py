@@ -223,38 +223,25 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
     if "policy" in top:
         policy = _policy(reader, top["policy"])
 
+    def duration(name: str, default: float) -> float:
+        return reader.duration(top[name], name) if name in top else default
+
     config = ProxyConfig(
         path=config_path,
         database=database,
         session=session,
         servers=servers,
         policy=policy,
-        hold=reader.duration(top["hold"], "hold") if "hold" in top else DEFAULT_HOLD,
-        repeat_window=(
-            reader.duration(top["repeat_window"], "repeat_window")
-            if "repeat_window" in top
-            else DEFAULT_REPEAT_WINDOW
-        ),
+        hold=duration("hold", DEFAULT_HOLD),
+        repeat_window=duration("repeat_window", DEFAULT_REPEAT_WINDOW),
         max_pending=(
             reader.count(top["max_pending"], "max_pending")
             if "max_pending" in top
             else DEFAULT_MAX_PENDING
         ),
-        approval_ttl=(
-            reader.duration(top["approval_ttl"], "approval_ttl")
-            if "approval_ttl" in top
-            else DEFAULT_APPROVAL_TTL
-        ),
-        grant_ttl=(
-            reader.duration(top["grant_ttl"], "grant_ttl")
-            if "grant_ttl" in top
-            else DEFAULT_GRANT_TTL
-        ),
-        lease_ttl=(
-            reader.duration(top["lease_ttl"], "lease_ttl")
-            if "lease_ttl" in top
-            else DEFAULT_LEASE_TTL
-        ),
+        approval_ttl=duration("approval_ttl", DEFAULT_APPROVAL_TTL),
+        grant_ttl=duration("grant_ttl", DEFAULT_GRANT_TTL),
+        lease_ttl=duration("lease_ttl", DEFAULT_LEASE_TTL),
     )
     _refuse_servers_that_reach_the_operators_files(config)
     return config
