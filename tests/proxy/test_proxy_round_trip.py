@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 import anyio
 import pytest
-from proxy_helpers import ProxySetup, build_setup, host, text_of
+from proxy_helpers import ProxySetup, build_setup, host, text_of, write_private
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -230,3 +231,28 @@ async def test_a_tampered_approval_never_runs_and_the_model_learns_no_run_id(
     assert run_id not in text_of(answer)
     assert setup.executions() == []
     assert "no longer matches its hash" in setup.stderr()
+
+
+async def test_a_server_that_does_not_load_is_left_out_and_the_others_serve(
+    tmp_path: Path,
+) -> None:
+    import sys
+
+    setup = await build_setup(tmp_path)
+    manifest = json.loads((setup.config_path.parent / "up.manifest.json").read_text())
+    manifest["server"] = "broken"
+    write_private(setup.config_path.parent / "broken.manifest.json", json.dumps(manifest))
+    broken = {
+        "name": "broken",
+        "command": [sys.executable, "-c", "import sys; sys.stderr.write('boom\\x1b[2J'); exit(3)"],
+        "manifest": "broken.manifest.json",
+        "rules": {"echo": {"side_effect": "read_only"}},
+    }
+    setup.rewrite(servers=[*setup.document["servers"], broken])
+    async with host(setup) as session:
+        names = {tool.name for tool in (await session.list_tools()).tools}
+        echo = await session.call_tool("up_echo", {"text": "fine"})
+    assert "up_echo" in names and not any(name.startswith("broken_") for name in names)
+    assert text_of(echo) == "fine"
+    assert "server broken did not load" in setup.stderr()
+    assert "boom" in setup.stderr() and "\x1b[2J" not in setup.stderr()

@@ -29,7 +29,7 @@ from mcp.server.lowlevel import Server as LowLevelServer
 from ..canonical import canonical_json
 from ..errors import AgentrtError, RunNotFound
 from ..gate import Gate, Limits
-from ..mcp import Connection, load, read_manifest
+from ..mcp import Connection, Report, load, read_manifest
 from ..sanitize import sanitize
 from ..store import ApprovalStatus, Store, open_store
 from ..tools import SideEffect, Tool
@@ -37,7 +37,7 @@ from ._answers import Answer, bounded
 from ._calls import Calls, ProxyPolicy, WatchedTool, new_owner
 from ._index import CallIndex
 from ._stdio import stdio_wire
-from .config import ConfigError, ProxyConfig, load_config
+from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
 
 __all__ = ["STATUS_TOOL", "serve", "serve_config"]
 
@@ -97,14 +97,25 @@ async def _load_upstreams(config: ProxyConfig, log: IO[str]) -> tuple[list[Tool]
     tools: list[Tool] = []
     connections: list[Connection] = []
     taken: dict[str, str] = {STATUS_TOOL: "the proxy itself"}
-    for upstream in config.servers:
-        name = sanitize(upstream.server.name)
+    outcomes: list[tuple[list[Tool], Report] | Exception | None] = [None] * len(config.servers)
+
+    async def load_one(position: int, upstream: UpstreamConfig) -> None:
         try:
             manifest = read_manifest(upstream.manifest_path)
-            loaded, report = await load(upstream.server, manifest, upstream.rules)
+            outcomes[position] = await load(upstream.server, manifest, upstream.rules)
         except (AgentrtError, OSError, ValueError) as exc:
-            _log(log, f"agentrt proxy: server {name} did not load: {sanitize(str(exc))}")
+            outcomes[position] = exc
+
+    # Together, so the host waits for the slowest server, not for the sum of them.
+    async with anyio.create_task_group() as group:
+        for position, upstream in enumerate(config.servers):
+            group.start_soon(load_one, position, upstream)
+    for upstream, outcome in zip(config.servers, outcomes, strict=True):
+        name = sanitize(upstream.server.name)
+        if not isinstance(outcome, tuple):
+            _log(log, f"agentrt proxy: server {name} did not load: {sanitize(str(outcome))}")
             continue
+        loaded, report = outcome
         if report.connection is not None:
             connections.append(report.connection)
         for line in str(report).splitlines():
