@@ -1,0 +1,209 @@
+"""Benchmark 1: the gate's cost per allowed step against its SQLite floor.
+
+The floor is what durability alone costs: the same number of commits one
+allowed step makes, each a small INSERT in `BEGIN IMMEDIATE`, on a file with
+the store's settings (WAL, synchronous=FULL).  The commit count is measured,
+not assumed: a trace callback on the store's connection counts COMMITs.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+from _common import Result, percentile, ratio
+
+from agentrt import (
+    Decision,
+    Gate,
+    Limits,
+    SideEffect,
+    StepOutcome,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    open_store,
+)
+
+
+class NoOp:
+    """An allowed read-only tool that answers at once."""
+
+    spec = ToolSpec(
+        name="noop",
+        description="Answer at once.",
+        input_schema={
+            "type": "object",
+            "properties": {"n": {"type": "integer"}},
+            "required": ["n"],
+            "additionalProperties": False,
+        },
+        side_effect=SideEffect.READ_ONLY,
+        timeout=5.0,
+    )
+
+    async def call(self, call: ToolCall) -> ToolResult:
+        return ToolResult(content='"ok"')
+
+
+def _gate(path: Path | str, steps: int) -> Gate:
+    store = open_store(path)
+    return Gate(store, [NoOp()], limits=Limits(max_steps=steps + 1_000))
+
+
+async def _run_steps(gate: Gate, steps: int, runs: int) -> float:
+    """Seconds for `runs` runs of `steps` allowed steps each (starting a run excluded)."""
+    total = 0.0
+    for _ in range(runs):
+        run_id = await gate.start("bench")
+        began = time.perf_counter()
+        for index in range(steps):
+            _check(await gate.step(run_id, Decision.tool_call("noop", f'{{"n": {index}}}')))
+        total += time.perf_counter() - began
+    return total
+
+
+def _check(outcome: StepOutcome) -> None:
+    if outcome.observation is None or outcome.observation.kind != "result":
+        raise RuntimeError(f"an allowed no-op step did not give a result: {outcome}")
+
+
+async def _paired(
+    gate: Gate, floor: Floor, commits: int, steps: int, runs: int
+) -> tuple[list[float], list[float]]:
+    """Per-step seconds of the gate and of its floor, each step followed at once by its
+    floor's commits, so a burst of disk latency from elsewhere hits both alike."""
+    gate_times: list[float] = []
+    floor_times: list[float] = []
+    for _ in range(runs):
+        run_id = await gate.start("bench")
+        for index in range(steps):
+            began = time.perf_counter()
+            _check(await gate.step(run_id, Decision.tool_call("noop", f'{{"n": {index}}}')))
+            gate_times.append(time.perf_counter() - began)
+            floor_times.append(floor.commits(commits))
+    return gate_times, floor_times
+
+
+def count_commits_per_step(workdir: Path) -> float:
+    """COMMITs one allowed step makes, counted on the store's own connection."""
+    gate = _gate(workdir / "count.db", 20)
+    commits: list[str] = []
+    connection: sqlite3.Connection = gate.store._connection  # counting only
+
+    def trace(statement: str) -> None:
+        if statement.strip().upper().startswith("COMMIT"):
+            commits.append(statement)
+
+    async def run() -> None:
+        run_id = await gate.start("count")
+        connection.set_trace_callback(trace)
+        for index in range(10):
+            await gate.step(run_id, Decision.tool_call("noop", f'{{"n": {index}}}'))
+        connection.set_trace_callback(None)
+
+    anyio.run(run)
+    gate.store.close()
+    return len(commits) / 10
+
+
+class Floor:
+    """Bare SQLite commits with the store's journal and synchronous settings."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.connection = sqlite3.connect(path, isolation_level=None)
+        self.connection.execute("PRAGMA journal_mode = WAL")
+        self.connection.execute("PRAGMA synchronous = FULL")
+        self.connection.execute("CREATE TABLE IF NOT EXISTS t (id INTEGER PRIMARY KEY, v TEXT)")
+
+    def commits(self, count: int) -> float:
+        began = time.perf_counter()
+        for _ in range(count):
+            self.connection.execute("BEGIN IMMEDIATE")
+            self.connection.execute("INSERT INTO t (v) VALUES (?)", ("x" * 64,))
+            self.connection.execute("COMMIT")
+        return time.perf_counter() - began
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def profile_steps(steps: int = 1000, top: int = 30) -> str:
+    """cProfile of `steps` allowed steps on an in-memory store (the CPU side of a step),
+    the top functions by cumulative time."""
+    gate = _gate(":memory:", steps)
+    profiler = cProfile.Profile()
+
+    async def run() -> None:
+        run_id = await gate.start("profile")
+        profiler.enable()
+        for index in range(steps):
+            await gate.step(run_id, Decision.tool_call("noop", f'{{"n": {index}}}'))
+        profiler.disable()
+
+    anyio.run(run)
+    gate.store.close()
+    stream = io.StringIO()
+    stats = pstats.Stats(profiler, stream=stream)
+    stats.sort_stats("cumulative").print_stats(top)
+    return stream.getvalue()
+
+
+def run(quick: bool = False) -> Result:
+    lengths = [10, 100, 1000]
+    steps_per_length = 300 if quick else 1000
+    with tempfile.TemporaryDirectory(prefix="agentrt-bench-gate-") as name:
+        workdir = Path(name)
+        per_step_commits = count_commits_per_step(workdir)
+        commits = max(1, round(per_step_commits))
+        gate = _gate(workdir / "gate.db", 1000)
+        memory_gate = _gate(":memory:", 1000)
+        floor = Floor(workdir / "floor.db")
+        memory_floor = Floor(":memory:")
+        # Warm both files past the WAL's first checkpoint, so neither is measured
+        # while its WAL file is still growing (a growing file costs more per fsync).
+        anyio.run(_run_steps, gate, 150, 1)
+        floor.commits(1100)
+        rows: list[dict[str, Any]] = []
+        for length in lengths:
+            runs = max(1, steps_per_length // length)
+            steps = runs * length
+            gate_times, floor_times = anyio.run(_paired, gate, floor, commits, length, runs)
+            memory_gate_seconds = anyio.run(_run_steps, memory_gate, length, runs)
+            memory_floor_seconds = memory_floor.commits(commits * steps)
+            gate_total, floor_total = sum(gate_times), sum(floor_times)
+            rows.append(
+                {
+                    "run_length": length,
+                    "runs": runs,
+                    "steps": steps,
+                    "gate_per_step_s": gate_total / steps,
+                    "floor_per_step_s": floor_total / steps,
+                    "gate_p50_s": percentile(gate_times, 0.5),
+                    "floor_p50_s": percentile(floor_times, 0.5),
+                    "ratio": ratio(gate_total, floor_total),
+                    "ratio_p50": ratio(percentile(gate_times, 0.5), percentile(floor_times, 0.5)),
+                    "memory_gate_per_step_s": memory_gate_seconds / steps,
+                    "memory_floor_per_step_s": memory_floor_seconds / steps,
+                }
+            )
+        gate.store.close()
+        memory_gate.store.close()
+        floor.close()
+        memory_floor.close()
+        profile = profile_steps(steps=300 if quick else 1000)
+    first, last = rows[0]["gate_p50_s"], rows[-1]["gate_p50_s"]
+    return {
+        "commits_per_step": per_step_commits,
+        "rows": rows,
+        "flatness": ratio(last, first),
+        "target_ratio": 1.5,
+        "profile": profile,
+    }

@@ -1,0 +1,250 @@
+"""`make bench`: what governance costs, as ratios against baselines measured in the same run.
+
+    python benchmarks/run.py [--quick] [--only gate,mcp,proxy] [--no-peers]
+
+Prints a table of ratios and writes everything measured (every sample summary,
+the profiles, the machine) to benchmarks/results/.  Absolute times are not
+comparable between runs on a shared machine; the ratios are what to read.
+Targets are reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from datetime import UTC, datetime
+from typing import Any
+
+from _common import HERE, REPO, Result, log, ms, table
+
+RESULTS = HERE / "results"
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    with open("/proc/cpuinfo") as handle:
+        for line in handle:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    disk = ""
+    try:
+        disk = subprocess.run(
+            ["lsblk", "-d", "-n", "-o", "NAME,ROTA,SIZE,MODEL"],
+            capture_output=True, text=True, timeout=10, check=False,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        disk = "unknown"
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, timeout=10, check=False,
+    ).stdout.strip()  # fmt: skip
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "disk": disk,
+        "python": platform.python_version(),
+        "sqlite": __import__("sqlite3").sqlite_version,
+        "commit": commit,
+        "load_average": os.getloadavg(),
+    }
+
+
+def _verdict(value: float, target: float) -> str:
+    if value != value:  # NaN
+        return "n/a"
+    return "met" if value <= target else "MISSED"
+
+
+def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
+    gate = results.get("gate")
+    if isinstance(gate, dict) and "rows" in gate:
+        for row in gate["rows"]:
+            rows.append([
+                f"1 gate step, runs of {row['run_length']} (vs {gate['commits_per_step']:g} "
+                "bare commits)",
+                f"{row['ratio']:.2f}x", f"p50 {row['ratio_p50']:.2f}x",
+                "<= 1.5x", _verdict(row["ratio"], 1.5),
+                f"{ms(row['gate_per_step_s'])} vs {ms(row['floor_per_step_s'])}",
+            ])  # fmt: skip
+        rows.append([
+            "1 gate step, CPU only (in-memory store)", "", "", "", "",
+            f"{ms(gate['rows'][-1]['memory_gate_per_step_s'])} per step",
+        ])  # fmt: skip
+        rows.append([
+            "1 flat in run length (runs of 1000 / runs of 10, p50)",
+            f"{gate['flatness']:.2f}x", "", "~1.0x", "", "",
+        ])  # fmt: skip
+    mcp = results.get("mcp")
+    if isinstance(mcp, dict) and "governed_call" in mcp:
+        call = mcp["governed_call"]
+        stats = call["stats"]
+        rows.append([
+            "2 governed MCP call vs raw SDK call + floor",
+            f"p50 {call['ratio_p50']:.2f}x", f"p99 {call['ratio_p99']:.2f}x",
+            "<= 1.3x", _verdict(call["ratio_p50"], 1.3),
+            f"p50 {ms(stats['governed']['p50'])} vs {ms(stats['raw']['p50'])} + "
+            f"{ms(stats['floor']['p50'])}",
+        ])  # fmt: skip
+        rows.append([
+            "2 agentrt.mcp tool call (no gate) vs raw SDK call",
+            f"p50 {call['tool_to_raw_p50']:.2f}x", "", "", "",
+            f"p50 {ms(stats['tool']['p50'])}",
+        ])  # fmt: skip
+        load = mcp["load"]
+        rows.append([
+            "3 load of 1000 tools vs raw SDK connect + listing",
+            f"{load['ratio']:.2f}x", f"after connect {load['ratio_after_connect']:.1f}x",
+            "<= 3x", _verdict(load["ratio"], 3.0),
+            f"median {sorted(load['load_s'])[len(load['load_s']) // 2]:.2f} s",
+        ])  # fmt: skip
+    proxy = results.get("proxy")
+    if isinstance(proxy, dict) and "latency" in proxy:
+        latency = proxy["latency"]
+        stats = latency["sequential"]["stats"]
+        direct = stats.get("direct", {}).get("p50", float("nan"))
+        for name, values in stats.items():
+            if name in ("direct", "floor"):
+                continue
+            rows.append([
+                f"4 sequential call through {name} vs direct", f"p50 {values['p50'] / direct:.2f}x",
+                f"p99 {values['p99'] / stats['direct']['p99']:.2f}x", "", "",
+                f"added p50 {ms(values['p50'] - direct)}",
+            ])  # fmt: skip
+        for name, value in latency["comparisons"].items():
+            rows.append([
+                f"4 added latency {name} (+ floor of "
+                f"{latency['commits_per_call']:g} commits)",
+                f"{value:.2f}x", "", "<= 1.0x", _verdict(value, 1.0), "",
+            ])  # fmt: skip
+        for name, values in latency["concurrent"].items():
+            rows.append([
+                f"4 8 concurrent calls through {name}: throughput vs direct",
+                f"{values.get('throughput_ratio_to_direct', float('nan')):.3f}x",
+                f"p50 {ms(values['p50'])}", "", "", f"{values['throughput']:.0f} calls/s",
+            ])  # fmt: skip
+        for name, problem in latency["problems"].items():
+            rows.append([f"4 {name}", "not measured", "", "", "", problem[:80]])
+    if isinstance(proxy, dict) and "memory" in proxy:
+        memory = proxy["memory"]
+        peak = memory["proxy_kib"]["VmHWM"]
+        rows.append([
+            "5 proxy peak RSS, 5 upstreams / 1000 tools, vs one bare SDK server",
+            f"{memory.get('ratio_to_bare_server', float('nan')):.2f}x", "", "", "",
+            f"{peak / 1024:.0f} MiB",
+        ])  # fmt: skip
+        if "fastmcp_kib" in memory:
+            rows.append([
+                "5 fastmcp proxy peak RSS, same 5 upstreams, vs agentrt proxy",
+                f"{memory['fastmcp_kib']['VmHWM'] / peak:.2f}x", "", "", "",
+                f"{memory['fastmcp_kib']['VmHWM'] / 1024:.0f} MiB",
+            ])  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    parser.add_argument("--only", default="gate,mcp,proxy", help="comma-separated benchmarks")
+    parser.add_argument("--no-peers", action="store_true", help="skip the peer proxies")
+    options = parser.parse_args(argv)
+    selected = {name.strip() for name in options.only.split(",") if name.strip()}
+    began = time.perf_counter()
+    results: dict[str, Any] = {
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "quick": options.quick,
+        "machine": machine(),
+    }
+    failed = False
+    commits_per_step = 2
+    if "gate" in selected:
+        log("gate: steps against bare commits")
+        failed |= _guarded(results, "gate", lambda: _gate(options.quick))
+        gate = results.get("gate")
+        if isinstance(gate, dict) and "commits_per_step" in gate:
+            commits_per_step = max(1, round(gate["commits_per_step"]))
+    if "mcp" in selected:
+        log("mcp: governed calls and a load of 1000 tools")
+        failed |= _guarded(results, "mcp", lambda: _mcp(options.quick, commits_per_step))
+    if "proxy" in selected:
+        failed |= _guarded(results, "proxy", lambda: _proxy(options.quick, options.no_peers))
+    results["machine"]["load_average_end"] = os.getloadavg()
+    results["seconds"] = time.perf_counter() - began
+
+    RESULTS.mkdir(exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = RESULTS / f"bench-{stamp}.json"
+    path.write_text(json.dumps(results, indent=1, default=str))
+    (RESULTS / "latest.json").write_text(json.dumps(results, indent=1, default=str))
+
+    info = results["machine"]
+    print(
+        f"\nagentrt benchmarks ({'quick' if options.quick else 'full'}), commit {info['commit']}: "
+        f"{info['nproc']} x {info['cpu']}, Python {info['python']}, SQLite {info['sqlite']}, "
+        f"load average {info['load_average'][0]:.1f} -> {info['load_average_end'][0]:.1f}"
+    )
+    print(
+        table(
+            ratio_rows(results),
+            ["benchmark", "ratio", "also", "target", "verdict", "absolute (this run only)"],
+        )
+    )
+    proxy = results.get("proxy")
+    peers = proxy.get("peers", {}) if isinstance(proxy, dict) else {}
+    for name, problem in peers.items():
+        if problem:
+            print(f"peer {name}: {problem}")
+    print(f"\nall results: {path.relative_to(REPO)} ({results['seconds']:.0f} s)")
+    return 1 if failed else 0
+
+
+def _guarded(results: dict[str, Any], name: str, work: Any) -> bool:
+    """Run one benchmark; a failure is recorded and reported, and the others still run."""
+    try:
+        results[name] = work()
+    except Exception:
+        results[name] = {"error": traceback.format_exc()}
+        log(f"{name}: FAILED\n{results[name]['error']}")
+        return True
+    return False
+
+
+def _gate(quick: bool) -> Result:
+    import bench_gate
+
+    return bench_gate.run(quick)
+
+
+def _mcp(quick: bool, commits: int) -> Result:
+    import bench_mcp
+
+    result = bench_mcp.run(quick, commits)
+    # Manifest and rules objects are not JSON; the profile text is kept.
+    return result
+
+
+def _proxy(quick: bool, no_peers: bool) -> Result:
+    import bench_proxy
+    import peers
+
+    found: dict[str, peers.Peer] = {}
+    if not no_peers:
+        for name in peers.PEERS:
+            log(f"peers: making sure {name} is installed in benchmarks/.peers/{name}")
+            found[name] = peers.ensure(name)
+            if found[name].problem:
+                log(found[name].problem)
+    result = bench_proxy.run(quick, found)
+    result["peers"] = {name: peer.problem for name, peer in found.items()}
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
