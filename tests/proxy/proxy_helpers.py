@@ -151,7 +151,7 @@ async def build_setup(
         "database": "proxy.db",
         "session": "test-session",
         "hold": "500ms",
-        "lease_ttl": "1s",
+        "lease_ttl": "2s",
         "servers": [
             {
                 "name": "up",

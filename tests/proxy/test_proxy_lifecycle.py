@@ -49,8 +49,8 @@ async def test_a_crash_mid_call_answers_interrupted_and_runs_again_only_when_app
         await until(lambda: len(setup.started()) == 1)
         os.kill(proxy_pid_from_lease(setup.database), signal.SIGKILL)
         await raw.process.wait()
-    # The lease (1s) lapses with the dead process.
-    await anyio.sleep(1.5)
+    # The hold and the lease (2s) lapse with the dead process.
+    await anyio.sleep(2.5)
     async with host(setup) as session:
         first = await session.call_tool("up_write_note", arguments)
         assert text_of(first).startswith("INTERRUPTED: ")

@@ -57,11 +57,11 @@ async def test_no_more_than_max_pending_approvals_wait_at_once(tmp_path: Path) -
 async def test_a_duplicate_is_only_a_duplicate_within_the_repeat_window(tmp_path: Path) -> None:
     import anyio
 
-    setup = await build_setup(tmp_path, repeat_window="1s")
+    setup = await build_setup(tmp_path, repeat_window="2s")
     async with host(setup) as session:
         first = await session.call_tool("up_write_note", {"note": "w"})
         second = await session.call_tool("up_write_note", {"note": "w"})
-        await anyio.sleep(1.2)
+        await anyio.sleep(2.3)
         third = await session.call_tool("up_write_note", {"note": "w"})
     assert text_of(first) == "noted w"
     assert text_of(second).startswith("DUPLICATE: ")
