@@ -25,8 +25,9 @@ class Server:
     here, then the variables `inherit_env` names, then `env` (`NAME=value`).
     `stderr` receives the server's stderr (a binary file with a real
     descriptor); with None its last few KiB are kept for error messages.
-    `http_client_factory` returns the async HTTP client whose settings an
-    HTTP connection copies.  Durations are float seconds.
+    `http_client_factory` returns a new `httpx2.AsyncClient` for one HTTP
+    connection, which uses it and closes it with the connection (never a
+    shared client); it follows redirects only if that client says so.  Durations are float seconds.
     """
 
     name: str
