@@ -130,8 +130,10 @@ async def test_a_call_after_shutdown_began_is_not_taken(tmp_path: Path) -> None:
             for _ in range(50):
                 await raw.call("up_write_note", {"note": "second"})
                 await anyio.sleep(0.05)
-        await raw.process.wait()
+        code = await raw.process.wait()
+    assert code == 0
     assert setup.executions() == ["write_note first"]
+    assert run_statuses(setup.database) == [RunStatus.COMPLETED]
 
 
 async def test_two_proxies_on_one_database_run_an_identical_call_once(tmp_path: Path) -> None:
