@@ -1,38 +1,63 @@
-"""`agentrt proxy` with every SQLite COMMIT counted (for the proxy's floor only, never timed).
+"""`agentrt proxy`, optionally with its SQLite COMMITs counted or a proposed change applied.
 
-    python _traced_proxy.py COUNT_FILE --config FILE
+    python _traced_proxy.py --config FILE
 
-Each COMMIT on any connection the proxy opens rewrites COUNT_FILE with the total so far.
+- `BENCH_COMMIT_COUNT=FILE`: each COMMIT on any connection the proxy opens rewrites
+  FILE with two totals so far: every COMMIT, and the COMMITs of transactions that
+  changed a row (only those write the WAL and wait for fsync).  For counting only;
+  never used in a timed pass.
+- `BENCH_PROPOSAL=terminal`: every proxied tool is registered as terminal, so the
+  gate completes the run in the transaction that records the result instead of a
+  separate `Decision.complete` commit (docs/performance.md, proposal P1).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
 
-_COUNT_FILE = Path(sys.argv.pop(1))
-_commits = 0
+from agentrt.proxy import _calls
+from agentrt.proxy.__main__ import main
+from agentrt.tools import ToolSpec
+
+_count_file = os.environ.get("BENCH_COMMIT_COUNT")
+_totals = {"commits": 0, "writing": 0}
 _connect = sqlite3.connect
-
-
-def _trace(statement: str) -> None:
-    global _commits
-    if statement.lstrip().upper().startswith("COMMIT"):
-        _commits += 1
-        _COUNT_FILE.write_text(str(_commits))
 
 
 def _counting_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
     connection = _connect(*args, **kwargs)
-    connection.set_trace_callback(_trace)
+    seen = [connection.total_changes]
+    assert _count_file is not None
+    target = Path(_count_file)
+
+    def trace(statement: str) -> None:
+        word = statement.lstrip()[:6].upper()
+        if word.startswith("COMMIT"):
+            _totals["commits"] += 1
+            if connection.total_changes != seen[0]:
+                _totals["writing"] += 1
+            seen[0] = connection.total_changes
+            target.write_text(f"{_totals['commits']} {_totals['writing']}")
+        elif word.startswith("BEGIN"):
+            seen[0] = connection.total_changes
+
+    connection.set_trace_callback(trace)
     return connection
 
 
-sqlite3.connect = _counting_connect  # type: ignore[assignment]
+def _terminal_spec(self: Any) -> ToolSpec:
+    return dataclasses.replace(self._inner.spec, terminal=True)
 
-from agentrt.proxy.__main__ import main  # noqa: E402 - after the patch, on purpose
+
+if _count_file:
+    sqlite3.connect = _counting_connect  # type: ignore[assignment]
+if os.environ.get("BENCH_PROPOSAL") == "terminal":
+    _calls.WatchedTool.spec = property(_terminal_spec)  # type: ignore[assignment,method-assign]
 
 if __name__ == "__main__":
     sys.exit(main())

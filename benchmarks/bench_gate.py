@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from _common import Result, percentile, ratio
 
 from agentrt import (
@@ -30,6 +31,7 @@ from agentrt import (
     ToolResult,
     ToolSpec,
     open_store,
+    parse_json,
 )
 
 
@@ -205,5 +207,59 @@ def run(quick: bool = False) -> Result:
         "rows": rows,
         "flatness": ratio(last, first),
         "target_ratio": 1.5,
+        "parts_s": parts(500 if quick else 2000),
         "profile": profile,
     }
+
+
+def parts(repeat: int = 2000) -> dict[str, float]:
+    """Seconds per step of the pieces a profile of the CPU side points at, each timed alone
+    on an in-memory store (so without fsync): where an allowed step's CPU time goes."""
+    store = open_store(":memory:")
+    gate = Gate(store, [NoOp()], limits=Limits(max_steps=repeat + 10))
+    registered = gate._tools["noop"]
+    timings: dict[str, float] = {}
+
+    async def heartbeat_pattern() -> None:
+        # What `Gate._execute` does around every call: a task group, a heartbeat task
+        # started, a deadline, and the group cancelled after the call.
+        began = time.perf_counter()
+        for _ in range(repeat):
+            async with anyio.create_task_group() as group:
+                group.start_soon(anyio.sleep_forever)
+                with anyio.fail_after(5.0):
+                    await anyio.lowlevel.checkpoint()
+                group.cancel_scope.cancel()
+        timings["task group + heartbeat task + deadline"] = (time.perf_counter() - began) / repeat
+
+    anyio.run(heartbeat_pattern)
+    run_id = anyio.run(gate.start, "parts")
+    payloads = [
+        ("step_recorded", {"step": 1, "tool": "noop", "args": '{"n": 1}'}),
+        ("policy_decided", {"step": 1, "outcome": "allow", "reason": ""}),
+        ("tool_started", {"step": 1, "tool": "noop"}),
+        ("step_succeeded", {"step": 1, "content": '"ok"', "summary": ""}),
+    ]
+    began = time.perf_counter()
+    for _ in range(repeat):
+        with store.transaction() as connection:
+            for type_, payload in payloads:
+                store.append_event(connection, run_id, type_, payload)
+        store.take_committed_events()
+    timings["4 hash-chained events (one transaction)"] = (time.perf_counter() - began) / repeat
+    began = time.perf_counter()
+    for _ in range(repeat):
+        store.get_run(run_id)
+    timings["get_run (x2 per step)"] = 2 * (time.perf_counter() - began) / repeat
+    arguments = parse_json('{"n": 1}')
+    began = time.perf_counter()
+    for _ in range(repeat):
+        parse_json('{"n": 1}')
+        registered.schema.first_error(arguments)
+    timings["parse + schema check of the arguments"] = (time.perf_counter() - began) / repeat
+    began = time.perf_counter()
+    for _ in range(repeat):
+        store.last_steps(run_id, 3)
+    timings["loop-detection read (last 3 steps)"] = (time.perf_counter() - began) / repeat
+    store.close()
+    return timings

@@ -155,6 +155,14 @@ def _proxy_command(config: Path) -> list[str]:
     return [PYTHON, "-m", "agentrt.proxy", "--config", str(config)]
 
 
+def _environment() -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")}
+
+
+def _proposal_command(config: Path) -> list[str]:
+    return [PYTHON, str(HERE / "_traced_proxy.py"), "--config", str(config)]
+
+
 def _fastmcp_config(commands: dict[str, list[str]]) -> str:
     servers = {
         name: {"command": command[0], "args": command[1:], "transport": "stdio"}
@@ -163,16 +171,33 @@ def _fastmcp_config(commands: dict[str, list[str]]) -> str:
     return json.dumps({"mcpServers": servers})
 
 
-async def _count_commits(config: Path, root: Path, tool: str, calls: int = 10) -> float:
+async def _count_commits(
+    config: Path, root: Path, tool: str, calls: int = 20, proposal: str = ""
+) -> dict[str, float]:
+    """COMMITs per proxied call: all of them, and those that wrote (and so waited for fsync)."""
     count_file = root / "commits.count"
-    command = [PYTHON, str(HERE / "_traced_proxy.py"), str(count_file), "--config", str(config)]
-    async with stdio_session(command, cwd=root) as session:
+    command = [PYTHON, str(HERE / "_traced_proxy.py"), "--config", str(config)]
+    count_file.unlink(missing_ok=True)
+    environment = {**_environment(), "BENCH_COMMIT_COUNT": str(count_file)}
+    if proposal:
+        environment["BENCH_PROPOSAL"] = proposal
+
+    def totals() -> tuple[int, int]:
+        if not count_file.exists():
+            return 0, 0
+        commits, writing = count_file.read_text().split()
+        return int(commits), int(writing)
+
+    async with stdio_session(command, cwd=root, env=environment) as session:
         await session.list_tools()
-        before = int(count_file.read_text()) if count_file.exists() else 0
+        before = totals()
         for index in range(calls):
             await _call(session, tool, index)
-        after = int(count_file.read_text())
-    return (after - before) / calls
+        after = totals()
+    return {
+        "commits": (after[0] - before[0]) / calls,
+        "writing_commits": (after[1] - before[1]) / calls,
+    }
 
 
 def _targets(config: Path, root: Path, peers: dict[str, Peer]) -> list[Target]:
@@ -184,6 +209,15 @@ def _targets(config: Path, root: Path, peers: dict[str, Peer]) -> list[Target]:
             "agentrt-stdio",
             "bench_noop_0000",
             lambda: stdio_session(_proxy_command(config), cwd=root),
+        ),
+        Target(
+            "agentrt-stdio+P1",
+            "bench_noop_0000",
+            lambda: stdio_session(
+                _proposal_command(config),
+                cwd=root,
+                env={**_environment(), "BENCH_PROPOSAL": "terminal"},
+            ),
         ),
         Target(
             "agentrt-http",
@@ -275,7 +309,9 @@ async def _proxy_latency(quick: bool, peers: dict[str, Peer], root: Path) -> Res
     log("proxy: pinning the upstream")
     config = write_config(root, [await upstream_entry(root, "bench", 1)])
     log("proxy: counting commits per proxied call")
-    commits_per_call = await _count_commits(config, root, "bench_noop_0000")
+    counted = await _count_commits(config, root, "bench_noop_0000")
+    counted_p1 = await _count_commits(config, root, "bench_noop_0000", proposal="terminal")
+    commits_per_call = counted["writing_commits"]
     log("proxy: sequential calls")
     floor = Floor(root / "proxy-floor.db")
     floor.commits(1100)
@@ -316,6 +352,8 @@ async def _proxy_latency(quick: bool, peers: dict[str, Peer], root: Path) -> Res
             )
     return {
         "commits_per_call": commits_per_call,
+        "all_commits_per_call": counted["commits"],
+        "commits_per_call_with_p1": counted_p1,
         "sequential": sequential,
         "added_latency_s": added,
         "comparisons": comparisons,
@@ -346,12 +384,8 @@ async def _peak_rss(peers: dict[str, Peer], root: Path) -> Result:
         if pid is None:
             raise RuntimeError("the proxy process was not found under this process")
         result["proxy_kib"] = rss_kib(pid)
-        upstream_peaks = []
-        for server_index in range(1, 6):
-            upstream = find_descendant(pid, "bench_server.py")
-            if upstream is not None and server_index == 1:
-                upstream_peaks.append(rss_kib(upstream)["VmHWM"])
-        result["one_upstream_kib"] = upstream_peaks[0] if upstream_peaks else None
+        upstream = find_descendant(pid, "bench_server.py")
+        result["one_upstream_kib"] = rss_kib(upstream) if upstream is not None else None
     log("memory: a bare upstream")
     # Baseline in the same run: one bare SDK server with the same 200 tools, called directly.
     async with raw_session(server_command(200)) as session:
@@ -369,25 +403,37 @@ async def _peak_rss(peers: dict[str, Peer], root: Path) -> Result:
         command = [str(peer.python), str(HERE / "fastmcp_proxy.py"), _fastmcp_config(commands)]
         log("memory: fastmcp's proxy over 5 upstreams")
         try:
-            began = time.perf_counter()
-            async with stdio_session(command) as session:
-                result["fastmcp_startup_s"] = time.perf_counter() - began
-                began = time.perf_counter()
-                listed = await session.list_tools()
-                result["fastmcp_list_s"] = time.perf_counter() - began
-                names = [tool.name for tool in listed.tools]
-                # FastMCP's multi-server proxy is slow per call here; a few calls suffice.
-                began = time.perf_counter()
-                for index in range(10):
-                    await _call(session, names[index * 97 % len(names)], index)
-                result["fastmcp_call_mean_s"] = (time.perf_counter() - began) / 10
-                fastmcp_pid = find_descendant(os.getpid(), "fastmcp_proxy.py")
-                if fastmcp_pid is not None:
-                    result["fastmcp_kib"] = rss_kib(fastmcp_pid)
-                    result["fastmcp_listed"] = len(names)
+            with anyio.move_on_after(180) as deadline:
+                await _fastmcp_memory(command, result)
+            if deadline.cancelled_caught:
+                result["fastmcp_problem"] = (
+                    "FastMCP's proxy did not list and answer 10 calls within 180 s; "
+                    "its RSS is as last sampled"
+                )
         except Exception as exc:
             result["fastmcp_problem"] = f"{type(exc).__name__}: {exc}"[:500]
     return result
+
+
+async def _fastmcp_memory(command: list[str], result: dict[str, Any]) -> None:
+    began = time.perf_counter()
+    async with stdio_session(command) as session:
+        result["fastmcp_startup_s"] = time.perf_counter() - began
+        fastmcp_pid = find_descendant(os.getpid(), "fastmcp_proxy.py")
+        began = time.perf_counter()
+        listed = await session.list_tools()
+        result["fastmcp_list_s"] = time.perf_counter() - began
+        names = [tool.name for tool in listed.tools]
+        result["fastmcp_listed"] = len(names)
+        if fastmcp_pid is not None:
+            result["fastmcp_kib"] = rss_kib(fastmcp_pid)
+        # FastMCP's multi-server proxy is slow per call here; a few calls suffice.
+        began = time.perf_counter()
+        for index in range(10):
+            await _call(session, names[index * 97 % len(names)], index)
+        result["fastmcp_call_mean_s"] = (time.perf_counter() - began) / 10
+        if fastmcp_pid is not None:
+            result["fastmcp_kib"] = rss_kib(fastmcp_pid)
 
 
 def run(quick: bool, peers: dict[str, Peer]) -> Result:

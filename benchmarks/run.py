@@ -78,6 +78,8 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
             "1 gate step, CPU only (in-memory store)", "", "", "", "",
             f"{ms(gate['rows'][-1]['memory_gate_per_step_s'])} per step",
         ])  # fmt: skip
+        for name, seconds in gate.get("parts_s", {}).items():
+            rows.append([f"1   CPU part: {name}", "", "", "", "", f"{seconds * 1e6:.0f} us"])
         rows.append([
             "1 flat in run length (runs of 1000 / runs of 10, p50)",
             f"{gate['flatness']:.2f}x", "", "~1.0x", "", "",
@@ -105,6 +107,13 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
             "<= 3x", _verdict(load["ratio"], 3.0),
             f"median {sorted(load['load_s'])[len(load['load_s']) // 2]:.2f} s",
         ])  # fmt: skip
+        for name, values in mcp.get("load_ablation", {}).items():
+            if name != "as is":
+                rows.append([
+                    f"3 load of 1000 tools with proposal {name} vs as is",
+                    f"{values['ratio_to_as_is']:.2f}x", "", "", "",
+                    f"median {sorted(values['load_s'])[len(values['load_s']) // 2]:.2f} s",
+                ])  # fmt: skip
     proxy = results.get("proxy")
     if isinstance(proxy, dict) and "latency" in proxy:
         latency = proxy["latency"]
@@ -118,6 +127,13 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
                 f"p99 {values['p99'] / stats['direct']['p99']:.2f}x", "", "",
                 f"added p50 {ms(values['p50'] - direct)}",
             ])  # fmt: skip
+        with_p1 = latency.get("commits_per_call_with_p1", {})
+        rows.append([
+            "4 commits per proxied call (writing / all; with P1)",
+            f"{latency['commits_per_call']:g} / {latency.get('all_commits_per_call', 0):g}",
+            f"P1: {with_p1.get('writing_commits', float('nan')):g} / "
+            f"{with_p1.get('commits', float('nan')):g}", "", "", "",
+        ])  # fmt: skip
         for name, value in latency["comparisons"].items():
             rows.append([
                 f"4 added latency {name} (+ floor of "
@@ -226,7 +242,8 @@ def _mcp(quick: bool, commits: int) -> Result:
     import bench_mcp
 
     result = bench_mcp.run(quick, commits)
-    # Manifest and rules objects are not JSON; the profile text is kept.
+    log("mcp: the proposed load optimisations, applied in this process only")
+    result["load_ablation"] = bench_mcp.run_ablation(quick)
     return result
 
 
