@@ -583,6 +583,8 @@ async def test_an_is_error_result_is_a_tool_error_naming_the_server(closing: lis
     with pytest.raises(ServerToolError) as caught:
         await tools[0].call(ToolCall(args="{}"))
     assert str(caught.value) == 'server "srv" tool "fail" reported an error: disk on fire\\x1b[2J'
+    # The server answered: whatever the call did, its outcome is known.
+    assert caught.value.outcome_known
 
 
 async def test_an_input_required_result_is_a_tool_error_not_a_round_trip(
@@ -641,8 +643,10 @@ async def test_a_server_that_never_answers_a_call_is_bounded_by_the_rule_timeout
     closing.append(report)
     hang, ok = tools
     with anyio.fail_after(10):
-        with pytest.raises(ServerToolError, match=r"within 0\.5s"):
+        with pytest.raises(ServerToolError, match=r"within 0\.5s") as caught:
             await hang.call(ToolCall(args="{}"))
+    # Cut off before an answer: the call may or may not have taken effect.
+    assert not caught.value.outcome_known
     # The session is still usable after a call timed out.
     assert json.loads((await ok.call(ToolCall(args="{}"))).content) == "ok"
 

@@ -278,3 +278,31 @@ async def test_sigterm_over_http_lets_the_call_in_flight_finish_and_be_recorded(
     with open_store(setup.database, read_only=True) as store:
         assert [run.status for run in store.list_runs()] == [RunStatus.COMPLETED]
     assert code == 0, setup.stderr()
+
+
+def test_a_database_others_can_write_stops_the_proxy_with_exit_2(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    database = conf / "proxy.db"
+    conf.mkdir()
+    database.write_bytes(b"")
+    database.chmod(0o666)
+    document = {
+        "database": "proxy.db",
+        "session": "s",
+        "servers": [
+            {
+                "name": "fs",
+                "command": ["node", str(FILESYSTEM_SERVER), str(tmp_path / "sandbox")],
+                "manifest": "fs.manifest.json",
+                "rules": FS_RULES,
+            }
+        ],
+    }
+    config_path = write_private(conf / "proxy.json", json.dumps(document))
+    finished = subprocess.run(
+        [sys.executable, "-m", "agentrt.proxy", "--config", str(config_path)],
+        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert finished.returncode == 2, finished.stderr
+    assert "writable by group or others" in finished.stderr
+    assert database.read_bytes() == b""

@@ -23,7 +23,7 @@ from ._files import owned_privately, read_manifest, read_owned, read_rules
 from ._load import Refusal, Registration, Report, load
 from ._manifest import Manifest, PinnedTool
 from ._pin import pin
-from ._rules import FileRule, Rule, Rules
+from ._rules import FileRule, Rule, Rules, parse_duration, rules_from_json
 from ._server import DEFAULT_MAX_CONTENT_BYTES, Server
 
 __all__ = [
@@ -48,8 +48,10 @@ __all__ = [
     "ServerToolError",
     "load",
     "owned_privately",
+    "parse_duration",
     "pin",
     "read_manifest",
     "read_owned",
     "read_rules",
+    "rules_from_json",
 ]

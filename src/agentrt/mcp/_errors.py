@@ -37,4 +37,13 @@ class OperatorFileError(MCPError):
 
 
 class ServerToolError(MCPError):
-    """A call to a server's tool failed; the runtime records it as a tool error."""
+    """A call to a server's tool failed; the runtime records it as a tool error.
+
+    `outcome_known` is False when the call was cut off before the server
+    answered (a timeout, a lost connection): it may or may not have taken
+    effect, and a caller must not treat it as a plain failure.
+    """
+
+    def __init__(self, message: str, *, outcome_known: bool = True) -> None:
+        super().__init__(message)
+        self.outcome_known = outcome_known

@@ -10,6 +10,7 @@ import anyio
 from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..sanitize import sanitize
 from ..tools import ToolCall, ToolResult, ToolSpec
+from ._connection_errors import ServerErrorResponse
 from ._errors import ServerToolError
 
 if TYPE_CHECKING:
@@ -104,11 +105,18 @@ class ServerTool:
                     self._tool, arguments_text, timeout=timeout
                 )
         except TimeoutError:
-            raise ServerToolError(f"{where} did not answer within {timeout:g}s") from None
+            raise ServerToolError(
+                f"{where} did not answer within {timeout:g}s", outcome_known=False
+            ) from None
         except ServerToolError:
             raise
-        except Exception as exc:
+        except ServerErrorResponse as exc:
+            # The server answered, with an error: the outcome is known.
             raise ServerToolError(f"{where} failed: {sanitize(str(exc))}") from None
+        except Exception as exc:
+            raise ServerToolError(
+                f"{where} failed: {sanitize(str(exc))}", outcome_known=False
+            ) from None
         return map_result(self._server, self._tool, result, self._max_content_bytes)
 
 

@@ -50,18 +50,6 @@ UNKNOWN_OUTCOME: Final = "unknown_outcome"
 _POLL_SECONDS: Final = 0.2
 _PROGRESS_SECONDS: Final = 1.0
 
-# How agentrt.mcp words a failure where the server did answer, or the call was
-# refused before it was sent: the outcome of those is known.  Anything else
-# (a timeout, a lost connection) may or may not have taken effect.
-_KNOWN_OUTCOME_MARKS: Final = (
-    "reported an error",
-    "asked for more input",
-    "is denied by the operator",
-    "is fixed by the operator",
-    "the arguments",
-    "returned a result that is not",
-)
-
 Progress = Callable[[float, str], Awaitable[None]]
 
 
@@ -111,7 +99,7 @@ class WatchedTool:
             self._cut_off.add((call.run_id, call.step))
             raise
         except ServerToolError as exc:
-            if not any(mark in str(exc) for mark in _KNOWN_OUTCOME_MARKS):
+            if not exc.outcome_known:
                 self._cut_off.add((call.run_id, call.step))
             raise
         except Exception:

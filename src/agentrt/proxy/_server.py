@@ -27,7 +27,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server as LowLevelServer
 
 from ..canonical import canonical_json
-from ..errors import AgentrtError, RunNotFound
+from ..errors import AgentrtError, RunNotFound, StoreError
 from ..gate import Gate, Limits
 from ..mcp import Connection, Report, load, read_manifest
 from ..sanitize import sanitize
@@ -476,14 +476,18 @@ def serve(
     """`agentrt proxy --config FILE`: load the configuration and serve until the host leaves.
 
     Loopback only unless `allow_remote` with a `token`.  Returns the exit
-    status: 0 after a clean shutdown, 1 when the configuration or the
-    database cannot be used (the reason is written to stderr).
+    status: 0 after a clean shutdown, 1 when the configuration is refused,
+    2 when the database cannot be used (the reason is written to stderr).
     """
     try:
         config = load_config(config_path)
         return anyio.run(
             lambda: serve_config(config, http=http, allow_remote=allow_remote, token=token)
         )
+    except StoreError as exc:
+        # An unusable database is exit 2, as for every other subcommand.
+        _log(sys.stderr, f"agentrt proxy: {exc}")
+        return 2
     except (ConfigError, AgentrtError) as exc:
         _log(sys.stderr, f"agentrt proxy: {exc}")
         return 1

@@ -18,8 +18,7 @@ from typing import Any, Final
 
 from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..errors import AgentrtError
-from ..mcp import Rules, Server, read_owned, read_rules
-from ..mcp._rules import parse_duration, rules_from_json
+from ..mcp import Rules, Server, parse_duration, read_owned, read_rules, rules_from_json
 from ..policy import ClassPolicy, DefaultPolicy, Outcome
 from ..sanitize import sanitize
 from ..tools import SideEffect
