@@ -20,7 +20,6 @@ import shutil
 import signal
 import stat
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -40,6 +39,7 @@ from .driver import Driver, RunResult
 from .errors import AgentrtError
 from .gate import Gate, Limits
 from .mcp import Manifest, Report, Server, load, pin, read_manifest, read_rules
+from .mcp._files import write_private
 from .policy import ClassPolicy, Outcome
 from .providers import ProviderError, ScriptedAgent, agent_for
 from .sanitize import sanitize
@@ -179,24 +179,6 @@ def _private_dir(path: Path) -> None:
         )
     if stat.S_IMODE(status.st_mode) != 0o700:
         os.chmod(path, 0o700)
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Replace `path` with `text`, mode 0600, through a new file renamed over it.
-
-    The rename replaces a symbolic link at `path` rather than following it.
-    """
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            os.fchmod(file.fileno(), 0o600)
-            file.write(text.encode("utf-8"))
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 # -- what is printed --------------------------------------------------------
@@ -579,7 +561,7 @@ class _Demo:
 
     def _prepare_sandbox(self) -> None:
         sandbox = self.paths.sandbox
-        _write_private(sandbox / INPUT_FILE, _SANDBOX_README)
+        write_private(sandbox / INPUT_FILE, _SANDBOX_README)
         # A fresh run each time: the file the agent writes is gone until it is approved.
         (sandbox / OUTPUT_FILE).unlink(missing_ok=True)
         self.say(f"sandbox: {sanitize(str(sandbox))} (wrote {INPUT_FILE}, removed {OUTPUT_FILE})")
@@ -593,7 +575,7 @@ class _Demo:
         width = max((len(sanitize(name)) for name in manifest.tools), default=0)
         for name, tool in sorted(manifest.tools.items()):
             say(f"  {sanitize(name):<{width}}  {_hints(tool.annotations)}")
-        _write_private(self.paths.manifest, manifest.to_json())
+        write_private(self.paths.manifest, manifest.to_json())
         shown = sanitize(str(self.paths.manifest))
         say(f"pinned {len(manifest.tools)} tools to {shown} (mode 0600)")
 

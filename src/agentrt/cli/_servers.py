@@ -8,8 +8,6 @@ never load MCP, HTTP or provider code.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -19,6 +17,7 @@ import click
 
 from ..canonical import canonical_json
 from ..errors import AgentrtError
+from ..mcp._files import write_private
 from ..sanitize import sanitize
 from ._app import EXIT_UNUSABLE, CommandError, Settings
 from ._output import Output, bounded
@@ -27,7 +26,7 @@ if TYPE_CHECKING:
     from ..mcp import Manifest, Report
     from ..proxy.config import ProxyConfig, UpstreamConfig
 
-__all__ = ["check", "demo", "pin", "proxy", "write_owner_only"]
+__all__ = ["check", "demo", "pin", "proxy"]
 
 _HINTS: Final = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
 
@@ -64,34 +63,6 @@ def _selected(config: ProxyConfig, name: str | None) -> list[UpstreamConfig]:
             f'the configuration has no server "{sanitize(name)}" (it has: {known})', EXIT_UNUSABLE
         )
     return chosen
-
-
-def write_owner_only(path: Path, text: str) -> None:
-    """Replace `path` with `text`, readable and writable by the owner only (0600 under any umask).
-
-    The text goes to a new file beside it that is renamed over the old one,
-    so a reader never sees half a manifest and a symbolic link at `path` is
-    replaced, never followed.
-    """
-    descriptor, temporary = tempfile.mkstemp(
-        prefix=f".{path.name}.", suffix=".tmp", dir=path.parent
-    )
-    try:
-        try:
-            # The umask can only take bits away from mkstemp's 0600; fchmod
-            # makes the mode exact either way.
-            os.fchmod(descriptor, 0o600)
-            data = text.encode("utf-8")
-            while data:
-                written = os.write(descriptor, data)
-                data = data[written:]
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def _hints(annotations: Mapping[str, Any] | None) -> str:
@@ -167,7 +138,7 @@ def pin(settings: Settings, config_path: str, server_name: str | None) -> None:
             click.echo(f'agentrt: server "{name}" was not pinned: {sanitize(str(error))}', err=True)
             continue
         try:
-            write_owner_only(upstream.manifest_path, manifest.to_json())
+            write_private(upstream.manifest_path, manifest.to_json())
         except OSError as error:
             raise CommandError(
                 f"the manifest {sanitize(str(upstream.manifest_path))} cannot be written: "

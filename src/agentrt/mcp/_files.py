@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Final
 
@@ -24,6 +25,7 @@ __all__ = [
     "read_manifest",
     "read_owned",
     "read_rules",
+    "write_private",
 ]
 
 MAX_OPERATOR_FILE_BYTES: Final = 16 * 1024 * 1024
@@ -97,3 +99,31 @@ def read_rules(path: str | os.PathLike[str]) -> dict[str, FileRule]:
     Convert each entry with `FileRule.to_rule()`.
     """
     return rules_from_json(read_owned(path), source=sanitize(os.fspath(path)))
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace `path` with `text`, readable and writable by the owner only (0600 under any umask).
+
+    The text goes to a new file beside it that is renamed over the old one,
+    so a reader never sees half a manifest, and a symbolic link at `path` is
+    replaced, never followed.
+    """
+    descriptor, temporary = tempfile.mkstemp(
+        prefix=f".{path.name}.", suffix=".tmp", dir=path.parent
+    )
+    try:
+        try:
+            # The umask can only take bits away from mkstemp's 0600; fchmod
+            # makes the mode exact either way.
+            os.fchmod(descriptor, 0o600)
+            data = text.encode("utf-8")
+            while data:
+                written = os.write(descriptor, data)
+                data = data[written:]
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
