@@ -263,3 +263,140 @@ def parts(repeat: int = 2000) -> dict[str, float]:
     timings["loop-detection read (last 3 steps)"] = (time.perf_counter() - began) / repeat
     store.close()
     return timings
+
+
+# -- ablations: proposed changes to the gate and the store, in this process only ----------
+
+
+async def _execute_without_heartbeat(
+    self: Gate, run_id: str, step: int, registered: Any, args: str
+) -> StepOutcome:
+    """Proposal G1: `Gate._execute` without the heartbeat task when the tool's own deadline
+    ends the call well inside the lease just taken (timeout <= lease_ttl / 2)."""
+    from agentrt import gate as gate_module
+
+    if registered.spec.timeout > self.lease_ttl / 2:
+        return await _ORIGINAL["execute"](self, run_id, step, registered, args)  # type: ignore[no-any-return]
+    spec = registered.spec
+    call = ToolCall(args=args, tool=spec.name, run_id=run_id, step=step)
+    error: str | None = None
+    result: ToolResult | None = None
+    try:
+        with anyio.fail_after(spec.timeout):
+            result = await registered.tool.call(call)
+    except TimeoutError:
+        error = f"the tool {spec.name} timed out after {spec.timeout:g}s"
+    except Exception as exc:
+        error = f"the tool {spec.name} failed: {gate_module._error_text(exc)}"
+    if error is None and result is not None:
+        if not isinstance(result, ToolResult) or not isinstance(result.content, str):
+            error = f"the tool {spec.name} returned no ToolResult"
+        else:
+            try:
+                parse_json(result.content)
+            except ValueError as exc:
+                error = f"the tool {spec.name} returned content that is not valid JSON: {exc}"
+    return self._record_result(run_id, step, spec, args, result, error)
+
+
+def _transaction_with_head(self: Any) -> Any:
+    """Proposal G2, part 1: `Store.transaction` forgets the cached chain head at BEGIN and
+    on rollback (the cache is valid only inside one write transaction)."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def managed() -> Any:
+        self._head = None
+        try:
+            with _ORIGINAL["transaction"](self) as connection:
+                yield connection
+        finally:
+            self._head = None
+
+    return managed()
+
+
+def _append_event_with_head(
+    self: Any, connection: sqlite3.Connection, run_id: str, type_: str, payload: Any
+) -> Any:
+    """Proposal G2, part 2: `Store.append_event` reads the chain head once per transaction.
+    `BEGIN IMMEDIATE` holds the write lock, and append_event is the only writer of events,
+    so the head after this event is exactly (seq, digest)."""
+    from agentrt import store as store_module
+
+    head = getattr(self, "_head", None)
+    if head is None:
+        row = connection.execute(
+            "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
+        head = (row[0], row[1]) if row else (0, store_module.GENESIS_HASH)
+    seq, prev_hash = head[0] + 1, head[1]
+    created_at = store_module.utc_now()
+    payload_text = store_module.canonical_json(payload)
+    stored_payload = parse_json(payload_text)
+    digest = store_module.event_hash(prev_hash, seq, run_id, type_, stored_payload, created_at)
+    connection.execute(
+        "INSERT INTO events (seq, run_id, type, payload, created_at, prev_hash, hash)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (seq, run_id, type_, payload_text, created_at, prev_hash, digest),
+    )
+    event = store_module.Event(seq, run_id, type_, stored_payload, created_at, prev_hash, digest)
+    self._pending_events.append(event)
+    self._head = (seq, digest)
+    return event
+
+
+_ORIGINAL: dict[str, Any] = {}
+
+
+def ablation(quick: bool = False) -> Result:
+    """CPU per allowed step (in-memory store) as is, with G1, and with G1+G2, interleaved;
+    then the chain of a file store written with G1+G2 is verified."""
+    from agentrt.store import Store
+
+    _ORIGINAL.update(
+        execute=Gate._execute, transaction=Store.transaction, append_event=Store.append_event
+    )
+    variants = {
+        "as is": {},
+        "G1: no heartbeat task for short calls": {"execute": _execute_without_heartbeat},
+        "G1+G2: and the chain head read once per transaction": {
+            "execute": _execute_without_heartbeat,
+            "transaction": _transaction_with_head,
+            "append_event": _append_event_with_head,
+        },
+    }
+    steps = 300 if quick else 1000
+    rounds = 3 if quick else 5
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    verified = ""
+
+    def apply(patches: dict[str, Any]) -> None:
+        Gate._execute = patches.get("execute", _ORIGINAL["execute"])  # type: ignore[method-assign]
+        Store.transaction = patches.get("transaction", _ORIGINAL["transaction"])  # type: ignore[method-assign]
+        Store.append_event = patches.get("append_event", _ORIGINAL["append_event"])  # type: ignore[method-assign]
+
+    try:
+        for _ in range(rounds):
+            for name, patches in variants.items():
+                apply(patches)
+                gate = _gate(":memory:", steps)
+                times[name].append(anyio.run(_run_steps, gate, steps, 1) / steps)
+                gate.store.close()
+        apply(variants["G1+G2: and the chain head read once per transaction"])
+        with tempfile.TemporaryDirectory(prefix="agentrt-bench-ablation-") as name:
+            gate = _gate(Path(name) / "chain.db", 200)
+            anyio.run(_run_steps, gate, 200, 1)
+            report = gate.store.verify_chain()
+            verified = f"{report.reason} ({report.checked} events)"
+            gate.store.close()
+    finally:
+        apply({})
+    base = percentile(times["as is"], 0.5)
+    result: dict[str, Any] = {
+        name: {"per_step_s": percentile(values, 0.5), "ratio_to_as_is": ratio(
+            percentile(values, 0.5), base)}
+        for name, values in times.items()
+    }  # fmt: skip
+    result["chain_with_g1_g2"] = verified
+    return result

@@ -80,6 +80,18 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
         ])  # fmt: skip
         for name, seconds in gate.get("parts_s", {}).items():
             rows.append([f"1   CPU part: {name}", "", "", "", "", f"{seconds * 1e6:.0f} us"])
+        for name, values in gate.get("ablation", {}).items():
+            if isinstance(values, dict) and name != "as is":
+                rows.append([
+                    f"1 CPU per step with proposal {name} vs as is",
+                    f"{values['ratio_to_as_is']:.2f}x", "", "", "",
+                    f"{values['per_step_s'] * 1e6:.0f} us per step",
+                ])  # fmt: skip
+        if "chain_with_g1_g2" in gate.get("ablation", {}):
+            rows.append([
+                "1 hash chain written with G1+G2", gate["ablation"]["chain_with_g1_g2"],
+                "", "", "", "",
+            ])  # fmt: skip
         rows.append([
             "1 flat in run length (runs of 1000 / runs of 10, p50)",
             f"{gate['flatness']:.2f}x", "", "~1.0x", "", "",
@@ -235,7 +247,10 @@ def _guarded(results: dict[str, Any], name: str, work: Any) -> bool:
 def _gate(quick: bool) -> Result:
     import bench_gate
 
-    return bench_gate.run(quick)
+    result = bench_gate.run(quick)
+    log("gate: the proposed gate changes, applied in this process only")
+    result["ablation"] = bench_gate.ablation(quick)
+    return result
 
 
 def _mcp(quick: bool, commits: int) -> Result:
