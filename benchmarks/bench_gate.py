@@ -117,19 +117,29 @@ def count_commits_per_step(workdir: Path) -> float:
 
 
 class Floor:
-    """Bare SQLite commits with the store's journal and synchronous settings."""
+    """Bare SQLite commits with the store's journal and synchronous settings.
 
-    def __init__(self, path: Path | str) -> None:
+    `tables` > 1 makes each commit insert one small row into each of that many
+    tables, so it dirties about as many pages as a gate commit does (the
+    page-matched floor; a gate commit writes ~5 WAL frames, a bare INSERT 1).
+    """
+
+    def __init__(self, path: Path | str, tables: int = 1) -> None:
         self.connection = sqlite3.connect(path, isolation_level=None)
         self.connection.execute("PRAGMA journal_mode = WAL")
         self.connection.execute("PRAGMA synchronous = FULL")
-        self.connection.execute("CREATE TABLE IF NOT EXISTS t (id INTEGER PRIMARY KEY, v TEXT)")
+        self.tables = [f"t{index}" for index in range(tables)]
+        for table in self.tables:
+            self.connection.execute(
+                f"CREATE TABLE IF NOT EXISTS {table} (id INTEGER PRIMARY KEY, v TEXT)"
+            )
 
     def commits(self, count: int) -> float:
         began = time.perf_counter()
         for _ in range(count):
             self.connection.execute("BEGIN IMMEDIATE")
-            self.connection.execute("INSERT INTO t (v) VALUES (?)", ("x" * 64,))
+            for table in self.tables:
+                self.connection.execute(f"INSERT INTO {table} (v) VALUES (?)", ("x" * 64,))
             self.connection.execute("COMMIT")
         return time.perf_counter() - began
 
@@ -383,8 +393,32 @@ def ablation(quick: bool = False) -> Result:
                 gate = _gate(":memory:", steps)
                 times[name].append(anyio.run(_run_steps, gate, steps, 1) / steps)
                 gate.store.close()
-        apply(variants["G1+G2: and the chain head read once per transaction"])
+        file_ratios: dict[str, float] = {}
         with tempfile.TemporaryDirectory(prefix="agentrt-bench-ablation-") as name:
+            # On a file, paired with the floor as in the main measurement: as is, then G1.
+            floor = Floor(Path(name) / "floor.db")
+            floor.commits(1100)
+            for label in ("as is", "G1: no heartbeat task for short calls"):
+                apply(variants[label])
+                gate = _gate(Path(name) / f"{len(file_ratios)}.db", steps + 150)
+                anyio.run(_run_steps, gate, 150, 1)
+                gate_times, floor_times = anyio.run(_paired, gate, floor, 2, steps, 1)
+                file_ratios[label] = ratio(sum(gate_times), sum(floor_times))
+                gate.store.close()
+            floor.close()
+            apply({})
+            wide = Floor(Path(name) / "wide-floor.db", tables=5)
+            wide.commits(300)
+            gate = _gate(Path(name) / "wide.db", steps + 150)
+            anyio.run(_run_steps, gate, 150, 1)
+            gate_times, floor_times = anyio.run(_paired, gate, wide, 2, steps, 1)
+            file_ratios["as is, against a page-matched floor (5 tables a commit)"] = ratio(
+                sum(gate_times), sum(floor_times)
+            )
+            result_frames = wal_frames_per_commit(gate, wide)
+            gate.store.close()
+            wide.close()
+            apply(variants["G1+G2: and the chain head read once per transaction"])
             gate = _gate(Path(name) / "chain.db", 200)
             anyio.run(_run_steps, gate, 200, 1)
             report = gate.store.verify_chain()
@@ -399,4 +433,34 @@ def ablation(quick: bool = False) -> Result:
         for name, values in times.items()
     }  # fmt: skip
     result["chain_with_g1_g2"] = verified
+    result["file_ratio_to_floor"] = file_ratios
+    result["wal_frames_per_commit"] = result_frames
     return result
+
+
+def wal_frames_per_commit(gate: Gate, floor: Floor) -> dict[str, float]:
+    """WAL frames (pages) one commit writes: a gate step's commits, and the floor's."""
+    frames: dict[str, float] = {}
+    connection: sqlite3.Connection = gate.store._connection  # measuring only
+    page = int(connection.execute("PRAGMA page_size").fetchone()[0])
+
+    def wal_size(db: Path | str) -> int:
+        wal = Path(f"{db}-wal")
+        return wal.stat().st_size if wal.exists() else 0
+
+    for label, conn, path, work in (
+        ("gate", connection, gate.store.path, lambda: anyio.run(_run_steps, gate, 50, 1)),
+        ("floor", floor.connection, _db_path(floor.connection), lambda: floor.commits(100)),
+    ):
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        before = wal_size(path)
+        work()
+        commits = 100
+        frames[label] = (wal_size(path) - before) / (page + 24) / commits
+        conn.execute("PRAGMA wal_autocheckpoint = 1000")
+    return frames
+
+
+def _db_path(connection: sqlite3.Connection) -> str:
+    return str(connection.execute("PRAGMA database_list").fetchone()[2])

@@ -81,12 +81,24 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
         for name, seconds in gate.get("parts_s", {}).items():
             rows.append([f"1   CPU part: {name}", "", "", "", "", f"{seconds * 1e6:.0f} us"])
         for name, values in gate.get("ablation", {}).items():
-            if isinstance(values, dict) and name != "as is":
+            if isinstance(values, dict) and "ratio_to_as_is" in values and name != "as is":
                 rows.append([
                     f"1 CPU per step with proposal {name} vs as is",
                     f"{values['ratio_to_as_is']:.2f}x", "", "", "",
                     f"{values['per_step_s'] * 1e6:.0f} us per step",
                 ])  # fmt: skip
+        for name, value in gate.get("ablation", {}).get("file_ratio_to_floor", {}).items():
+            rows.append([
+                f"1 gate step on a file vs 2 bare commits, {name} (runs of 1000)",
+                f"{value:.2f}x", "", "<= 1.5x", _verdict(value, 1.5), "",
+            ])  # fmt: skip
+        frames = gate.get("ablation", {}).get("wal_frames_per_commit", {})
+        if frames:
+            rows.append([
+                "1 WAL frames (pages) per commit: gate step vs page-matched floor",
+                f"{frames.get('gate', float('nan')):.1f}",
+                f"floor {frames.get('floor', float('nan')):.1f}", "", "", "",
+            ])  # fmt: skip
         if "chain_with_g1_g2" in gate.get("ablation", {}):
             rows.append([
                 "1 hash chain written with G1+G2", gate["ablation"]["chain_with_g1_g2"],
