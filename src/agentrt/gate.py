@@ -554,19 +554,21 @@ class Gate:
         call = ToolCall(args=args, tool=spec.name, run_id=run_id, step=step)
         error: str | None = None
         result: ToolResult | None = None
-        async with anyio.create_task_group() as group:
-            group.start_soon(self._heartbeat, run_id)
-            try:
+        try:
+            if spec.timeout <= self.lease_ttl / 2:
+                # The lease was taken for lease_ttl just before this call, and
+                # the call ends at its timeout with half the lease left: no
+                # renewal can be missed, so no heartbeat task is needed.
                 with anyio.fail_after(spec.timeout):
                     result = await registered.tool.call(call)
-            except TimeoutError:
-                error = f"the tool {spec.name} timed out after {spec.timeout:g}s"
-            except anyio.get_cancelled_exc_class():
-                group.cancel_scope.cancel()
-                raise
-            except Exception as exc:
-                error = f"the tool {spec.name} failed: {_error_text(exc)}"
-            group.cancel_scope.cancel()
+            else:
+                result = await self._call_with_heartbeat(registered.tool, call, run_id)
+        except TimeoutError:
+            error = f"the tool {spec.name} timed out after {spec.timeout:g}s"
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            error = f"the tool {spec.name} failed: {_error_text(exc)}"
         if error is None and result is not None:
             if not isinstance(result, ToolResult) or not isinstance(result.content, str):
                 error = f"the tool {spec.name} returned no ToolResult"
@@ -576,6 +578,24 @@ class Gate:
                 except JSONBoundaryError as exc:
                     error = f"the tool {spec.name} returned content that is not valid JSON: {exc}"
         return self._record_result(run_id, step, spec, args, result, error)
+
+    async def _call_with_heartbeat(self, tool: Tool, call: ToolCall, run_id: str) -> ToolResult:
+        """Call a tool that may outlast its lease, renewing the lease until it returns."""
+        outcome: list[ToolResult] = []
+        failure: BaseException | None = None
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._heartbeat, run_id)
+            try:
+                with anyio.fail_after(tool.spec.timeout):
+                    outcome.append(await tool.call(call))
+            except BaseException as exc:
+                # Re-raised outside the task group, so callers see it unwrapped.
+                failure = exc
+            finally:
+                group.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        return outcome[0]
 
     def _record_result(
         self,

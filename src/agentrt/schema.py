@@ -237,9 +237,17 @@ def _multiple_of(
 
 def _validator_class(schema: Mapping[str, Any]) -> type[Any]:
     dialect = schema.get("$schema")
+    return _validator_class_for(dialect.rstrip("#") if isinstance(dialect, str) else None)
+
+
+@functools.lru_cache(maxsize=16)
+def _validator_class_for(dialect: str | None) -> type[Any]:
+    # One class per dialect: it is built from the draft, this module's keyword
+    # functions and the integer check only, never from the schema itself, and
+    # building one costs about a millisecond.
     base_class: type[Any] = jsonschema.Draft202012Validator
-    if isinstance(dialect, str):
-        base_class = _DRAFT_VALIDATORS[dialect.rstrip("#")]
+    if dialect is not None:
+        base_class = _DRAFT_VALIDATORS[dialect]
     # JSON Schema counts 1.0 as an integer; parse_json yields Decimal('1.0').
     type_checker = base_class.TYPE_CHECKER.redefine("integer", _is_integer)
     keywords = {

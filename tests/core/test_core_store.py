@@ -242,3 +242,19 @@ async def test_crash_mid_read_marks_the_step_interrupted_and_continues(tmp_path:
     assert outcome.observation is not None and outcome.observation.kind == "interrupted"
     assert gate.store.list_steps("crashy")[0].status == "interrupted"
     assert read.calls == []
+
+
+@pytest.mark.anyio
+async def test_a_call_longer_than_its_lease_keeps_the_lease_renewed(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    slow = RecordingTool("write", SideEffect.LOCAL_MUTATION, delay=1.5, timeout=5.0)
+    first = Gate(open_store(db), [slow], lease_ttl=0.6)
+    second = Gate(open_store(db), [slow], lease_ttl=0.6)
+    run_id = await first.start("x")
+    async with anyio.create_task_group() as group:
+        group.start_soon(first.step, run_id, Decision.tool_call("write", '{"path": "a"}'))
+        # Twice the lease's time into the call, the heartbeat has kept it live.
+        await anyio.sleep(1.2)
+        with pytest.raises(RunLeased):
+            await second.resume(run_id)
+    assert len(slow.calls) == 1

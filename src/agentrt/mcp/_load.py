@@ -15,7 +15,7 @@ from ..errors import RegistrationError
 from ..gate import Gate
 from ..sanitize import sanitize
 from ..schema import check_self_contained
-from ..store import open_store
+from ..store import Store, open_store
 from ..tools import TOOL_NAME_PATTERN, SideEffect, Tool, ToolSpec
 from . import _connection
 from ._errors import LoadError
@@ -176,40 +176,45 @@ async def _check_all(
     tools: list[Tool] = []
     report = Report(server=server.name, connection=connection)
     holders: dict[str, str] = {}
-    for name in sorted(manifest.tools):
-        rule = rules.get(name)
-        if rule is None:
-            report.unclassified.append(name)
-            continue
-        phase.enter(f'checking the tool "{name}"')
-        # The checks are synchronous; a checkpoint per tool lets the deadline fire between them.
-        await anyio.lowlevel.checkpoint()
-        try:
-            tool, hint_mismatch = _check_tool(
-                server, manifest.tools[name], rule, live.get(name), connection
+    # One in-memory store serves every tool's runtime check: building a Gate
+    # registers and checks tools and never reads or writes its store.
+    with open_store(":memory:") as check_store:
+        for name in sorted(manifest.tools):
+            rule = rules.get(name)
+            if rule is None:
+                report.unclassified.append(name)
+                continue
+            phase.enter(f'checking the tool "{name}"')
+            # The checks are synchronous; a checkpoint per tool lets the deadline fire between them.
+            await anyio.lowlevel.checkpoint()
+            try:
+                tool, hint_mismatch = _check_tool(
+                    server, manifest.tools[name], rule, live.get(name), connection, check_store
+                )
+                holder = holders.get(tool.spec.name)
+                if holder is not None:
+                    raise _Refused(f'the name "{tool.spec.name}" is already taken by "{holder}"')
+            except _Refused as refused:
+                report.refused.append(Refusal(tool=name, reason=str(refused)))
+                continue
+            except Exception as exc:
+                # A schema no check foresaw must cost only its own tool, never the whole load.
+                report.refused.append(
+                    Refusal(
+                        tool=name, reason=f"it could not be checked: {type(exc).__name__}: {exc}"
+                    )
+                )
+                continue
+            holders[tool.spec.name] = name
+            tools.append(tool)
+            report.registered.append(
+                Registration(
+                    tool=name,
+                    name=tool.spec.name,
+                    side_effect=rule.side_effect,
+                    hint_mismatch=hint_mismatch,
+                )
             )
-            holder = holders.get(tool.spec.name)
-            if holder is not None:
-                raise _Refused(f'the name "{tool.spec.name}" is already taken by "{holder}"')
-        except _Refused as refused:
-            report.refused.append(Refusal(tool=name, reason=str(refused)))
-            continue
-        except Exception as exc:
-            # A schema no check foresaw must cost only its own tool, never the whole load.
-            report.refused.append(
-                Refusal(tool=name, reason=f"it could not be checked: {type(exc).__name__}: {exc}")
-            )
-            continue
-        holders[tool.spec.name] = name
-        tools.append(tool)
-        report.registered.append(
-            Registration(
-                tool=name,
-                name=tool.spec.name,
-                side_effect=rule.side_effect,
-                hint_mismatch=hint_mismatch,
-            )
-        )
     report.unpinned.extend(sorted(name for name in live if name not in manifest.tools))
     return tools, report
 
@@ -220,6 +225,7 @@ def _check_tool(
     rule: Rule,
     raw_tool: Mapping[str, Any] | None,
     connection: _connection.Connection,
+    check_store: Store,
 ) -> tuple[ServerTool, str]:
     """Run the checks in order; raise `_Refused` naming the first that failed."""
     if raw_tool is None:
@@ -284,7 +290,7 @@ def _check_tool(
         fixed=fixed,
         max_content_bytes=server.max_content_bytes,
     )
-    _check_runtime_accepts(tool)
+    _check_runtime_accepts(tool, check_store)
     return tool, hint_mismatch
 
 
@@ -378,10 +384,9 @@ def _restricted_schema(schema: dict[str, Any], hidden: list[str]) -> dict[str, A
     return restricted
 
 
-def _check_runtime_accepts(tool: ServerTool) -> None:
+def _check_runtime_accepts(tool: ServerTool, store: Store) -> None:
     """Build the runtime over this one tool, so the check is the runtime's own rules."""
-    with open_store(":memory:") as store:
-        try:
-            Gate(store, [tool])
-        except RegistrationError as exc:
-            raise _Refused(f"the runtime refuses it: {exc}") from None
+    try:
+        Gate(store, [tool])
+    except RegistrationError as exc:
+        raise _Refused(f"the runtime refuses it: {exc}") from None

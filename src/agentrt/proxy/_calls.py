@@ -12,6 +12,7 @@ module carries the decision out through `Gate.step`/`Gate.resume`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import shlex
@@ -87,10 +88,13 @@ class WatchedTool:
     def __init__(self, inner: Tool, cut_off: set[tuple[str, int]]) -> None:
         self._inner = inner
         self._cut_off = cut_off
+        # A proxy run is one call: its result ends the run in the transaction
+        # that records it, rather than in a commit of its own afterwards.
+        self._spec = dataclasses.replace(inner.spec, terminal=True)
 
     @property
     def spec(self) -> ToolSpec:
-        return self._inner.spec
+        return self._spec
 
     async def call(self, call: ToolCall) -> ToolResult:
         try:
