@@ -417,8 +417,9 @@ class Gate:
         name, args = registered.spec.name, request.args
         approval: ApprovalRecord | None = None
         with self.store.transaction() as connection:
-            self._check_running(connection, run.run_id)
             fresh = self.store.get_run(run.run_id)
+            if fresh.status is not RunStatus.RUNNING:
+                raise RunStateError(f"run {sanitize(run.run_id)} is {fresh.status}, not running")
             self._acquire_lease(connection, fresh, now)
             connection.execute(
                 "INSERT INTO steps (run_id, step, tool, args, status, started_at)"
