@@ -1,4 +1,4 @@
-"""`agentrt proxy`, optionally with its SQLite COMMITs counted or a proposed change applied.
+"""`agentrt proxy`, optionally with its SQLite COMMITs counted.
 
     python _traced_proxy.py --config FILE
 
@@ -6,23 +6,17 @@
   FILE with two totals so far: every COMMIT, and the COMMITs of transactions that
   changed a row (only those write the WAL and wait for fsync).  For counting only;
   never used in a timed pass.
-- `BENCH_PROPOSAL=terminal`: every proxied tool is registered as terminal, so the
-  gate completes the run in the transaction that records the result instead of a
-  separate `Decision.complete` commit (docs/performance.md, proposal P1).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
 
-from agentrt.proxy import _calls
 from agentrt.proxy.__main__ import main
-from agentrt.tools import ToolSpec
 
 _count_file = os.environ.get("BENCH_COMMIT_COUNT")
 _totals = {"commits": 0, "writing": 0}
@@ -50,14 +44,8 @@ def _counting_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
     return connection
 
 
-def _terminal_spec(self: Any) -> ToolSpec:
-    return dataclasses.replace(self._inner.spec, terminal=True)
-
-
 if _count_file:
     sqlite3.connect = _counting_connect  # type: ignore[assignment]
-if os.environ.get("BENCH_PROPOSAL") == "terminal":
-    _calls.WatchedTool.spec = property(_terminal_spec)  # type: ignore[assignment,method-assign]
 
 if __name__ == "__main__":
     sys.exit(main())

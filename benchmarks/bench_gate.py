@@ -278,37 +278,6 @@ def parts(repeat: int = 2000) -> dict[str, float]:
 # -- ablations: proposed changes to the gate and the store, in this process only ----------
 
 
-async def _execute_without_heartbeat(
-    self: Gate, run_id: str, step: int, registered: Any, args: str
-) -> StepOutcome:
-    """Proposal G1: `Gate._execute` without the heartbeat task when the tool's own deadline
-    ends the call well inside the lease just taken (timeout <= lease_ttl / 2)."""
-    from agentrt import gate as gate_module
-
-    if registered.spec.timeout > self.lease_ttl / 2:
-        return await _ORIGINAL["execute"](self, run_id, step, registered, args)  # type: ignore[no-any-return]
-    spec = registered.spec
-    call = ToolCall(args=args, tool=spec.name, run_id=run_id, step=step)
-    error: str | None = None
-    result: ToolResult | None = None
-    try:
-        with anyio.fail_after(spec.timeout):
-            result = await registered.tool.call(call)
-    except TimeoutError:
-        error = f"the tool {spec.name} timed out after {spec.timeout:g}s"
-    except Exception as exc:
-        error = f"the tool {spec.name} failed: {gate_module._error_text(exc)}"
-    if error is None and result is not None:
-        if not isinstance(result, ToolResult) or not isinstance(result.content, str):
-            error = f"the tool {spec.name} returned no ToolResult"
-        else:
-            try:
-                parse_json(result.content)
-            except ValueError as exc:
-                error = f"the tool {spec.name} returned content that is not valid JSON: {exc}"
-    return self._record_result(run_id, step, spec, args, result, error)
-
-
 def _transaction_with_head(self: Any) -> Any:
     """Proposal G2, part 1: `Store.transaction` forgets the cached chain head at BEGIN and
     on rollback (the cache is valid only inside one write transaction)."""
@@ -360,18 +329,15 @@ _ORIGINAL: dict[str, Any] = {}
 
 
 def ablation(quick: bool = False) -> Result:
-    """CPU per allowed step (in-memory store) as is, with G1, and with G1+G2, interleaved;
-    then the chain of a file store written with G1+G2 is verified."""
+    """CPU per allowed step (in-memory store) as is and with G2, interleaved; the gate on a
+    file against a page-matched floor; then the chain of a file store written with G2 is
+    verified.  (G1, no heartbeat task for calls that end inside their lease, is applied.)"""
     from agentrt.store import Store
 
-    _ORIGINAL.update(
-        execute=Gate._execute, transaction=Store.transaction, append_event=Store.append_event
-    )
+    _ORIGINAL.update(transaction=Store.transaction, append_event=Store.append_event)
     variants = {
         "as is": {},
-        "G1: no heartbeat task for short calls": {"execute": _execute_without_heartbeat},
-        "G1+G2: and the chain head read once per transaction": {
-            "execute": _execute_without_heartbeat,
+        "G2: the chain head read once per transaction": {
             "transaction": _transaction_with_head,
             "append_event": _append_event_with_head,
         },
@@ -382,7 +348,6 @@ def ablation(quick: bool = False) -> Result:
     verified = ""
 
     def apply(patches: dict[str, Any]) -> None:
-        Gate._execute = patches.get("execute", _ORIGINAL["execute"])  # type: ignore[method-assign]
         Store.transaction = patches.get("transaction", _ORIGINAL["transaction"])  # type: ignore[method-assign]
         Store.append_event = patches.get("append_event", _ORIGINAL["append_event"])  # type: ignore[method-assign]
 
@@ -395,17 +360,6 @@ def ablation(quick: bool = False) -> Result:
                 gate.store.close()
         file_ratios: dict[str, float] = {}
         with tempfile.TemporaryDirectory(prefix="agentrt-bench-ablation-") as name:
-            # On a file, paired with the floor as in the main measurement: as is, then G1.
-            floor = Floor(Path(name) / "floor.db")
-            floor.commits(1100)
-            for label in ("as is", "G1: no heartbeat task for short calls"):
-                apply(variants[label])
-                gate = _gate(Path(name) / f"{len(file_ratios)}.db", steps + 150)
-                anyio.run(_run_steps, gate, 150, 1)
-                gate_times, floor_times = anyio.run(_paired, gate, floor, 2, steps, 1)
-                file_ratios[label] = ratio(sum(gate_times), sum(floor_times))
-                gate.store.close()
-            floor.close()
             apply({})
             wide = Floor(Path(name) / "wide-floor.db", tables=5)
             wide.commits(300)
@@ -418,7 +372,7 @@ def ablation(quick: bool = False) -> Result:
             result_frames = wal_frames_per_commit(gate, wide)
             gate.store.close()
             wide.close()
-            apply(variants["G1+G2: and the chain head read once per transaction"])
+            apply(variants["G2: the chain head read once per transaction"])
             gate = _gate(Path(name) / "chain.db", 200)
             anyio.run(_run_steps, gate, 200, 1)
             report = gate.store.verify_chain()
@@ -432,7 +386,7 @@ def ablation(quick: bool = False) -> Result:
             percentile(values, 0.5), base)}
         for name, values in times.items()
     }  # fmt: skip
-    result["chain_with_g1_g2"] = verified
+    result["chain_with_g2"] = verified
     result["file_ratio_to_floor"] = file_ratios
     result["wal_frames_per_commit"] = result_frames
     return result

@@ -159,10 +159,6 @@ def _environment() -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")}
 
 
-def _proposal_command(config: Path) -> list[str]:
-    return [PYTHON, str(HERE / "_traced_proxy.py"), "--config", str(config)]
-
-
 def _fastmcp_config(commands: dict[str, list[str]]) -> str:
     servers = {
         name: {"command": command[0], "args": command[1:], "transport": "stdio"}
@@ -171,16 +167,12 @@ def _fastmcp_config(commands: dict[str, list[str]]) -> str:
     return json.dumps({"mcpServers": servers})
 
 
-async def _count_commits(
-    config: Path, root: Path, tool: str, calls: int = 20, proposal: str = ""
-) -> dict[str, float]:
+async def _count_commits(config: Path, root: Path, tool: str, calls: int = 20) -> dict[str, float]:
     """COMMITs per proxied call: all of them, and those that wrote (and so waited for fsync)."""
     count_file = root / "commits.count"
     command = [PYTHON, str(HERE / "_traced_proxy.py"), "--config", str(config)]
     count_file.unlink(missing_ok=True)
     environment = {**_environment(), "BENCH_COMMIT_COUNT": str(count_file)}
-    if proposal:
-        environment["BENCH_PROPOSAL"] = proposal
 
     def totals() -> tuple[int, int]:
         if not count_file.exists():
@@ -209,15 +201,6 @@ def _targets(config: Path, root: Path, peers: dict[str, Peer]) -> list[Target]:
             "agentrt-stdio",
             "bench_noop_0000",
             lambda: stdio_session(_proxy_command(config), cwd=root),
-        ),
-        Target(
-            "agentrt-stdio+P1",
-            "bench_noop_0000",
-            lambda: stdio_session(
-                _proposal_command(config),
-                cwd=root,
-                env={**_environment(), "BENCH_PROPOSAL": "terminal"},
-            ),
         ),
         Target(
             "agentrt-http",
@@ -310,7 +293,6 @@ async def _proxy_latency(quick: bool, peers: dict[str, Peer], root: Path) -> Res
     config = write_config(root, [await upstream_entry(root, "bench", 1)])
     log("proxy: counting commits per proxied call")
     counted = await _count_commits(config, root, "bench_noop_0000")
-    counted_p1 = await _count_commits(config, root, "bench_noop_0000", proposal="terminal")
     commits_per_call = counted["writing_commits"]
     log("proxy: sequential calls")
     floor = Floor(root / "proxy-floor.db")
@@ -353,7 +335,6 @@ async def _proxy_latency(quick: bool, peers: dict[str, Peer], root: Path) -> Res
     return {
         "commits_per_call": commits_per_call,
         "all_commits_per_call": counted["commits"],
-        "commits_per_call_with_p1": counted_p1,
         "sequential": sequential,
         "added_latency_s": added,
         "comparisons": comparisons,

@@ -99,9 +99,9 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
                 f"{frames.get('gate', float('nan')):.1f}",
                 f"floor {frames.get('floor', float('nan')):.1f}", "", "", "",
             ])  # fmt: skip
-        if "chain_with_g1_g2" in gate.get("ablation", {}):
+        if "chain_with_g2" in gate.get("ablation", {}):
             rows.append([
-                "1 hash chain written with G1+G2", gate["ablation"]["chain_with_g1_g2"],
+                "1 hash chain written with G2", gate["ablation"]["chain_with_g2"],
                 "", "", "", "",
             ])  # fmt: skip
         rows.append([
@@ -131,13 +131,6 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
             "<= 3x", _verdict(load["ratio"], 3.0),
             f"median {sorted(load['load_s'])[len(load['load_s']) // 2]:.2f} s",
         ])  # fmt: skip
-        for name, values in mcp.get("load_ablation", {}).items():
-            if name != "as is":
-                rows.append([
-                    f"3 load of 1000 tools with proposal {name} vs as is",
-                    f"{values['ratio_to_as_is']:.2f}x", "", "", "",
-                    f"median {sorted(values['load_s'])[len(values['load_s']) // 2]:.2f} s",
-                ])  # fmt: skip
     proxy = results.get("proxy")
     if isinstance(proxy, dict) and "latency" in proxy:
         latency = proxy["latency"]
@@ -151,12 +144,10 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
                 f"p99 {values['p99'] / stats['direct']['p99']:.2f}x", "", "",
                 f"added p50 {ms(values['p50'] - direct)}",
             ])  # fmt: skip
-        with_p1 = latency.get("commits_per_call_with_p1", {})
         rows.append([
-            "4 commits per proxied call (writing / all; with P1)",
+            "4 commits per proxied call (writing / all)",
             f"{latency['commits_per_call']:g} / {latency.get('all_commits_per_call', 0):g}",
-            f"P1: {with_p1.get('writing_commits', float('nan')):g} / "
-            f"{with_p1.get('commits', float('nan')):g}", "", "", "",
+            "", "", "", "",
         ])  # fmt: skip
         for name, value in latency["comparisons"].items():
             rows.append([
@@ -268,10 +259,7 @@ def _gate(quick: bool) -> Result:
 def _mcp(quick: bool, commits: int) -> Result:
     import bench_mcp
 
-    result = bench_mcp.run(quick, commits)
-    log("mcp: the proposed load optimisations, applied in this process only")
-    result["load_ablation"] = bench_mcp.run_ablation(quick)
-    return result
+    return bench_mcp.run(quick, commits)  # type: ignore[no-any-return]
 
 
 def _proxy(quick: bool, no_peers: bool) -> Result:
