@@ -377,7 +377,11 @@ class Gate:
     ) -> StepOutcome:
         started = utc_now()
         with self.store.transaction() as connection:
-            self._check_running(connection, run.run_id)
+            fresh = self._take_running(connection, run.run_id)
+            if fresh.step_count + 1 != step_number:
+                raise RunStateError(
+                    f"run {sanitize(run.run_id)} moved on while this step was checked"
+                )
             connection.execute(
                 "INSERT INTO steps (run_id, step, tool, args, status, observation_kind, content,"
                 " started_at, finished_at) VALUES (?, ?, ?, ?, 'invalid', 'invalid', ?, ?, ?)",
@@ -395,6 +399,14 @@ class Gate:
         self._notify()
         observation = Observation(step_number, tool, args, "invalid", problem)
         return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="invalid")
+
+    def _take_running(self, connection: sqlite3.Connection, run_id: str) -> RunRecord:
+        """Inside a write transaction: the run, still running, with this gate's lease on it."""
+        fresh = self.store.get_run(run_id)
+        if fresh.status is not RunStatus.RUNNING:
+            raise RunStateError(f"run {sanitize(run_id)} is {fresh.status}, not running")
+        self._acquire_lease(connection, fresh, time.time())
+        return fresh
 
     def _check_running(
         self, connection: sqlite3.Connection, run_id: str, status: RunStatus = RunStatus.RUNNING
@@ -417,10 +429,10 @@ class Gate:
         name, args = registered.spec.name, request.args
         approval: ApprovalRecord | None = None
         with self.store.transaction() as connection:
-            fresh = self.store.get_run(run.run_id)
-            if fresh.status is not RunStatus.RUNNING:
-                raise RunStateError(f"run {sanitize(run.run_id)} is {fresh.status}, not running")
-            self._acquire_lease(connection, fresh, now)
+            fresh = self._take_running(connection, run.run_id)
+            if fresh.step_count + 1 != step_number:
+                # Another step was recorded while the policy decided this one.
+                raise RunStateError(f"run {sanitize(run.run_id)} moved on while its policy decided")
             connection.execute(
                 "INSERT INTO steps (run_id, step, tool, args, status, started_at)"
                 " VALUES (?, ?, ?, ?, 'recorded', ?)",
@@ -660,6 +672,7 @@ class Gate:
         self, run: RunRecord, status: RunStatus, reason: str, result: str | None
     ) -> StepOutcome:
         with self.store.transaction() as connection:
+            self._take_running(connection, run.run_id)
             end_run(self.store, connection, run.run_id, status, reason, result)
         self._notify()
         return StepOutcome(run.run_id, status, result=result, reason=reason)
@@ -687,7 +700,7 @@ class Gate:
         with self.store.transaction() as connection:
             self._check_running(connection, run.run_id)
             fresh = self.store.get_run(run.run_id)
-            if fresh.lease_owner == self.owner:
+            if fresh.lease_owner == self.owner and (fresh.lease_expires_at or 0.0) > now:
                 raise RunStateError(f"run {sanitize(run.run_id)} is already being run by this gate")
             self._acquire_lease(connection, fresh, now)
             executing = connection.execute(
@@ -834,7 +847,9 @@ class Gate:
                 {"approval_id": approval.approval_id, "outcome": str(decided.outcome)},
             )  # fmt: skip
             fresh = self.store.get_run(run.run_id)
-            self._acquire_lease(connection, fresh, now)
+            # Now, not when resume began: the policy may have taken a while, and the
+            # call that follows relies on a lease taken just before it.
+            self._acquire_lease(connection, fresh, time.time())
             if decided.outcome is Outcome.DENY:
                 self._set_step(connection, run.run_id, approval.step, StepStatus.DENIED, "denied",
                                decided.reason or "denied by policy", None)  # fmt: skip

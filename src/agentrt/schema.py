@@ -10,8 +10,10 @@ registry holding only the standard metaschemas, with retrieval refused.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import re
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -24,7 +26,7 @@ import regex
 from jsonschema.exceptions import ValidationError
 from jsonschema_specifications import REGISTRY as _METASCHEMAS
 from referencing import Registry
-from referencing.exceptions import NoSuchResource, Unresolvable
+from referencing.exceptions import NoSuchResource
 
 from .errors import SchemaError
 from .sanitize import sanitize
@@ -152,24 +154,36 @@ def _regex(pattern: str) -> Any:
     return regex.compile(pattern)
 
 
+class _PatternTimeout(Exception):
+    """A pattern check ran out of time; it ends the whole validation, not one value."""
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__(pattern)
+        self.pattern = pattern
+
+
+# One budget for all the pattern checks of one validation: a model could
+# otherwise send a thousand strings that each take the per-check timeout.
+_REGEX_BUDGET_SECONDS: Final = 0.5
+_regex_deadline: contextvars.ContextVar[float] = contextvars.ContextVar("_regex_deadline")
+
+
 def _search(pattern: str, text: str) -> bool:
+    deadline = _regex_deadline.get(None)
+    limit = _REGEX_SECONDS
+    if deadline is not None:
+        limit = min(limit, deadline - time.monotonic())
+        if limit <= 0:
+            raise _PatternTimeout(pattern)
     try:
-        return _regex(pattern).search(text, timeout=_REGEX_SECONDS) is not None
+        return _regex(pattern).search(text, timeout=limit) is not None
     except TimeoutError:
-        raise ValidationError(
-            f"the pattern {pattern!r} took too long to check; the value is refused"
-        ) from None
+        raise _PatternTimeout(pattern) from None
 
 
 def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
-    if validator.is_type(instance, "string"):
-        try:
-            matched = _search(pattern, instance)
-        except ValidationError as error:
-            yield error
-            return
-        if not matched:
-            yield ValidationError(f"{instance!r} does not match {pattern!r}")
+    if validator.is_type(instance, "string") and not _search(pattern, instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
 def _pattern_properties(
@@ -179,12 +193,7 @@ def _pattern_properties(
         return
     for pattern, subschema in patterns.items():
         for key, value in instance.items():
-            try:
-                matched = _search(pattern, key)
-            except ValidationError as error:
-                yield error
-                return
-            if matched:
+            if _search(pattern, key):
                 yield from validator.descend(value, subschema, path=key, schema_path=pattern)
 
 
@@ -197,14 +206,8 @@ def _additional_properties(
     patterns = list(schema.get("patternProperties", {}))
     extras = []
     for key in instance:
-        if key in properties:
+        if key in properties or any(_search(pattern, key) for pattern in patterns):
             continue
-        try:
-            if any(_search(pattern, key) for pattern in patterns):
-                continue
-        except ValidationError as error:
-            yield error
-            return
         extras.append(key)
     if validator.is_type(additional, "object"):
         for key in extras:
@@ -288,12 +291,17 @@ class CompiledSchema:
 
     def first_error(self, instance: Any) -> str | None:
         """Return one sentence describing the first violation, or None when valid."""
+        token = _regex_deadline.set(time.monotonic() + _REGEX_BUDGET_SECONDS)
         try:
             error = jsonschema.exceptions.best_match(self._validator.iter_errors(instance))
-        except (Unresolvable, RecursionError, ArithmeticError, ValueError, TypeError) as exc:
-            return f"the arguments could not be checked against the schema: {type(exc).__name__}"
+        except _PatternTimeout as timeout:
+            return sanitize(
+                f"the pattern {timeout.pattern!r} took too long to check; the value is refused"
+            )
         except Exception as exc:  # a hostile schema must not crash the loop
             return f"the arguments could not be checked against the schema: {type(exc).__name__}"
+        finally:
+            _regex_deadline.reset(token)
         if error is None:
             return None
         where = "/".join(str(part) for part in error.absolute_path)

@@ -279,6 +279,12 @@ def _check_file(path: Path) -> bool:
         )
     if not stat.S_ISREG(info.st_mode):
         raise UnsafeDatabase(f"database {sanitize(str(path))} is not a regular file")
+    if info.st_uid != os.geteuid():
+        # Its owner is someone else who can write it, and so forge an approval.
+        raise UnsafeDatabase(
+            f"database {sanitize(str(path))} is owned by another user (uid {info.st_uid}); "
+            "anyone who can write it can forge an approval"
+        )
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeDatabase(
             f"database {sanitize(str(path))} is writable by group or others "
@@ -308,6 +314,8 @@ def _tighten_sidecars(path: Path) -> None:
             continue
         if stat.S_ISLNK(info.st_mode):
             raise UnsafeDatabase(f"{sanitize(str(sidecar))} is a symbolic link")
+        if info.st_uid != os.geteuid():
+            raise UnsafeDatabase(f"{sanitize(str(sidecar))} is owned by another user")
         if stat.S_IMODE(info.st_mode) & 0o077:
             os.chmod(sidecar, 0o600)
 

@@ -8,7 +8,7 @@ from .canonical import canonical_json
 from .sanitize import sanitize
 from .store import Event
 
-__all__ = ["JsonlTrace", "TextTrace", "event_json", "format_event"]
+__all__ = ["JsonlTrace", "TextTrace", "ascii_only", "event_json", "format_event"]
 
 _VALUE_CHARS = 120
 
@@ -28,18 +28,40 @@ def format_event(event: Event) -> str:
     return f"{event.seq:>6}  {event.created_at}  {run_id:<32}  {event.type:<20}  {fields}"
 
 
+def _escape_beyond_ascii(char: str) -> str:
+    code = ord(char)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def ascii_only(json_text: str) -> str:
+    """JSON text with every character outside printable ASCII written as a `\\u` escape.
+
+    Valid because such characters can only occur inside JSON strings, where
+    the escape means the same character; a terminal showing the line then
+    cannot be steered by a bidi control or a C1 character a model chose.
+    """
+    if json_text.isascii() and "\x7f" not in json_text:
+        return json_text
+    return "".join(char if ord(char) < 0x7F else _escape_beyond_ascii(char) for char in json_text)
+
+
 def event_json(event: Event) -> str:
-    """An event as one line of JSON (values as stored, not escaped: JSON escapes itself)."""
-    return canonical_json(
-        {
-            "seq": event.seq,
-            "run_id": event.run_id,
-            "type": event.type,
-            "payload": event.payload,
-            "created_at": event.created_at,
-            "prev_hash": event.prev_hash,
-            "hash": event.hash,
-        }
+    """An event as one line of JSON, printable ASCII only (lossless: JSON escapes decode)."""
+    return ascii_only(
+        canonical_json(
+            {
+                "seq": event.seq,
+                "run_id": event.run_id,
+                "type": event.type,
+                "payload": event.payload,
+                "created_at": event.created_at,
+                "prev_hash": event.prev_hash,
+                "hash": event.hash,
+            }
+        )
     )
 
 

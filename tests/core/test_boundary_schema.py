@@ -494,3 +494,30 @@ def test_a_catastrophic_regex_is_refused_or_checked_in_bounded_time() -> None:
     except subprocess.TimeoutExpired:
         pytest.fail("checking 65 characters against ^(a+)+$ did not finish in 3 seconds")
     assert finished.stdout.strip()
+
+
+SLOW_PATTERN_PROBE = """
+from agentrt.schema import compile_schema
+compiled = compile_schema({
+    "type": "object",
+    "properties": {"a": {"type": "array", "items": {"type": "string", "pattern": "^(.*?,){11}P"}}},
+})
+print(compiled.first_error({"a": ["a," * 30] * 40}))
+print(compiled.first_error({"a": ["a," * 11 + "P"]}))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_pattern_refuses_the_value_instead_of_stalling_the_gate() -> None:
+    # The regex engine's timeout fires on this pattern; forty such strings must
+    # cost one budget, not forty timeouts.  The subprocess bound only catches a hang.
+    try:
+        finished = subprocess.run(
+            [sys.executable, "-c", SLOW_PATTERN_PROBE],
+            capture_output=True, text=True, timeout=20, check=True,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail("forty strings against a slow pattern stalled validation")
+    refusal, accepted = finished.stdout.splitlines()
+    assert refusal == "the pattern '^(.*?,){11}P' took too long to check; the value is refused"
+    assert accepted == "None"

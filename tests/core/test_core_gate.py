@@ -500,7 +500,10 @@ async def test_observers_see_events_only_after_commit(db: Path) -> None:
     assert seen and all(count == 1 for count in seen)
     assert "\x1b" not in text.getvalue() and "\\x1b" in text.getvalue()
     assert "\\u202e" in text.getvalue()
+    # JSON Lines are printable ASCII (escapes decode back to the exact goal).
+    assert lines.getvalue().isascii() and "\u202e" not in lines.getvalue()
     records = [json.loads(line) for line in lines.getvalue().splitlines()]
+    assert records[0]["payload"]["goal"] == "goal \x1b[31mred\u202e"
     assert [record["type"] for record in records][:2] == ["run_started", "step_recorded"]
 
 

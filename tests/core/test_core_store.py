@@ -258,3 +258,65 @@ async def test_a_call_longer_than_its_lease_keeps_the_lease_renewed(tmp_path: Pa
         with pytest.raises(RunLeased):
             await second.resume(run_id)
     assert len(slow.calls) == 1
+
+
+def test_database_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("changing a file's owner needs root")
+    db = tmp_path / "runs.db"
+    open_store(db).close()
+    os.chown(db, 65534, 65534)
+    before = _digest(db)
+    for kwargs in ({}, {"read_only": True}, {"create": False}):
+        with pytest.raises(UnsafeDatabase, match="owned by another user"):
+            open_store(db, **kwargs)  # type: ignore[arg-type]
+    assert _digest(db) == before
+
+
+@pytest.mark.anyio
+async def test_another_gate_cannot_end_or_step_a_run_held_by_a_live_lease(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    slow = RecordingTool("write", SideEffect.LOCAL_MUTATION, delay=0.6)
+    first = Gate(open_store(db), [slow], lease_ttl=5)
+    second = Gate(open_store(db), [slow], lease_ttl=5)
+    run_id = await first.start("x")
+    async with anyio.create_task_group() as group:
+        group.start_soon(first.step, run_id, Decision.tool_call("write", '{"path": "a"}'))
+        await anyio.sleep(0.2)
+        with pytest.raises(RunLeased):
+            await second.step(run_id, Decision.complete("stolen"))
+        with pytest.raises(RunLeased):
+            await second.step(run_id, Decision.tool_call("write", "{not json"))
+    run = first.store.get_run(run_id)
+    assert run.status is RunStatus.RUNNING and run.step_count == 1
+    assert first.store.list_steps(run_id)[0].status == "succeeded"
+
+
+@pytest.mark.anyio
+async def test_resume_takes_its_lease_after_a_slow_policy_not_before(tmp_path: Path) -> None:
+    import time as clock
+
+    from agentrt import PolicyDecision
+
+    class SlowApproval:
+        async def evaluate(self, request: object, run: object) -> PolicyDecision:
+            await anyio.sleep(0.8)
+            return PolicyDecision.require_approval("write", {}, {})
+
+    db = tmp_path / "runs.db"
+    seen: list[float] = []
+
+    class Watching(RecordingTool):
+        async def call(self, call: object) -> object:  # type: ignore[override]
+            seen.append(gate.store.get_run("slow").lease_expires_at - clock.time())  # type: ignore[operator]
+            return await super().call(call)  # type: ignore[arg-type]
+
+    tool = Watching("write", SideEffect.LOCAL_MUTATION, timeout=0.5)
+    gate = Gate(open_store(db), [tool], policy=SlowApproval(), lease_ttl=1.0)
+    await gate.start("x", run_id="slow")
+    outcome = await gate.step("slow", Decision.tool_call("write", '{"path": "a"}'))
+    assert outcome.approval is not None
+    approve(gate.store, "slow", approval_hash=outcome.approval.approval_hash)
+    await gate.resume("slow")
+    # The lease the call relies on was taken after the policy's 0.8 s, not before.
+    assert seen and seen[0] > 0.5

@@ -18,6 +18,7 @@ import click
 
 from ..canonical import canonical_json
 from ..sanitize import sanitize
+from ..trace import ascii_only
 
 __all__ = [
     "BOUND_HEAD",
@@ -53,14 +54,6 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def _escape_beyond_ascii(char: str) -> str:
-    code = ord(char)
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    code -= 0x10000
-    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
-
-
 def ascii_json(value: Any) -> str:
     """One JSON value on one line, printable ASCII only, numbers kept as their literals.
 
@@ -69,17 +62,6 @@ def ascii_json(value: Any) -> str:
     the same character, so the text decodes to the same value.
     """
     return ascii_only(canonical_json(jsonable(value)))
-
-
-def ascii_only(json_text: str) -> str:
-    """JSON text with every character outside printable ASCII written as a `\\u` escape.
-
-    Valid because such characters can only occur inside JSON strings, where
-    the escape means the same character.
-    """
-    if json_text.isascii() and "\x7f" not in json_text:
-        return json_text
-    return "".join(char if ord(char) < 0x7F else _escape_beyond_ascii(char) for char in json_text)
 
 
 def bounded(text: str, head: int = BOUND_HEAD, tail: int = BOUND_TAIL) -> str:
