@@ -320,3 +320,24 @@ async def test_resume_takes_its_lease_after_a_slow_policy_not_before(tmp_path: P
     await gate.resume("slow")
     # The lease the call relies on was taken after the policy's 0.8 s, not before.
     assert seen and seen[0] > 0.5
+
+
+@pytest.mark.anyio
+async def test_a_gate_can_take_back_its_own_expired_lease(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    read = RecordingTool("read", SideEffect.READ_ONLY)
+    gate = Gate(open_store(db), [read], lease_ttl=5)
+    run_id = await gate.start("x")
+    # As if this gate's own earlier attempt failed mid-tool and its lease lapsed.
+    with gate.store.transaction() as connection:
+        connection.execute(
+            "INSERT INTO steps (run_id, step, tool, args, status, started_at)"
+            " VALUES (?, 1, 'read', '{}', 'executing', 'then')",
+            (run_id,),
+        )
+        connection.execute(
+            "UPDATE runs SET step_count = 1, lease_owner = ?, lease_expires_at = 1 WHERE run_id = ?",
+            (gate.owner, run_id),
+        )
+    outcome = await gate.resume(run_id)
+    assert outcome.observation is not None and outcome.observation.kind == "interrupted"
