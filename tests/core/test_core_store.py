@@ -336,7 +336,8 @@ async def test_a_gate_can_take_back_its_own_expired_lease(tmp_path: Path) -> Non
             (run_id,),
         )
         connection.execute(
-            "UPDATE runs SET step_count = 1, lease_owner = ?, lease_expires_at = 1 WHERE run_id = ?",
+            "UPDATE runs SET step_count = 1, lease_owner = ?, lease_expires_at = 1"
+            " WHERE run_id = ?",
             (gate.owner, run_id),
         )
     outcome = await gate.resume(run_id)
