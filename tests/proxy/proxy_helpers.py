@@ -244,6 +244,15 @@ class RawHost:
             if message.get("id") == request_id and "method" not in message:
                 return dict(message)
 
+    async def responses(self, request_ids: set[int]) -> dict[int, dict[str, Any]]:
+        """The responses to all of `request_ids`, in whatever order the proxy sends them."""
+        found: dict[int, dict[str, Any]] = {}
+        while set(found) != request_ids:
+            message = json.loads(await self._reader.receive_until(b"\n", 1 << 22))
+            if message.get("id") in request_ids and "method" not in message:
+                found[message["id"]] = dict(message)
+        return found
+
     async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         return await self.response(await self.send_request(method, params))
 

@@ -27,7 +27,7 @@ from typing import IO, Any, Final
 import anyio
 
 from ..agent import Decision, Observation
-from ..canonical import canonical_json
+from ..canonical import JSONBoundaryError, canonical_json
 from ..errors import AgentrtError, RunStateError
 from ..gate import INTERRUPTED_SIDE_EFFECT, Gate, StepOutcome
 from ..mcp._errors import ServerToolError
@@ -217,7 +217,17 @@ class Calls:
             return Answer.invalid(tool, "there is no tool with this name")
         if arguments is None:
             arguments = {}
-        args = canonical_json(arguments)
+        try:
+            args = canonical_json(arguments)
+        except (JSONBoundaryError, TypeError, ValueError, RecursionError) as exc:
+            # The SDK's parser lets NaN and infinities (1e400) through; such
+            # arguments have no canonical form, so there is no key and no run to record.
+            self.log.write(
+                f"agentrt proxy: a call to {sanitize(tool)} was refused before the gate: "
+                f"its arguments are not JSON the gate accepts ({sanitize(str(exc))})\n"
+            )
+            self.log.flush()
+            return Answer.invalid(tool, _unaccepted_arguments(exc))
         key = call_key(tool, args)
         mutating = _mutating(spec)
         may_need_approval = self.policy.outcome_for(spec.side_effect) is Outcome.REQUIRE_APPROVAL
@@ -431,6 +441,14 @@ def _settled_answer(tool: str, row: CallRow, store: Store) -> Answer:
     if row.outcome in EXECUTED and row.settled_at is not None:
         return Answer.duplicate(tool, row.settled_at, row.outcome == Settled.RESULT)
     return Answer.in_progress(tool)
+
+
+def _unaccepted_arguments(exc: BaseException) -> str:
+    if isinstance(exc, JSONBoundaryError):
+        return f"its arguments are not JSON the gate accepts ({exc})"
+    if isinstance(exc, RecursionError):
+        return "its arguments are nested too deeply"
+    return "its arguments are not JSON the gate accepts"
 
 
 def _shell_quote(text: str) -> str:

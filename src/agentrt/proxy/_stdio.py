@@ -5,6 +5,12 @@ cannot interrupt: a proxy told to stop would wait for the host's next line.
 This transport waits on the descriptor instead.  Like the SDK's, it moves
 the wire off descriptors 0 and 1 while it serves, so nothing else in this
 process can read the host's requests or write into the replies.
+
+Both descriptors are non-blocking while it serves: a host that stops
+reading must stall only its own replies, never the event loop that renews
+holds and runs every other call.  The blocking flag belongs to the open
+file description the host (or a shell's terminal) shares with us, so each
+descriptor's original flag is put back on the way out.
 """
 
 from __future__ import annotations
@@ -54,7 +60,10 @@ async def stdio_wire() -> AsyncIterator[
     wire_in = _take_descriptor(0, null)
     os.close(null)
     wire_out = _take_descriptor(1, 2)
+    # Read both flags before changing either: a terminal may be one description.
+    was_blocking = [(wire, os.get_blocking(wire)) for wire in (wire_in, wire_out)]
     os.set_blocking(wire_in, False)
+    os.set_blocking(wire_out, False)
     incoming_send, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](16)
     outgoing, outgoing_receive = anyio.create_memory_object_stream[SessionMessage](16)
 
@@ -94,6 +103,9 @@ async def stdio_wire() -> AsyncIterator[
             finally:
                 group.cancel_scope.cancel()
     finally:
+        for wire, blocking in was_blocking:
+            with contextlib.suppress(OSError):
+                os.set_blocking(wire, blocking)
         os.dup2(wire_out, 1)
         os.close(wire_out)
         os.close(wire_in)
