@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 from ..sanitize import sanitize
@@ -57,6 +58,7 @@ _EXIT_POLL_INTERVAL: Final = 0.01
 _EXIT_STATUS_WAIT: Final = 0.5
 _WRITE_POLL_INTERVAL: Final = 0.01
 _READ_CHUNK: Final = 64 * 1024
+_DRAIN_LIMIT: Final = 1024 * 1024
 
 # Variables a program needs to find its interpreter and a place to write.
 _BASE_VARIABLES: Final = ("PATH", "HOME", "TMPDIR")
@@ -264,7 +266,9 @@ class StdioTransport:
         There is no reader task: whichever waiting caller finds nobody reading
         becomes the reader, reads one line, dispatches it (to its own waiter,
         another caller's, or an answer to the server) and wakes everyone.  A
-        cancelled reader steps down and another waiter takes over.
+        cancelled reader steps down and another waiter takes over.  After each
+        line that did not settle this request the reader yields, so a server
+        that keeps the pipe full cannot hold the event loop or outlast a deadline.
         """
         pending = _Pending(method)
         self._pending[request_id] = pending
@@ -282,6 +286,11 @@ class StdioTransport:
                 finally:
                     self._reading = False
                     self._wake_waiters()
+                if pending.message is None and pending.failure is None:
+                    # A line already in the buffer or the pipe is read without
+                    # awaiting anything; a server flooding notifications would
+                    # otherwise keep this loop busy and no deadline could fire.
+                    await anyio.lowlevel.checkpoint()
             if pending.failure is not None:
                 raise pending.failure
             assert pending.message is not None
@@ -414,11 +423,17 @@ class StdioTransport:
 
     def _drain_stdout(self) -> None:
         # A server flushing output on its way out must not block on a full pipe.
+        # Bounded per call: a server that writes forever would keep an unbounded
+        # drain from ever returning to `_wait_for_exit`, which polls again soon.
         if not self._stdout_open or self._reading:
             return
+        drained = 0
         try:
-            while os.read(self.stdout_fd, _READ_CHUNK):
-                pass
+            while drained < _DRAIN_LIMIT:
+                chunk = os.read(self.stdout_fd, _READ_CHUNK)
+                if not chunk:
+                    return
+                drained += len(chunk)
         except OSError:
             pass
 

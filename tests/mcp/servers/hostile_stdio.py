@@ -31,6 +31,9 @@ A response spec is an object with any of:
             then answer the call with text naming the answer's error code),
   "exit": code (exit at once, after "stderr" text if given),
   "never": true (never answer),
+  "flood_notifications": true (never answer: write
+            {"jsonrpc":"2.0","method":"notifications/message"} lines in a
+            tight loop forever, so the client always finds a line waiting),
   and one of "result": raw JSON text, "error": object, "line": a raw line
   ("{id}" becomes the request id), "text_of_size": n (a text result of n
   "x" characters, for results too large for a command line).
@@ -45,17 +48,30 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 _out_lock = threading.Lock()
 _answers: dict[str, Any] = {}
 _answer_ready = threading.Condition()
+_FLOOD_LINE = b'{"jsonrpc":"2.0","method":"notifications/message"}\n'
 
 
 def _write(line: bytes) -> None:
     with _out_lock:
         sys.stdout.buffer.write(line + b"\n")
         sys.stdout.buffer.flush()
+
+
+def _flood_forever() -> NoReturn:
+    # Whole blocks of lines per write: the pipe refills faster than a client parses it.
+    block = _FLOOD_LINE * 1024
+    try:
+        while True:
+            with _out_lock:
+                sys.stdout.buffer.write(block)
+                sys.stdout.buffer.flush()
+    except OSError:
+        os._exit(0)  # the client closed our stdout
 
 
 def _load_scenario() -> dict[str, Any]:
@@ -90,6 +106,8 @@ def _respond(spec: dict[str, Any], request_id: Any, raw_line: bytes, default: st
             sys.stderr.write(spec["stderr"])
             sys.stderr.flush()
         os._exit(spec["exit"])
+    if spec.get("flood_notifications"):
+        _flood_forever()
     if spec.get("never"):
         return
     if spec.get("elicit"):
