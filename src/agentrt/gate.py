@@ -46,6 +46,8 @@ from .store import (
     StepStatus,
     Store,
     approval_hash,
+    epoch_to_iso,
+    iso_to_epoch,
     utc_now,
 )
 from .tools import TOOL_NAME_PATTERN, SideEffect, Tool, ToolCall, ToolResult, ToolSpec
@@ -183,7 +185,7 @@ class Gate:
             and run.lease_expires_at is not None
             and run.lease_expires_at > now
         ):
-            raise RunLeased(run.run_id, run.lease_owner, _iso(run.lease_expires_at))
+            raise RunLeased(run.run_id, run.lease_owner, epoch_to_iso(run.lease_expires_at))
         cursor = connection.execute(
             "UPDATE runs SET lease_owner = ?, lease_expires_at = ?"
             " WHERE run_id = ?"
@@ -784,7 +786,9 @@ class Gate:
         grant_deadline: float | None = approval.grant_expires_at
         if grant_deadline is None and self.limits.grant_ttl is not None:
             decided_at = approval.decided_at
-            grant_deadline = (_parse_iso(decided_at) if decided_at else now) + self.limits.grant_ttl
+            grant_deadline = (
+                iso_to_epoch(decided_at) if decided_at else now
+            ) + self.limits.grant_ttl
         if grant_deadline is not None and now >= grant_deadline:
             with self.store.transaction() as connection:
                 connection.execute(
@@ -867,15 +871,3 @@ class Gate:
         if decided.outcome is Outcome.ABORT:
             return StepOutcome(run.run_id, RunStatus.FAILED, reason=decided.reason)
         return await self._execute(run.run_id, approval.step, registered, approval.args)
-
-
-def _iso(epoch: float) -> str:
-    from datetime import UTC, datetime
-
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _parse_iso(text: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()

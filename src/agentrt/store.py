@@ -43,6 +43,8 @@ __all__ = [
     "StepStatus",
     "Store",
     "approval_hash",
+    "epoch_to_iso",
+    "iso_to_epoch",
     "open_store",
     "utc_now",
 ]
@@ -161,6 +163,16 @@ class ChainReport:
 def utc_now() -> str:
     """The current UTC time as ISO 8601 with microseconds."""
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def epoch_to_iso(epoch: float) -> str:
+    """Epoch seconds (how leases and expiries are kept) as UTC ISO 8601, to the second."""
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def iso_to_epoch(text: str) -> float:
+    """A time the store wrote with `utc_now` as epoch seconds."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def approval_hash(kind: str, capability: Any, presentation: Any, tool: str, args: str) -> str:

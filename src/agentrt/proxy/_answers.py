@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Final
 
 from ..canonical import JSONBoundaryError, parse_json
 from ..sanitize import sanitize
+from ..store import epoch_to_iso
 
 __all__ = ["Answer", "Prefix", "bounded"]
 
@@ -63,10 +63,6 @@ def bounded(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
     """`text` sanitized and cut to `limit` characters, for quoting inside prose."""
     clean = sanitize(text)
     return clean if len(clean) <= limit else clean[:limit] + "…"
-
-
-def _when(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +175,8 @@ class Answer:
         outcome = "succeeded" if succeeded else "failed"
         return cls._prose(
             Prefix.DUPLICATE,
-            f"this exact call to {tool} already ran at {_when(when)} and {outcome}; it was not "
-            "run again.",
+            f"this exact call to {tool} already ran at {epoch_to_iso(when)} and {outcome}; "
+            "it was not run again.",
         )
 
     @classmethod

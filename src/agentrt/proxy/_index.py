@@ -16,11 +16,17 @@ import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Final
 
 from ..canonical import canonical_bytes, sha256_hex
-from ..store import ApprovalRecord, ApprovalStatus, RunRecord, RunStatus, Store
+from ..store import (
+    ApprovalRecord,
+    ApprovalStatus,
+    RunRecord,
+    RunStatus,
+    Store,
+    iso_to_epoch,
+)
 
 __all__ = [
     "EXECUTED",
@@ -134,10 +140,6 @@ def _row(record: sqlite3.Row) -> CallRow:
         outcome=record["outcome"],
         settled_at=record["settled_at"],
     )
-
-
-def _timestamp(iso: str) -> float:
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def outcome_of_ended_run(run: RunRecord, last_step_kind: str | None) -> Settled:
@@ -299,7 +301,7 @@ class CallIndex:
         steps = self.store.last_steps(row.run_id, 1)
         kind = steps[0].observation_kind if steps else None
         outcome = outcome_of_ended_run(run, kind)
-        settled_at = _timestamp(run.updated_at)
+        settled_at = iso_to_epoch(run.updated_at)
         connection.execute(
             "UPDATE proxy_calls SET settled = 1, outcome = ?, settled_at = ?, holder = NULL,"
             " held_until = NULL WHERE run_id = ?",
