@@ -312,14 +312,13 @@ def _append_event_with_head(
     seq, prev_hash = head[0] + 1, head[1]
     created_at = store_module.utc_now()
     payload_text = store_module.canonical_json(payload)
-    stored_payload = parse_json(payload_text)
-    digest = store_module.event_hash(prev_hash, seq, run_id, type_, stored_payload, created_at)
+    digest = store_module.event_hash(prev_hash, seq, run_id, type_, payload_text, created_at)
     connection.execute(
         "INSERT INTO events (seq, run_id, type, payload, created_at, prev_hash, hash)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
         (seq, run_id, type_, payload_text, created_at, prev_hash, digest),
     )
-    event = store_module.Event(seq, run_id, type_, stored_payload, created_at, prev_hash, digest)
+    event = store_module.Event(seq, run_id, type_, dict(payload), created_at, prev_hash, digest)
     self._pending_events.append(event)
     self._head = (seq, digest)
     return event

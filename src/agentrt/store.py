@@ -190,20 +190,25 @@ def approval_hash(kind: str, capability: Any, presentation: Any, tool: str, args
 
 
 def event_hash(
-    prev_hash: str, seq: int, run_id: str, type_: str, payload: Any, created_at: str
+    prev_hash: str, seq: int, run_id: str, type_: str, payload_text: str, created_at: str
 ) -> str:
-    return sha256_hex(
-        canonical_bytes(
-            {
-                "prev_hash": prev_hash,
-                "seq": seq,
-                "run_id": run_id,
-                "type": type_,
-                "payload": payload,
-                "created_at": created_at,
-            }
-        )
-    )
+    """SHA-256 of the canonical envelope of one event, over its payload text as stored.
+
+    The envelope is the canonical JSON of `{created_at, payload, prev_hash,
+    run_id, seq, type}` with the stored payload text spliced in verbatim, so any
+    change to the stored bytes (even whitespace) breaks the chain, and nothing
+    is parsed or re-encoded to hash it.
+    """
+    envelope = (
+        '{"created_at":' + canonical_json(created_at)
+        + ',"payload":' + payload_text
+        + ',"prev_hash":' + canonical_json(prev_hash)
+        + ',"run_id":' + canonical_json(run_id)
+        + ',"seq":' + str(seq)
+        + ',"type":' + canonical_json(type_)
+        + "}"
+    )  # fmt: skip
+    return sha256_hex(envelope.encode("utf-8"))
 
 
 # Forward-only: a migration is never edited once released; a new one is appended.
@@ -442,15 +447,13 @@ class Store:
         seq, prev_hash = (row[0] + 1, row[1]) if row else (1, GENESIS_HASH)
         created_at = utc_now()
         payload_text = canonical_json(payload)
-        # Hash the stored text's parse, so verify recomputes from exactly what is stored.
-        stored_payload = parse_json(payload_text)
-        digest = event_hash(prev_hash, seq, run_id, type_, stored_payload, created_at)
+        digest = event_hash(prev_hash, seq, run_id, type_, payload_text, created_at)
         connection.execute(
             "INSERT INTO events (seq, run_id, type, payload, created_at, prev_hash, hash)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (seq, run_id, type_, payload_text, created_at, prev_hash, digest),
         )
-        event = Event(seq, run_id, type_, stored_payload, created_at, prev_hash, digest)
+        event = Event(seq, run_id, type_, dict(payload), created_at, prev_hash, digest)
         self._pending_events.append(event)
         return event
 
@@ -602,16 +605,20 @@ class Store:
                         False, head_seq, head_hash, seq,
                         f"event {seq} does not chain to event {seq - 1}", checked,
                     )  # fmt: skip
+                payload_text = row["payload"]
                 try:
-                    payload = parse_json(row["payload"])
+                    if not isinstance(payload_text, str):
+                        raise ValueError("not text")
+                    parse_json(payload_text)
                 except ValueError:
                     return ChainReport(
                         False, head_seq, head_hash, seq,
                         f"event {seq} has a payload that is not valid JSON", checked,
                     )  # fmt: skip
                 digest = event_hash(
-                    row["prev_hash"], seq, row["run_id"], row["type"], payload, row["created_at"]
-                )
+                    row["prev_hash"], seq, str(row["run_id"]), str(row["type"]), payload_text,
+                    str(row["created_at"]),
+                )  # fmt: skip
                 if digest != row["hash"]:
                     return ChainReport(
                         False, head_seq, head_hash, seq,

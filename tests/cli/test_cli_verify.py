@@ -8,7 +8,6 @@ import sqlite3
 
 from cli_support import Produced
 
-from agentrt.canonical import parse_json
 from agentrt.store import GENESIS_HASH, event_hash
 
 
@@ -43,7 +42,7 @@ def _rewrite_chain(produced: Produced) -> None:
         ).fetchall()
         prev_hash = GENESIS_HASH
         for seq, run_id, type_, payload, created_at in rows:
-            digest = event_hash(prev_hash, seq, run_id, type_, parse_json(payload), created_at)
+            digest = event_hash(prev_hash, seq, run_id, type_, payload, created_at)
             connection.execute(
                 "UPDATE events SET prev_hash = ?, hash = ? WHERE seq = ?", (prev_hash, digest, seq)
             )

@@ -342,3 +342,29 @@ async def test_a_gate_can_take_back_its_own_expired_lease(tmp_path: Path) -> Non
         )
     outcome = await gate.resume(run_id)
     assert outcome.observation is not None and outcome.observation.kind == "interrupted"
+
+
+def test_verify_finds_even_a_whitespace_change_in_a_payload(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    store = open_store(db)
+    with store.transaction() as connection:
+        store.append_event(connection, "r", "probe", {"a": 1, "b": "x"})
+    store.close()
+    raw = sqlite3.connect(db)
+    # The same JSON value, other bytes: the chain covers the bytes as stored.
+    raw.execute("""UPDATE events SET payload = '{"a": 1, "b": "x"}' WHERE seq = 1""")
+    raw.commit()
+    raw.close()
+    assert open_store(db, read_only=True).verify_chain().first_bad_seq == 1
+
+
+def test_event_hash_is_pinned_to_its_envelope_bytes() -> None:
+    from agentrt.store import GENESIS_HASH, event_hash
+
+    envelope = (
+        b'{"created_at":"2026-12-01T00:00:00.000000Z","payload":{"n":1.50},'
+        b'"prev_hash":"' + GENESIS_HASH.encode() + b'","run_id":"r","seq":1,"type":"probe"}'
+    )
+    expected = hashlib.sha256(envelope).hexdigest()
+    actual = event_hash(GENESIS_HASH, 1, "r", "probe", '{"n":1.50}', "2026-12-01T00:00:00.000000Z")
+    assert actual == expected
