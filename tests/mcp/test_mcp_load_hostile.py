@@ -674,3 +674,18 @@ async def test_a_check_that_breaks_on_one_schema_refuses_only_that_tool(
         "it could not be checked: RecursionError: maximum recursion depth exceeded"
     )
     assert registered(report) == ["good"]
+
+
+async def test_a_listed_tool_without_a_name_is_reported_not_dropped_silently(
+    closing: list[Report],
+) -> None:
+    nameless = '{"description":"no name","inputSchema":{"type":"object"}}'
+    numbered = '{"name":7,"description":"a number","inputSchema":{"type":"object"}}'
+    server = hostile([tool("good"), nameless, numbered])
+    _tools, report = await pin_then_load(server, server, {"good": READ})
+    closing.append(report)
+    assert registered(report) == ["good"]
+    unnamed = [item for item in report.refused if item.tool.startswith("(unnamed")]
+    assert [item.tool for item in unnamed] == ["(unnamed, listed 2)", "(unnamed, listed 3)"]
+    assert all(item.reason == "it has no string name" for item in unnamed)
+    assert "(unnamed, listed 2)" in str(report)

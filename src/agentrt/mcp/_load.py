@@ -175,6 +175,13 @@ async def _check_all(
     }
     tools: list[Tool] = []
     report = Report(server=server.name, connection=connection)
+    for index, raw_tool in enumerate(raw_tools):
+        if raw_tool.name is None:
+            # Nothing can pin or classify it, but a silently missing tool is the
+            # failure the report exists to prevent: say that it was there.
+            report.refused.append(
+                Refusal(tool=f"(unnamed, listed {index + 1})", reason="it has no string name")
+            )
     holders: dict[str, str] = {}
     # One in-memory store serves every tool's runtime check: building a Gate
     # registers and checks tools and never reads or writes its store.
