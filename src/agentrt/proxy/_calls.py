@@ -339,6 +339,8 @@ class Calls:
                 continue
             kind = observation.kind
             if kind == "result":
+                # Proxy tools are terminal, so the gate completes the run with its
+                # result; this serves a run a build from before that left running.
                 await self.gate.step(run_id, Decision.complete(observation.content))
                 self.index.settle(run_id, Settled.RESULT)
                 return Answer.result(observation.content)
