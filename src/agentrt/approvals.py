@@ -56,6 +56,26 @@ def _check_hash(approval: ApprovalRecord, shown_hash: str) -> None:
         )
 
 
+def _record_decision(
+    store: Store,
+    connection: sqlite3.Connection,
+    approval: ApprovalRecord,
+    status: ApprovalStatus,
+    event: str,
+    by: str,
+    note: str,
+    **fields: Any,
+) -> None:
+    """Move a pending approval to the operator's decision, with its event."""
+    _set_approval(connection, approval.approval_id, ApprovalStatus.PENDING, status,
+                  decided_by=by, note=note, decided_at=utc_now(), **fields)  # fmt: skip
+    store.append_event(
+        connection, approval.run_id, event,
+        {"approval_id": approval.approval_id, "approval_hash": approval.approval_hash,
+         "by": by, "note": note},
+    )  # fmt: skip
+
+
 def expire_if_due(
     store: Store, connection: sqlite3.Connection, approval: ApprovalRecord, now: float
 ) -> bool:
@@ -139,22 +159,9 @@ def approve(
         else:
             expired = None
             _check_hash(approval, approval_hash)
-            _set_approval(
-                connection,
-                approval.approval_id,
-                ApprovalStatus.PENDING,
-                ApprovalStatus.APPROVED,
-                decided_by=by,
-                note=note,
-                decided_at=utc_now(),
+            _record_decision(
+                store, connection, approval, ApprovalStatus.APPROVED, "approval_granted", by, note,
                 grant_expires_at=None if grant_ttl is None else now + grant_ttl,
-            )
-            store.append_event(
-                connection,
-                run_id,
-                "approval_granted",
-                {"approval_id": approval.approval_id, "approval_hash": approval.approval_hash,
-                 "by": by, "note": note},
             )  # fmt: skip
     if expired is not None:
         raise ApprovalError(
@@ -179,22 +186,9 @@ def reject(
     with store.transaction() as connection:
         approval = _load_waiting(connection, store, run_id, approval_id)
         _check_hash(approval, approval_hash)
-        _set_approval(
-            connection,
-            approval.approval_id,
-            ApprovalStatus.PENDING,
-            ApprovalStatus.REJECTED,
-            decided_by=by,
-            note=note,
-            decided_at=utc_now(),
+        _record_decision(
+            store, connection, approval, ApprovalStatus.REJECTED, "approval_rejected", by, note
         )
-        store.append_event(
-            connection,
-            run_id,
-            "approval_rejected",
-            {"approval_id": approval.approval_id, "approval_hash": approval.approval_hash,
-             "by": by, "note": note},
-        )  # fmt: skip
         connection.execute(
             "UPDATE steps SET status = 'denied', observation_kind = 'denied', content = ?,"
             " finished_at = ? WHERE run_id = ? AND step = ?",

@@ -409,7 +409,7 @@ async def run_demo(
             try:
                 status = await demo.run(switch, resume)
             except BaseExceptionGroup as group:
-                # The gate's lease wraps what the loop raised in a task group's group.
+                # A task group below (a connection's, say) may still wrap what the loop raised.
                 raise _only_error(group) from None
         except DemoStopped as exc:
             say(str(exc))

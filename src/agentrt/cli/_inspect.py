@@ -9,13 +9,12 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Final
 
 import click
 
 from ..sanitize import sanitize
-from ..store import ApprovalRecord, ApprovalStatus, RunRecord, StepRecord
+from ..store import ApprovalRecord, ApprovalStatus, RunRecord, StepRecord, epoch_to_iso
 from ..trace import event_json, format_event
 from ._app import CommandError, Settings, open_for_reading
 from ._output import bounded, flatten, value_field
@@ -36,11 +35,10 @@ def _short(text: str | None, width: int) -> str:
 def _epoch(seconds: float) -> str:
     """A time the store keeps as epoch seconds, shown as UTC ISO 8601 like its other times."""
     try:
-        moment = datetime.fromtimestamp(seconds, UTC)
+        return epoch_to_iso(seconds)
     except (OverflowError, OSError, ValueError):
         # A value no clock can show (an edited row) is printed as stored.
         return str(seconds)
-    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _page_line(noun: str, offset: int, shown: int, total: int) -> str:
