@@ -10,7 +10,11 @@ TEST_SERVERS  := tests/npm/node_modules/.installed
 INSPECTOR     := tests/npm-inspector/node_modules/.installed
 DEMO_SERVER   := examples/filesystem/node_modules/.installed
 
-.PHONY: test demo bench lint typecheck pytest clean
+.PHONY: test demo bench lint typecheck pytest clean system-test
+
+# Debian packages the tests drive for real, installed only where missing:
+# bubblewrap (the sandbox), Chromium and its driver (the inbox in a browser).
+TEST_PACKAGES := bwrap=bubblewrap chromium=chromium chromedriver=chromium-driver
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,7 +49,10 @@ lint: $(DEV_STAMP)
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
 
-pytest: $(DEV_STAMP) $(TEST_SERVERS) $(INSPECTOR) $(DEMO_SERVER)
+system-test:
+	tools/debian-packages $(TEST_PACKAGES)
+
+pytest: system-test $(DEV_STAMP) $(TEST_SERVERS) $(INSPECTOR) $(DEMO_SERVER)
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest

@@ -14,17 +14,20 @@ database from a newer build is refused rather than misread.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import os
 import sqlite3
 import stat
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
+
+import anyio.to_thread
 
 from .canonical import canonical_bytes, canonical_json, parse_json, sha256_hex
 from .errors import RunNotFound, StoreError, UnsafeDatabase
@@ -50,6 +53,8 @@ __all__ = [
 ]
 
 GENESIS_HASH: Final = "0" * 64
+
+_T = TypeVar("_T")
 
 
 class RunStatus(enum.StrEnum):
@@ -412,6 +417,19 @@ class Store:
         self.path = path
         self.read_only = read_only
         self._pending_events: list[Event] = []
+
+    # -- off the event loop --------------------------------------------------
+
+    async def run(self, function: Callable[..., _T], *args: Any) -> _T:
+        """Run blocking store work (a transaction, a read) in a worker thread.
+
+        An fsync or a busy wait on a locked database then stalls only that
+        worker, never the event loop (heartbeats keep beating).  The store's
+        lock still serialises the work on its one connection.  A cancelled
+        caller waits for the work to finish, so nobody is ever told less than
+        what the database holds.
+        """
+        return await anyio.to_thread.run_sync(functools.partial(function, *args))
 
     # -- transactions --------------------------------------------------------
 
