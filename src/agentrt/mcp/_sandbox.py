@@ -37,7 +37,7 @@ __all__ = [
 PRIVATE_HOME: Final = "/home/sandbox"
 """HOME inside every sandbox: an empty tmpfs, gone when the server exits."""
 
-_PRIVATE_TMP: Final = "/tmp"
+_PRIVATE_TMP: Final = "/tmp"  # noqa: S108 - a fresh tmpfs inside the sandbox, not the host's /tmp
 
 # Bound read-only when they exist; a merged-/usr link (/bin -> usr/bin) is
 # recreated as the same link, so paths resolve inside as they do outside.
@@ -105,8 +105,7 @@ class Sandbox:
             )
         if self.devices not in _DEVICE_KINDS:
             raise ValueError(
-                f"sandbox devices {sanitize(repr(self.devices))} is not offered; "
-                'only "minimal" is'
+                f'sandbox devices {sanitize(repr(self.devices))} is not offered; only "minimal" is'
             )
 
 
