@@ -1,6 +1,7 @@
 """`agentrt demo`: the whole story on one machine, with no network and no model download.
 
-The stock MCP filesystem server runs over a sandbox; `pin` shows the hints it
+The stock MCP filesystem server runs in bubblewrap, confined to its sandbox
+directory (see docs/sandbox.md); `pin` shows the hints it
 claims; the operator's `rules.json` classifies four reads and one write (over
 the server's destructive hint); an agent reads a file and asks to write one;
 the policy holds the write for an approval bound to the hash of what the
@@ -38,7 +39,7 @@ from .canonical import JSONBoundaryError, canonical_json, parse_json
 from .driver import Driver, RunResult
 from .errors import AgentrtError
 from .gate import Gate, Limits
-from .mcp import Manifest, Report, Server, load, pin, read_manifest, read_rules
+from .mcp import Manifest, Report, Sandbox, Server, load, pin, read_manifest, read_rules
 from .mcp._files import write_private
 from .policy import ClassPolicy, Outcome
 from .providers import ProviderError, ScriptedAgent, agent_for
@@ -55,6 +56,7 @@ __all__ = [
     "DemoStopped",
     "default_example_dir",
     "default_state_dir",
+    "demo_server",
     "run_demo",
 ]
 
@@ -154,6 +156,18 @@ class DemoPaths:
     @property
     def server_script(self) -> Path:
         return self.example_dir / _SERVER_SCRIPT
+
+
+def demo_server(paths: DemoPaths, node: str) -> Server:
+    """The stock filesystem server, sandboxed: its package read-only, the sandbox writable."""
+    return Server(
+        name=DEMO_SERVER,
+        command=[node, str(paths.server_script), str(paths.sandbox.resolve())],
+        sandbox=Sandbox(
+            read=[str((paths.example_dir / "node_modules").resolve())],
+            write=[str(paths.sandbox.resolve())],
+        ),
+    )
 
 
 def _private_dir(path: Path) -> None:
@@ -521,11 +535,12 @@ class _Demo:
             )
         _private_dir(paths.state_dir)
         _private_dir(paths.sandbox)
-        server = Server(
-            name=DEMO_SERVER,
-            command=[node, str(paths.server_script), str(paths.sandbox.resolve())],
-        )
+        server = demo_server(paths, node)
         say(f"state: {sanitize(str(paths.state_dir))} (mode 0700)")
+        say(
+            "server: confined by bubblewrap; it sees the system directories and its own package,"
+            " writes only the sandbox directory, has an empty HOME and no network"
+        )
         # Pinning and loading change nothing but the demo's own files, so Ctrl-C
         # may cut them short (pin and load close the server on the way out).
         with switch.cancellable() as setup:

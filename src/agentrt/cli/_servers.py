@@ -163,6 +163,23 @@ async def _check_one(upstream: UpstreamConfig) -> Report:
     return report
 
 
+def _confinement(upstream: UpstreamConfig) -> str:
+    """Whether a server is sandboxed, and what its sandbox grants, in one phrase."""
+    server = upstream.server
+    if server.command is None:
+        return "reached over HTTP (it runs elsewhere; no sandbox applies)"
+    sandbox = server.sandbox
+    if sandbox is None:
+        return "not sandboxed: it runs with every file and network this user can reach"
+    granted = [
+        f"{kind} {', '.join(sanitize(path) for path in paths)}"
+        for kind, paths in (("read", sandbox.read), ("write", sandbox.write))
+        if paths
+    ]
+    granted.append("network on" if sandbox.network else "no network")
+    return f"sandboxed ({'; '.join(granted)})"
+
+
 @click.command(short_help="Load every server as the proxy would; call nothing.")
 @_config_option
 @click.pass_obj
@@ -173,12 +190,23 @@ def check(settings: Settings, config_path: str) -> None:
     failed = 0
     for upstream in config.servers:
         name = upstream.server.name
+        sandboxed = upstream.server.sandbox is not None
+        if not output.json:
+            output.line(f'server "{sanitize(name)}": {_confinement(upstream)}')
         try:
             report = anyio.run(_check_one, upstream)
         except AgentrtError as error:
             failed += 1
             if output.json:
-                output.record({"record": "check", "server": name, "ok": False, "error": str(error)})
+                output.record(
+                    {
+                        "record": "check",
+                        "server": name,
+                        "sandboxed": sandboxed,
+                        "ok": False,
+                        "error": str(error),
+                    }
+                )
             else:
                 output.line(f'server "{sanitize(name)}": not loaded: {sanitize(str(error))}')
             continue
@@ -189,6 +217,7 @@ def check(settings: Settings, config_path: str) -> None:
                 {
                     "record": "check",
                     "server": name,
+                    "sandboxed": sandboxed,
                     "ok": not refused,
                     "registered": [
                         {

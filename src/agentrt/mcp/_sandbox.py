@@ -175,10 +175,10 @@ def _check_namespaces(name: str, bwrap: str) -> None:
 
 
 def _resolve_command(name: str, program: str, search_path: str | None) -> str:
+    found: str | None
     if "/" in program:
-        found: str | None = os.path.abspath(program)
-        if not os.path.isfile(found) or not os.access(found, os.X_OK):
-            found = None
+        absolute = os.path.abspath(program)
+        found = absolute if os.path.isfile(absolute) and os.access(absolute, os.X_OK) else None
     else:
         found = shutil.which(program, path=search_path if search_path is not None else "")
     if found is None:

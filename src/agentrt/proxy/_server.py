@@ -98,6 +98,13 @@ async def _load_upstreams(config: ProxyConfig, log: IO[str]) -> tuple[list[Tool]
     connections: list[Connection] = []
     taken: dict[str, str] = {STATUS_TOOL: "the proxy itself"}
     outcomes: list[tuple[list[Tool], Report] | Exception | None] = [None] * len(config.servers)
+    for upstream in config.servers:
+        if upstream.server.command is not None and upstream.server.sandbox is None:
+            _log(
+                log,
+                f"agentrt proxy: warning: server {sanitize(upstream.server.name)} has no "
+                "sandbox, so it runs with every file and network this user can reach",
+            )
 
     async def load_one(position: int, upstream: UpstreamConfig) -> None:
         try:

@@ -9,6 +9,7 @@ otherwise silently fall back to a default.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
@@ -18,7 +19,15 @@ from typing import Any, Final
 
 from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..errors import AgentrtError
-from ..mcp import Rules, Server, parse_duration, read_owned, read_rules, rules_from_json
+from ..mcp import (
+    Rules,
+    Sandbox,
+    Server,
+    parse_duration,
+    read_owned,
+    read_rules,
+    rules_from_json,
+)
 from ..policy import ClassPolicy, DefaultPolicy, Outcome
 from ..sanitize import sanitize
 from ..tools import SideEffect
@@ -71,8 +80,10 @@ _SERVER_FIELDS: Final = frozenset(
         "default_timeout",
         "manifest",
         "rules",
+        "sandbox",
     }
 )
+_SANDBOX_FIELDS: Final = frozenset({"read", "write", "network", "home", "devices", "hide"})
 # The proxy answers the host itself or passes a call on; it never ends a run
 # on a model's request, so `abort` is not offered.
 _POLICY_OUTCOMES: Final = {
@@ -243,7 +254,7 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
         lease_ttl=duration("lease_ttl", DEFAULT_LEASE_TTL),
     )
     _refuse_servers_that_reach_the_operators_files(config)
-    return config
+    return _hide_the_operators_files(config)
 
 
 def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
@@ -270,6 +281,8 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
         options["default_timeout"] = reader.duration(
             entry["default_timeout"], f"{where} default_timeout"
         )
+    if "sandbox" in entry:
+        options["sandbox"] = _sandbox(reader, entry["sandbox"], f"{where} sandbox")
     try:
         server = Server(name=name, command=command, endpoint=endpoint, **options)
     except ValueError as exc:
@@ -297,6 +310,30 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
     return UpstreamConfig(
         server=server, manifest_path=manifest_path, rules=rules, rules_path=rules_path
     )
+
+
+def _sandbox(reader: _Reader, raw: Any, where: str) -> Sandbox:
+    entry = reader.object(raw, where, _SANDBOX_FIELDS)
+    paths = {
+        kind: [
+            str(reader.path_field(item, f"{where} {kind}"))
+            for item in reader.strings(entry[kind], f"{where} {kind}")
+        ]
+        for kind in ("read", "write", "hide")
+        if kind in entry
+    }
+    network = entry.get("network", False)
+    if not isinstance(network, bool):
+        raise reader.fail(f"{where} network", "must be true or false")
+    try:
+        return Sandbox(
+            network=network,
+            home=reader.string(entry.get("home", "private"), f"{where} home"),
+            devices=reader.string(entry.get("devices", "minimal"), f"{where} devices"),
+            **paths,
+        )
+    except ValueError as exc:
+        raise reader.fail(where, f"is wrong: {exc}") from None
 
 
 def _policy(reader: _Reader, raw: Any) -> ClassPolicy:
@@ -327,6 +364,12 @@ def _refuse_servers_that_reach_the_operators_files(config: ProxyConfig) -> None:
         command = upstream.server.command
         if command is None:
             continue
+        sandbox = upstream.server.sandbox
+        if sandbox is not None:
+            # A sandboxed server sees only what is bound, so the binds are the
+            # boundary: whatever its arguments say, it cannot reach beyond them.
+            _refuse_binds_that_reach_the_operators_files(config, upstream.server, protected)
+            continue
         # A root handed over in the environment (`ROOT=/srv/data`) reaches it as surely.
         for argument in [*command, *upstream.server.env]:
             # `--root=/srv/data` names a path as surely as `/srv/data` does.
@@ -342,3 +385,35 @@ def _refuse_servers_that_reach_the_operators_files(config: ProxyConfig) -> None:
                                 f"reaches {path}; a server that can write it can rewrite "
                                 "the policy or forge an approval"
                             )
+
+
+def _refuse_binds_that_reach_the_operators_files(
+    config: ProxyConfig, server: Server, protected: list[str]
+) -> None:
+    assert server.sandbox is not None
+    for kind, paths in (("read", server.sandbox.read), ("write", server.sandbox.write)):
+        for bound in paths:
+            for form in {os.path.abspath(bound), os.path.realpath(bound)}:
+                for path in protected:
+                    if _names_or_holds(form, path):
+                        raise ConfigError(
+                            f'{config.path}: server "{sanitize(server.name)}" has a sandbox '
+                            f"{kind} path {sanitize(bound)}, which reaches {path}; a server "
+                            "that can see it can read the approvals or rewrite the policy"
+                        )
+
+
+def _hide_the_operators_files(config: ProxyConfig) -> ProxyConfig:
+    """Mask the operator's files inside every sandbox, in case the command's own
+    installation (bound for it) holds one of them."""
+    protected = [str(path) for path in config.protected_paths()]
+    servers = []
+    for upstream in config.servers:
+        sandbox = upstream.server.sandbox
+        if sandbox is not None:
+            hidden = dataclasses.replace(sandbox, hide=[*sandbox.hide, *protected])
+            upstream = dataclasses.replace(
+                upstream, server=dataclasses.replace(upstream.server, sandbox=hidden)
+            )
+        servers.append(upstream)
+    return dataclasses.replace(config, servers=servers)
