@@ -9,6 +9,9 @@ Every tool attempts one thing and reports what happened, never raising:
 - connect {host, port}: open a TCP connection and send one line.
 - whoami: pid, ppid, uid, HOME, TMPDIR, cwd and the pids /proc shows.
 - spawn: start a sleeping child (stdio on /dev/null) and return its pid.
+
+An optional first argument is a marker file written at start, so a test can
+tell whether the server ran at all where it can see the marker's directory.
 """
 
 from __future__ import annotations
@@ -77,6 +80,9 @@ def _result(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w", encoding="utf-8") as marker:
+            marker.write(str(os.getpid()))
     for line in sys.stdin:
         message = json.loads(line)
         method, request_id = message.get("method"), message.get("id")
