@@ -27,14 +27,7 @@ Call = Callable[..., Awaitable[dict[str, Any]]]
 
 
 def escaper(sandbox: Sandbox | None, *extra: str, **settings: Any) -> Server:
-    """The escaping server; its own directory is granted for reading when sandboxed."""
-    if sandbox is not None:
-        sandbox = Sandbox(
-            read=[*sandbox.read, str(SERVERS)],
-            write=sandbox.write,
-            network=sandbox.network,
-            hide=sandbox.hide,
-        )
+    """The escaping server, started as `python escaper.py` (the script is bound on its own)."""
     settings.setdefault("name", "escaper")
     return Server(command=[sys.executable, str(ESCAPER), *extra], sandbox=sandbox, **settings)
 

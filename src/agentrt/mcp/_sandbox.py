@@ -264,11 +264,23 @@ def _venv_base(prefix_part: str) -> str | None:
     return None
 
 
-def _command_binds(executable: str, search_path: str | None) -> list[str]:
-    """Every path the command needs read-only to run: itself, its interpreter, their installs."""
+def _script_argument(arguments: Sequence[str]) -> str | None:
+    """The program an interpreter is handed: the first argument not an option, if it is a file."""
+    for argument in arguments:
+        if argument.startswith("-"):
+            continue
+        path = os.path.abspath(argument)
+        return path if os.path.isfile(path) else None
+    return None
+
+
+def _command_binds(executable: str, arguments: Sequence[str], search_path: str | None) -> list[str]:
+    """Every path the command needs read-only to run: itself, its interpreter, their installs,
+    and the script it is handed (`node index.js`, `python server.py`)."""
     home = os.path.realpath(os.path.expanduser("~"))
     binds: list[str] = []
-    pending = [executable]
+    script = _script_argument(arguments)
+    pending = [executable] if script is None else [executable, script]
     seen: set[str] = set()
     while pending:
         program = pending.pop()
@@ -358,7 +370,7 @@ def sandboxed_command(
     # (option, path, whether a link there is recreated as a link): the command's
     # own installation keeps its links; a path the rule names is followed.
     visible: list[tuple[str, str, bool]] = [
-        ("--ro-bind", path, True) for path in _command_binds(executable, search_path)
+        ("--ro-bind", path, True) for path in _command_binds(executable, command[1:], search_path)
     ]
     visible += [("--ro-bind", os.path.normpath(path), False) for path in sandbox.read]
     visible += [("--bind", os.path.normpath(path), False) for path in sandbox.write]
