@@ -1,4 +1,4 @@
-"""Through a real `agentrt proxy` process: sandboxed servers, the warning, and fail-closed loading."""
+"""Through a real `agentrt proxy` process: sandboxed servers, the warning, fail-closed loading."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ class Setup:
             sandbox=Sandbox(read=[str(NODE_MODULES)], write=[str(self.work)]),
         )
         _private(self.conf / "esc.json", (await pin(escaper)).to_json())
-        _private(self.conf / "bare.json", (await pin(Server(name="bare", command=escaper_command))).to_json())  # fmt: skip
+        bare = Server(name="bare", command=escaper_command)
+        _private(self.conf / "bare.json", (await pin(bare)).to_json())
         _private(self.conf / "fs.json", (await pin(files)).to_json())
         self.marker.unlink(missing_ok=True)
         read_only = {"side_effect": "read_only", "timeout": "20s"}
