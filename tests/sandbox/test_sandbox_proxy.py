@@ -139,7 +139,8 @@ async def test_through_the_proxy_a_sandboxed_server_reaches_only_its_write_path(
             written = await _outcome(
                 session, "esc_write", path=str(setup.work / "out"), content="w"
             )
-            listed = await session.call_tool("fs_read_text_file", {"path": str(setup.work / "hello.txt")})  # fmt: skip
+            hello = str(setup.work / "hello.txt")
+            listed = await session.call_tool("fs_read_text_file", {"path": hello})
             bare = await _outcome(session, "bare_whoami")
         assert not secret["ok"] and not database["ok"] and not configuration["ok"]
         assert not network["ok"]
