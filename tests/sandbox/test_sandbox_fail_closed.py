@@ -121,6 +121,8 @@ async def test_on_macos_a_sandboxed_server_is_refused_not_run_bare(
 def test_a_sandbox_refuses_relative_paths_and_unoffered_kinds() -> None:
     with pytest.raises(ValueError, match="'docs' is not an absolute path"):
         Sandbox(read=["docs"])
+    with pytest.raises(ValueError, match="write path / would show the whole filesystem"):
+        Sandbox(write=["/"])
     with pytest.raises(ValueError, match="home 'shared' is not offered"):
         Sandbox(home="shared")
     with pytest.raises(ValueError, match="devices 'all' is not offered"):

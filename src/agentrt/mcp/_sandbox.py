@@ -96,6 +96,11 @@ class Sandbox:
                     raise ValueError(
                         f"sandbox {kind} path {sanitize(repr(path))} is not an absolute path"
                     )
+                if kind != "hide" and os.path.normpath(path) == "/":
+                    raise ValueError(
+                        f"sandbox {kind} path / would show the whole filesystem; "
+                        "name the directories the server needs"
+                    )
         if not isinstance(self.network, bool):
             raise ValueError("sandbox network must be true or false")
         if self.home not in _HOME_KINDS:
@@ -153,7 +158,10 @@ def _refuse(name: str, problem: str) -> MCPConnectionError:
 
 def _check_namespaces(name: str, bwrap: str) -> None:
     """Run bwrap once, empty, to learn whether the kernel grants its namespaces."""
-    status = os.stat(bwrap)
+    try:
+        status = os.stat(bwrap)
+    except OSError as exc:
+        raise _refuse(name, f"{sanitize(bwrap)}: {sanitize(exc.strerror or str(exc))}") from None
     key = (bwrap, status.st_ino, status.st_mtime_ns)
     if key in _working_bwrap:
         return

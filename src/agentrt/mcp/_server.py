@@ -71,6 +71,8 @@ class Server:
                     f'server "{sanitize(self.name)}": env entry '
                     f"{sanitize(repr(entry))} is not NAME=value"
                 )
+        if self.sandbox is not None and not isinstance(self.sandbox, Sandbox):
+            raise ValueError(f'server "{sanitize(self.name)}": sandbox must be a Sandbox')
         if self.sandbox is not None and self.command is None:
             raise ValueError(
                 f'server "{sanitize(self.name)}" has a sandbox but no command; '
