@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sandbox_support import Listener, escaper, session
+from sandbox_support import ESCAPER, Listener, escaper, session
 
-from agentrt.mcp import Sandbox
+from agentrt.mcp import Sandbox, Server
 from agentrt.mcp._sandbox import PRIVATE_HOME
 from agentrt.store import open_store
 
@@ -166,3 +168,32 @@ async def test_etc_shadow_and_listed_secrets_are_hidden(operator: Operator) -> N
     assert not shadow["ok"]
     assert not token["ok"]
     assert passwd["ok"]  # the rest of /etc is there, read-only
+
+
+async def test_a_command_on_the_servers_path_brings_only_its_installation(
+    operator: Operator, tmp_path: Path
+) -> None:
+    # A virtual environment with a console script, found on PATH by name: the
+    # script, its `#!` interpreter, the venv and its base Python are bound; a
+    # file beside the venv is not.
+    venv = tmp_path / "tools" / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    script = venv / "bin" / "escaper-server"
+    script.write_text(f"#!{venv / 'bin' / 'python'}\n" + ESCAPER.read_text())
+    script.chmod(0o755)
+    beside = tmp_path / "tools" / "token"
+    beside.write_text("beside the venv")
+    path = f"{venv / 'bin'}:{os.environ['PATH']}"
+    server = Server(
+        name="installed",
+        command=["escaper-server"],
+        env=[f"PATH={path}"],
+        sandbox=operator.sandbox(),
+    )
+    async with session(server) as call:
+        seen = await call("whoami")
+        token = await call("read", path=str(beside))
+        config = await call("read", path=str(venv / "pyvenv.cfg"))
+    assert seen["ok"] and seen["value"]["pid"] <= 3
+    assert not token["ok"]
+    assert config["ok"]

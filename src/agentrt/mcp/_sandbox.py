@@ -238,14 +238,20 @@ def _install_parts(path: str, home: str) -> list[str]:
     """The parts of the installation `path` belongs to that it needs to run.
 
     A file in a `node_modules` tree needs the whole outermost tree (its
-    dependencies); a file in `PREFIX/bin` needs that prefix's programs and
-    libraries (a virtual environment, a Node or Python install).  A prefix
-    that is the root, the home directory or above it gives nothing but the file.
+    dependencies); a version manager's shim (`ROOT/shims/python3`) needs the
+    manager's root; a file in `PREFIX/bin` needs that prefix's programs and
+    libraries (a virtual environment, a Node or Python install).  A manager
+    root or prefix that is `/`, the home directory or above it gives only the file.
     """
     parts = path.split("/")
     if "node_modules" in parts:
         return ["/".join(parts[: parts.index("node_modules") + 1])]
     directory = os.path.dirname(path)
+    if os.path.basename(directory) == "shims":
+        # A version manager's shim (pyenv, rbenv, asdf) runs the manager,
+        # which keeps its code and its interpreters under the same root.
+        root = os.path.dirname(directory)
+        return [root] if root != "/" and not _within(home, root) else [path]
     if os.path.basename(directory) in ("bin", "sbin"):
         prefix = os.path.dirname(directory)
         if prefix != "/" and not _within(home, prefix):
