@@ -120,9 +120,10 @@ def sandbox_for_arguments(command: str, args: Sequence[str]) -> Sandbox:
     Each argument (or the value of `--flag=value`) that is a path (absolute,
     `~/…` or `./…`) naming an existing directory is granted for writing (a
     server handed a directory was handed it to work in; the operator's rules
-    still classify every write), an existing file for reading.  The filesystem root, the home directory and
-    its ancestors are never granted: they would undo the sandbox.  The
-    command itself needs no entry; its installation is bound on its own.
+    still classify every write), an existing file for reading.  The filesystem
+    root, the home directory and its ancestors are never granted: they would
+    undo the sandbox.  The command itself needs no entry; its installation is
+    bound on its own.
     """
     del command  # found and bound at start, whatever it is
     home = os.path.realpath(os.path.expanduser("~"))
