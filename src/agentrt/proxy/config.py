@@ -5,6 +5,13 @@ approvals are kept, so it is read only when the current user owns it and
 nobody else can write it.  Every object refuses a field it does not know,
 naming the field and the file: a misspelled `require_approval` would
 otherwise silently fall back to a default.
+
+A server's `rules` may be left out (no tool is classified yet, which is how
+`agentrt init` writes it before `agentrt classify` names the tools); a rule's
+`rename` replaces the final `<server>_<tool>` name the model sees.  A
+server's `default_timeout` bounds a call whose rule sets no `timeout`, and is
+`DEFAULT_SERVER_TIMEOUT` when left out.  `note` is free text for the
+operator (why a server is not pinned, how to install it once); nothing reads it.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ __all__ = [
     "DEFAULT_LEASE_TTL",
     "DEFAULT_MAX_PENDING",
     "DEFAULT_REPEAT_WINDOW",
+    "DEFAULT_SERVER_TIMEOUT",
     "ConfigError",
     "ProxyConfig",
     "UpstreamConfig",
@@ -43,6 +51,8 @@ DEFAULT_MAX_PENDING: Final = 5
 DEFAULT_APPROVAL_TTL: Final = 24 * 3600.0
 DEFAULT_GRANT_TTL: Final = 24 * 3600.0
 DEFAULT_LEASE_TTL: Final = 30.0
+DEFAULT_SERVER_TIMEOUT: Final = 60.0
+"""Seconds a call may take when neither its rule nor its server names a timeout."""
 
 SESSION_PATTERN: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -71,6 +81,7 @@ _SERVER_FIELDS: Final = frozenset(
         "default_timeout",
         "manifest",
         "rules",
+        "note",
     }
 )
 # The proxy answers the host itself or passes a call on; it never ends a run
@@ -248,7 +259,7 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
 
 def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
     entry = reader.object(raw, where, _SERVER_FIELDS)
-    for required in ("name", "manifest", "rules"):
+    for required in ("name", "manifest"):
         if required not in entry:
             raise reader.fail(f"{where}.{required}", "is required")
     name = reader.string(entry["name"], f"{where}.name")
@@ -266,17 +277,20 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
         options["connect_timeout"] = reader.duration(
             entry["connect_timeout"], f"{where} connect_timeout"
         )
-    if "default_timeout" in entry:
-        options["default_timeout"] = reader.duration(
-            entry["default_timeout"], f"{where} default_timeout"
-        )
+    options["default_timeout"] = (
+        reader.duration(entry["default_timeout"], f"{where} default_timeout")
+        if "default_timeout" in entry
+        else DEFAULT_SERVER_TIMEOUT
+    )
+    if "note" in entry and not isinstance(entry["note"], str):
+        raise reader.fail(f"{where} note", "must be a string")
     try:
         server = Server(name=name, command=command, endpoint=endpoint, **options)
     except ValueError as exc:
         raise ConfigError(f"{reader.path}: {exc}") from None
 
     manifest_path = reader.path_field(entry["manifest"], f"{where} manifest")
-    raw_rules = entry["rules"]
+    raw_rules = entry.get("rules", {})
     rules_path: Path | None = None
     try:
         if isinstance(raw_rules, str):
