@@ -279,3 +279,18 @@ def test_restore_without_a_backup_is_refused(host: Host) -> None:
     assert result.exit_code == 1
     assert "there is no agentrt backup beside" in result.output
     assert host.path.read_bytes() == original
+
+
+def test_a_server_handed_the_configuration_directory_is_refused_before_any_server_starts(
+    host: Host, tmp_path: Path
+) -> None:
+    marker = tmp_path / "started"
+    host.servers["fs"] = {"command": "node", "args": [str(FILESYSTEM_SERVER), str(tmp_path)]}
+    host.servers["spy"] = {"command": "/bin/sh", "args": ["-c", f"touch {marker}"]}
+    host.write()
+    result = host.init()
+    assert result.exit_code == 1
+    assert 'server "fs" would be started with' in result.output
+    assert "edit" in result.output and "another --out" in result.output
+    assert not marker.exists()
+    assert not list(host.out.glob("*.manifest.json"))

@@ -167,3 +167,13 @@ def test_check_shows_what_changed_for_every_refused_tool(setup: Setup) -> None:
     # check never replaces the pin.
     assert setup.pinned_description() == OLD_WORDING
     assert not setup.tools.with_suffix(".calls").exists()
+
+
+def test_a_manifest_that_cannot_be_read_is_replaced_by_a_fresh_pin_saying_why(
+    setup: Setup,
+) -> None:
+    setup.manifest.write_text("{not json")
+    result = setup.pin()
+    assert result.exit_code == 0, result.output
+    assert "the manifest it replaces cannot be read, so it is pinned afresh" in result.output
+    assert setup.pinned_description() == OLD_WORDING

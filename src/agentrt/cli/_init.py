@@ -250,9 +250,8 @@ def _import(output: Output, host: HostFile, out: Path, config_path: Path) -> Non
             pin_upstream(output, upstream, yes=True)
         except (AgentrtError, CommandError) as error:
             unpinned += 1
-            reason = sanitize(
-                str(error.format_message() if isinstance(error, CommandError) else error)
-            )
+            # CommandError's text is already escaped; an AgentrtError's is not.
+            reason = error.message if isinstance(error, CommandError) else sanitize(str(error))
             _say(
                 output,
                 f'server "{sanitize(server.name)}" could not be pinned: {reason}; '

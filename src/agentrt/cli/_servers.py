@@ -185,9 +185,10 @@ def pin_upstream(output: Output, upstream: UpstreamConfig, *, yes: bool) -> Mani
         _print_changes(output, name, changes)
     elif unreadable:
         # Nothing trusted to compare against: the new pin is reviewed as a first one.
-        output.line(
+        click.echo(
             f'server "{sanitize(name)}": the manifest it replaces cannot be read, so it is '
-            f"pinned afresh: {unreadable}"
+            f"pinned afresh: {unreadable}",
+            err=output.json,
         )
     if previous is not None and not yes:
         try:
