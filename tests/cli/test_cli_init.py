@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,13 +18,14 @@ import pytest
 from click.testing import CliRunner, Result
 
 from agentrt.cli import cli
-from agentrt.proxy.config import DEFAULT_SERVER_TIMEOUT, load_config
+from agentrt.proxy.config import DEFAULT_SERVER_TIMEOUT, ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 FILESYSTEM_SERVER = (
     REPO / "tests/npm/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js"
 )
 TIME_SERVER = Path(sys.executable).with_name("mcp-server-time")
+TOKEN_SERVER = Path(__file__).with_name("token_http_server.py")
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -294,3 +296,57 @@ def test_a_server_handed_the_configuration_directory_is_refused_before_any_serve
     assert "edit" in result.output and "another --out" in result.output
     assert not marker.exists()
     assert not list(host.out.glob("*.manifest.json"))
+
+
+@pytest.fixture
+def token_endpoint() -> Iterator[str]:
+    process = subprocess.Popen(
+        [sys.executable, str(TOKEN_SERVER), "s3cret"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None
+        port = int(process.stdout.readline())
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_an_http_server_is_imported_with_its_headers_and_pinned_through_them(
+    tmp_path: Path, token_endpoint: str
+) -> None:
+    host_file = tmp_path / "mcp.json"
+    host_file.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "api": {"url": token_endpoint, "headers": {"Authorization": "Bearer s3cret"}},
+                    "tokenless": {"url": token_endpoint},
+                }
+            }
+        )
+    )
+    out = tmp_path / "agentrt"
+    result = run("init", "--from", str(host_file), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert sorted(json.loads((out / "api.manifest.json").read_text())["tools"]) == ["whoami"]
+    servers = {
+        entry["name"]: entry for entry in json.loads((out / "proxy.json").read_text())["servers"]
+    }
+    assert servers["api"]["endpoint"] == token_endpoint
+    assert servers["api"]["headers"] == {"Authorization": "Bearer s3cret"}
+    # Without the token the server answers 401: kept, marked, not pinned.
+    assert 'server "tokenless" could not be pinned' in result.output
+    assert "not pinned by agentrt init" in servers["tokenless"]["note"]
+    assert not (out / "tokenless.manifest.json").exists()
+
+
+def test_headers_on_a_server_without_an_endpoint_are_refused_naming_them(tmp_path: Path) -> None:
+    path = tmp_path / "proxy.json"
+    server = {"name": "t", "command": ["x"], "manifest": "t.json", "headers": {"A": "b"}}
+    path.write_text(json.dumps({"database": "p.db", "session": "s", "servers": [server]}))
+    path.chmod(0o600)
+    with pytest.raises(ConfigError, match='server "t" headers are only for a server with an'):
+        load_config(path)

@@ -131,10 +131,13 @@ def _import_server(host: HostFile, key: str, raw: Any) -> _Imported:
         imported.entry["endpoint"] = url
         if raw.get("type") == "sse":
             imported.notes.append("the host uses the SSE transport; agentrt speaks streamable HTTP")
-        if raw.get("headers"):
-            imported.notes.append(
-                "the host sends headers (a token?); the proxy configuration cannot carry them yet"
-            )
+        headers = raw.get("headers", {})
+        if not isinstance(headers, dict) or not all(
+            isinstance(value, str) for value in headers.values()
+        ):
+            raise CommandError(f"{shown}: headers must be an object of names to strings")
+        if headers:
+            imported.entry["headers"] = headers
     else:
         raise CommandError(f"{shown} has neither a command nor a url")
     for unsupported in ("cwd", "envFile"):

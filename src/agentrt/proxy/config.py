@@ -10,7 +10,9 @@ A server's `rules` may be left out (no tool is classified yet, which is how
 `agentrt init` writes it before `agentrt classify` names the tools); a rule's
 `rename` replaces the final `<server>_<tool>` name the model sees.  A
 server's `default_timeout` bounds a call whose rule sets no `timeout`, and is
-`DEFAULT_SERVER_TIMEOUT` when left out.  `note` is free text for the
+`DEFAULT_SERVER_TIMEOUT` when left out.  `headers` (an endpoint's only) are
+sent on every request to it, by a client that follows no redirect, so a
+token is never handed to another host.  `note` is free text for the
 operator (why a server is not pinned, how to install it once); nothing reads it.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -82,6 +85,7 @@ _SERVER_FIELDS: Final = frozenset(
         "manifest",
         "rules",
         "note",
+        "headers",
     }
 )
 # The proxy answers the host itself or passes a call on; it never ends a run
@@ -284,6 +288,15 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
     )
     if "note" in entry and not isinstance(entry["note"], str):
         raise reader.fail(f"{where} note", "must be a string")
+    if "headers" in entry:
+        headers = entry["headers"]
+        if endpoint is None:
+            raise reader.fail(f"{where} headers", "are only for a server with an endpoint")
+        if not isinstance(headers, dict) or not all(
+            isinstance(value, str) for value in headers.values()
+        ):
+            raise reader.fail(f"{where} headers", "must be an object of header names to strings")
+        options["http_client_factory"] = _client_sending(dict(headers))
     try:
         server = Server(name=name, command=command, endpoint=endpoint, **options)
     except ValueError as exc:
@@ -311,6 +324,20 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
     return UpstreamConfig(
         server=server, manifest_path=manifest_path, rules=rules, rules_path=rules_path
     )
+
+
+def _client_sending(headers: dict[str, str]) -> Callable[[], Any]:
+    """A factory of one new HTTP client per connection, sending `headers` and following
+    no redirect (a redirect would hand the headers, often a token, to another host)."""
+
+    def client() -> Any:
+        import httpx2
+
+        return httpx2.AsyncClient(
+            headers=headers, follow_redirects=False, timeout=httpx2.Timeout(30.0, read=300.0)
+        )
+
+    return client
 
 
 def _policy(reader: _Reader, raw: Any) -> ClassPolicy:
