@@ -166,6 +166,7 @@ def test_install_rewrites_the_host_file_to_one_agentrt_entry_with_a_backup(host:
 
     restored = run("init", "--restore", str(host.path), "--yes")
     assert restored.exit_code == 0, restored.output
+    assert "  servers now: agentrt\n  servers after: fs, time\n" in restored.output
     assert host.path.read_bytes() == original
 
 

@@ -353,6 +353,15 @@ def _install(output: Output, host: HostFile, config_path: Path, yes: bool) -> No
     _say(output, f"restart the host; to undo: agentrt init --restore {restore_source}")
 
 
+def _server_names(host: HostFile) -> str:
+    try:
+        host, document, _data = read_host(host)
+        names = list(servers_block(host, document))
+    except CommandError as error:
+        return f"(unreadable: {error.message})"
+    return ", ".join(sanitize(name) for name in names) or "none"
+
+
 def _restore(output: Output, source: str, yes: bool) -> None:
     host = locate(source)
     target = Path(os.path.realpath(host.path))
@@ -361,6 +370,8 @@ def _restore(output: Output, source: str, yes: bool) -> None:
         raise CommandError(f"there is no agentrt backup beside {sanitize(str(host.path))}")
     newest = kept[-1]
     _say(output, f"{sanitize(str(host.path))} will be replaced by {sanitize(str(newest))}")
+    for label, path in (("now", host.path), ("after", newest)):
+        _say(output, f"  servers {label}: {_server_names(HostFile(host.source, path, host.key))}")
     _confirm(f"restore {sanitize(str(host.path))}?", yes)
     write_private(target, newest.read_bytes().decode("utf-8"))
     _say(output, f"restored {sanitize(str(host.path))} from {sanitize(str(newest))}")
