@@ -11,7 +11,9 @@ from __future__ import annotations
 import click
 
 from ._app import AgentrtGroup, Settings
+from ._classify import classify
 from ._decide import approve, cancel, reject
+from ._init import init
 from ._inspect import events, runs, show, verify
 from ._output import Output
 from ._servers import check, demo, pin, proxy
@@ -34,7 +36,21 @@ def cli(context: click.Context, database: str | None, json_lines: bool) -> None:
     context.obj = Settings(database=database, output=Output(json=json_lines))
 
 
-for _command in (runs, show, events, approve, reject, cancel, verify, pin, check, proxy, demo):
+for _command in (
+    runs,
+    show,
+    events,
+    approve,
+    reject,
+    cancel,
+    verify,
+    init,
+    pin,
+    classify,
+    check,
+    proxy,
+    demo,
+):
     cli.add_command(_command)
 
 

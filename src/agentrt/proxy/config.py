@@ -5,6 +5,15 @@ approvals are kept, so it is read only when the current user owns it and
 nobody else can write it.  Every object refuses a field it does not know,
 naming the field and the file: a misspelled `require_approval` would
 otherwise silently fall back to a default.
+
+A server's `rules` may be left out (no tool is classified yet, which is how
+`agentrt init` writes it before `agentrt classify` names the tools); a rule's
+`rename` replaces the final `<server>_<tool>` name the model sees.  A
+server's `default_timeout` bounds a call whose rule sets no `timeout`, and is
+`DEFAULT_SERVER_TIMEOUT` when left out.  `headers` (an endpoint's only) are
+sent on every request to it, by a client that follows no redirect, so a
+token is never handed to another host.  `note` is free text for the
+operator (why a server is not pinned, how to install it once); nothing reads it.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -39,6 +49,7 @@ __all__ = [
     "DEFAULT_LEASE_TTL",
     "DEFAULT_MAX_PENDING",
     "DEFAULT_REPEAT_WINDOW",
+    "DEFAULT_SERVER_TIMEOUT",
     "ConfigError",
     "ProxyConfig",
     "UpstreamConfig",
@@ -52,6 +63,8 @@ DEFAULT_MAX_PENDING: Final = 5
 DEFAULT_APPROVAL_TTL: Final = 24 * 3600.0
 DEFAULT_GRANT_TTL: Final = 24 * 3600.0
 DEFAULT_LEASE_TTL: Final = 30.0
+DEFAULT_SERVER_TIMEOUT: Final = 60.0
+"""Seconds a call may take when neither its rule nor its server names a timeout."""
 
 SESSION_PATTERN: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -81,6 +94,8 @@ _SERVER_FIELDS: Final = frozenset(
         "manifest",
         "rules",
         "sandbox",
+        "note",
+        "headers",
     }
 )
 _SANDBOX_FIELDS: Final = frozenset({"read", "write", "network", "home", "devices", "hide"})
@@ -259,7 +274,7 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
 
 def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
     entry = reader.object(raw, where, _SERVER_FIELDS)
-    for required in ("name", "manifest", "rules"):
+    for required in ("name", "manifest"):
         if required not in entry:
             raise reader.fail(f"{where}.{required}", "is required")
     name = reader.string(entry["name"], f"{where}.name")
@@ -277,10 +292,22 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
         options["connect_timeout"] = reader.duration(
             entry["connect_timeout"], f"{where} connect_timeout"
         )
-    if "default_timeout" in entry:
-        options["default_timeout"] = reader.duration(
-            entry["default_timeout"], f"{where} default_timeout"
-        )
+    options["default_timeout"] = (
+        reader.duration(entry["default_timeout"], f"{where} default_timeout")
+        if "default_timeout" in entry
+        else DEFAULT_SERVER_TIMEOUT
+    )
+    if "note" in entry and not isinstance(entry["note"], str):
+        raise reader.fail(f"{where} note", "must be a string")
+    if "headers" in entry:
+        headers = entry["headers"]
+        if endpoint is None:
+            raise reader.fail(f"{where} headers", "are only for a server with an endpoint")
+        if not isinstance(headers, dict) or not all(
+            isinstance(value, str) for value in headers.values()
+        ):
+            raise reader.fail(f"{where} headers", "must be an object of header names to strings")
+        options["http_client_factory"] = _client_sending(dict(headers))
     if "sandbox" in entry:
         options["sandbox"] = _sandbox(reader, entry["sandbox"], f"{where} sandbox")
     try:
@@ -289,7 +316,7 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
         raise ConfigError(f"{reader.path}: {exc}") from None
 
     manifest_path = reader.path_field(entry["manifest"], f"{where} manifest")
-    raw_rules = entry["rules"]
+    raw_rules = entry.get("rules", {})
     rules_path: Path | None = None
     try:
         if isinstance(raw_rules, str):
@@ -334,6 +361,20 @@ def _sandbox(reader: _Reader, raw: Any, where: str) -> Sandbox:
         )
     except ValueError as exc:
         raise reader.fail(where, f"is wrong: {exc}") from None
+
+
+def _client_sending(headers: dict[str, str]) -> Callable[[], Any]:
+    """A factory of one new HTTP client per connection, sending `headers` and following
+    no redirect (a redirect would hand the headers, often a token, to another host)."""
+
+    def client() -> Any:
+        import httpx2
+
+        return httpx2.AsyncClient(
+            headers=headers, follow_redirects=False, timeout=httpx2.Timeout(30.0, read=300.0)
+        )
+
+    return client
 
 
 def _policy(reader: _Reader, raw: Any) -> ClassPolicy:
