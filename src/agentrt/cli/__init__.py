@@ -12,6 +12,7 @@ import click
 
 from ._app import AgentrtGroup, Settings
 from ._decide import approve, cancel, reject
+from ._export import export
 from ._inspect import events, runs, show, verify
 from ._output import Output
 from ._servers import check, demo, pin, proxy
@@ -34,7 +35,9 @@ def cli(context: click.Context, database: str | None, json_lines: bool) -> None:
     context.obj = Settings(database=database, output=Output(json=json_lines))
 
 
-for _command in (runs, show, events, approve, reject, cancel, verify, pin, check, proxy, demo):
+for _command in (
+    runs, show, events, approve, reject, cancel, verify, export, pin, check, proxy, demo,
+):  # fmt: skip
     cli.add_command(_command)
 
 
