@@ -292,3 +292,19 @@ def test_export_line_is_the_events_json_line(database: Path) -> None:
         event = store.event_at(1)
     assert event is not None
     assert json.loads(export_line(event))["hash"] == event.hash
+
+
+def test_lines_whose_cursor_was_not_written_are_printed_again(
+    database: Path, tmp_path: Path
+) -> None:
+    # The cursor's directory is missing, so its replacement fails after the lines are
+    # flushed: exactly the window a kill between the two would open.
+    cursor = tmp_path / "not-yet" / "c"
+    failed = agentrt("--db", str(database), "export", "--cursor", str(cursor))
+    assert failed.returncode == 1
+    assert "cannot be written" in failed.stderr and "will be printed again" in failed.stderr
+    printed = failed.stdout.splitlines()
+    assert printed and not cursor.exists()
+    cursor.parent.mkdir()
+    again = agentrt("--db", str(database), "export", "--cursor", str(cursor))
+    assert again.returncode == 0 and again.stdout.splitlines() == printed
