@@ -278,3 +278,80 @@ def test_settings_come_from_the_configuration_then_the_standard_variables() -> N
     assert settings_from(None, environ=traces).traces_url == "http://c:1/custom"  # type: ignore[union-attr]
     configured = settings_from({"otlp_endpoint": "http://here:9", "content": True}, environ=environ)
     assert configured == TelemetrySettings("http://here:9/v1/traces", "gw", True)
+
+
+class Failing:
+    """A real tool that raises: its step is a tool error."""
+
+    def __init__(self, name: str, side_effect: str) -> None:
+        from agentrt import SideEffect, ToolSpec
+
+        self.spec = ToolSpec(
+            name=name,
+            description="Fails.",
+            input_schema={"type": "object"},
+            side_effect=SideEffect(side_effect),
+            timeout=5.0,
+        )
+
+    async def call(self, call: object) -> object:
+        raise RuntimeError(f"broken: {SECRET_ARGUMENT}")
+
+
+def test_denied_invalid_failed_and_rejected_steps_carry_their_outcome_and_error_type(
+    database: Path, tmp_path: Path
+) -> None:
+    from agentrt.approvals import reject
+
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+
+    async def scenario() -> tuple[str, str]:
+        with open_store(database) as store:
+            registered = [*tools(sandbox), Failing("mail", "remote_mutation")]
+            registered.append(Failing("broken_read", "read_only"))
+            gate = Gate(store, registered, policy=POLICY)
+            first = await gate.start("many endings")
+            await gate.step(first, Decision.tool_call("mail", "{}"))  # denied by the policy
+            await gate.step(first, Decision.tool_call(SECRET_ARGUMENT, "{}"))  # unknown tool
+            await gate.step(first, Decision.tool_call("broken_read", "{}"))  # raises
+            await gate.step(first, Decision.fail(f"gave up: {SECRET_ARGUMENT}"))
+            second = await gate.start("rejected")
+            args = json.dumps({"path": "a", "content": SECRET_ARGUMENT})
+            outcome = await gate.step(second, Decision.tool_call("write_note", args))
+            assert outcome.approval is not None
+            reject(store, second, approval_hash=outcome.approval.approval_hash, note="no")
+            return first, second
+
+    first, second = anyio.run(scenario)
+    builder = TraceBuilder(side_effects=SIDE_EFFECTS)
+    with open_store(database, read_only=True) as store:
+        records = [record for event in store.events_after(0, 1000) for record in builder.add(event)]
+    assert builder.open_runs == 0
+
+    def spans_of(run_id: str) -> dict[str, dict[str, object]]:
+        trace = trace_id_of(run_id)
+        return {
+            record.name: {**record.attributes, "status": record.error}
+            for record in records
+            if record.trace_id == trace
+        }
+
+    many = spans_of(first)
+    assert many["step mail"]["agentrt.outcome"] == "denied"
+    assert many["step mail"]["error.type"] == "denied"
+    assert many["step unknown"]["agentrt.outcome"] == "invalid"
+    assert many["step unknown"]["error.type"] == "invalid_request"
+    assert many["execute_tool broken_read"]["error.type"] == "tool_error"
+    assert many["step broken_read"]["agentrt.outcome"] == "failed"
+    root = many["invoke_agent agentrt"]
+    assert root["agentrt.outcome"] == "failed" and root["status"] is not None
+    rejected = spans_of(second)
+    assert rejected["agentrt.approval_wait"]["agentrt.outcome"] == "rejected"
+    assert rejected["agentrt.approval_wait"]["error.type"] == "approval_rejected"
+    assert rejected["step write_note"]["error.type"] == "approval_rejected"
+    assert rejected["invoke_agent agentrt"]["agentrt.outcome"] == "cancelled"
+    assert rejected["invoke_agent agentrt"]["agentrt.reason"] == "approval_rejected"
+    for record in records:
+        for value in [record.name, record.error or "", *map(str, record.attributes.values())]:
+            assert SECRET_ARGUMENT not in value
