@@ -19,11 +19,17 @@ SECRET = "echo-text-that-stays-home"
 @pytest.mark.anyio
 @pytest.mark.slow
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("source", ["proxy.json", "OTEL_EXPORTER_OTLP_ENDPOINT"])
 async def test_a_proxied_call_reaches_the_receiver_as_mcp_spans_without_its_text(
-    tmp_path: Path,
+    tmp_path: Path, source: str
 ) -> None:
     with otlp_receiver() as receiver:
-        setup = await build_setup(tmp_path, telemetry={"otlp_endpoint": receiver.url})
+        if source == "proxy.json":
+            setup = await build_setup(tmp_path, telemetry={"otlp_endpoint": receiver.url})
+        else:
+            setup = await build_setup(tmp_path)
+            environment = {**setup.environment(), source: receiver.url}
+            setup.environment = lambda: environment  # type: ignore[method-assign]
         async with host(setup) as session:
             result = await session.call_tool("up_echo", {"text": SECRET})
             assert text_of(result) == SECRET

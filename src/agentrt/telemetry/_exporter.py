@@ -45,6 +45,7 @@ _TRACES_PATH: Final = "/v1/traces"
 _DEFAULT_TIMEOUT_SECONDS: Final = 3.0
 _POLL_SECONDS: Final = 0.25
 _REPLAY_PAGE: Final = 1000
+_REPLAYED_KEPT: Final = 10_000
 _SCOPE: Final = "agentrt"
 
 
@@ -118,6 +119,7 @@ class TraceExporter:
         self.sent = 0
         self.dropped = 0
         self._failing = False
+        self._replayed: set[str] = set()
         self._store: Store | None = None
         self._follower: Follower | None = None
         self._thread: threading.Thread | None = None
@@ -174,7 +176,16 @@ class TraceExporter:
     def _process(self, store: Store, batch: Sequence[Event]) -> None:
         finished: list[SpanRecord] = []
         for event in batch:
-            if event.type != "run_started" and not self.builder.knows(event.run_id):
+            run_id = event.run_id
+            if (
+                event.type != "run_started"
+                and not self.builder.knows(run_id)
+                and run_id not in self._replayed
+            ):
+                # Once per run: a run whose start is not in the log stays unknown.
+                if len(self._replayed) >= _REPLAYED_KEPT:
+                    self._replayed.clear()
+                self._replayed.add(run_id)
                 self._replay(store, event)
             finished.extend(self.builder.add(event))
         if finished:
