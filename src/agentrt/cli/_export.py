@@ -73,6 +73,7 @@ def _silence_stdout() -> None:
     type=click.FloatRange(0.05, 60.0),
     default=DEFAULT_POLL_SECONDS,
     show_default=True,
+    metavar="SECONDS",
     help="With --follow, seconds between looks at a quiet database.",
 )
 @click.pass_obj
