@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 import anyio
+import anyio.to_thread
 
 from .agent import Agent, Decision, DecisionKind, Observation, StepInput
 from .approvals import approve
@@ -45,6 +46,7 @@ from .policy import ClassPolicy, Outcome
 from .providers import ProviderError, ScriptedAgent, agent_for
 from .sanitize import sanitize
 from .store import ApprovalRecord, ApprovalStatus, RunStatus, Store, approval_hash, open_store
+from .telemetry import settings_from, start_exporter
 from .tools import SideEffect, Tool
 from .trace import format_event
 
@@ -629,6 +631,14 @@ class _Demo:
         else:
             inner = self.agent
         store = open_store(paths.database)
+        telemetry = start_exporter(
+            paths.database,
+            settings_from(default_service="agentrt-demo"),
+            side_effects={tool.spec.name: str(tool.spec.side_effect) for tool in tools},
+            log=sys.stderr,
+        )
+        if telemetry is not None:
+            say(f"telemetry: spans of this run go to {sanitize(telemetry.settings.traces_url)}")
         try:
             gate = Gate(
                 store, list(tools), policy=DEMO_POLICY, limits=_LIMITS, lease_ttl=_LEASE_TTL
@@ -656,6 +666,9 @@ class _Demo:
                 result = await driver.resume(result.run_id)
             return self._finish(store, result)
         finally:
+            if telemetry is not None:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(telemetry.stop)
             store.close()
 
     async def _decide(self, store: Store, approval: ApprovalRecord, switch: _StopSwitch) -> bool:

@@ -13,6 +13,7 @@ import click
 from ._app import AgentrtGroup, Settings
 from ._classify import classify
 from ._decide import approve, cancel, reject
+from ._export import export
 from ._init import init
 from ._inspect import events, runs, show, verify
 from ._output import Output
@@ -44,6 +45,7 @@ for _command in (
     reject,
     cancel,
     verify,
+    export,
     init,
     pin,
     classify,

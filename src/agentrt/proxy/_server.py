@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
 import anyio
+import anyio.to_thread
 import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp.server.context import ServerRequestContext
@@ -32,6 +33,7 @@ from ..gate import Gate, Limits
 from ..mcp import Connection, Report, load, read_manifest
 from ..sanitize import sanitize
 from ..store import ApprovalStatus, Store, open_store
+from ..telemetry import TraceExporter, settings_from, start_exporter
 from ..tools import SideEffect, Tool
 from ._answers import Answer, bounded
 from ._calls import Calls, ProxyPolicy, WatchedTool, new_owner
@@ -448,8 +450,19 @@ async def serve_config(
             )
     store = open_store(config.database)
     connections: list[Connection] = []
+    telemetry: TraceExporter | None = None
     try:
         tools, connections = await _load_upstreams(config, stream)
+        telemetry = start_exporter(
+            config.database,
+            settings_from(
+                {"otlp_endpoint": config.telemetry.otlp_endpoint,
+                 "content": config.telemetry.content},
+                default_service="agentrt-proxy",
+            ),
+            side_effects={tool.spec.name: str(tool.spec.side_effect) for tool in tools},
+            log=stream,
+        )  # fmt: skip
         proxy = Proxy(config, store, tools, stream)
         server = proxy.server()
         async with proxy.running():
@@ -466,6 +479,9 @@ async def serve_config(
                         group.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
+            if telemetry is not None:
+                # What was committed before the stop still gets its spans.
+                await anyio.to_thread.run_sync(telemetry.stop)
             for connection in connections:
                 with contextlib.suppress(Exception):
                     await connection.aclose()

@@ -52,6 +52,7 @@ __all__ = [
     "DEFAULT_SERVER_TIMEOUT",
     "ConfigError",
     "ProxyConfig",
+    "TelemetryConfig",
     "UpstreamConfig",
     "load_config",
     "parse_duration",
@@ -80,8 +81,10 @@ _TOP_FIELDS: Final = frozenset(
         "approval_ttl",
         "grant_ttl",
         "lease_ttl",
+        "telemetry",
     }
 )
+_TELEMETRY_FIELDS: Final = frozenset({"otlp_endpoint", "content"})
 _SERVER_FIELDS: Final = frozenset(
     {
         "name",
@@ -123,6 +126,15 @@ class UpstreamConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TelemetryConfig:
+    """`"telemetry"`: where spans go (an OTLP/HTTP base URL; else the standard variables) and
+    whether arguments and results go with them (off unless the operator says `true`)."""
+
+    otlp_endpoint: str | None = None
+    content: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ProxyConfig:
     """Everything `agentrt proxy` (and `agentrt pin/check`) reads from the file.
 
@@ -140,6 +152,7 @@ class ProxyConfig:
     approval_ttl: float = DEFAULT_APPROVAL_TTL
     grant_ttl: float = DEFAULT_GRANT_TTL
     lease_ttl: float = DEFAULT_LEASE_TTL
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def protected_paths(self) -> list[Path]:
         """The files a server must never be pointed at: whoever writes them governs the proxy."""
@@ -267,6 +280,7 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
         approval_ttl=duration("approval_ttl", DEFAULT_APPROVAL_TTL),
         grant_ttl=duration("grant_ttl", DEFAULT_GRANT_TTL),
         lease_ttl=duration("lease_ttl", DEFAULT_LEASE_TTL),
+        telemetry=_telemetry(reader, top["telemetry"]) if "telemetry" in top else TelemetryConfig(),
     )
     _refuse_servers_that_reach_the_operators_files(config)
     return _hide_the_operators_files(config)
@@ -375,6 +389,19 @@ def _client_sending(headers: dict[str, str]) -> Callable[[], Any]:
         )
 
     return client
+
+
+def _telemetry(reader: _Reader, raw: Any) -> TelemetryConfig:
+    entries = reader.object(raw, "telemetry", _TELEMETRY_FIELDS)
+    endpoint = None
+    if "otlp_endpoint" in entries:
+        endpoint = reader.string(entries["otlp_endpoint"], "telemetry.otlp_endpoint")
+        if not endpoint.startswith(("http://", "https://")):
+            raise reader.fail("telemetry.otlp_endpoint", "must be an http:// or https:// URL")
+    content = entries.get("content", False)
+    if not isinstance(content, bool):
+        raise reader.fail("telemetry.content", "must be true or false")
+    return TelemetryConfig(endpoint, content)
 
 
 def _policy(reader: _Reader, raw: Any) -> ClassPolicy:
