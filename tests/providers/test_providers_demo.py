@@ -195,7 +195,7 @@ async def test_demo_with_an_unknown_model_is_a_usage_error(tmp_path: Path) -> No
 
     assert await run_demo(model="gpt-4", state_dir=tmp_path / "s", out=out) == 2
 
-    assert "--model 'gpt-4' must be ollama:NAME or openai:NAME" in out.getvalue()
+    assert "--model 'gpt-4' must be ollama:NAME, openai:NAME or anthropic:NAME" in out.getvalue()
     assert not (tmp_path / "s").exists()
     out = io.StringIO()
     assert await run_demo(base_url="http://127.0.0.1:9", state_dir=tmp_path / "s", out=out) == 2
