@@ -44,6 +44,7 @@ __all__ = [
     "list_attempts",
     "run_spending",
     "spending_by_run",
+    "spending_of",
 ]
 
 _MILLION: Final = Decimal(1_000_000)
@@ -315,7 +316,8 @@ def list_attempts(store: Store, run_id: str) -> list[ModelAttempt]:
     return [_attempt_of(row) for row in rows]
 
 
-def _spending(attempts: Sequence[ModelAttempt]) -> RunSpending:
+def spending_of(attempts: Sequence[ModelAttempt]) -> RunSpending:
+    """Attempts summed."""
     reported = [attempt.usage for attempt in attempts if attempt.usage is not None]
     costs = [attempt.cost for attempt in attempts if attempt.cost is not None]
     return RunSpending(
@@ -332,7 +334,7 @@ def _spending(attempts: Sequence[ModelAttempt]) -> RunSpending:
 
 def run_spending(store: Store, run_id: str) -> RunSpending:
     """What the run has spent on its model so far."""
-    return _spending(list_attempts(store, run_id))
+    return spending_of(list_attempts(store, run_id))
 
 
 def spending_by_run(store: Store, run_ids: Sequence[str]) -> dict[str, RunSpending]:
@@ -348,7 +350,7 @@ def spending_by_run(store: Store, run_ids: Sequence[str]) -> dict[str, RunSpendi
     grouped: dict[str, list[ModelAttempt]] = {}
     for row in rows:
         grouped.setdefault(row["run_id"], []).append(_attempt_of(row))
-    return {run_id: _spending(attempts) for run_id, attempts in grouped.items()}
+    return {run_id: spending_of(attempts) for run_id, attempts in grouped.items()}
 
 
 _PAUSES: Final = frozenset({"approval_requested"})

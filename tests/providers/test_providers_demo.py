@@ -458,14 +458,14 @@ async def test_demo_model_endpoint_failure_keeps_the_run_and_prints_how_to_resum
 ) -> None:
     needs_the_server()
     state = tmp_path / "state"
-    model_server.answer({"error": {"message": "model not loaded"}}, status=503)
+    model_server.answer({"error": {"message": "model not found"}}, status=404)
     out = io.StringIO()
 
     status = await run_demo(model="openai:m", base_url=model_server.url, state_dir=state, out=out)
 
     assert status == 1
     text = out.getvalue()
-    assert "answered 503: model not loaded" in text
+    assert "answered 404: model not found" in text
     (run,) = runs_of(state / "agentrt.db")
     assert run.status is RunStatus.RUNNING
     expected = (
@@ -519,7 +519,7 @@ async def test_demo_resume_continues_a_run_its_model_left(
     needs_the_server()
     state = tmp_path / "state"
     sandbox = (state / "sandbox").resolve()
-    model_server.answer({"error": {"message": "model not loaded"}}, status=503)
+    model_server.answer({"error": {"message": "model not found"}}, status=404)
     out = io.StringIO()
     assert (
         await run_demo(model="openai:m", base_url=model_server.url, state_dir=state, out=out) == 1
