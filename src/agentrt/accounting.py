@@ -388,6 +388,8 @@ class ModelMeter:
 
     deadline: float | None = None
     """Epoch seconds past which no attempt (and no retry wait) may run."""
+    deadline_reason: str = "deadline"
+    """The limit that sets `deadline` (`deadline` or `active_time`), the run's end reason then."""
 
     async def check(self, provider: str, model: str) -> None:
         """Raise `SpendingLimitReached` or `PriceUnknown` when the next attempt must not go."""
@@ -426,10 +428,11 @@ class RunMeter(ModelMeter):
         events = store.list_events(run_id, limit=1_000_000)
         self._active_before = active_seconds(events, now)
         self._since = time.monotonic()
-        deadlines = [run.deadline_at] if run.deadline_at is not None else []
+        deadlines = [(run.deadline_at, "deadline")] if run.deadline_at is not None else []
         if limits.max_active_time is not None:
-            deadlines.append(now + limits.max_active_time - self._active_before)
-        self.deadline = min(deadlines) if deadlines else None
+            deadlines.append((now + limits.max_active_time - self._active_before, "active_time"))
+        if deadlines:
+            self.deadline, self.deadline_reason = min(deadlines)
 
     def active(self) -> float:
         """Active seconds of the run so far, this process's time included."""

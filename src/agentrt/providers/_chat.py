@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Final
 
 import anyio
 
-from ..accounting import AttemptOutcome, AttemptReport, ModelMeter, Usage
+from ..accounting import AttemptOutcome, AttemptReport, ModelMeter, SpendingLimitReached, Usage
 from ..agent import Decision, Observation, StepInput
 from ..canonical import JSONBoundaryError, canonical_bytes, canonical_json, parse_json
 from ..sanitize import sanitize
@@ -370,7 +370,11 @@ class ChatAgent:
             )
         delay = self.retry.delay(failures, failure.retry_after)
         if meter.deadline is not None and time.time() + delay >= meter.deadline:
-            raise ProviderError(f"{failure} (no retry: the run's time runs out first; {tried})")
+            # The next attempt could only start after the run's time is up.
+            raise SpendingLimitReached(
+                meter.deadline_reason,
+                f"{failure} (no retry: the run's time runs out first; {tried})",
+            )
         await anyio.sleep(delay)
 
     def _report(
