@@ -161,8 +161,18 @@ def _attempt_row(attempt: ModelAttempt) -> list[str]:
         else f"{usage.cache_creation_input_tokens}/{usage.cache_read_input_tokens}",
         str(attempt.charged_tokens),
         "unknown" if attempt.cost is None else f"${attempt.cost:.4f}",
-        _short(attempt.note or attempt.error or "", 48) if (attempt.note or attempt.error) else "-",
+        _attempt_note(attempt),
     ]
+
+
+def _attempt_note(attempt: ModelAttempt) -> str:
+    """The attempt's note, else its error with the end kept (where the status and reason are)."""
+    parts = []
+    if attempt.error:
+        parts.append(bounded(attempt.error, head=12, tail=48))
+    if attempt.note:
+        parts.append(_short(attempt.note, 60))
+    return "; ".join(parts) or "-"
 
 
 def _attempt_json(attempt: ModelAttempt) -> dict[str, object]:
