@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
+from agentrt.accounting import AttemptOutcome, list_attempts
 from agentrt.canonical import canonical_json, parse_json
 from agentrt.demo import (
     INPUT_FILE,
@@ -510,6 +511,10 @@ async def test_ctrl_c_while_the_model_thinks_stops_at_once_without_a_step(
     assert run.status is RunStatus.RUNNING
     with open_store(state / "agentrt.db", read_only=True) as store:
         assert store.list_steps(run.run_id) == []
+        # The request went out and was never answered: on the books as ambiguous, in full.
+        (attempt,) = list_attempts(store, run.run_id)
+    assert attempt.outcome is AttemptOutcome.AMBIGUOUS
+    assert attempt.charged_tokens > 4096
     assert f"--resume {run.run_id}" in output
 
 

@@ -326,6 +326,17 @@ class ChatAgent:
                     headers=self.extra_headers(),
                 )
                 reply = self.read_reply(answer.value, where)
+            except anyio.get_cancelled_exc_class():
+                # Stopped mid-attempt (Ctrl-C, a deadline above us): the request may
+                # have gone out, so the books say so before the cancellation goes on.
+                stopped = AttemptError(
+                    f"the request to {where} was cancelled before an answer came",
+                    AttemptOutcome.AMBIGUOUS,
+                    charge_in_full=True,
+                )
+                with anyio.CancelScope(shield=True):
+                    await meter.record(self._report(started_at, body, failure=stopped))
+                raise
             except AttemptError as failure:
                 failures += 1
                 await meter.record(self._report(started_at, body, failure=failure))
