@@ -425,8 +425,11 @@ class RunMeter(ModelMeter):
             store.migrate_extension("models", MIGRATIONS)
         run = store.get_run(run_id)
         now = time.time()
-        events = store.list_events(run_id, limit=1_000_000)
-        self._active_before = active_seconds(events, now)
+        self._run_deadline = run.deadline_at
+        self._active_before = 0.0
+        if limits.max_active_time is not None:
+            events = store.list_events(run_id, limit=1_000_000)
+            self._active_before = active_seconds(events, now)
         self._since = time.monotonic()
         deadlines = [(run.deadline_at, "deadline")] if run.deadline_at is not None else []
         if limits.max_active_time is not None:
@@ -445,8 +448,7 @@ class RunMeter(ModelMeter):
             raise SpendingLimitReached(
                 "active_time", f"the run has been active {self.active():.1f} s of {limit:g} s"
             )
-        run = self.store.get_run(self.run_id)
-        if run.deadline_at is not None and time.time() >= run.deadline_at:
+        if self._run_deadline is not None and time.time() >= self._run_deadline:
             raise SpendingLimitReached("deadline", "the run's deadline has passed")
 
     async def check(self, provider: str, model: str) -> None:
