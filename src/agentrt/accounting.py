@@ -421,7 +421,8 @@ class RunMeter(ModelMeter):
         self.step = step
         self.limits = limits
         self.prices = prices
-        if store.extension_version("models") < len(MIGRATIONS):
+        if store.extension_version("models") != len(MIGRATIONS):
+            # Also refuses tables from a newer build rather than writing into them.
             store.migrate_extension("models", MIGRATIONS)
         run = store.get_run(run_id)
         now = time.time()

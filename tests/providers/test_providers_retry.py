@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrt import Driver, Gate, RunStatus, open_store
+from agentrt import Driver, Gate, RunStatus, UnsafeDatabase, open_store
 from agentrt.accounting import AttemptOutcome, Price, PriceTable, Usage, list_attempts
 from agentrt.providers import AnthropicAgent, ProviderError, RetryPolicy
 from agentrt.providers._http import retry_after_seconds
@@ -89,3 +89,16 @@ def test_cache_tokens_are_priced_at_their_own_rate_or_the_input_rate() -> None:
     assert Price(Decimal("3"), Decimal("15")).cost(usage) == Decimal("6")
     priced = Price(Decimal("3"), Decimal("15"), Decimal("3.75"), Decimal("0.30"))
     assert priced.cost(usage) == Decimal("4.05")
+
+
+@pytest.mark.anyio
+async def test_model_tables_from_a_newer_build_are_refused_before_any_dispatch(
+    tmp_path: Path,
+) -> None:
+    store = open_store(tmp_path / "agentrt.db")
+    with store.transaction() as connection:
+        connection.execute("INSERT INTO extensions (name, version) VALUES ('models', 99)")
+    agent = AnthropicAgent("claude-fake", base_url=f"http://127.0.0.1:{closed_port()}")
+
+    with pytest.raises(UnsafeDatabase, match="models tables from a newer build"):
+        await Driver(Gate(store, []), agent).run("Anything.")
