@@ -290,9 +290,9 @@ class ChatAgent:
     async def decide(self, step_input: StepInput) -> Decision:
         """Ask the model; a tool call becomes `Decision.tool_call`, text `Decision.complete`.
 
-        Raises `ProviderError` when the endpoint cannot be used: no decision
-        is recorded in the model's name, and the run stays as it was, to be
-        resumed once the endpoint is back.
+        Raises `ProviderError` when the endpoint cannot be used (after the
+        retries it allows): no decision is recorded in the model's name, and
+        the run stays as it was, to be resumed once the endpoint is back.
         """
         return await self.decide_metered(step_input, ModelMeter())
 
