@@ -174,6 +174,8 @@ class PriceTable:
 
     def cost(self, provider: str, model: str, usage: Usage) -> Decimal | None:
         """The cost of `usage`, or None when the price is unknown (and not declared free)."""
+        if usage.total == 0:
+            return Decimal(0)  # nothing charged costs nothing, whatever the price
         price = self.price(provider, model)
         if price is None:
             return Decimal(0) if self.unknown_is_free else None

@@ -82,6 +82,8 @@ def test_price_table_matches_dated_versions_and_a_provider_wildcard() -> None:
     # Not a dated version: a different model that shares a prefix is not priced.
     assert table.cost("anthropic", "claude-sonnet-40", usage) is None
     assert PriceTable({}, unknown_is_free=True).cost("x", "y", usage) == Decimal(0)
+    # An attempt charged nothing (a 429, a refused connection) costs nothing at any price.
+    assert PriceTable({}).cost("x", "y", Usage()) == Decimal(0)
 
 
 def test_cache_tokens_are_priced_at_their_own_rate_or_the_input_rate() -> None:
