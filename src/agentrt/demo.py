@@ -34,6 +34,7 @@ from typing import Any, Final, TextIO
 import anyio
 import anyio.to_thread
 
+from .accounting import MeteredAgent, ModelMeter
 from .agent import Agent, Decision, DecisionKind, Observation, StepInput
 from .approvals import approve
 from .canonical import JSONBoundaryError, canonical_json, parse_json
@@ -298,13 +299,20 @@ class _NarratedAgent:
         self._shown = 0
 
     async def decide(self, step_input: StepInput) -> Decision:
+        return await self.decide_metered(step_input, None)
+
+    async def decide_metered(self, step_input: StepInput, meter: ModelMeter | None) -> Decision:
+        # A model agent is asked through the Driver's meter, so its calls are on the books.
         for observation in step_input.history[self._shown :]:
             self._show_observation(observation)
         self._shown = len(step_input.history)
         if self.switch.requested:
             raise DemoStopped("stopped by Ctrl-C before the next step")
         with self.switch.cancellable() as scope:
-            decision = await self.agent.decide(step_input)
+            if meter is not None and isinstance(self.agent, MeteredAgent):
+                decision = await self.agent.decide_metered(step_input, meter)
+            else:
+                decision = await self.agent.decide(step_input)
         if scope.cancelled_caught:
             raise DemoStopped("stopped by Ctrl-C while the model was deciding")
         if decision.kind is DecisionKind.TOOL_CALL:
@@ -398,7 +406,7 @@ async def run_demo(
 ) -> int:
     """Run the demo and return the exit status (0 done and the chain intact).
 
-    `model` is `ollama:NAME` or `openai:NAME` (else a scripted agent);
+    `model` is `ollama:NAME`, `openai:NAME` or `anthropic:NAME` (else a scripted agent);
     `interactive` waits for `agentrt approve` in another terminal instead of
     approving; `resume` continues a run an earlier demo left (after Ctrl-C).
     """
@@ -570,8 +578,8 @@ class _Demo:
     def _agent_line(self) -> str:
         if self.agent is None:
             return (
-                "scripted — no model is configured (use --model ollama:NAME or"
-                " --model openai:NAME for a real one)"
+                "scripted — no model is configured (use --model ollama:NAME,"
+                " --model openai:NAME or --model anthropic:NAME for a real one)"
             )
         description = getattr(self.agent, "description", None)
         return str(description) if description else sanitize(repr(self.agent))

@@ -401,7 +401,7 @@ def proxy(
 
 @click.command(short_help="Run the end-to-end demo.")
 @click.option("--model", metavar="PROVIDER:NAME", help="A real model, e.g. ollama:qwen3:30b-a3b.")
-@click.option("--base-url", metavar="URL", help="The endpoint of an OpenAI-compatible model.")
+@click.option("--base-url", metavar="URL", help="The model endpoint (OpenAI or Anthropic style).")
 @click.option(
     "--interactive", is_flag=True, help="Wait for `agentrt approve` instead of approving for you."
 )
