@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .sanitize import sanitize
+
 __all__ = [
     "AgentrtError",
     "ApprovalError",
@@ -85,8 +87,6 @@ class ResultNotRecorded(AgentrtError):
         self.run_id = run_id
         self.step = step
         self.cause = cause
-        from .sanitize import sanitize  # errors is imported by sanitize's importers first
-
         super().__init__(
             f"run {sanitize(run_id)} step {step}: the tool was called but its result was not "
             f"recorded ({sanitize(str(cause) or type(cause).__name__)}); its outcome is unknown"

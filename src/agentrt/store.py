@@ -25,6 +25,7 @@ waited on in short steps until a deadline (`StoreBusy`), never for ever.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import json
@@ -34,7 +35,6 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,15 +49,15 @@ from .sanitize import sanitize
 __all__ = [
     "GENESIS_HASH",
     "SCHEMA_VERSION",
-    "ApprovalRecord",
     "AnchorReport",
+    "ApprovalRecord",
     "ApprovalStatus",
     "ChainReport",
     "Event",
     "RunRecord",
     "RunStatus",
-    "StepRecord",
     "StateReport",
+    "StepRecord",
     "StepStatus",
     "Store",
     "approval_hash",
@@ -537,7 +537,7 @@ class Store:
                 )
             time.sleep(0.005)
 
-    @contextmanager
+    @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """A write transaction (`BEGIN IMMEDIATE`): committed on success, rolled back on error."""
         if self.read_only:
@@ -552,10 +552,9 @@ class Store:
             except BaseException:
                 self._pending_events = []
                 if connection.in_transaction:
-                    try:
+                    # The connection rolls back on its own when it cannot.
+                    with contextlib.suppress(sqlite3.Error):
                         connection.execute("ROLLBACK")
-                    except sqlite3.Error:
-                        pass  # the connection rolls back on its own when it cannot
                 raise
             events, self._pending_events = self._pending_events, []
             if events:
@@ -1159,7 +1158,7 @@ def _check_contents(connection: sqlite3.Connection, label: str) -> None:
             f"{sanitize(str(problems[0]))[:200]}); restore it from a copy"
         )
     tables = {str(row[1]) for row in objects if row[0] == "table"}
-    if version == 0 or not _CORE_TABLES <= tables:
+    if version == 0 or not tables >= _CORE_TABLES:
         raise StoreError(
             f"{sanitize(label)} is a SQLite database but not an agentrt one (no agentrt "
             "schema); agentrt will not write into it"
@@ -1179,9 +1178,7 @@ def _connect(target: str, *, uri: bool, label: str | None = None) -> sqlite3.Con
             target, uri=uri, isolation_level=None, check_same_thread=False, timeout=0.1
         )
     except sqlite3.Error as exc:
-        raise StoreError(
-            f"database {sanitize(label or target)} cannot be opened: {exc}"
-        ) from None
+        raise StoreError(f"database {sanitize(label or target)} cannot be opened: {exc}") from None
     connection.row_factory = sqlite3.Row
     connection.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
     # Schema-defined functions and views never run with our privileges, and
