@@ -146,9 +146,11 @@ def test_a_write_waits_out_a_busy_database_only_until_its_deadline(tmp_path: Pat
     holder = _hold_write_lock(database, 3.0, held)
     held.wait()
     began = time.monotonic()
-    with pytest.raises(StoreBusy, match="stayed locked by another writer for 0.5s; nothing was"):
-        with store.transaction() as connection:
-            store.append_event(connection, "r", "never", {})
+    with (
+        pytest.raises(StoreBusy, match=r"stayed locked by another writer for 0\.5s; nothing was"),
+        store.transaction() as connection,
+    ):
+        store.append_event(connection, "r", "never", {})
     waited = time.monotonic() - began
     assert 0.4 < waited < 2.5
     # Reads go on meanwhile (WAL), and nothing was written.

@@ -250,7 +250,7 @@ def test_a_database_in_a_directory_others_can_write_is_refused(tmp_path: Path, m
     _database_with_runs(database, 1)
     os.chmod(shared, mode)
     try:
-        with pytest.raises(UnsafeDatabase, match="writable by group or others .* sticky bit"):
+        with pytest.raises(UnsafeDatabase, match=r"writable by group or others .* sticky bit"):
             open_store(database)
         with pytest.raises(UnsafeDatabase, match="writable by group or others"):
             open_store(shared / "new.db")
