@@ -267,3 +267,15 @@ def test_a_database_in_a_directory_others_can_write_is_refused(tmp_path: Path, m
 def test_the_store_connection_does_not_trust_the_schema(tmp_path: Path) -> None:
     with open_store(tmp_path / "runs.db") as store:
         assert store._query("PRAGMA trusted_schema")[0][0] == 0
+
+
+def test_an_anchor_left_empty_by_a_power_cut_is_rewritten_not_refused(tmp_path: Path) -> None:
+    database = tmp_path / "runs.db"
+    _database_with_runs(database, 2)
+    Path(f"{database}.anchor").write_bytes(b"")
+    with open_store(database) as store:
+        assert store.check_anchor().ok
+    assert _anchor(database)["seq"] == 2
+    Path(f"{database}.anchor").write_text("not an anchor")
+    with pytest.raises(UnsafeDatabase, match="is not an agentrt anchor"):
+        open_store(database)
