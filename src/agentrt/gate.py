@@ -378,6 +378,16 @@ class Gate:
 
     async def step(self, run_id: str, decision: Decision) -> StepOutcome:
         """Propose the agent's next decision for a running run and carry it out."""
+        return self._settled(await self._step(run_id, decision))
+
+    def _settled(self, outcome: StepOutcome) -> StepOutcome:
+        # A run that ended or waits holds no lease: forget its token, so a
+        # long-lived gate (the proxy's: one run per call) keeps none per run.
+        if outcome.status is not RunStatus.RUNNING:
+            self._lease_tokens.pop(outcome.run_id, None)
+        return outcome
+
+    async def _step(self, run_id: str, decision: Decision) -> StepOutcome:
         now = time.time()
         run = await self.store.run(self.store.get_run, run_id)
         if run.status is not RunStatus.RUNNING:
@@ -816,8 +826,8 @@ class Gate:
         if run.status.terminal:
             raise RunStateError(f"run {sanitize(run_id)} already ended ({run.status})")
         if run.status is RunStatus.RUNNING:
-            return await self._resume_running(run, now)
-        return await self._resume_waiting(run, now)
+            return self._settled(await self._resume_running(run, now))
+        return self._settled(await self._resume_waiting(run, now))
 
     async def _resume_running(self, run: RunRecord, now: float) -> StepOutcome:
         step_record, current, approval = await self.store.write(self._take_over, run, now)

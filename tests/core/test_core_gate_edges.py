@@ -377,3 +377,16 @@ async def test_the_tables_agree_with_the_events_after_every_kind_of_run(tmp_path
     report = store.verify_state()
     assert report.ok, report.reason
     assert store.verify_chain().ok
+
+
+async def test_a_gate_keeps_no_lease_token_for_runs_that_ended_or_wait(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "runs.db")
+    write = RecordingTool("write", SideEffect.LOCAL_MUTATION, terminal=True)
+    read = RecordingTool("read", SideEffect.READ_ONLY, terminal=True)
+    gate = Gate(store, [write, read], policy=approval_policy())
+    for _ in range(20):
+        run_id = await gate.start("one call")
+        await gate.step(run_id, Decision.tool_call("read", '{"path": "a"}'))
+    waiting = await gate.start("waits")
+    await gate.step(waiting, Decision.tool_call("write", '{"path": "a"}'))
+    assert gate._lease_tokens == {}
