@@ -1086,7 +1086,8 @@ def _check_directories(path: Path) -> None:
     """Refuse a database another user could delete or replace (and so have its calls run
     again): every directory above it must be ours or root's, and one that group or
     others can write must carry the sticky bit (as /tmp does)."""
-    directory = path.absolute().parent
+    # The directories the file really lives in: a linked directory is judged by its target.
+    directory = path.absolute().parent.resolve()
     for ancestor in (directory, *directory.parents):
         try:
             info = os.stat(ancestor)
