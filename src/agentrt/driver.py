@@ -67,35 +67,37 @@ class Driver:
         """Resume a run (after an approval, or after its process died) and keep driving it."""
         outcome = await self.gate.resume(run_id)
         if outcome.status is not RunStatus.RUNNING:
-            return self._result(outcome)
+            return await self._result(outcome)
         return await self._loop(run_id)
 
-    def _result(self, outcome: StepOutcome) -> RunResult:
-        run = self.gate.store.get_run(outcome.run_id)
+    async def _result(self, outcome: StepOutcome) -> RunResult:
+        store = self.gate.store
+        run = await store.run(store.get_run, outcome.run_id)
         return RunResult(run.run_id, run.status, run.result, run.reason, outcome.approval)
 
     async def _loop(self, run_id: str) -> RunResult:
         store = self.gate.store
         async with self.gate.lease(run_id):
             while True:
-                run = store.get_run(run_id)
+                # Store reads run in a worker too: the loop never waits on SQLite.
+                run = await store.run(store.get_run, run_id)
                 if run.status is not RunStatus.RUNNING:
                     return RunResult(
                         run.run_id, run.status, run.result, run.reason,
-                        store.waiting_approval(run_id),
+                        await store.run(store.waiting_approval, run_id),
                     )  # fmt: skip
                 step_input = StepInput(
                     run_id=run_id,
                     goal=run.goal,
                     tools=self.gate.specs,
-                    history=self.gate.history(run_id),
+                    history=await store.run(self.gate.history, run_id),
                     model=self.model,
                     metadata=dict(run.metadata),
                 )
                 decision = await self._decide(run, step_input)
                 outcome = await self.gate.step(run_id, decision)
                 if outcome.status is not RunStatus.RUNNING:
-                    return self._result(outcome)
+                    return await self._result(outcome)
 
     async def _decide(self, run: RunRecord, step_input: StepInput) -> Decision:
         store = self.gate.store

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from .sanitize import sanitize
+
 __all__ = [
     "AgentrtError",
     "ApprovalError",
     "ApprovalHashMismatch",
+    "LeaseLost",
     "RegistrationError",
+    "ResultNotRecorded",
     "RunLeased",
     "RunNotFound",
     "RunStateError",
     "SchemaError",
+    "StoreBusy",
     "StoreError",
     "UnsafeDatabase",
 ]
@@ -33,7 +38,12 @@ class StoreError(AgentrtError):
 
 
 class UnsafeDatabase(StoreError):
-    """The database file is a symbolic link, writable by others, or from a newer build."""
+    """The database is not safe to use: a symbolic link, writable or deletable by others,
+    from a newer build, not ours, damaged, or behind its head anchor."""
+
+
+class StoreBusy(StoreError):
+    """Another writer held the database past the store's busy deadline; nothing was written."""
 
 
 class RunNotFound(AgentrtError):
@@ -60,3 +70,24 @@ class ApprovalError(AgentrtError):
 
 class ApprovalHashMismatch(ApprovalError):
     """The stored approval no longer matches its hash, or the hash shown to the operator."""
+
+
+class LeaseLost(RunStateError):
+    """Another gate took the run's lease over since this one acquired it."""
+
+
+class ResultNotRecorded(AgentrtError):
+    """A tool was called but its result could not be recorded: its outcome is unknown.
+
+    The step stays `executing`, so recovery treats it as interrupted (a
+    mutating tool then pauses on an `interrupted_side_effect` approval).
+    """
+
+    def __init__(self, run_id: str, step: int, cause: BaseException) -> None:
+        self.run_id = run_id
+        self.step = step
+        self.cause = cause
+        super().__init__(
+            f"run {sanitize(run_id)} step {step}: the tool was called but its result was not "
+            f"recorded ({sanitize(str(cause) or type(cause).__name__)}); its outcome is unknown"
+        )

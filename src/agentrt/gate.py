@@ -6,10 +6,17 @@ A program with its own loop proposes each decision with `Gate.step`; the
 compare-and-set inside the transaction that writes its event, so two
 processes racing for one run cannot both act, and an operator's cancel
 stops a live loop at its next write.
+
+Store work runs in a worker thread (`Store.write` / `Store.run`): the loop
+only awaits it, so a busy database never stops heartbeats.  A result is
+recorded only under the lease acquisition that started its call (a
+per-acquisition token, compared and set), and a result that cannot be
+recorded raises `ResultNotRecorded` rather than being lost.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -27,11 +34,15 @@ from .agent import Decision, DecisionKind, Observation
 from .approvals import end_run, expire_if_due
 from .canonical import JSONBoundaryError, canonical_json, parse_json
 from .errors import (
+    ApprovalError,
     ApprovalHashMismatch,
+    LeaseLost,
     RegistrationError,
+    ResultNotRecorded,
     RunLeased,
     RunStateError,
     SchemaError,
+    StoreError,
 )
 from .policy import DefaultPolicy, Outcome, Policy, PolicyDecision, RunView, ToolRequest
 from .sanitize import sanitize
@@ -156,6 +167,9 @@ class Gate:
         if not lease_ttl > 0:
             raise ValueError("lease_ttl must be positive")
         self.lease_ttl = float(lease_ttl)
+        # The token of each lease this gate acquired; a take-over mints a new
+        # one, so this gate's late writes under the old one are refused.
+        self._lease_tokens: dict[str, str] = {}
         self._tools: dict[str, _Registered] = {}
         for tool in tools:
             registered = _check_spec(tool)
@@ -178,7 +192,19 @@ class Gate:
                 except Exception:  # noqa: S112 - an observer must never break a run
                     continue
 
-    def _acquire_lease(self, connection: sqlite3.Connection, run: RunRecord, now: float) -> None:
+    def _acquire_lease(
+        self,
+        connection: sqlite3.Connection,
+        run: RunRecord,
+        now: float,
+        *,
+        take_over: bool = False,
+    ) -> str:
+        """Inside a write transaction: take (or extend) the run's lease; return its token.
+
+        The token stays while this gate keeps holding the lease; a lease taken
+        anew (or `take_over`, after a process died) gets a fresh one.
+        """
         if (
             run.lease_owner is not None
             and run.lease_owner != self.owner
@@ -186,22 +212,34 @@ class Gate:
             and run.lease_expires_at > now
         ):
             raise RunLeased(run.run_id, run.lease_owner, epoch_to_iso(run.lease_expires_at))
+        row = connection.execute(
+            "SELECT lease_owner, lease_token FROM runs WHERE run_id = ?", (run.run_id,)
+        ).fetchone()
+        held = self._lease_tokens.get(run.run_id)
+        if take_over or held is None or row is None or tuple(row) != (self.owner, held):
+            held = uuid.uuid4().hex
         cursor = connection.execute(
-            "UPDATE runs SET lease_owner = ?, lease_expires_at = ?"
+            "UPDATE runs SET lease_owner = ?, lease_expires_at = ?, lease_token = ?"
             " WHERE run_id = ?"
             " AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
-            (self.owner, now + self.lease_ttl, run.run_id, self.owner, now),
+            (self.owner, now + self.lease_ttl, held, run.run_id, self.owner, now),
         )
         if cursor.rowcount != 1:
             raise RunStateError(f"run {sanitize(run.run_id)} was taken by another process")
+        self._lease_tokens[run.run_id] = held
+        return held
 
     def renew_lease(self, run_id: str) -> bool:
-        """Extend this gate's lease on a run; False if it no longer holds it."""
+        """Extend this gate's lease on a run; False if it no longer holds it (blocking)."""
+        token = self._lease_tokens.get(run_id)
+        if token is None:
+            return False
         now = time.time()
         with self.store.transaction() as connection:
             cursor = connection.execute(
-                "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_owner = ?",
-                (now + self.lease_ttl, run_id, self.owner),
+                "UPDATE runs SET lease_expires_at = ?"
+                " WHERE run_id = ? AND lease_owner = ? AND lease_token = ?",
+                (now + self.lease_ttl, run_id, self.owner, token),
             )
             return cursor.rowcount == 1
 
@@ -212,11 +250,7 @@ class Gate:
         On the way out the lease is released, so another process may resume
         the run at once rather than after the lease's time runs out.
         """
-        now = time.time()
-        with self.store.transaction() as connection:
-            run = self.store.get_run(run_id)
-            if not run.status.terminal:
-                self._acquire_lease(connection, run, now)
+        await self.store.write(self._take_lease, run_id, time.time())
         failure: BaseException | None = None
         async with anyio.create_task_group() as group:
             group.start_soon(self._heartbeat, run_id)
@@ -228,28 +262,37 @@ class Gate:
                 failure = exc
             finally:
                 group.cancel_scope.cancel()
-        self._release_lease(run_id)
+        with anyio.CancelScope(shield=True):
+            await self._release_lease(run_id)
         if failure is not None:
             raise failure
 
-    def _release_lease(self, run_id: str) -> None:
-        try:
-            with self.store.transaction() as connection:
-                connection.execute(
-                    "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL"
-                    " WHERE run_id = ? AND lease_owner = ?",
-                    (run_id, self.owner),
-                )
-        except sqlite3.Error:
-            pass  # the lease then simply expires
+    def _take_lease(self, connection: sqlite3.Connection, run_id: str, now: float) -> None:
+        run = self.store.get_run(run_id)
+        if not run.status.terminal:
+            self._acquire_lease(connection, run, now)
+
+    async def _release_lease(self, run_id: str) -> None:
+        token = self._lease_tokens.pop(run_id, None)
+        if token is None:
+            return
+        with contextlib.suppress(sqlite3.Error, StoreError):  # it then simply expires
+            await self.store.write(self._clear_lease, run_id, token)
+
+    def _clear_lease(self, connection: sqlite3.Connection, run_id: str, token: str) -> None:
+        connection.execute(
+            "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL"
+            " WHERE run_id = ? AND lease_owner = ? AND lease_token = ?",
+            (run_id, self.owner, token),
+        )
 
     async def _heartbeat(self, run_id: str) -> None:
         while True:
             await anyio.sleep(self.lease_ttl / 3)
             try:
-                if not self.renew_lease(run_id):
+                if not await self.store.run(self.renew_lease, run_id):
                     return
-            except sqlite3.Error:
+            except (sqlite3.Error, StoreError):
                 continue
 
     def history(self, run_id: str) -> list[Observation]:
@@ -284,26 +327,34 @@ class Gate:
         now = time.time()
         created = utc_now()
         deadline_at = None if self.limits.deadline is None else now + self.limits.deadline
-        with self.store.transaction() as connection:
-            seq_row = connection.execute(
-                "SELECT COALESCE(MAX(created_seq), 0) FROM runs"
-            ).fetchone()
-            try:
-                connection.execute(
-                    "INSERT INTO runs (run_id, goal, status, created_at, updated_at, metadata,"
-                    " deadline_at, created_seq) VALUES (?, ?, 'running', ?, ?, ?, ?, ?)",
-                    (run_id, goal, created, created, canonical_json(dict(metadata or {})),
-                     deadline_at, seq_row[0] + 1),
-                )  # fmt: skip
-            except sqlite3.IntegrityError:
-                raise RunStateError(f"run {sanitize(run_id)} already exists") from None
-            self.store.append_event(
-                connection, run_id, "run_started",
-                {"goal": goal, "tools": [spec.name for spec in self.specs],
-                 "metadata": dict(metadata or {})},
-            )  # fmt: skip
+        await self.store.write(self._insert_run, run_id, goal, created, metadata, deadline_at)
         self._notify()
         return run_id
+
+    def _insert_run(
+        self,
+        connection: sqlite3.Connection,
+        run_id: str,
+        goal: str,
+        created: str,
+        metadata: Mapping[str, str] | None,
+        deadline_at: float | None,
+    ) -> None:
+        seq_row = connection.execute("SELECT COALESCE(MAX(created_seq), 0) FROM runs").fetchone()
+        try:
+            connection.execute(
+                "INSERT INTO runs (run_id, goal, status, created_at, updated_at, metadata,"
+                " deadline_at, created_seq) VALUES (?, ?, 'running', ?, ?, ?, ?, ?)",
+                (run_id, goal, created, created, canonical_json(dict(metadata or {})),
+                 deadline_at, seq_row[0] + 1),
+            )  # fmt: skip
+        except sqlite3.IntegrityError:
+            raise RunStateError(f"run {sanitize(run_id)} already exists") from None
+        self.store.append_event(
+            connection, run_id, "run_started",
+            {"goal": goal, "tools": [spec.name for spec in self.specs],
+             "metadata": dict(metadata or {})},
+        )  # fmt: skip
 
     def _limit_reached(self, run: RunRecord, now: float) -> str | None:
         if run.deadline_at is not None and now >= run.deadline_at:
@@ -327,17 +378,29 @@ class Gate:
 
     async def step(self, run_id: str, decision: Decision) -> StepOutcome:
         """Propose the agent's next decision for a running run and carry it out."""
+        return self._settled(await self._step(run_id, decision))
+
+    def _settled(self, outcome: StepOutcome) -> StepOutcome:
+        # A run that ended or waits holds no lease: forget its token, so a
+        # long-lived gate (the proxy's: one run per call) keeps none per run.
+        if outcome.status is not RunStatus.RUNNING:
+            self._lease_tokens.pop(outcome.run_id, None)
+        return outcome
+
+    async def _step(self, run_id: str, decision: Decision) -> StepOutcome:
         now = time.time()
-        run = self.store.get_run(run_id)
+        run = await self.store.run(self.store.get_run, run_id)
         if run.status is not RunStatus.RUNNING:
             raise RunStateError(f"run {sanitize(run_id)} is {run.status}, not running")
         if decision.kind is DecisionKind.COMPLETE:
-            return self._finish(run, RunStatus.COMPLETED, "completed", decision.result)
+            return await self._finish(run, RunStatus.COMPLETED, "completed", decision.result)
         if decision.kind is DecisionKind.FAIL:
-            return self._finish(run, RunStatus.FAILED, decision.reason or "agent_failed", None)
-        limit = self._limit_reached(run, now)
+            return await self._finish(
+                run, RunStatus.FAILED, decision.reason or "agent_failed", None
+            )
+        limit = await self.store.run(self._limit_reached, run, now)
         if limit is not None:
-            return self._finish(run, RunStatus.FAILED, limit, None)
+            return await self._finish(run, RunStatus.FAILED, limit, None)
 
         step_number = run.step_count + 1
         tool_name, args = decision.tool, decision.args
@@ -358,7 +421,11 @@ class Gate:
         stored_args = args.encode("utf-8", "backslashreplace").decode("utf-8")
 
         if problem is not None or registered is None:
-            return self._record_invalid(run, step_number, tool_name, stored_args, problem or "")
+            outcome = await self.store.write(
+                self._record_invalid, run, step_number, tool_name, stored_args, problem or ""
+            )
+            self._notify()
+            return outcome
 
         request = ToolRequest(registered.spec, args, arguments, run_id, step_number)
         decision_made = await self._evaluate(request, run)
@@ -375,30 +442,32 @@ class Gate:
         return decided
 
     def _record_invalid(
-        self, run: RunRecord, step_number: int, tool: str, args: str, problem: str
+        self,
+        connection: sqlite3.Connection,
+        run: RunRecord,
+        step_number: int,
+        tool: str,
+        args: str,
+        problem: str,
     ) -> StepOutcome:
         started = utc_now()
-        with self.store.transaction() as connection:
-            fresh = self._take_running(connection, run.run_id)
-            if fresh.step_count + 1 != step_number:
-                raise RunStateError(
-                    f"run {sanitize(run.run_id)} moved on while this step was checked"
-                )
-            connection.execute(
-                "INSERT INTO steps (run_id, step, tool, args, status, observation_kind, content,"
-                " started_at, finished_at) VALUES (?, ?, ?, ?, 'invalid', 'invalid', ?, ?, ?)",
-                (run.run_id, step_number, tool, args, problem, started, started),
-            )
-            connection.execute(
-                "UPDATE runs SET step_count = ?, consecutive_failures = consecutive_failures + 1,"
-                " updated_at = ? WHERE run_id = ?",
-                (step_number, started, run.run_id),
-            )
-            self.store.append_event(
-                connection, run.run_id, "step_invalid",
-                {"step": step_number, "tool": tool, "args": args, "problem": problem},
-            )  # fmt: skip
-        self._notify()
+        fresh = self._take_running(connection, run.run_id)
+        if fresh.step_count + 1 != step_number:
+            raise RunStateError(f"run {sanitize(run.run_id)} moved on while this step was checked")
+        connection.execute(
+            "INSERT INTO steps (run_id, step, tool, args, status, observation_kind, content,"
+            " started_at, finished_at) VALUES (?, ?, ?, ?, 'invalid', 'invalid', ?, ?, ?)",
+            (run.run_id, step_number, tool, args, problem, started, started),
+        )
+        connection.execute(
+            "UPDATE runs SET step_count = ?, consecutive_failures = consecutive_failures + 1,"
+            " updated_at = ? WHERE run_id = ?",
+            (step_number, started, run.run_id),
+        )
+        self.store.append_event(
+            connection, run.run_id, "step_invalid",
+            {"step": step_number, "tool": tool, "args": args, "problem": problem},
+        )  # fmt: skip
         observation = Observation(step_number, tool, args, "invalid", problem)
         return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="invalid")
 
@@ -427,46 +496,10 @@ class Gate:
         decided: PolicyDecision,
     ) -> StepOutcome:
         now = time.time()
-        started = utc_now()
         name, args = registered.spec.name, request.args
-        approval: ApprovalRecord | None = None
-        with self.store.transaction() as connection:
-            fresh = self._take_running(connection, run.run_id)
-            if fresh.step_count + 1 != step_number:
-                # Another step was recorded while the policy decided this one.
-                raise RunStateError(f"run {sanitize(run.run_id)} moved on while its policy decided")
-            connection.execute(
-                "INSERT INTO steps (run_id, step, tool, args, status, started_at)"
-                " VALUES (?, ?, ?, ?, 'recorded', ?)",
-                (run.run_id, step_number, name, args, started),
-            )
-            connection.execute(
-                "UPDATE runs SET step_count = ?, updated_at = ? WHERE run_id = ?",
-                (step_number, started, run.run_id),
-            )
-            self.store.append_event(
-                connection, run.run_id, "step_recorded",
-                {"step": step_number, "tool": name, "args": args},
-            )  # fmt: skip
-            self.store.append_event(
-                connection, run.run_id, "policy_decided",
-                {"step": step_number, "outcome": str(decided.outcome), "reason": decided.reason},
-            )  # fmt: skip
-            if decided.outcome is Outcome.DENY:
-                self._set_step(connection, run.run_id, step_number, StepStatus.DENIED,
-                               "denied", decided.reason or "denied by policy", None)  # fmt: skip
-            elif decided.outcome is Outcome.ABORT:
-                self._set_step(connection, run.run_id, step_number, StepStatus.DENIED,
-                               "denied", decided.reason or "aborted by policy", None)  # fmt: skip
-                end_run(self.store, connection, run.run_id, RunStatus.FAILED,
-                        "policy_error" if decided.reason.startswith("policy_error")
-                        else "policy_abort")  # fmt: skip
-            elif decided.outcome is Outcome.REQUIRE_APPROVAL:
-                approval = self._request_approval(
-                    connection, run.run_id, step_number, name, args, decided, now
-                )
-            else:
-                self._mark_executing(connection, run.run_id, step_number, name)
+        approval, token = await self.store.write(
+            self._record_step, run, step_number, name, args, decided, now
+        )
         self._notify()
         if decided.outcome is Outcome.DENY:
             observation = Observation(
@@ -480,7 +513,59 @@ class Gate:
                 run.run_id, RunStatus.WAITING_FOR_APPROVAL, approval=approval,
                 reason="waiting_for_approval",
             )  # fmt: skip
-        return await self._execute(run.run_id, step_number, registered, args)
+        return await self._execute(run.run_id, step_number, registered, args, token)
+
+    def _record_step(
+        self,
+        connection: sqlite3.Connection,
+        run: RunRecord,
+        step_number: int,
+        name: str,
+        args: str,
+        decided: PolicyDecision,
+        now: float,
+    ) -> tuple[ApprovalRecord | None, str]:
+        """The request, its policy decision, and (if allowed) the `executing` mark: one commit."""
+        started = utc_now()
+        approval: ApprovalRecord | None = None
+        fresh = self._take_running(connection, run.run_id)
+        token = self._lease_tokens[run.run_id]
+        if fresh.step_count + 1 != step_number:
+            # Another step was recorded while the policy decided this one.
+            raise RunStateError(f"run {sanitize(run.run_id)} moved on while its policy decided")
+        connection.execute(
+            "INSERT INTO steps (run_id, step, tool, args, status, started_at)"
+            " VALUES (?, ?, ?, ?, 'recorded', ?)",
+            (run.run_id, step_number, name, args, started),
+        )
+        connection.execute(
+            "UPDATE runs SET step_count = ?, updated_at = ? WHERE run_id = ?",
+            (step_number, started, run.run_id),
+        )
+        self.store.append_event(
+            connection, run.run_id, "step_recorded",
+            {"step": step_number, "tool": name, "args": args},
+        )  # fmt: skip
+        self.store.append_event(
+            connection, run.run_id, "policy_decided",
+            {"step": step_number, "outcome": str(decided.outcome), "reason": decided.reason},
+        )  # fmt: skip
+        if decided.outcome is Outcome.DENY:
+            self._set_step(connection, run.run_id, step_number, StepStatus.DENIED,
+                           "denied", decided.reason or "denied by policy", None)  # fmt: skip
+        elif decided.outcome is Outcome.ABORT:
+            self._set_step(connection, run.run_id, step_number, StepStatus.DENIED,
+                           "denied", decided.reason or "aborted by policy", None)  # fmt: skip
+            end_run(self.store, connection, run.run_id, RunStatus.FAILED,
+                    "policy_error" if decided.reason.startswith("policy_error")
+                    else "policy_abort")  # fmt: skip
+        elif decided.outcome is Outcome.REQUIRE_APPROVAL:
+            approval = self._request_approval(
+                connection, run.run_id, step_number, name, args, decided, now
+            )
+        else:
+            self._mark_executing(connection, run.run_id, step_number, name)
+        return approval, token
 
     def _set_step(
         self,
@@ -563,7 +648,7 @@ class Gate:
         self.store.append_event(connection, run_id, "tool_started", {"step": step, "tool": tool})
 
     async def _execute(
-        self, run_id: str, step: int, registered: _Registered, args: str
+        self, run_id: str, step: int, registered: _Registered, args: str, token: str
     ) -> StepOutcome:
         spec = registered.spec
         call = ToolCall(args=args, tool=spec.name, run_id=run_id, step=step)
@@ -592,7 +677,7 @@ class Gate:
                     parse_json(result.content)
                 except JSONBoundaryError as exc:
                     error = f"the tool {spec.name} returned content that is not valid JSON: {exc}"
-        return self._record_result(run_id, step, spec, args, result, error)
+        return await self._record_result(run_id, step, spec, args, result, error, token)
 
     async def _call_with_heartbeat(self, tool: Tool, call: ToolCall, run_id: str) -> ToolResult:
         """Call a tool that may outlast its lease, renewing the lease until it returns."""
@@ -612,7 +697,7 @@ class Gate:
             raise failure
         return outcome[0]
 
-    def _record_result(
+    async def _record_result(
         self,
         run_id: str,
         step: int,
@@ -620,64 +705,110 @@ class Gate:
         args: str,
         result: ToolResult | None,
         error: str | None,
+        token: str,
     ) -> StepOutcome:
-        finished = utc_now()
-        status = RunStatus.RUNNING
-        run_result: str | None = None
-        with self.store.transaction() as connection:
-            if error is not None:
-                raw_content = (
-                    result.content if result is not None and isinstance(result.content, str) else ""
-                )
-                self._set_step(connection, run_id, step, StepStatus.FAILED, "tool_error", error,
-                               raw_content[:_MAX_ERROR_CHARS] or None)  # fmt: skip
-                connection.execute(
-                    "UPDATE runs SET consecutive_failures = consecutive_failures + 1,"
-                    " updated_at = ? WHERE run_id = ?",
-                    (finished, run_id),
-                )
-                self.store.append_event(
-                    connection, run_id, "tool_error",
-                    {"step": step, "tool": spec.name, "error": error},
-                )  # fmt: skip
-            else:
-                assert result is not None
-                self._set_step(connection, run_id, step, StepStatus.SUCCEEDED, "result",
-                               result.content, result.summary)  # fmt: skip
-                connection.execute(
-                    "UPDATE runs SET consecutive_failures = 0, updated_at = ? WHERE run_id = ?",
-                    (finished, run_id),
-                )
-                self.store.append_event(
-                    connection, run_id, "tool_finished",
-                    {"step": step, "tool": spec.name, "content": result.content,
-                     "summary": result.summary},
-                )  # fmt: skip
-            current = connection.execute(
-                "SELECT status FROM runs WHERE run_id = ?", (run_id,)
-            ).fetchone()[0]
-            status = RunStatus(current)
-            if status is RunStatus.RUNNING and error is None and spec.terminal:
-                assert result is not None
-                run_result = result.content
-                end_run(
-                    self.store, connection, run_id, RunStatus.COMPLETED, "completed", run_result
-                )
-                status = RunStatus.COMPLETED
+        """Record what the tool returned; the tool was called, so this fact is never lost.
+
+        If the record fails (the lease was taken over, the disk is full, any
+        store error) the step stays `executing` — recovery then treats it as
+        interrupted — and `ResultNotRecorded` tells the caller the outcome is
+        unknown.
+        """
+        try:
+            status, run_result = await self.store.write(
+                self._write_result, run_id, step, spec, result, error, token
+            )
+        except Exception as exc:
+            with anyio.CancelScope(shield=True):
+                await self._release_lease(run_id)
+            raise ResultNotRecorded(run_id, step, exc) from exc
         self._notify()
         kind = "tool_error" if error is not None else "result"
         content = error if error is not None else (result.content if result else "")
         observation = Observation(step, spec.name, args, kind, content)
         return StepOutcome(run_id, status, observation, result=run_result, reason=kind)
 
-    def _finish(
+    def _write_result(
+        self,
+        connection: sqlite3.Connection,
+        run_id: str,
+        step: int,
+        spec: ToolSpec,
+        result: ToolResult | None,
+        error: str | None,
+        token: str,
+    ) -> tuple[RunStatus, str | None]:
+        finished = utc_now()
+        run_result: str | None = None
+        holder = connection.execute(
+            "SELECT runs.lease_token, steps.status FROM runs JOIN steps USING (run_id)"
+            " WHERE run_id = ? AND steps.step = ?",
+            (run_id, step),
+        ).fetchone()
+        if holder is None or holder[0] != token or holder[1] != StepStatus.EXECUTING:
+            # Another gate took the run over (and decided what this step is) while
+            # the tool ran: only the holder of the acquisition that started a call
+            # records its result.
+            raise LeaseLost(
+                f"run {sanitize(run_id)} was taken over while step {step} ran; "
+                "its result belongs to nobody now"
+            )
+        if error is not None:
+            raw_content = (
+                result.content if result is not None and isinstance(result.content, str) else ""
+            )
+            self._set_step(connection, run_id, step, StepStatus.FAILED, "tool_error", error,
+                           raw_content[:_MAX_ERROR_CHARS] or None)  # fmt: skip
+            connection.execute(
+                "UPDATE runs SET consecutive_failures = consecutive_failures + 1,"
+                " updated_at = ? WHERE run_id = ?",
+                (finished, run_id),
+            )
+            self.store.append_event(
+                connection, run_id, "tool_error",
+                {"step": step, "tool": spec.name, "error": error},
+            )  # fmt: skip
+        else:
+            assert result is not None
+            self._set_step(connection, run_id, step, StepStatus.SUCCEEDED, "result",
+                           result.content, result.summary)  # fmt: skip
+            connection.execute(
+                "UPDATE runs SET consecutive_failures = 0, updated_at = ? WHERE run_id = ?",
+                (finished, run_id),
+            )
+            self.store.append_event(
+                connection, run_id, "tool_finished",
+                {"step": step, "tool": spec.name, "content": result.content,
+                 "summary": result.summary},
+            )  # fmt: skip
+        current = connection.execute(
+            "SELECT status FROM runs WHERE run_id = ?", (run_id,)
+        ).fetchone()[0]
+        status = RunStatus(current)
+        if status is RunStatus.RUNNING and error is None and spec.terminal:
+            assert result is not None
+            run_result = result.content
+            end_run(self.store, connection, run_id, RunStatus.COMPLETED, "completed", run_result)
+            status = RunStatus.COMPLETED
+        return status, run_result
+
+    async def _finish(
         self, run: RunRecord, status: RunStatus, reason: str, result: str | None
     ) -> StepOutcome:
-        with self.store.transaction() as connection:
-            self._take_running(connection, run.run_id)
-            end_run(self.store, connection, run.run_id, status, reason, result)
+        await self.store.write(self._end_running, run.run_id, status, reason, result)
         self._notify()
         return StepOutcome(run.run_id, status, result=result, reason=reason)
+
+    def _end_running(
+        self,
+        connection: sqlite3.Connection,
+        run_id: str,
+        status: RunStatus,
+        reason: str,
+        result: str | None,
+    ) -> None:
+        self._take_running(connection, run_id)
+        end_run(self.store, connection, run_id, status, reason, result)
 
     # -- resuming ------------------------------------------------------------
 
@@ -691,45 +822,51 @@ class Gate:
         approval, since the first attempt may have taken effect.
         """
         now = time.time()
-        run = self.store.get_run(run_id)
+        run = await self.store.run(self.store.get_run, run_id)
         if run.status.terminal:
             raise RunStateError(f"run {sanitize(run_id)} already ended ({run.status})")
         if run.status is RunStatus.RUNNING:
-            return self._resume_running(run, now)
-        return await self._resume_waiting(run, now)
+            return self._settled(await self._resume_running(run, now))
+        return self._settled(await self._resume_waiting(run, now))
 
-    def _resume_running(self, run: RunRecord, now: float) -> StepOutcome:
-        with self.store.transaction() as connection:
-            self._check_running(connection, run.run_id)
-            fresh = self.store.get_run(run.run_id)
-            if fresh.lease_owner == self.owner and (fresh.lease_expires_at or 0.0) > now:
-                raise RunStateError(f"run {sanitize(run.run_id)} is already being run by this gate")
-            self._acquire_lease(connection, fresh, now)
-            executing = connection.execute(
-                "SELECT step FROM steps WHERE run_id = ? AND status = 'executing'", (run.run_id,)
-            ).fetchone()
-            if executing is None:
-                self.store.append_event(connection, run.run_id, "run_taken_over",
-                                        {"owner": self.owner})  # fmt: skip
-                step_record = None
-            else:
-                step_record = self.store.get_step(run.run_id, executing[0])
-                assert step_record is not None
-                self._interrupt(connection, run.run_id, step_record, now)
+    async def _resume_running(self, run: RunRecord, now: float) -> StepOutcome:
+        step_record, current, approval = await self.store.write(self._take_over, run, now)
         self._notify()
         if step_record is None:
             return StepOutcome(run.run_id, RunStatus.RUNNING, reason="taken_over")
-        current = self.store.get_run(run.run_id)
-        if current.status is RunStatus.WAITING_FOR_APPROVAL:
+        if current is RunStatus.WAITING_FOR_APPROVAL:
             return StepOutcome(
-                run.run_id, current.status, approval=self.store.waiting_approval(run.run_id),
-                reason=INTERRUPTED_SIDE_EFFECT,
-            )  # fmt: skip
+                run.run_id, current, approval=approval, reason=INTERRUPTED_SIDE_EFFECT
+            )
         observation = Observation(
             step_record.step, step_record.tool, step_record.args, "interrupted",
             "the tool was interrupted before it returned; it may be called again",
         )  # fmt: skip
         return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="interrupted")
+
+    def _take_over(
+        self, connection: sqlite3.Connection, run: RunRecord, now: float
+    ) -> tuple[StepRecord | None, RunStatus, ApprovalRecord | None]:
+        """Take over a running run whose process died: its `executing` step is interrupted."""
+        self._check_running(connection, run.run_id)
+        fresh = self.store.get_run(run.run_id)
+        if fresh.lease_owner == self.owner and (fresh.lease_expires_at or 0.0) > now:
+            raise RunStateError(f"run {sanitize(run.run_id)} is already being run by this gate")
+        # A fresh token even for this gate's own lapsed lease: the call that held
+        # the old one may still return, and must not record its result now.
+        self._acquire_lease(connection, fresh, now, take_over=True)
+        executing = connection.execute(
+            "SELECT step FROM steps WHERE run_id = ? AND status = 'executing'", (run.run_id,)
+        ).fetchone()
+        if executing is None:
+            self.store.append_event(connection, run.run_id, "run_taken_over",
+                                    {"owner": self.owner})  # fmt: skip
+            return None, RunStatus.RUNNING, None
+        step_record = self.store.get_step(run.run_id, executing[0])
+        assert step_record is not None
+        self._interrupt(connection, run.run_id, step_record, now)
+        current = self.store.get_run(run.run_id).status
+        return step_record, current, self.store.waiting_approval(run.run_id)
 
     def _interrupt(
         self, connection: sqlite3.Connection, run_id: str, step: StepRecord, now: float
@@ -761,12 +898,11 @@ class Gate:
         self._request_approval(connection, run_id, step.step, step.tool, step.args, decided, now)
 
     async def _resume_waiting(self, run: RunRecord, now: float) -> StepOutcome:
-        approval = self.store.latest_approval(run.run_id)
+        approval = await self.store.run(self.store.latest_approval, run.run_id)
         if approval is None:
             raise RunStateError(f"run {sanitize(run.run_id)} waits on no approval")
         if approval.status is ApprovalStatus.PENDING:
-            with self.store.transaction() as connection:
-                expired = expire_if_due(self.store, connection, approval, now)
+            expired = await self.store.write(self._expire_if_due, approval, now)
             self._notify()
             if expired:
                 return StepOutcome(run.run_id, RunStatus.CANCELLED, reason="approval_expired")
@@ -783,6 +919,14 @@ class Gate:
                 f"approval {approval.approval_id} no longer matches its hash; the stored "
                 "request was changed and will not run"
             )
+        if await self.store.run(self.store.grant_event, approval) is None:
+            # The row says approved, but no operator's decision is in the chain:
+            # the row was changed behind the events.
+            raise ApprovalError(
+                f"approval {sanitize(approval.approval_id)} is marked approved but no "
+                "approval_granted event grants it; it was not approved through agentrt and "
+                "will not run"
+            )
         grant_deadline: float | None = approval.grant_expires_at
         if grant_deadline is None and self.limits.grant_ttl is not None:
             decided_at = approval.decided_at
@@ -790,12 +934,7 @@ class Gate:
                 iso_to_epoch(decided_at) if decided_at else now
             ) + self.limits.grant_ttl
         if grant_deadline is not None and now >= grant_deadline:
-            with self.store.transaction() as connection:
-                connection.execute(
-                    "UPDATE approvals SET status = 'expired' WHERE approval_id = ? AND status = ?",
-                    (approval.approval_id, "approved"),
-                )
-                end_run(self.store, connection, run.run_id, RunStatus.CANCELLED, "grant_expired")
+            await self.store.write(self._expire_grant, approval)
             self._notify()
             return StepOutcome(run.run_id, RunStatus.CANCELLED, reason="grant_expired")
 
@@ -818,51 +957,14 @@ class Gate:
                 approval.args,
             )
             if fresh_hash != approval.approval_hash:
-                with self.store.transaction() as connection:
-                    self._check_running(connection, run.run_id, RunStatus.WAITING_FOR_APPROVAL)
-                    new_approval = self._request_approval(
-                        connection, run.run_id, approval.step, approval.tool, approval.args,
-                        decided, now,
-                    )  # fmt: skip
+                new_approval = await self.store.write(self._supersede, approval, decided, now)
                 self._notify()
                 return StepOutcome(
                     run.run_id, RunStatus.WAITING_FOR_APPROVAL, approval=new_approval,
                     reason="approval_superseded",
                 )  # fmt: skip
 
-        with self.store.transaction() as connection:
-            self._check_running(connection, run.run_id, RunStatus.WAITING_FOR_APPROVAL)
-            cursor = connection.execute(
-                "UPDATE approvals SET status = 'used'"
-                " WHERE approval_id = ? AND status = 'approved'",
-                (approval.approval_id,),
-            )
-            if cursor.rowcount != 1:
-                raise RunStateError(
-                    f"approval {approval.approval_id} was used by another resume first"
-                )
-            connection.execute(
-                "UPDATE runs SET status = 'running', updated_at = ? WHERE run_id = ?"
-                " AND status = 'waiting_for_approval'",
-                (utc_now(), run.run_id),
-            )
-            self.store.append_event(
-                connection, run.run_id, "run_resumed",
-                {"approval_id": approval.approval_id, "outcome": str(decided.outcome)},
-            )  # fmt: skip
-            fresh = self.store.get_run(run.run_id)
-            # Now, not when resume began: the policy may have taken a while, and the
-            # call that follows relies on a lease taken just before it.
-            self._acquire_lease(connection, fresh, time.time())
-            if decided.outcome is Outcome.DENY:
-                self._set_step(connection, run.run_id, approval.step, StepStatus.DENIED, "denied",
-                               decided.reason or "denied by policy", None)  # fmt: skip
-            elif decided.outcome is Outcome.ABORT:
-                self._set_step(connection, run.run_id, approval.step, StepStatus.DENIED, "denied",
-                               decided.reason or "aborted by policy", None)  # fmt: skip
-                end_run(self.store, connection, run.run_id, RunStatus.FAILED, "policy_abort")
-            else:
-                self._mark_executing(connection, run.run_id, approval.step, approval.tool)
+        token = await self.store.write(self._use_approval, approval, decided)
         self._notify()
         if decided.outcome is Outcome.DENY:
             observation = Observation(approval.step, approval.tool, approval.args, "denied",
@@ -870,4 +972,65 @@ class Gate:
             return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="denied")
         if decided.outcome is Outcome.ABORT:
             return StepOutcome(run.run_id, RunStatus.FAILED, reason=decided.reason)
-        return await self._execute(run.run_id, approval.step, registered, approval.args)
+        return await self._execute(run.run_id, approval.step, registered, approval.args, token)
+
+    def _expire_if_due(
+        self, connection: sqlite3.Connection, approval: ApprovalRecord, now: float
+    ) -> bool:
+        return expire_if_due(self.store, connection, approval, now)
+
+    def _expire_grant(self, connection: sqlite3.Connection, approval: ApprovalRecord) -> None:
+        connection.execute(
+            "UPDATE approvals SET status = 'expired' WHERE approval_id = ? AND status = ?",
+            (approval.approval_id, "approved"),
+        )
+        end_run(self.store, connection, approval.run_id, RunStatus.CANCELLED, "grant_expired")
+
+    def _supersede(
+        self,
+        connection: sqlite3.Connection,
+        approval: ApprovalRecord,
+        decided: PolicyDecision,
+        now: float,
+    ) -> ApprovalRecord:
+        """The policy now asks for a different approval: it replaces the granted one."""
+        self._check_running(connection, approval.run_id, RunStatus.WAITING_FOR_APPROVAL)
+        return self._request_approval(
+            connection, approval.run_id, approval.step, approval.tool, approval.args, decided,
+            now,
+        )  # fmt: skip
+
+    def _use_approval(
+        self, connection: sqlite3.Connection, approval: ApprovalRecord, decided: PolicyDecision
+    ) -> str:
+        """Spend a granted approval (once: compare-and-set) and carry out the policy's outcome."""
+        self._check_running(connection, approval.run_id, RunStatus.WAITING_FOR_APPROVAL)
+        cursor = connection.execute(
+            "UPDATE approvals SET status = 'used' WHERE approval_id = ? AND status = 'approved'",
+            (approval.approval_id,),
+        )
+        if cursor.rowcount != 1:
+            raise RunStateError(f"approval {approval.approval_id} was used by another resume first")
+        connection.execute(
+            "UPDATE runs SET status = 'running', updated_at = ? WHERE run_id = ?"
+            " AND status = 'waiting_for_approval'",
+            (utc_now(), approval.run_id),
+        )
+        self.store.append_event(
+            connection, approval.run_id, "run_resumed",
+            {"approval_id": approval.approval_id, "outcome": str(decided.outcome)},
+        )  # fmt: skip
+        fresh = self.store.get_run(approval.run_id)
+        # Now, not when resume began: the policy may have taken a while, and the
+        # call that follows relies on a lease taken just before it.
+        token = self._acquire_lease(connection, fresh, time.time())
+        if decided.outcome is Outcome.DENY:
+            self._set_step(connection, approval.run_id, approval.step, StepStatus.DENIED, "denied",
+                           decided.reason or "denied by policy", None)  # fmt: skip
+        elif decided.outcome is Outcome.ABORT:
+            self._set_step(connection, approval.run_id, approval.step, StepStatus.DENIED, "denied",
+                           decided.reason or "aborted by policy", None)  # fmt: skip
+            end_run(self.store, connection, approval.run_id, RunStatus.FAILED, "policy_abort")
+        else:
+            self._mark_executing(connection, approval.run_id, approval.step, approval.tool)
+        return token

@@ -9,10 +9,23 @@ The database is the operator's: whoever can write it can forge an approval.
 So a new file is created owner-only (0600, whatever the umask), a file that
 group or others can write is refused, a symbolic link is refused, and a
 database from a newer build is refused rather than misread.
+
+A database that is not ours, or lost what it held, is refused too: an
+existing file is opened only if it already holds the agentrt schema (never
+initialised in place), holds no trigger or view, and passes SQLite's quick
+check; and a **head anchor** beside it (`<db>.anchor`: the last committed
+event's seq and hash) refuses a database whose chain is behind it — a WAL
+deleted after a crash, an old copy restored, a truncated file.
+
+Store work is synchronous, on one connection under the store's lock; async
+code runs it in a worker thread with `Store.run` / `Store.write`, so neither
+an fsync nor a busy wait ever stalls the event loop.  A busy database is
+waited on in short steps until a deadline (`StoreBusy`), never for ever.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import json
@@ -20,8 +33,8 @@ import os
 import sqlite3
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,18 +43,20 @@ from typing import Any, Final, TypeVar
 import anyio.to_thread
 
 from .canonical import canonical_bytes, canonical_json, parse_json, sha256_hex
-from .errors import RunNotFound, StoreError, UnsafeDatabase
+from .errors import RunNotFound, StoreBusy, StoreError, UnsafeDatabase
 from .sanitize import sanitize
 
 __all__ = [
     "GENESIS_HASH",
     "SCHEMA_VERSION",
+    "AnchorReport",
     "ApprovalRecord",
     "ApprovalStatus",
     "ChainReport",
     "Event",
     "RunRecord",
     "RunStatus",
+    "StateReport",
     "StepRecord",
     "StepStatus",
     "Store",
@@ -165,6 +180,28 @@ class ChainReport:
     checked: int
 
 
+@dataclass(frozen=True, slots=True)
+class AnchorReport:
+    """The database's chain head against the head anchor kept beside it."""
+
+    ok: bool
+    anchor_seq: int | None
+    anchor_hash: str | None
+    head_seq: int
+    head_hash: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StateReport:
+    """Whether every run's and approval's row agrees with its latest state event."""
+
+    ok: bool
+    first_bad: str | None
+    reason: str
+    checked: int
+
+
 def utc_now() -> str:
     """The current UTC time as ISO 8601 with microseconds."""
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
@@ -282,10 +319,21 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
     CREATE INDEX events_by_run ON events (run_id, seq);
     CREATE TABLE extensions (name TEXT PRIMARY KEY, version INTEGER NOT NULL);
     """,
+    # A per-acquisition lease token: only the holder of the acquisition that
+    # started a call may record its result (the owner label alone repeats).
+    """
+    ALTER TABLE runs ADD COLUMN lease_token TEXT;
+    """,
 )
 SCHEMA_VERSION: Final = len(_MIGRATIONS)
 
-_BUSY_TIMEOUT_MS: Final = 10_000
+# SQLite waits this long for a lock inside one attempt; the store retries
+# attempts (releasing its own lock in between, so reads go on) until
+# `Store.busy_deadline`, then says so in one sentence.
+_BUSY_TIMEOUT_MS: Final = 100
+_BUSY_DEADLINE_S: Final = 30.0
+_CORE_TABLES: Final = frozenset({"runs", "steps", "approvals", "events", "extensions"})
+_SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 
 
 def _check_file(path: Path) -> bool:
@@ -408,15 +456,34 @@ def _row_to_event(row: sqlite3.Row) -> Event:
     )
 
 
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return int(code) & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc)
+
+
 class Store:
     """One SQLite database of runs, steps, approvals and events.  Use `open_store`."""
 
-    def __init__(self, connection: sqlite3.Connection, path: str, read_only: bool) -> None:
+    def __init__(
+        self,
+        connection: sqlite3.Connection,
+        path: str,
+        read_only: bool,
+        anchor_path: str | None = None,
+    ) -> None:
         self._connection = connection
         self._lock = threading.RLock()
         self.path = path
         self.read_only = read_only
+        self.anchor_path = anchor_path
+        self.busy_deadline = _BUSY_DEADLINE_S
+        # Events of the transaction in progress (only its thread, under _lock,
+        # touches this list); moved to _committed_events when it commits.
         self._pending_events: list[Event] = []
+        self._events_lock = threading.Lock()
+        self._committed_events: list[Event] = []
 
     # -- off the event loop --------------------------------------------------
 
@@ -431,29 +498,146 @@ class Store:
         """
         return await anyio.to_thread.run_sync(functools.partial(function, *args))
 
+    async def write(self, function: Callable[..., _T], *args: Any) -> _T:
+        """Run `function(connection, *args)` in one write transaction, in a worker thread.
+
+        The unit of store work a later single writer may batch: a sync function
+        of a connection, committed (or rolled back) as a whole.
+        """
+        return await self.run(self._write_sync, function, args)
+
+    def _write_sync(self, function: Callable[..., _T], args: tuple[Any, ...]) -> _T:
+        with self.transaction() as connection:
+            return function(connection, *args)
+
     # -- transactions --------------------------------------------------------
 
-    @contextmanager
+    def _begin(self) -> None:
+        """Take the store's lock and `BEGIN IMMEDIATE`, waiting out a busy database in
+        short attempts (the lock released between them) until `busy_deadline`."""
+        deadline = time.monotonic() + self.busy_deadline
+        while True:
+            self._lock.acquire()
+            try:
+                self._connection.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                self._lock.release()
+                if not _is_busy(exc):
+                    raise StoreError(
+                        f"database {sanitize(self.path)} cannot start a write: {exc}"
+                    ) from None
+            except BaseException:
+                self._lock.release()
+                raise
+            if time.monotonic() >= deadline:
+                raise StoreBusy(
+                    f"database {sanitize(self.path)} stayed locked by another writer for "
+                    f"{self.busy_deadline:g}s; nothing was written"
+                )
+            time.sleep(0.005)
+
+    @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """A write transaction (`BEGIN IMMEDIATE`): committed on success, rolled back on error."""
         if self.read_only:
             raise StoreError(f"database {sanitize(self.path)} is open read-only")
-        with self._lock:
+        self._begin()
+        try:
             connection = self._connection
-            connection.execute("BEGIN IMMEDIATE")
+            self._pending_events = []
             try:
                 yield connection
+                connection.execute("COMMIT")
             except BaseException:
-                connection.execute("ROLLBACK")
-                self._pending_events.clear()
+                self._pending_events = []
+                if connection.in_transaction:
+                    # The connection rolls back on its own when it cannot.
+                    with contextlib.suppress(sqlite3.Error):
+                        connection.execute("ROLLBACK")
                 raise
-            connection.execute("COMMIT")
+            events, self._pending_events = self._pending_events, []
+            if events:
+                with self._events_lock:
+                    self._committed_events.extend(events)
+                self._advance_anchor(events[-1].seq, events[-1].hash)
+        finally:
+            self._lock.release()
 
     def take_committed_events(self) -> list[Event]:
         """Events appended by transactions that have committed since the last call."""
-        with self._lock:
-            events, self._pending_events = self._pending_events, []
+        with self._events_lock:
+            events, self._committed_events = self._committed_events, []
             return events
+
+    # -- the head anchor -----------------------------------------------------
+
+    def _advance_anchor(self, seq: int, digest: str) -> None:
+        """Record a committed head in the anchor, unless it already holds a later one.
+
+        Called after COMMIT, so the anchor is never ahead of what the database
+        durably holds.  A failure here only leaves the anchor behind (less to
+        compare with, never a false refusal), so it is not the caller's error.
+        """
+        if self.anchor_path is None:
+            return
+        try:
+            current = _read_anchor(self.anchor_path)
+            if current is not None and current[0] >= seq:
+                return
+            _write_anchor(self.anchor_path, seq, digest)
+        except (OSError, StoreError):
+            return
+
+    def head(self) -> tuple[int, str]:
+        """The last event's seq and hash: `(0, GENESIS_HASH)` for an empty chain."""
+        rows = self._query("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
+        return (int(rows[0][0]), str(rows[0][1])) if rows else (0, GENESIS_HASH)
+
+    def check_anchor(self) -> AnchorReport:
+        """Compare the chain with the anchor beside the database: is anything lost?"""
+        head_seq, head_hash = self.head()
+        if self.anchor_path is None:
+            return AnchorReport(True, None, None, head_seq, head_hash, "in memory: no anchor")
+        anchor = _read_anchor(self.anchor_path)
+        label = sanitize(self.path)
+        if anchor is None:
+            return AnchorReport(
+                False, None, None, head_seq, head_hash,
+                f"database {label} has no head anchor ({sanitize(self.anchor_path)}), so lost "
+                "commits cannot be detected; copy the anchor with the database",
+            )  # fmt: skip
+        seq, digest = anchor
+        if head_seq < seq:
+            return AnchorReport(
+                False, seq, digest, head_seq, head_hash,
+                f"database {label} ends at event {head_seq} ({head_hash[:16]}) but its anchor "
+                f"records event {seq} ({digest[:16]}): committed events were lost (a deleted "
+                "WAL, an older copy restored, or a truncated file), and calls that ran could "
+                "run again",
+            )  # fmt: skip
+        stored = (
+            GENESIS_HASH
+            if seq == 0
+            else next(
+                (row[0] for row in self._query("SELECT hash FROM events WHERE seq = ?", (seq,))),
+                None,
+            )
+        )
+        if stored != digest:
+            return AnchorReport(
+                False, seq, digest, head_seq, head_hash,
+                f"database {label} has hash {str(stored)[:16]} at event {seq} but its anchor "
+                f"records {digest[:16]}: the chain was replaced",
+            )  # fmt: skip
+        return AnchorReport(True, seq, digest, head_seq, head_hash, "the chain reaches its anchor")
+
+    def write_anchor(self) -> None:
+        """Anchor the current head (a database opened for the first time by this build)."""
+        if self.anchor_path is None or self.read_only:
+            return
+        seq, digest = self.head()
+        _write_anchor(self.anchor_path, seq, digest)
 
     def append_event(
         self, connection: sqlite3.Connection, run_id: str, type_: str, payload: Mapping[str, Any]
@@ -516,8 +700,20 @@ class Store:
     # -- reads ---------------------------------------------------------------
 
     def _query(self, sql: str, parameters: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        with self._lock:
-            return self._connection.execute(sql, parameters).fetchall()
+        deadline = time.monotonic() + self.busy_deadline
+        while True:
+            with self._lock:
+                try:
+                    return self._connection.execute(sql, parameters).fetchall()
+                except sqlite3.OperationalError as exc:
+                    # Inside a transaction the lock is ours: busy cannot happen there.
+                    if not _is_busy(exc) or self._connection.in_transaction:
+                        raise
+            if time.monotonic() >= deadline:
+                raise StoreBusy(
+                    f"database {sanitize(self.path)} stayed locked for {self.busy_deadline:g}s"
+                )
+            time.sleep(0.005)
 
     def get_run(self, run_id: str) -> RunRecord:
         rows = self._query("SELECT * FROM runs WHERE run_id = ?", (run_id,))
@@ -661,6 +857,164 @@ class Store:
         rows = self._query("SELECT * FROM events WHERE seq = ?", (seq,))
         return _row_to_event(rows[0]) if rows else None
 
+    def grant_event(self, approval: ApprovalRecord) -> Event | None:
+        """The `approval_granted` event that granted this approval (its id and hash), if any."""
+        for row in self._query(
+            "SELECT * FROM events WHERE run_id = ? AND type = 'approval_granted' ORDER BY seq",
+            (approval.run_id,),
+        ):
+            event = _row_to_event(row)
+            if (
+                event.payload.get("approval_id") == approval.approval_id
+                and event.payload.get("approval_hash") == approval.approval_hash
+            ):
+                return event
+        return None
+
+    def verify_state(self) -> StateReport:
+        """Check the tables against the events: every run's and approval's status is
+        the one its latest state event leaves, and every `run_resumed` on an
+        approval follows that approval's `approval_granted`.
+
+        The chain proves the events were not changed; this proves the rows the
+        gate acts on were not changed behind them (an approval set to
+        `approved` by hand, a cancelled run set back to running).
+        """
+        runs: dict[str, tuple[str, int, str]] = {}
+        approvals: dict[str, tuple[str, int, str]] = {}
+        open_approvals: dict[str, list[str]] = {}
+        granted: set[str] = set()
+        checked = 0
+        with self._lock:
+            cursor = self._connection.execute(
+                "SELECT seq, run_id, type, payload FROM events WHERE type IN ("
+                "'run_started', 'approval_requested', 'approval_granted', 'approval_rejected',"
+                " 'approval_expired', 'run_resumed', 'operator_cancelled', 'run_completed',"
+                " 'run_failed', 'run_cancelled') ORDER BY seq"
+            )
+            for seq, run_id, type_, payload_text in cursor:
+                checked += 1
+                payload = json.loads(payload_text)
+                active = open_approvals.setdefault(run_id, [])
+                approval_id = str(payload.get("approval_id", ""))
+                if type_ == "run_started":
+                    runs[run_id] = ("running", seq, type_)
+                elif type_ == "approval_requested":
+                    for earlier in active:
+                        approvals[earlier] = ("superseded", seq, type_)
+                    active[:] = [approval_id]
+                    approvals[approval_id] = ("pending", seq, type_)
+                    runs[run_id] = ("waiting_for_approval", seq, type_)
+                elif type_ == "approval_granted":
+                    approvals[approval_id] = ("approved", seq, type_)
+                    granted.add(approval_id)
+                elif type_ in ("approval_rejected", "approval_expired"):
+                    approvals[approval_id] = (type_.removeprefix("approval_"), seq, type_)
+                    if approval_id in active:
+                        active.remove(approval_id)
+                elif type_ == "run_resumed":
+                    if approval_id not in granted:
+                        return StateReport(
+                            False, f"event {seq}",
+                            f"event {seq} resumes run {sanitize(run_id)} on approval "
+                            f"{sanitize(approval_id)}, which no approval_granted event granted",
+                            checked,
+                        )  # fmt: skip
+                    approvals[approval_id] = ("used", seq, type_)
+                    if approval_id in active:
+                        active.remove(approval_id)
+                    runs[run_id] = ("running", seq, type_)
+                elif type_ == "operator_cancelled":
+                    for earlier in active:
+                        approvals[earlier] = ("superseded", seq, type_)
+                    active.clear()
+                else:
+                    runs[run_id] = (type_.removeprefix("run_"), seq, type_)
+                    if payload.get("reason") == "grant_expired":
+                        for earlier in active:
+                            if approvals.get(earlier, ("",))[0] == "approved":
+                                approvals[earlier] = ("expired", seq, type_)
+            for row in self._connection.execute(
+                "SELECT run_id, status FROM runs ORDER BY created_seq"
+            ):
+                problem = _disagreement("run", row[0], row[1], runs.get(row[0]))
+                if problem is not None:
+                    return StateReport(False, f"run {sanitize(row[0])}", problem, checked)
+            for row in self._connection.execute(
+                "SELECT approval_id, status FROM approvals ORDER BY created_seq"
+            ):
+                problem = _disagreement("approval", row[0], row[1], approvals.get(row[0]))
+                if problem is not None:
+                    return StateReport(False, f"approval {sanitize(row[0])}", problem, checked)
+        return StateReport(True, None, "every run and approval matches its events", checked)
+
+
+def _disagreement(
+    kind: str, key: str, status: str, derived: tuple[str, int, str] | None
+) -> str | None:
+    if derived is None:
+        return f"{kind} {sanitize(key)} ({sanitize(str(status))}) has no event that created it"
+    if derived[0] == status:
+        return None
+    return (
+        f"{kind} {sanitize(key)} is {sanitize(str(status))} but its latest state event "
+        f"(event {derived[1]}, {derived[2]}) leaves it {derived[0]}"
+    )
+
+
+def _read_anchor(path: str) -> tuple[int, str] | None:
+    """The anchor's (seq, hash), None if there is none; refuses one others could have written."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UnsafeDatabase(f"head anchor {sanitize(path)} cannot be read: {exc}") from None
+    try:
+        info = os.fstat(descriptor)
+        if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise UnsafeDatabase(
+                f"head anchor {sanitize(path)} is owned or writable by someone else"
+            )
+        data = os.read(descriptor, 4096)
+    finally:
+        os.close(descriptor)
+    if not data:
+        return None  # a power cut between its rename and its data: as if missing
+    try:
+        record = json.loads(data)
+        seq, digest = record["seq"], record["hash"]
+        if not isinstance(seq, int) or seq < 0 or not isinstance(digest, str) or len(digest) != 64:
+            raise ValueError("bad fields")
+    except (ValueError, KeyError, TypeError):
+        raise UnsafeDatabase(
+            f"head anchor {sanitize(path)} is not an agentrt anchor; remove it to start "
+            "anchoring afresh"
+        ) from None
+    return seq, digest
+
+
+def _write_anchor(path: str, seq: int, digest: str) -> None:
+    """Replace the anchor atomically: write a private file beside it, rename it over.
+
+    Neither the file nor the directory is fsynced, which keeps an anchor
+    write to a few tens of microseconds after each commit rather than a
+    second fsync (measured in docs/decisions/0002).  Nothing is lost by it:
+    the anchor is written after COMMIT, whose own fsync made the database
+    hold what it names, so a power cut can leave the anchor behind the
+    database, or empty (read as missing, and rewritten), never ahead of it.
+    A process crash loses nothing, the page cache keeps it.
+    """
+    temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    descriptor = os.open(temporary, flags, 0o600)
+    try:
+        os.fchmod(descriptor, 0o600)
+        os.write(descriptor, json.dumps({"seq": seq, "hash": digest}).encode("ascii"))
+    finally:
+        os.close(descriptor)
+    os.replace(temporary, path)
+
 
 def _split_sql(script: str) -> list[str]:
     return [statement.strip() for statement in script.split(";") if statement.strip()]
@@ -673,51 +1027,186 @@ def open_store(
 
     `create=False` opens an existing database only: a missing file is refused
     and the schema is never migrated.  `read_only=True` implies `create=False`
-    and never writes.  Raises `UnsafeDatabase` for a symbolic link, a file
-    group or others can write, or a database from a newer build.
+    and never writes.  Only a path that does not exist is created; an existing
+    file is opened only if it is an undamaged agentrt database.  Raises
+    `UnsafeDatabase` for a symbolic link, a file group or others can write, a
+    directory others could delete it from, a database from a newer build, one
+    holding triggers or views, a damaged one, or one whose chain is behind its
+    head anchor (opening for writing; `check_anchor` reports it when reading).
     """
     if str(path) == ":memory:":
         connection = _connect(":memory:", uri=False)
         _migrate(connection, ":memory:")
         return Store(connection, ":memory:", read_only=False)
     file_path = Path(path)
+    label = str(file_path)
+    anchor_path = label + ".anchor"
+    if not read_only:
+        _check_directories(file_path)
     exists = _check_file(file_path)
     if not exists:
         if read_only or not create:
-            raise StoreError(f"database {sanitize(str(file_path))} does not exist")
-        _create_private(file_path)
-    _check_file(file_path)
+            raise StoreError(f"database {sanitize(label)} does not exist")
+        _create_database(file_path, anchor_path)
+        _check_file(file_path)
+    _check_header(file_path)
     _tighten_sidecars(file_path)
     if read_only:
         uri = file_path.resolve().as_uri() + "?mode=ro"
-        connection = _connect(uri, uri=True)
-        connection.execute("PRAGMA query_only = ON")
-        _check_version(connection, str(file_path), allow_older=False)
-        return Store(connection, str(file_path), read_only=True)
-    connection = _connect(str(file_path), uri=False)
+        connection = _connect(uri, uri=True, label=label)
+        try:
+            connection.execute("PRAGMA query_only = ON")
+            _check_contents(connection, label)
+            _check_version(connection, label, allow_older=False)
+        except BaseException:
+            connection.close()
+            raise
+        return Store(connection, label, True, anchor_path)
+    connection = _connect(label, uri=False)
     try:
+        _check_contents(connection, label)
         connection.execute("PRAGMA journal_mode = WAL")
         connection.execute("PRAGMA synchronous = FULL")
         if create:
-            _migrate(connection, str(file_path))
+            _migrate(connection, label)
         else:
-            _check_version(connection, str(file_path), allow_older=False)
+            _check_version(connection, label, allow_older=False)
+    except sqlite3.DatabaseError as exc:
+        connection.close()
+        raise StoreError(f"database {sanitize(label)} cannot be opened: {exc}") from None
     except BaseException:
         connection.close()
         raise
     _tighten_sidecars(file_path)
-    return Store(connection, str(file_path), read_only=False)
+    store = Store(connection, label, False, anchor_path)
+    try:
+        report = store.check_anchor()
+        if report.anchor_seq is None:
+            store.write_anchor()
+        elif not report.ok:
+            raise UnsafeDatabase(report.reason)
+    except BaseException:
+        store.close()
+        raise
+    return store
 
 
-def _connect(target: str, *, uri: bool) -> sqlite3.Connection:
+def _check_directories(path: Path) -> None:
+    """Refuse a database another user could delete or replace (and so have its calls run
+    again): every directory above it must be ours or root's, and one that group or
+    others can write must carry the sticky bit (as /tmp does)."""
+    # The directories the file really lives in: a linked directory is judged by its target.
+    directory = path.absolute().parent.resolve()
+    for ancestor in (directory, *directory.parents):
+        try:
+            info = os.stat(ancestor)
+        except OSError as exc:
+            raise StoreError(f"directory {sanitize(str(ancestor))} cannot be read: {exc}") from None
+        if info.st_uid not in (os.geteuid(), 0):
+            raise UnsafeDatabase(
+                f"directory {sanitize(str(ancestor))} above database {sanitize(str(path))} "
+                f"is owned by another user (uid {info.st_uid}), who could delete the database "
+                "and have its calls run again"
+            )
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+            raise UnsafeDatabase(
+                f"directory {sanitize(str(ancestor))} above database {sanitize(str(path))} is "
+                f"writable by group or others (mode {stat.S_IMODE(info.st_mode):04o}) without "
+                "the sticky bit; anyone who can write it could delete the database and have "
+                "its calls run again: chmod go-w it"
+            )
+
+
+def _create_database(path: Path, anchor_path: str) -> None:
+    """Create a new database whole: initialise a private file beside it, then link it into
+    place, so a crash never leaves a half-made file at `path` (which would be refused)."""
+    anchored = _read_anchor(anchor_path)
+    if anchored is not None and anchored[0] > 0:
+        raise UnsafeDatabase(
+            f"database {sanitize(str(path))} does not exist but its anchor records event "
+            f"{anchored[0]}: the database was lost, and calls that ran could run again; "
+            f"to start afresh, remove {sanitize(anchor_path)} too"
+        )
+    temporary = Path(f"{path}.{os.getpid()}.{threading.get_ident()}.init")
+    temporary.unlink(missing_ok=True)
+    _create_private(temporary)
+    try:
+        connection = _connect(str(temporary), uri=False)
+        try:
+            _migrate(connection, str(path))
+        finally:
+            connection.close()
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            return  # another process created it first; it is opened as it stands
+        _write_anchor(anchor_path, 0, GENESIS_HASH)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _check_header(path: Path) -> None:
+    with open(path, "rb") as file:
+        header = file.read(len(_SQLITE_MAGIC))
+    if not header:
+        raise StoreError(
+            f"database {sanitize(str(path))} is an empty file, not an agentrt database; "
+            "agentrt creates only a path that does not exist: remove it or choose another path"
+        )
+    if header != _SQLITE_MAGIC:
+        raise StoreError(
+            f"{sanitize(str(path))} is not a SQLite database, so not an agentrt one; "
+            "agentrt will not write into it"
+        )
+
+
+def _check_contents(connection: sqlite3.Connection, label: str) -> None:
+    """Refuse a file that is not an agentrt database, holds a trigger or a view, or is damaged."""
+    try:
+        version = int(connection.execute("PRAGMA user_version").fetchone()[0])
+        objects = connection.execute("SELECT type, name FROM sqlite_master").fetchall()
+        problems = [row[0] for row in connection.execute("PRAGMA quick_check(1)").fetchall()]
+    except sqlite3.DatabaseError as exc:
+        raise UnsafeDatabase(
+            f"database {sanitize(label)} cannot be read ({exc}): it is damaged or not an "
+            "agentrt database; restore it from a copy"
+        ) from None
+    if problems != ["ok"]:
+        raise UnsafeDatabase(
+            f"database {sanitize(label)} is damaged (SQLite's check: "
+            f"{sanitize(str(problems[0]))[:200]}); restore it from a copy"
+        )
+    tables = {str(row[1]) for row in objects if row[0] == "table"}
+    if version == 0 or not tables >= _CORE_TABLES:
+        raise StoreError(
+            f"{sanitize(label)} is a SQLite database but not an agentrt one (no agentrt "
+            "schema); agentrt will not write into it"
+        )
+    for kind, name in objects:
+        if kind in ("trigger", "view"):
+            # Nothing of ours creates one; a trigger could rewrite what the gate records.
+            raise UnsafeDatabase(
+                f"database {sanitize(label)} holds a {kind} {sanitize(repr(str(name)))}; "
+                "agentrt databases hold none, and it could change what the gate records"
+            )
+
+
+def _connect(target: str, *, uri: bool, label: str | None = None) -> sqlite3.Connection:
     try:
         connection = sqlite3.connect(
-            target, uri=uri, isolation_level=None, check_same_thread=False, timeout=10.0
+            target, uri=uri, isolation_level=None, check_same_thread=False, timeout=0.1
         )
     except sqlite3.Error as exc:
-        raise StoreError(f"database {sanitize(target)} cannot be opened: {exc}") from None
+        raise StoreError(f"database {sanitize(label or target)} cannot be opened: {exc}") from None
     connection.row_factory = sqlite3.Row
     connection.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+    # Schema-defined functions and views never run with our privileges, and
+    # SQLite's defensive mode (Python 3.12+) forbids writing the schema itself.
+    connection.execute("PRAGMA trusted_schema = OFF")
+    setconfig = getattr(connection, "setconfig", None)
+    defensive = getattr(sqlite3, "SQLITE_DBCONFIG_DEFENSIVE", None)
+    if setconfig is not None and defensive is not None:
+        setconfig(defensive, True)
     connection.execute("PRAGMA foreign_keys = ON")
     return connection
 

@@ -46,7 +46,11 @@ def test_a_missing_database_is_refused_and_never_created(
         result = run_cli(*command, database=missing)
         assert result.exit_code == 2, command
         assert _one_error_line(result.output) == f"agentrt: database {missing} does not exist"
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["runs.db", "sandbox"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "runs.db",
+        "runs.db.anchor",
+        "sandbox",
+    ]
 
 
 def test_a_database_others_can_write_is_refused_and_left_alone(

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sqlite3
 
 from cli_support import Produced
 
+from agentrt import cancel, open_store
 from agentrt.store import GENESIS_HASH, event_hash
 
 
@@ -69,6 +71,9 @@ def test_verify_json_reports_an_intact_chain(produced: Produced, run_cli) -> Non
         "head_seq": count,
         "head_hash": report["head_hash"],
         "first_bad_seq": None,
+        "anchor_seq": count,
+        "anchor_hash": report["head_hash"],
+        "first_bad_row": None,
         "reason": "intact",
     }
     assert _head(run_cli("verify").output) == (count, report["head_hash"])
@@ -123,8 +128,10 @@ def test_verify_head_fails_after_the_chain_was_rewritten_wholesale(
     seq, digest = _head(run_cli("verify").output)
     _alter_payload(produced, 2)
     _rewrite_chain(produced)
-    # The forgery is self-consistent: only the remembered head exposes it.
-    assert run_cli("verify").exit_code == 0
+    # The forgery is self-consistent: only a remembered head exposes it (the
+    # anchor beside the database is one, `--head` another).
+    replaced = run_cli("verify")
+    assert replaced.exit_code == 1 and "the chain was replaced" in replaced.output
     result = run_cli("verify", "--head", f"{seq}:{digest}")
     assert result.exit_code == 1
     assert f"event {seq} no longer has hash {digest}" in result.output
@@ -134,7 +141,10 @@ def test_verify_head_fails_when_the_chain_was_cut_short(produced: Produced, run_
     seq, digest = _head(run_cli("verify").output)
     with sqlite3.connect(produced.database) as connection:
         connection.execute("DELETE FROM events WHERE seq > ?", (seq - 3,))
-    assert run_cli("verify").exit_code == 0
+    cut = run_cli("verify")
+    assert cut.exit_code == 1
+    assert f"ends at event {seq - 3}" in cut.output
+    assert f"anchor records event {seq}" in cut.output
     result = run_cli("verify", "--head", f"{seq}:{digest}")
     assert result.exit_code == 1
     assert f"no longer reaches event {seq}: it ends at event {seq - 3}" in result.output
@@ -150,3 +160,39 @@ def test_verify_head_must_be_seq_colon_hash(run_cli) -> None:
 def test_verify_from_after_to_is_bad_usage(run_cli) -> None:
     result = run_cli("verify", "--from", "9", "--to", "3")
     assert result.exit_code == 2
+
+
+def test_verify_names_an_approval_approved_by_hand(produced: Produced, run_cli) -> None:
+    assert run_cli("verify").exit_code == 0
+    with sqlite3.connect(produced.database) as connection:
+        connection.execute(
+            "UPDATE approvals SET status = 'approved' WHERE approval_id = ?",
+            (produced.approval_id,),
+        )
+    result = run_cli("verify")
+    assert result.exit_code == 1
+    assert (
+        f"the tables disagree with the events at approval {produced.approval_id}: "
+        f"approval {produced.approval_id} is approved but its latest state event"
+    ) in result.output
+    report = json.loads(run_cli("--json", "verify").output.splitlines()[0])
+    assert report["ok"] is False and report["first_bad_row"] == f"approval {produced.approval_id}"
+
+
+def test_verify_names_both_heads_when_an_older_copy_was_restored(
+    produced: Produced, run_cli
+) -> None:
+    backup = produced.database.with_name("backup.db")
+    shutil.copy2(produced.database, backup)
+    old_head = _head(run_cli("verify").output)
+    with open_store(produced.database) as store:
+        cancel(store, produced.waiting_run)
+        new_head = store.head()
+    shutil.copy2(backup, produced.database)
+    result = run_cli("verify")
+    assert result.exit_code == 1
+    assert f"ends at event {old_head[0]} ({old_head[1][:16]})" in result.output
+    assert f"anchor records event {new_head[0]} ({new_head[1][:16]})" in result.output
+    # Deciding on it is refused the same way: the cancelled run would wake again.
+    decided = run_cli("cancel", produced.waiting_run)
+    assert decided.exit_code != 0 and "committed events were lost" in decided.output

@@ -431,7 +431,7 @@ def _parse_head(text: str) -> tuple[int, str]:
     return int(seq_text), digest
 
 
-@click.command(short_help="Check the events' hash chain.")
+@click.command(short_help="Check the events' hash chain, the head anchor and the tables.")
 @click.option(
     "--from", "from_seq", type=click.IntRange(1), metavar="SEQ", help="First event to check."
 )
@@ -444,11 +444,14 @@ def _parse_head(text: str) -> tuple[int, str]:
 )
 @click.pass_obj
 def verify(settings: Settings, from_seq: int | None, to_seq: int | None, head: str | None) -> None:
-    """Check the events' hash chain; print its head, or the first event that does not chain."""
+    """Check the events' hash chain, that no committed event was lost (the head anchor),
+    and that every run and approval row matches its events; print the head, or the
+    first event or row that disagrees.  `--from`/`--to` check only that range of the chain."""
     output = settings.output
     expected = _parse_head(head) if head is not None else None
     if from_seq is not None and to_seq is not None and from_seq > to_seq:
         raise click.BadParameter("--from must not be after --to", param_hint="--from")
+    whole = from_seq is None and to_seq is None
     with open_for_reading(settings) as store:
         report = store.verify_chain(from_seq, to_seq)
         anchor = None
@@ -456,6 +459,8 @@ def verify(settings: Settings, from_seq: int | None, to_seq: int | None, head: s
             # The head is checked from the first event, so a chain rewritten
             # wholesale (every hash recomputed) cannot reach the old head.
             anchor = store.verify_chain(None, expected[0])
+        anchored = store.check_anchor() if whole else None
+        state = store.verify_state() if whole and report.ok else None
     problem = None
     if not report.ok:
         problem = f"the chain is broken at event {report.first_bad_seq}: {report.reason}"
@@ -470,6 +475,10 @@ def verify(settings: Settings, from_seq: int | None, to_seq: int | None, head: s
             problem = f"the chain no longer reaches event {seq}: it ends at event {anchor.head_seq}"
         elif anchor.head_hash != digest:
             problem = f"event {seq} no longer has hash {digest}: it is now {anchor.head_hash}"
+    if problem is None and anchored is not None and not anchored.ok:
+        problem = anchored.reason
+    if problem is None and state is not None and not state.ok:
+        problem = f"the tables disagree with the events at {state.first_bad}: {state.reason}"
     if output.json:
         output.record(
             {
@@ -479,12 +488,19 @@ def verify(settings: Settings, from_seq: int | None, to_seq: int | None, head: s
                 "head_seq": report.head_seq,
                 "head_hash": report.head_hash,
                 "first_bad_seq": report.first_bad_seq,
+                "anchor_seq": anchored.anchor_seq if anchored is not None else None,
+                "anchor_hash": anchored.anchor_hash if anchored is not None else None,
+                "first_bad_row": state.first_bad if state is not None else None,
                 "reason": report.reason if problem is None else problem,
             }
         )
     elif problem is None:
+        checks = (
+            "" if not whole else "; nothing lost since its anchor; every row matches its events"
+        )
         output.line(
             f"intact: {report.checked} events checked, head {report.head_seq}:{report.head_hash}"
+            + checks
         )
     if problem is not None:
         raise CommandError(problem)

@@ -1,0 +1,392 @@
+"""The gate at the edges (issue 10): a busy database, a full disk, a lease taken
+over mid-call, and rows changed behind the events."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from agentrt import (
+    ApprovalError,
+    Decision,
+    Gate,
+    RunLeased,
+    RunStatus,
+    SideEffect,
+    StepStatus,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    approve,
+    cancel,
+    open_store,
+    reject,
+)
+from agentrt.errors import LeaseLost, ResultNotRecorded, StoreBusy
+from agentrt.gate import INTERRUPTED_SIDE_EFFECT, Limits
+from agentrt.policy import ClassPolicy, Outcome
+
+from .helpers import RecordingTool, approval_policy
+
+pytestmark = pytest.mark.anyio
+
+_ALLOW_ALL = ClassPolicy(
+    {
+        SideEffect.READ_ONLY: Outcome.ALLOW,
+        SideEffect.LOCAL_MUTATION: Outcome.ALLOW,
+        SideEffect.REMOTE_MUTATION: Outcome.ALLOW,
+    }
+)
+
+
+def _hold_write_lock(database: Path, seconds: float, held: threading.Event) -> threading.Thread:
+    """Another writer: a second connection holding `BEGIN IMMEDIATE` for `seconds`."""
+
+    def hold() -> None:
+        other = sqlite3.connect(database, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        held.set()
+        time.sleep(seconds)
+        other.execute("COMMIT")
+        other.close()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    return thread
+
+
+class _Hook:
+    """A mutating tool that runs a test's hook while it is being called, then answers."""
+
+    def __init__(self, name: str, *, timeout: float, content: str = '{"ok":true}') -> None:
+        self.spec = ToolSpec(
+            name, f"the {name} tool", {"type": "object"}, SideEffect.LOCAL_MUTATION, timeout
+        )
+        self.content = content
+        self.calls: list[ToolCall] = []
+        self.during: object = None
+
+    async def call(self, call: ToolCall) -> ToolResult:
+        self.calls.append(call)
+        during = self.during
+        if callable(during):
+            await during()
+        return ToolResult(self.content, "done")
+
+
+# -- item 4: SQLite never blocks the event loop -----------------------------
+
+
+@pytest.mark.timeout(60)
+async def test_a_database_held_by_another_writer_never_stalls_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    database = tmp_path / "runs.db"
+    store = open_store(database)
+    tool = _Hook("write", timeout=20.0)
+    # lease 4 s: the heartbeat beats every 1.33 s, and this call outlasts half
+    # the lease, so it runs with one.
+    gate = Gate(store, [tool], policy=_ALLOW_ALL, lease_ttl=4.0)
+    rival = Gate(open_store(database), [tool], policy=_ALLOW_ALL, lease_ttl=4.0)
+    run_id = await gate.start("write under a busy database")
+    gaps: list[float] = []
+    lock_freed = threading.Event()
+    seen: dict[str, object] = {}
+
+    async def ticker() -> None:
+        last = time.monotonic()
+        while True:
+            await anyio.sleep(0.02)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    async def during() -> None:
+        held = threading.Event()
+        before = store.get_run(run_id).lease_expires_at
+        holder = _hold_write_lock(database, 3.0, held)
+        await anyio.to_thread.run_sync(held.wait)
+        # The heartbeat's renewal is due at 1.33 s and waits on the lock till 3 s.
+        await anyio.to_thread.run_sync(holder.join)
+        lock_freed.set()
+        await anyio.sleep(0.5)
+        after = store.get_run(run_id).lease_expires_at
+        seen["renewed"] = before is not None and after is not None and after > before + 1.0
+        # A second gate looking now finds a live lease: nothing is declared interrupted.
+        try:
+            await rival.resume(run_id)
+        except RunLeased:
+            seen["rival"] = "refused"
+
+    tool.during = during
+    async with anyio.create_task_group() as group:
+        group.start_soon(ticker)
+        outcome = await gate.step(run_id, Decision.tool_call("write", "{}"))
+        group.cancel_scope.cancel()
+    assert lock_freed.is_set()
+    assert max(gaps) < 0.75, f"the event loop stalled for {max(gaps):.2f}s"
+    assert seen == {"renewed": True, "rival": "refused"}
+    assert outcome.observation is not None and outcome.observation.kind == "result"
+    assert store.get_step(run_id, 1).status is StepStatus.SUCCEEDED  # type: ignore[union-attr]
+    assert [event.type for event in store.list_events(run_id)][-1] == "tool_finished"
+    assert store.verify_chain().ok and store.verify_state().ok
+    assert len(tool.calls) == 1
+
+
+def test_a_write_waits_out_a_busy_database_only_until_its_deadline(tmp_path: Path) -> None:
+    database = tmp_path / "runs.db"
+    store = open_store(database)
+    store.busy_deadline = 0.5
+    held = threading.Event()
+    holder = _hold_write_lock(database, 3.0, held)
+    held.wait()
+    began = time.monotonic()
+    with (
+        pytest.raises(StoreBusy, match=r"stayed locked by another writer for 0\.5s; nothing was"),
+        store.transaction() as connection,
+    ):
+        store.append_event(connection, "r", "never", {})
+    waited = time.monotonic() - began
+    assert 0.4 < waited < 2.5
+    # Reads go on meanwhile (WAL), and nothing was written.
+    assert store.head() == (0, store.head()[1]) and store.take_committed_events() == []
+    holder.join()
+    with store.transaction() as connection:
+        store.append_event(connection, "r", "after", {})
+    assert store.head()[0] == 1
+
+
+# -- item 3: a result is recorded only by the lease holder, and never lost ----
+
+
+@pytest.mark.timeout(60)
+async def test_a_full_disk_while_recording_leaves_the_call_interrupted_not_lost(
+    tmp_path: Path,
+) -> None:
+    database = tmp_path / "runs.db"
+    store = open_store(database)
+    tool = _Hook("write", timeout=5.0, content='"' + "x" * 200_000 + '"')
+    gate = Gate(store, [tool], policy=_ALLOW_ALL)
+    run_id = await gate.start("write, then the disk fills")
+
+    async def fill_the_disk() -> None:
+        pages = store._query("PRAGMA page_count")[0][0]
+        # SQLite's own size cap: the next page it needs fails with SQLITE_FULL,
+        # exactly as a full disk does.
+        store._query(f"PRAGMA max_page_count = {pages}")
+
+    tool.during = fill_the_disk
+    with pytest.raises(ResultNotRecorded) as refused:
+        await gate.step(run_id, Decision.tool_call("write", "{}"))
+    assert isinstance(refused.value.cause, sqlite3.OperationalError)
+    assert "full" in str(refused.value.cause)
+    assert (refused.value.run_id, refused.value.step) == (run_id, 1)
+    assert "its outcome is unknown" in str(refused.value)
+    store._query("PRAGMA max_page_count = 1073741823")
+    # The call happened; the step still says so, and nothing claims it finished.
+    step = store.get_step(run_id, 1)
+    assert step is not None and step.status is StepStatus.EXECUTING
+    assert "tool_finished" not in [event.type for event in store.list_events(run_id)]
+    # The gate let its lease go, so recovery need not wait for it to lapse: the
+    # mutating call pauses on an interrupted_side_effect approval.
+    recovering = Gate(open_store(database), [tool], policy=_ALLOW_ALL)
+    outcome = await recovering.resume(run_id)
+    assert outcome.status is RunStatus.WAITING_FOR_APPROVAL
+    assert outcome.approval is not None and outcome.approval.kind == INTERRUPTED_SIDE_EFFECT
+    assert len(tool.calls) == 1
+    assert store.verify_chain().ok and store.verify_state().ok
+
+
+@pytest.mark.timeout(60)
+async def test_a_late_result_is_not_recorded_over_a_run_taken_over_mid_call(
+    tmp_path: Path,
+) -> None:
+    database = tmp_path / "runs.db"
+    store = open_store(database)
+    tool = _Hook("write", timeout=20.0)
+    first = Gate(store, [tool], policy=_ALLOW_ALL, lease_ttl=30.0)
+    second = Gate(open_store(database), [tool], policy=_ALLOW_ALL, lease_ttl=30.0)
+    run_id = await first.start("taken over while the tool runs")
+    taken: dict[str, object] = {}
+
+    async def lapse_and_take_over() -> None:
+        # The first gate's lease lapses (a stalled heartbeat), and the second
+        # gate takes the run over as it would after a crash.
+        raw = sqlite3.connect(database, isolation_level=None)
+        raw.execute("UPDATE runs SET lease_expires_at = 1 WHERE run_id = ?", (run_id,))
+        raw.close()
+        outcome = await second.resume(run_id)
+        taken["status"] = outcome.status
+        taken["approval"] = outcome.approval
+
+    tool.during = lapse_and_take_over
+    with pytest.raises(ResultNotRecorded) as refused:
+        await first.step(run_id, Decision.tool_call("write", "{}"))
+    assert isinstance(refused.value.cause, LeaseLost)
+    # The second gate's state stands: the step is the interrupted one it waits on.
+    assert taken["status"] is RunStatus.WAITING_FOR_APPROVAL
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.WAITING_FOR_APPROVAL
+    step = store.get_step(run_id, 1)
+    assert step is not None and step.status is StepStatus.WAITING and step.content is None
+    waiting = store.waiting_approval(run_id)
+    assert waiting is not None and waiting.kind == INTERRUPTED_SIDE_EFFECT
+    assert "tool_finished" not in [event.type for event in store.list_events(run_id)]
+    # ... and the second gate carries on under its own lease once approved.
+    approve(store, run_id, approval_hash=waiting.approval_hash)
+    tool.during = None
+    outcome = await second.resume(run_id)
+    assert outcome.observation is not None and outcome.observation.kind == "result"
+    assert len(tool.calls) == 2
+    assert store.verify_chain().ok and store.verify_state().ok
+
+
+async def test_a_gate_retaking_its_own_lapsed_lease_refuses_the_old_calls_result(
+    tmp_path: Path,
+) -> None:
+    database = tmp_path / "runs.db"
+    store = open_store(database)
+    tool = _Hook("write", timeout=20.0)
+    gate = Gate(store, [tool], policy=_ALLOW_ALL, lease_ttl=30.0)
+    run_id = await gate.start("same gate, new acquisition")
+
+    async def lapse_and_retake() -> None:
+        raw = sqlite3.connect(database, isolation_level=None)
+        raw.execute("UPDATE runs SET lease_expires_at = 1 WHERE run_id = ?", (run_id,))
+        raw.close()
+        await gate.resume(run_id)
+
+    tool.during = lapse_and_retake
+    with pytest.raises(ResultNotRecorded):
+        await gate.step(run_id, Decision.tool_call("write", "{}"))
+    assert store.get_run(run_id).status is RunStatus.WAITING_FOR_APPROVAL
+    assert store.get_step(run_id, 1).status is StepStatus.WAITING  # type: ignore[union-attr]
+
+
+# -- item 10: the tables agree with the events ------------------------------
+
+
+async def test_an_approval_approved_by_hand_is_refused_by_resume_and_named_by_verify(
+    tmp_path: Path,
+) -> None:
+    database = tmp_path / "runs.db"
+    store = open_store(database)
+    write = RecordingTool("write", SideEffect.LOCAL_MUTATION)
+    gate = Gate(store, [write], policy=approval_policy())
+    run_id = await gate.start("needs an approval")
+    outcome = await gate.step(run_id, Decision.tool_call("write", '{"path": "a"}'))
+    assert outcome.approval is not None
+    approval_id = outcome.approval.approval_id
+    assert store.verify_state().ok
+    raw = sqlite3.connect(database, isolation_level=None)
+    raw.execute("UPDATE approvals SET status = 'approved' WHERE approval_id = ?", (approval_id,))
+    raw.close()
+    with pytest.raises(ApprovalError, match="no approval_granted event grants it"):
+        await gate.resume(run_id)
+    assert write.calls == []
+    assert store.get_approval(approval_id).status == "approved"  # nothing was spent
+    assert store.verify_chain().ok  # the chain alone cannot see it
+    report = store.verify_state()
+    assert not report.ok and report.first_bad == f"approval {approval_id}"
+    assert report.reason == (
+        f"approval {approval_id} is approved but its latest state event "
+        f"(event {store.list_events(run_id)[-1].seq}, approval_requested) leaves it pending"
+    )
+
+
+async def test_a_run_set_back_to_running_by_hand_is_named_by_verify(tmp_path: Path) -> None:
+    database = tmp_path / "runs.db"
+    store = open_store(database)
+    gate = Gate(store, [RecordingTool("read", SideEffect.READ_ONLY)])
+    kept = await gate.start("kept")
+    ended = await gate.start("cancelled")
+    cancel(store, ended)
+    raw = sqlite3.connect(database, isolation_level=None)
+    raw.execute("UPDATE runs SET status = 'running' WHERE run_id = ?", (ended,))
+    raw.close()
+    report = store.verify_state()
+    assert not report.ok and report.first_bad == f"run {ended}"
+    assert "is running but its latest state event" in report.reason
+    assert "run_cancelled) leaves it cancelled" in report.reason
+    assert store.get_run(kept).status is RunStatus.RUNNING
+
+
+async def test_a_resume_event_without_its_grant_is_named_by_verify(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "runs.db")
+    write = RecordingTool("write", SideEffect.LOCAL_MUTATION)
+    gate = Gate(store, [write], policy=approval_policy())
+    run_id = await gate.start("a forged resume")
+    outcome = await gate.step(run_id, Decision.tool_call("write", '{"path": "a"}'))
+    assert outcome.approval is not None
+    # Someone able to rewrite the chain (every hash recomputed) forges the resume.
+    with store.transaction() as connection:
+        forged = store.append_event(
+            connection, run_id, "run_resumed",
+            {"approval_id": outcome.approval.approval_id, "outcome": "allow"},
+        )  # fmt: skip
+    report = store.verify_state()
+    assert not report.ok and report.first_bad == f"event {forged.seq}"
+    assert "which no approval_granted event granted" in report.reason
+
+
+async def test_the_tables_agree_with_the_events_after_every_kind_of_run(tmp_path: Path) -> None:
+    database = tmp_path / "runs.db"
+    store = open_store(database)
+    write = RecordingTool("write", SideEffect.LOCAL_MUTATION, terminal=True)
+    read = RecordingTool("read", SideEffect.READ_ONLY)
+    gate = Gate(store, [write, read], policy=approval_policy(), limits=Limits(grant_ttl=0.2))
+    ask = Decision.tool_call("write", '{"path": "a"}')
+
+    approved = await gate.start("approved and used")
+    waiting = (await gate.step(approved, ask)).approval
+    assert waiting is not None
+    approve(store, approved, approval_hash=waiting.approval_hash)
+    assert (await gate.resume(approved)).status is RunStatus.COMPLETED
+
+    rejected = await gate.start("rejected")
+    waiting = (await gate.step(rejected, ask)).approval
+    assert waiting is not None
+    reject(store, rejected, approval_hash=waiting.approval_hash, note="no")
+
+    cancelled = await gate.start("cancelled while waiting")
+    await gate.step(cancelled, ask)
+    cancel(store, cancelled)
+
+    lapsed = await gate.start("grant expired")
+    waiting = (await gate.step(lapsed, ask)).approval
+    assert waiting is not None
+    approve(store, lapsed, approval_hash=waiting.approval_hash)
+    await anyio.sleep(0.3)
+    assert (await gate.resume(lapsed)).reason == "grant_expired"
+
+    expiring = Gate(store, [write], policy=approval_policy(), limits=Limits(approval_ttl=0.1))
+    unanswered = await expiring.start("approval expired")
+    await expiring.step(unanswered, ask)
+    await anyio.sleep(0.2)
+    assert (await expiring.resume(unanswered)).reason == "approval_expired"
+
+    reading = await gate.start("reads and completes")
+    await gate.step(reading, Decision.tool_call("read", '{"path": "a"}'))
+    await gate.step(reading, Decision.complete("done"))
+
+    report = store.verify_state()
+    assert report.ok, report.reason
+    assert store.verify_chain().ok
+
+
+async def test_a_gate_keeps_no_lease_token_for_runs_that_ended_or_wait(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "runs.db")
+    write = RecordingTool("write", SideEffect.LOCAL_MUTATION, terminal=True)
+    read = RecordingTool("read", SideEffect.READ_ONLY, terminal=True)
+    gate = Gate(store, [write, read], policy=approval_policy())
+    for _ in range(20):
+        run_id = await gate.start("one call")
+        await gate.step(run_id, Decision.tool_call("read", '{"path": "a"}'))
+    waiting = await gate.start("waits")
+    await gate.step(waiting, Decision.tool_call("write", '{"path": "a"}'))
+    assert gate._lease_tokens == {}
