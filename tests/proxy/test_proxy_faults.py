@@ -256,3 +256,54 @@ async def test_shutdown_answers_the_call_in_flight_records_it_and_exits_0(
         assert [run.status for run in store.list_runs()] == [RunStatus.COMPLETED]
     [row] = _index_rows(setup.database)
     assert (row["settled"], row["outcome"]) == (1, "result")
+
+
+@pytest.mark.slow
+async def test_sigterm_over_http_answers_the_call_in_flight_and_exits_0(tmp_path: Path) -> None:
+    import json
+
+    import httpx2
+    from test_proxy_hosts import _listening, free_port
+
+    setup = await build_setup(tmp_path, rules=SLOW_RULES)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    initialize = {
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "http-host", "version": "0"}},
+    }  # fmt: skip
+    call = {
+        "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "up_write_note", "arguments": {"note": "h", "seconds": 2}},
+    }  # fmt: skip
+    bodies: list[str] = []
+    with setup.stderr_path.open("a") as errlog:
+        process = await anyio.open_process(
+            [*setup.command(), "--http", f"127.0.0.1:{port}"],
+            stderr=errlog, env=setup.environment(), cwd=str(setup.root),
+        )  # fmt: skip
+        await until(lambda: _listening(port), 30)
+        async with httpx2.AsyncClient(headers=headers, timeout=30) as client:
+            opened = await client.post(url, content=json.dumps(initialize))
+            session = {"mcp-session-id": opened.headers["mcp-session-id"]}
+            await client.post(
+                url, headers=session,
+                content=json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            )  # fmt: skip
+
+            async def post_call() -> None:
+                response = await client.post(url, headers=session, content=json.dumps(call))
+                bodies.append(response.text)
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(post_call)
+                await until(lambda: len(setup.started()) == 1)
+                process.terminate()
+        with anyio.fail_after(30):
+            code = await process.wait()
+    [body] = bodies
+    assert '"id":2' in body and "noted h" in body, body
+    assert code == 0, setup.stderr()
+    assert setup.executions() == ["write_note h"]
