@@ -4,6 +4,7 @@ recorded, identical reads in flight, and every way a host ends the session."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import sys
@@ -14,7 +15,16 @@ from typing import Any
 
 import anyio
 import pytest
-from proxy_helpers import RULES, ProxySetup, RawHost, build_setup, host, text_of, until
+from proxy_helpers import (
+    RULES,
+    ProxySetup,
+    RawHost,
+    build_setup,
+    host,
+    proxy_pid_from_lease,
+    text_of,
+    until,
+)
 
 from agentrt.proxy._index import MIGRATIONS, CallIndex
 from agentrt.store import RunStatus, open_store
@@ -161,6 +171,38 @@ async def test_a_store_failure_after_the_call_reached_the_server_answers_unknown
     assert setup.executions() == ["write_note x"]
 
 
+@pytest.mark.slow
+async def test_a_proxy_that_lost_its_lease_mid_call_answers_unknown_outcome(
+    tmp_path: Path,
+) -> None:
+    """A proxy frozen past its lease while its call runs; a second proxy takes the call
+    over. When the first wakes, the server has answered it, but the run is no longer its
+    own to record: it must say the outcome is unknown, never that nothing ran."""
+    setup = await build_setup(tmp_path, rules=SLOW_RULES)
+    async with RawHost.start(setup) as frozen:
+        request_id = await frozen.call("up_write_note", {"note": "lease", "seconds": 3})
+        await until(lambda: len(setup.started()) == 1)
+        pid = proxy_pid_from_lease(setup.database)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with open_store(setup.database, read_only=True) as store:
+                [run] = store.list_runs()
+            lapsed = max(run.lease_expires_at or 0, _index_rows(setup.database)[0]["held_until"])
+            await until(lambda: time.time() > lapsed + 0.2)
+            async with host(setup) as second:
+                taken = text_of(
+                    await second.call_tool("up_write_note", {"note": "lease", "seconds": 3})
+                )
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        with anyio.fail_after(30):
+            answer = _text(await frozen.response(request_id))
+    assert taken.startswith("INTERRUPTED: "), taken
+    assert answer.startswith("UNKNOWN_OUTCOME: "), answer
+    assert "Nothing ran" not in answer
+    assert setup.executions() == ["write_note lease"]
+
+
 # -- reads have no repeat rule -----------------------------------------------
 
 
@@ -241,7 +283,9 @@ async def test_shutdown_answers_the_call_in_flight_records_it_and_exits_0(
 ) -> None:
     setup = await build_setup(tmp_path, rules=SLOW_RULES)
     async with RawHost.start(setup) as raw:
-        request_id = await raw.call("up_write_note", {"note": "last", "seconds": 2.5})
+        # Still running when the SIGTERM comes 2 s after stdin closed, done well
+        # before the SIGKILL 2 s after that.
+        request_id = await raw.call("up_write_note", {"note": "last", "seconds": 2.2})
         await until(lambda: len(setup.started()) == 1)
         async with anyio.create_task_group() as group:
             group.start_soon(_end, raw, how)
