@@ -197,6 +197,7 @@ class Calls:
         self._announced: set[str] = set()
         # Calls sent upstream whose unknown outcome the store refused to mark.
         self._unmarked: set[str] = set()
+        self._unmarked_told: set[str] = set()
 
     @property
     def specs(self) -> Sequence[ToolSpec]:
@@ -335,12 +336,16 @@ class Calls:
             try:
                 await self.store.run(self.index.mark_unknown_outcome, run_id)
             except Exception as exc:
-                self._log(
-                    f"agentrt proxy: run {run_id} is still not marked as an unknown outcome: "
-                    f"{sanitize(str(exc))}"
-                )
+                if run_id not in self._unmarked_told:
+                    # Once per call: a full disk would otherwise write a line a second.
+                    self._unmarked_told.add(run_id)
+                    self._log(
+                        f"agentrt proxy: run {run_id} is not yet marked as an unknown outcome "
+                        f"(retrying): {sanitize(str(exc))}"
+                    )
                 return
             self._unmarked.discard(run_id)
+            self._unmarked_told.discard(run_id)
 
     def _log(self, line: str) -> None:
         self.log.write(line + "\n")
