@@ -351,3 +351,23 @@ async def test_sigterm_over_http_answers_the_call_in_flight_and_exits_0(tmp_path
     assert '"id":2' in body and "noted h" in body, body
     assert code == 0, setup.stderr()
     assert setup.executions() == ["write_note h"]
+
+
+async def test_a_database_with_proxy_tables_from_a_newer_build_stops_the_proxy_with_exit_2(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+
+    setup = await build_setup(tmp_path)
+    with open_store(setup.database) as store:
+        store.migrate_extension("proxy", MIGRATIONS)
+    with sqlite3.connect(setup.database) as connection:
+        connection.execute("UPDATE extensions SET version = 99 WHERE name = 'proxy'")
+    finished = subprocess.run(
+        setup.command(), capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL, env=setup.environment(), cwd=setup.root,
+    )  # fmt: skip
+    assert finished.returncode == 2, finished.stderr
+    assert "proxy tables from a newer build" in finished.stderr
+    assert "Traceback" not in finished.stderr
+    assert finished.stdout == ""

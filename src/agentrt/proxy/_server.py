@@ -401,6 +401,7 @@ async def serve_config(
     store = open_store(config.database)
     connections: list[Connection] = []
     stopping = anyio.Event()
+    failure: Exception | None = None
     # Caught from here to the end: a signal while calls finish must not kill them.
     async with anyio.create_task_group() as signals:
         signals.start_soon(_watch_signals, stopping.set, stream)
@@ -413,13 +414,19 @@ async def serve_config(
                     await serve_http(server, address[0], address[1], token, stream, stopping)
                 else:
                     await _serve_stdio(server, proxy, stream, stopping)
+        except Exception as exc:
+            # Re-raised below, outside the task group, so `serve` sees the
+            # error itself (a refused database, say) rather than an ExceptionGroup.
+            failure = exc
         finally:
             with anyio.CancelScope(shield=True):
                 for connection in connections:
                     with contextlib.suppress(Exception):
                         await connection.aclose()
             store.close()
-        signals.cancel_scope.cancel()
+            signals.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
     return 0
 
 
