@@ -296,6 +296,10 @@ def _check_tool(
         deny=rule.deny,
         fixed=fixed,
         max_content_bytes=server.max_content_bytes,
+        title=raw_tool["title"] if isinstance(raw_tool.get("title"), str) else None,
+        output_schema=(
+            raw_tool["outputSchema"] if isinstance(raw_tool.get("outputSchema"), dict) else None
+        ),
     )
     _check_runtime_accepts(tool, check_store)
     return tool, hint_mismatch

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
+import jsonschema
 
 from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..sanitize import sanitize
@@ -16,7 +19,7 @@ from ._errors import ServerToolError
 if TYPE_CHECKING:
     from ._connection import Connection
 
-__all__ = ["ServerTool", "map_result"]
+__all__ = ["ServerResult", "ServerTool", "map_result"]
 
 TRUNCATION_MARKER: Final = "\n[truncated]"
 
@@ -30,6 +33,14 @@ _OTHER_PLACEHOLDER: Final = "[content omitted]"
 
 # How much of a server's error text is quoted in a tool error.
 _ERROR_TEXT_CHARS: Final = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class ServerResult(ToolResult):
+    """A server's result: the bounded mapping the gate records, plus the `tools/call`
+    result object exactly as parsed, for a caller that forwards it (the proxy)."""
+
+    raw: Mapping[str, Any] = field(default_factory=dict)
 
 
 class ServerTool:
@@ -52,6 +63,8 @@ class ServerTool:
         deny: Sequence[str],
         fixed: Mapping[str, Any],
         max_content_bytes: int,
+        title: str | None = None,
+        output_schema: Mapping[str, Any] | None = None,
     ) -> None:
         self._spec = spec
         self._server = server
@@ -60,6 +73,10 @@ class ServerTool:
         self._deny = tuple(deny)
         self._fixed = dict(fixed)
         self._max_content_bytes = max_content_bytes
+        self.title = title
+        """The server's `title` for the tool, as listed (None when it gave none)."""
+        self.output_schema = output_schema
+        """The server's `outputSchema` for the tool, as listed (None when it gave none)."""
 
     @property
     def spec(self) -> ToolSpec:
@@ -117,7 +134,32 @@ class ServerTool:
             raise ServerToolError(
                 f"{where} failed: {sanitize(str(exc))}", outcome_known=False
             ) from None
-        return map_result(self._server, self._tool, result, self._max_content_bytes)
+        mapped = map_result(self._server, self._tool, result, self._max_content_bytes)
+        self._check_output(where, result)
+        return mapped
+
+    def _check_output(self, where: str, result: Mapping[str, Any]) -> None:
+        """Refuse structured content that fails the tool's own `outputSchema`, as a tool
+        error: the spec says a server MUST conform to it, so a host would reject it anyway."""
+        if self.output_schema is None:
+            return
+        if "structuredContent" not in result or result["structuredContent"] is None:
+            raise ServerToolError(f"{where} has an outputSchema but returned no structured content")
+        try:
+            schema = json.loads(canonical_json(self.output_schema))
+            structured = json.loads(canonical_json(result["structuredContent"]))
+            error = jsonschema.exceptions.best_match(
+                jsonschema.validators.validator_for(schema)(schema).iter_errors(structured)
+            )
+        except (jsonschema.exceptions.SchemaError, ValueError, TypeError) as exc:
+            raise ServerToolError(
+                f"{where} has an outputSchema that cannot be checked: {sanitize(str(exc))}"
+            ) from None
+        if error is not None:
+            raise ServerToolError(
+                f"{where} returned structured content that does not match its outputSchema: "
+                f"{sanitize(error.message[:_ERROR_TEXT_CHARS])}"
+            )
 
 
 def map_result(server: str, tool: str, result: Any, max_content_bytes: int) -> ToolResult:
@@ -146,13 +188,15 @@ def map_result(server: str, tool: str, result: Any, max_content_bytes: int) -> T
         structured = canonical_json(result["structuredContent"])
         structured_bytes = len(structured.encode("utf-8"))
         if structured_bytes <= max_content_bytes:
-            return ToolResult(content=structured, summary=f"{label}: {structured_bytes} bytes")
+            return ServerResult(
+                content=structured, summary=f"{label}: {structured_bytes} bytes", raw=result
+            )
         # Cutting structured content would turn an object into a string; drop it instead.
         dropped = f", structured content of {structured_bytes} bytes dropped for the text"
     content, truncated = cap_text(text, max_content_bytes)
     size = len(content.encode("utf-8"))
     summary = f"{label}: {size} bytes{', truncated' if truncated else ''}{dropped}"
-    return ToolResult(content=content, summary=summary)
+    return ServerResult(content=content, summary=summary, raw=result)
 
 
 def _join_blocks(blocks: list[Any]) -> str:

@@ -2,9 +2,10 @@
 
 Hosts and tests recognise an answer by its prefix.  `PENDING_APPROVAL`,
 `IN_PROGRESS`, `INTERRUPTED`, `UNKNOWN_OUTCOME` and `UNRECORDED` are not
-errors (nothing went wrong; the model should wait); the others are.  No
-answer names the database, the configuration, a run id or the operator
-command: the model must not learn how approvals are granted.  Text a server
+errors (nothing went wrong; the model should wait); the others are, and
+`TOOL_ERROR` is the upstream tool's own failure.  No answer names the
+database, the configuration or a run id: the model may tell the user that a
+person approves in the agentrt inbox or with `agentrt approve`, and no more.  Text a server
 or the model chose is sanitized and bounded before it goes into prose.
 """
 
@@ -12,11 +13,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from ..canonical import JSONBoundaryError, parse_json
 from ..sanitize import sanitize
 from ..store import epoch_to_iso
+from ._forward import Forwarded
 
 __all__ = ["Answer", "Prefix", "bounded"]
 
@@ -36,6 +38,7 @@ class Prefix(enum.StrEnum):
     DUPLICATE = "DUPLICATE"
     BLOCKED = "BLOCKED"
     UNAVAILABLE = "UNAVAILABLE"
+    TOOL_ERROR = "TOOL_ERROR"
 
     @property
     def is_error(self) -> bool:
@@ -53,9 +56,10 @@ _NOT_ERRORS: Final = frozenset(
 )
 
 _WAIT_FOR_A_PERSON: Final = (
-    "Do not retry it and do not try another tool to do the same thing. Do not ask the user "
-    "to approve it: a person decides outside this conversation. Once you are told it was "
-    "approved, call {tool} again with exactly the same arguments and it will run once."
+    "Do not retry it and do not try another tool to do the same thing. Tell the user that "
+    "a person must approve it in the agentrt inbox or with the agentrt approve command; "
+    "you cannot approve it yourself. Once it is approved, call {tool} again with exactly "
+    "the same arguments and it will run once."
 )
 
 
@@ -72,21 +76,29 @@ class Answer:
     text: str
     is_error: bool
     prefix: Prefix | None = None
+    result_object: dict[str, Any] | None = None
+    """The server's own result object, bounded, when it is forwarded as it came."""
 
     # -- what the gate recorded ----------------------------------------------
 
     @classmethod
-    def result(cls, content: str) -> Answer:
-        """A recorded result: a JSON string is given as its text, any other value as JSON."""
+    def result(cls, content: str, forwarded: Forwarded | None = None) -> Answer:
+        """The server's result as it came (`forwarded`), or, without it (`"results":
+        "flattened"`, or a run an earlier process finished), the recorded mapping:
+        a JSON string as its text, any other value as JSON."""
         try:
             value = parse_json(content)
         except JSONBoundaryError:
             value = None
-        return cls(value if isinstance(value, str) else content, is_error=False)
+        text = value if isinstance(value, str) else content
+        if forwarded is not None:
+            return cls(text, is_error=False, result_object=forwarded.result)
+        return cls(text, is_error=False)
 
     @classmethod
     def tool_error(cls, error: str) -> Answer:
-        return cls(bounded(error, 4 * MAX_QUOTED_CHARS), is_error=True)
+        """The upstream tool failed (it said so, or its output broke its own schema)."""
+        return cls._prose(Prefix.TOOL_ERROR, bounded(error, 4 * MAX_QUOTED_CHARS))
 
     # -- prose ---------------------------------------------------------------
 
@@ -115,9 +127,11 @@ class Answer:
     def unknown_outcome(cls, tool: str, approval_id: str) -> Answer:
         return cls._prose(
             Prefix.UNKNOWN_OUTCOME,
-            f"this call to {tool} timed out or lost its connection before the server answered, "
-            "so it may or may not have taken effect. A person decides whether it runs again "
-            f"(approval {approval_id}); until then other changing calls to {tool} are blocked. "
+            f"this call to {tool} ended without an answer the gate could read: it timed out, "
+            "lost its connection, or the server's answer could not be read (too long or "
+            "malformed), so it may or may not have taken effect. A person decides whether it "
+            f"runs again (approval {approval_id}); until then other changing calls to {tool} "
+            "are blocked. "
             + _WAIT_FOR_A_PERSON.format(tool=tool),
         )
 

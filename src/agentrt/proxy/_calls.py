@@ -26,7 +26,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Final
 
@@ -37,6 +37,7 @@ from ..canonical import JSONBoundaryError, canonical_json
 from ..errors import AgentrtError, RunStateError
 from ..gate import INTERRUPTED_SIDE_EFFECT, Gate, StepOutcome
 from ..mcp._errors import ServerToolError
+from ..mcp._tool import ServerResult
 from ..policy import (
     ClassPolicy,
     Outcome,
@@ -47,8 +48,10 @@ from ..policy import (
 )
 from ..sanitize import sanitize
 from ..store import ApprovalRecord, ApprovalStatus, RunStatus, StepStatus, Store
+from ..telemetry import trace_context_metadata
 from ..tools import SideEffect, Tool, ToolCall, ToolResult, ToolSpec
 from ._answers import Answer
+from ._forward import Forwarded, forwardable
 from ._index import EXECUTED, Action, CallIndex, CallRow, Settled, call_key
 
 __all__ = ["UNKNOWN_OUTCOME", "Calls", "ProxyPolicy", "WatchedTool", "new_owner"]
@@ -69,6 +72,7 @@ class _Call:
     args: str
     progress: Progress | None
     token: str
+    trace: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def decision(self) -> Decision:
         return Decision.tool_call(self.spec.name, self.args)
@@ -91,8 +95,20 @@ class WatchedTool:
     answered has a known outcome.
     """
 
-    def __init__(self, inner: Tool, cut_off: set[tuple[str, int]], sent: set[str]) -> None:
+    def __init__(
+        self,
+        inner: Tool,
+        cut_off: set[tuple[str, int]],
+        sent: set[str],
+        *,
+        forwarded: dict[str, Forwarded] | None = None,
+        max_result_bytes: int | None = None,
+    ) -> None:
         self._inner = inner
+        # Where the host's copy of each result waits for its answer, by run;
+        # None (`"results": "flattened"`) forwards the recorded mapping instead.
+        self._forwarded = forwarded
+        self._max_result_bytes = max_result_bytes
         self._cut_off = cut_off
         # Runs whose request reached this tool: from here on, a failure
         # anywhere leaves an outcome nobody knows.
@@ -108,7 +124,7 @@ class WatchedTool:
     async def call(self, call: ToolCall) -> ToolResult:
         self._sent.add(call.run_id)
         try:
-            return await self._inner.call(call)
+            result = await self._inner.call(call)
         except anyio.get_cancelled_exc_class():
             self._cut_off.add((call.run_id, call.step))
             raise
@@ -119,6 +135,19 @@ class WatchedTool:
         except Exception:
             self._cut_off.add((call.run_id, call.step))
             raise
+        if (
+            self._forwarded is None
+            or self._max_result_bytes is None
+            or not isinstance(result, ServerResult)
+        ):
+            return result
+        forwarded = forwardable(result.raw, self._max_result_bytes)
+        self._forwarded[call.run_id] = forwarded
+        # The record names exactly what the host is sent, so the two are tied.
+        summary = (
+            f"{result.summary}; {forwarded.summary()}" if result.summary else forwarded.summary()
+        )
+        return ToolResult(content=result.content, summary=summary)
 
 
 class ProxyPolicy:
@@ -131,9 +160,21 @@ class ProxyPolicy:
     same answer and the approval's hash still matches.
     """
 
-    def __init__(self, inner: ClassPolicy, store: Store) -> None:
+    def __init__(
+        self,
+        inner: ClassPolicy,
+        store: Store,
+        *,
+        tool_outcomes: Mapping[str, Outcome] | None = None,
+        fixed: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
         self.inner = inner
         self.store = store
+        # A rule's `outcome` overrides the class's for that one tool.
+        self.tool_outcomes = dict(tool_outcomes or {})
+        # A rule's `fixed` values (canonical JSON text) are part of what a person
+        # approves: changing one asks again instead of letting an old yes do something new.
+        self.fixed = {tool: dict(values) for tool, values in (fixed or {}).items()}
 
     async def evaluate(self, request: ToolRequest, run: RunView) -> PolicyDecision:
         if _mutating(request.spec) and any(
@@ -144,8 +185,9 @@ class ProxyPolicy:
         ):
             presentation = default_presentation(request)
             presentation["warning"] = (
-                "the first attempt timed out or lost its connection before the server "
-                "answered; it may have taken effect. Approving runs the same request again."
+                "the first attempt's outcome is unknown: it timed out, lost its connection, "
+                "or the server's answer could not be read; it may have taken effect. "
+                "Approving runs the same request again."
             )
             return PolicyDecision.require_approval(
                 kind=UNKNOWN_OUTCOME,
@@ -156,10 +198,35 @@ class ProxyPolicy:
                 presentation=presentation,
                 reason="a mutating call's outcome is unknown",
             )
-        return await self.inner.evaluate(request, run)
+        decision = await self._by_rule_or_class(request, run)
+        fixed = self.fixed.get(request.spec.name)
+        if decision.outcome is Outcome.REQUIRE_APPROVAL and fixed:
+            capability = dict(decision.capability or {})
+            capability["fixed"] = dict(sorted(fixed.items()))
+            decision = dataclasses.replace(decision, capability=capability)
+        return decision
 
-    def outcome_for(self, side_effect: SideEffect) -> Outcome:
-        return self.inner.outcomes.get(side_effect, Outcome.DENY)
+    async def _by_rule_or_class(self, request: ToolRequest, run: RunView) -> PolicyDecision:
+        outcome = self.tool_outcomes.get(request.spec.name)
+        if outcome is None:
+            return await self.inner.evaluate(request, run)
+        name = request.spec.name
+        if outcome is Outcome.ALLOW:
+            return PolicyDecision.allow(f"the rule for {name} allows it")
+        if outcome is Outcome.REQUIRE_APPROVAL:
+            return PolicyDecision.require_approval(
+                kind=f"tool:{request.spec.side_effect}",
+                capability={"tool": name, "side_effect": str(request.spec.side_effect)},
+                presentation=default_presentation(request),
+                reason=f"the rule for {name} needs an operator's approval",
+            )
+        return PolicyDecision.deny(f"the rule for {name} denies it")
+
+    def outcome_for(self, spec: ToolSpec) -> Outcome:
+        ruled = self.tool_outcomes.get(spec.name)
+        if ruled is not None:
+            return ruled
+        return self.inner.outcomes.get(spec.side_effect, Outcome.DENY)
 
 
 class Calls:
@@ -179,6 +246,8 @@ class Calls:
         repeat_window: float,
         max_pending: int,
         log: IO[str] | None = None,
+        repeat_windows: Mapping[str, float] | None = None,
+        forwarded: dict[str, Forwarded] | None = None,
     ) -> None:
         self.gate = gate
         self.store = gate.store
@@ -190,6 +259,10 @@ class Calls:
         self.database = database
         self.hold = hold
         self.repeat_window = repeat_window
+        # A rule's `repeat_window` for its tool; 0 turns DUPLICATE and REJECTED repeats off.
+        self.repeat_windows = dict(repeat_windows or {})
+        # The host's copy of each result, left here by `WatchedTool`, by run.
+        self.forwarded = forwarded if forwarded is not None else {}
         self.max_pending = max_pending
         self.log = log if log is not None else sys.stderr
         self.closing = anyio.Event()
@@ -225,7 +298,13 @@ class Calls:
 
     # -- one call ------------------------------------------------------------
 
-    async def handle(self, tool: str, arguments: Any, progress: Progress | None = None) -> Answer:
+    async def handle(
+        self,
+        tool: str,
+        arguments: Any,
+        progress: Progress | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Answer:
         """Answer one `tools/call`; never raises for anything a host or server did."""
         spec = self._specs.get(tool)
         if spec is None:
@@ -245,8 +324,8 @@ class Calls:
             return Answer.invalid(tool, _unaccepted_arguments(exc))
         key = call_key(tool, args)
         mutating = _mutating(spec)
-        may_need_approval = self.policy.outcome_for(spec.side_effect) is Outcome.REQUIRE_APPROVAL
-        call = _Call(spec, args, progress, secrets.token_hex(6))
+        may_need_approval = self.policy.outcome_for(spec) is Outcome.REQUIRE_APPROVAL
+        call = _Call(spec, args, progress, secrets.token_hex(6), trace_context_metadata(meta))
         for _attempt in range(3):
             decide = functools.partial(
                 self.index.decide,
@@ -254,7 +333,7 @@ class Calls:
                 key=key,
                 tool=tool,
                 mutating=mutating,
-                repeat_window=self.repeat_window,
+                repeat_window=self.repeat_windows.get(tool, self.repeat_window),
                 may_need_approval=may_need_approval,
                 max_pending=self.max_pending,
                 token=call.token,
@@ -309,6 +388,7 @@ class Calls:
             return await self._failed(row, call, exc)
         finally:
             self.sent.discard(row.run_id)
+            self.forwarded.pop(row.run_id, None)
             await self._release_quietly(row.run_id, call.token)
 
     async def _failed(self, row: CallRow, call: _Call, exc: Exception) -> Answer:
@@ -357,7 +437,8 @@ class Calls:
             await self.gate.start(
                 f"proxy call to {call.spec.name}",
                 run_id=row.run_id,
-                metadata={"proxy_session": self.session, "call_key": row.call_key},
+                # The host's W3C trace context, so the run's trace continues the host's.
+                metadata={**call.trace, "proxy_session": self.session, "call_key": row.call_key},
             )
         except RunStateError:
             return None
@@ -404,7 +485,7 @@ class Calls:
                 return Answer.denied(call.spec.name, outcome.reason)
             if outcome.status is RunStatus.COMPLETED:
                 await self._settle(run_id, Settled.RESULT)
-                return Answer.result(outcome.result or "")
+                return Answer.result(outcome.result or "", self.forwarded.pop(run_id, None))
             observation = outcome.observation
             if observation is None:
                 outcome = await self.gate.step(run_id, call.decision())
@@ -415,7 +496,7 @@ class Calls:
                 # result; this serves a run a build from before that left running.
                 await self.gate.step(run_id, Decision.complete(observation.content))
                 await self._settle(run_id, Settled.RESULT)
-                return Answer.result(observation.content)
+                return Answer.result(observation.content, self.forwarded.pop(run_id, None))
             if kind == "interrupted":
                 # A read-only call cut off by a dead process simply runs again.
                 outcome = await self.gate.step(run_id, call.decision())
@@ -454,7 +535,9 @@ class Calls:
 
     async def _collect(self, row: CallRow, call: _Call, approval: ApprovalRecord) -> Answer | None:
         """Hold a call on its waiting approval, up to `hold`; None if it moved on meanwhile."""
-        self.announce(approval)
+        if approval.status is ApprovalStatus.PENDING:
+            # A restarted proxy collecting an approved request must not call it waiting.
+            self.announce(approval)
         deadline = time.monotonic() + self.hold
         next_progress = time.monotonic()
         while True:

@@ -300,8 +300,11 @@ class CallIndex:
                 held = self._hold(connection, row.run_id, now, token)
                 return Verdict(Action.TAKE_OVER if run is not None else Action.NEW, held)
             # 4. rejected / cancelled / expired; 5. duplicate — within the window
-            for row in self._rows(
-                connection, _DECIDING_OF_KEY, (self.session, key, now - repeat_window)
+            # (a window of 0, a rule's "0s", turns both off for the tool)
+            for row in (
+                self._rows(connection, _DECIDING_OF_KEY, (self.session, key, now - repeat_window))
+                if repeat_window > 0
+                else ()
             ):
                 if row.outcome in (Settled.REJECTED, Settled.CANCELLED):
                     return Verdict(Action.REJECTED, row, self.store.latest_approval(row.run_id))

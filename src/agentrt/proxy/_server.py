@@ -31,14 +31,17 @@ from ..canonical import canonical_json
 from ..errors import AgentrtError, RunNotFound, StoreError
 from ..gate import Gate, Limits
 from ..mcp import Connection, Report, load, read_manifest
+from ..mcp._tool import ServerTool
+from ..policy import Outcome
 from ..sanitize import sanitize
 from ..store import ApprovalStatus, Store, open_store
 from ..telemetry import TraceExporter, settings_from, start_exporter
 from ..tools import SideEffect, Tool
 from ._answers import Answer, bounded
 from ._calls import Calls, ProxyPolicy, WatchedTool, new_owner
+from ._forward import Forwarded
 from ._http import is_loopback, serve_http, split_http
-from ._index import CallIndex
+from ._index import CallIndex, CallRow, Settled
 from ._stdio import StdioWire, stdio_wire
 from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
 
@@ -95,9 +98,14 @@ def _log(stream: IO[str], line: str) -> None:
     stream.flush()
 
 
-async def _load_upstreams(config: ProxyConfig, log: IO[str]) -> tuple[list[Tool], list[Connection]]:
+Loaded = tuple[Tool, UpstreamConfig]
+
+
+async def _load_upstreams(
+    config: ProxyConfig, log: IO[str]
+) -> tuple[list[Loaded], list[Connection]]:
     """Load every upstream; one that fails is reported and left out, the others serve."""
-    tools: list[Tool] = []
+    tools: list[Loaded] = []
     connections: list[Connection] = []
     taken: dict[str, str] = {STATUS_TOOL: "the proxy itself"}
     outcomes: list[tuple[list[Tool], Report] | Exception | None] = [None] * len(config.servers)
@@ -141,14 +149,16 @@ async def _load_upstreams(config: ProxyConfig, log: IO[str]) -> tuple[list[Tool]
                 )
                 continue
             taken[tool.spec.name] = f'server "{upstream.server.name}"'
-            tools.append(tool)
+            tools.append((tool, upstream))
     return tools, connections
 
 
 class Proxy:
     """The proxy's state for one process: store, index, gate and the host-facing server."""
 
-    def __init__(self, config: ProxyConfig, store: Store, tools: list[Tool], log: IO[str]) -> None:
+    def __init__(
+        self, config: ProxyConfig, store: Store, tools: list[Loaded], log: IO[str]
+    ) -> None:
         self.config = config
         self.store = store
         self.log = log
@@ -156,10 +166,41 @@ class Proxy:
         self.index = CallIndex(store, config.session, owner, config.lease_ttl)
         cut_off: set[tuple[str, int]] = set()
         sent: set[str] = set()
-        self.policy = ProxyPolicy(config.policy, store)
+        forwarded: dict[str, Forwarded] = {}
+        tool_outcomes: dict[str, Outcome] = {}
+        repeat_windows: dict[str, float] = {}
+        fixed: dict[str, dict[str, str]] = {}
+        # The server's own `title` and `outputSchema`, listed for results forwarded as sent.
+        self.listed: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
+        watched: list[Tool] = []
+        for tool, upstream in tools:
+            name = tool.spec.name
+            as_sent = upstream.results == "as_sent"
+            on_server = tool.server_tool_name if isinstance(tool, ServerTool) else name
+            extra = upstream.tool_rules.get(on_server)
+            if extra is not None and extra.outcome is not None:
+                tool_outcomes[name] = extra.outcome
+            if extra is not None and extra.repeat_window is not None:
+                repeat_windows[name] = extra.repeat_window
+            rule = upstream.rules.get(on_server)
+            if rule is not None and rule.fixed:
+                fixed[name] = dict(rule.fixed)
+            if isinstance(tool, ServerTool):
+                schema = _plain(tool.output_schema) if as_sent and tool.output_schema else None
+                self.listed[name] = (tool.title, schema)
+            watched.append(
+                WatchedTool(
+                    tool,
+                    cut_off,
+                    sent,
+                    forwarded=forwarded if as_sent else None,
+                    max_result_bytes=upstream.max_result_bytes if as_sent else None,
+                )
+            )
+        self.policy = ProxyPolicy(config.policy, store, tool_outcomes=tool_outcomes, fixed=fixed)
         self.gate = Gate(
             store,
-            [WatchedTool(tool, cut_off, sent) for tool in tools],
+            watched,
             policy=self.policy,
             limits=Limits(approval_ttl=config.approval_ttl, grant_ttl=config.grant_ttl),
             owner=owner,
@@ -177,6 +218,8 @@ class Proxy:
             repeat_window=config.repeat_window,
             max_pending=config.max_pending,
             log=log,
+            repeat_windows=repeat_windows,
+            forwarded=forwarded,
         )
         self.in_flight = _InFlight()
         self.work: TaskGroup | None = None
@@ -193,6 +236,10 @@ class Proxy:
             ),
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
+            # Hosts ask for these whatever the capabilities say; the answer is "none".
+            on_list_resources=_no_resources,
+            on_list_resource_templates=_no_resource_templates,
+            on_list_prompts=_no_prompts,
         )
 
     async def _list_tools(
@@ -202,8 +249,10 @@ class Proxy:
         tools = [
             types.Tool(
                 name=spec.name,
+                title=self.listed.get(spec.name, (None, None))[0],
                 description=spec.description,
                 input_schema=_plain(spec.input_schema),
+                output_schema=self.listed.get(spec.name, (None, None))[1],
                 annotations=types.ToolAnnotations(
                     read_only_hint=spec.side_effect is SideEffect.READ_ONLY,
                     destructive_hint=spec.side_effect is SideEffect.DESTRUCTIVE,
@@ -228,6 +277,8 @@ class Proxy:
             answer = await self.status(params.arguments)
         else:
             answer = await self._gated_call(ctx, params)
+        if answer.result_object is not None:
+            return types.CallToolResult.model_validate(answer.result_object)
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=answer.text)], is_error=answer.is_error
         )
@@ -250,7 +301,9 @@ class Proxy:
 
         async def work() -> None:
             try:
-                box.append(await self.calls.handle(params.name, params.arguments, progress))
+                box.append(
+                    await self.calls.handle(params.name, params.arguments, progress, params.meta)
+                )
             except Exception as exc:
                 _log(self.log, f"agentrt proxy: a call to {sanitize(params.name)} failed: "
                      f"{sanitize(str(exc))}")  # fmt: skip
@@ -313,9 +366,10 @@ class Proxy:
         described = {
             ApprovalStatus.PENDING: "is waiting for a person's decision",
             ApprovalStatus.APPROVED: (
-                "was approved; call the tool again with exactly the same arguments and it runs once"
+                "was approved and has not run yet: it runs on the next call of the tool with "
+                "exactly the same arguments"
             ),
-            ApprovalStatus.USED: "was approved and the call ran",
+            ApprovalStatus.USED: _what_ran(self.index.get(approval.run_id)),
             ApprovalStatus.REJECTED: "was rejected",
             ApprovalStatus.EXPIRED: "expired before anyone decided; the call did not run",
             ApprovalStatus.SUPERSEDED: "was replaced by a newer request for the same call",
@@ -351,6 +405,43 @@ class Proxy:
                 with anyio.CancelScope(shield=True):
                     await self.in_flight.wait()
                 work.cancel_scope.cancel()
+
+
+async def _no_resources(
+    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+) -> types.ListResourcesResult:
+    return types.ListResourcesResult(resources=[])
+
+
+async def _no_resource_templates(
+    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+) -> types.ListResourceTemplatesResult:
+    return types.ListResourceTemplatesResult(resource_templates=[])
+
+
+async def _no_prompts(
+    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+) -> types.ListPromptsResult:
+    return types.ListPromptsResult(prompts=[])
+
+
+def _what_ran(row: CallRow | None) -> str:
+    """What the executed step recorded, for an approval that was used."""
+    outcome = row.outcome if row is not None else None
+    if outcome == Settled.RESULT:
+        return "was approved and the call ran: the server returned a result"
+    if outcome == Settled.TOOL_ERROR:
+        return "was approved and the call ran: the server reported an error"
+    if outcome == Settled.DENIED:
+        return "was approved, but the policy denied the call when it was to run; it did not run"
+    if outcome == Settled.INVALID:
+        return "was approved, but the call was refused as invalid; it did not run"
+    if row is not None and row.unknown_outcome:
+        return (
+            "was approved and the call was sent, but its outcome is unknown; a person decides "
+            "what happens next"
+        )
+    return "was approved and the call is running or its outcome is not recorded yet"
 
 
 def _status_word(kind: str) -> str:
@@ -424,7 +515,7 @@ async def serve_config(
                      "content": config.telemetry.content},
                     default_service="agentrt-proxy",
                 ),
-                side_effects={tool.spec.name: str(tool.spec.side_effect) for tool in tools},
+                side_effects={tool.spec.name: str(tool.spec.side_effect) for tool, _ in tools},
                 log=stream,
             )  # fmt: skip
             proxy = Proxy(config, store, tools, stream)

@@ -35,12 +35,12 @@ from ..mcp import (
     Server,
     parse_duration,
     read_owned,
-    read_rules,
     rules_from_json,
 )
 from ..policy import ClassPolicy, DefaultPolicy, Outcome
 from ..sanitize import sanitize
 from ..tools import SideEffect
+from ._forward import DEFAULT_MAX_RESULT_BYTES, MIN_MAX_RESULT_BYTES
 
 __all__ = [
     "DEFAULT_APPROVAL_TTL",
@@ -53,6 +53,7 @@ __all__ = [
     "ConfigError",
     "ProxyConfig",
     "TelemetryConfig",
+    "ToolRule",
     "UpstreamConfig",
     "load_config",
     "parse_duration",
@@ -99,8 +100,15 @@ _SERVER_FIELDS: Final = frozenset(
         "sandbox",
         "note",
         "headers",
+        "max_result_bytes",
+        "results",
     }
 )
+# Rule fields only the proxy reads; the rest of a rule is checked as a rules file is.
+_PROXY_RULE_FIELDS: Final = frozenset({"repeat_window", "outcome"})
+_RESULT_MODES: Final = frozenset({"as_sent", "flattened"})
+# "0s", "0", "0ms", "0m0s": a duration that is off.
+_ZERO_DURATION: Final = re.compile(r"^(?:0+(?:\.0*)?(?:ns|us|µs|ms|s|m|h)?)+$")
 _SANDBOX_FIELDS: Final = frozenset({"read", "write", "network", "home", "devices", "hide"})
 # The proxy answers the host itself or passes a call on; it never ends a run
 # on a model's request, so `abort` is not offered.
@@ -116,13 +124,30 @@ class ConfigError(AgentrtError):
 
 
 @dataclass(frozen=True, slots=True)
+class ToolRule:
+    """A rule's proxy-only fields: `repeat_window` (seconds; 0 turns DUPLICATE and the
+    REJECTED/EXPIRED repeats off for the tool) and `outcome` (overrides the class policy)."""
+
+    repeat_window: float | None = None
+    outcome: Outcome | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class UpstreamConfig:
-    """One upstream server, with the manifest it was pinned to and the operator's rules."""
+    """One upstream server, with the manifest it was pinned to and the operator's rules.
+
+    `results` is `"as_sent"` (the server's blocks forwarded, bounded by
+    `max_result_bytes`) or `"flattened"` (the recorded mapping as one text).
+    `tool_rules` holds the proxy-only rule fields, by the tool's name on its server.
+    """
 
     server: Server
     manifest_path: Path
     rules: Rules
     rules_path: Path | None = None
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
+    results: str = "as_sent"
+    tool_rules: dict[str, ToolRule] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +163,9 @@ class TelemetryConfig:
 class ProxyConfig:
     """Everything `agentrt proxy` (and `agentrt pin/check`) reads from the file.
 
-    Durations are float seconds; paths are absolute.
+    Durations are float seconds; paths are absolute.  `hold` and
+    `repeat_window` may be 0 (answer at once; no repeat rules);
+    `approval_ttl`/`grant_ttl` are None for "never expires" (`"0s"`).
     """
 
     path: Path
@@ -149,8 +176,8 @@ class ProxyConfig:
     hold: float = DEFAULT_HOLD
     repeat_window: float = DEFAULT_REPEAT_WINDOW
     max_pending: int = DEFAULT_MAX_PENDING
-    approval_ttl: float = DEFAULT_APPROVAL_TTL
-    grant_ttl: float = DEFAULT_GRANT_TTL
+    approval_ttl: float | None = DEFAULT_APPROVAL_TTL
+    grant_ttl: float | None = DEFAULT_GRANT_TTL
     lease_ttl: float = DEFAULT_LEASE_TTL
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
@@ -192,9 +219,12 @@ class _Reader:
             raise self.fail(where, "must be a list of strings")
         return list(value)
 
-    def duration(self, value: Any, where: str) -> float:
+    def duration(self, value: Any, where: str, *, off: bool = False) -> float:
+        """A duration in seconds; with `off`, `"0s"` is accepted and is 0."""
         if not isinstance(value, str):
             raise self.fail(where, "must be a duration string like 15s, 1m30s or 250ms")
+        if off and _ZERO_DURATION.match(value):
+            return 0.0
         try:
             return parse_duration(value)
         except ValueError as exc:
@@ -261,8 +291,13 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
     if "policy" in top:
         policy = _policy(reader, top["policy"])
 
-    def duration(name: str, default: float) -> float:
-        return reader.duration(top[name], name) if name in top else default
+    def duration(name: str, default: float, *, off: bool = False) -> float:
+        return reader.duration(top[name], name, off=off) if name in top else default
+
+    def expiry(name: str, default: float) -> float | None:
+        # "0s" is "never expires".
+        seconds = duration(name, default, off=True)
+        return None if seconds == 0 else seconds
 
     config = ProxyConfig(
         path=config_path,
@@ -270,15 +305,15 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
         session=session,
         servers=servers,
         policy=policy,
-        hold=duration("hold", DEFAULT_HOLD),
-        repeat_window=duration("repeat_window", DEFAULT_REPEAT_WINDOW),
+        hold=duration("hold", DEFAULT_HOLD, off=True),
+        repeat_window=duration("repeat_window", DEFAULT_REPEAT_WINDOW, off=True),
         max_pending=(
             reader.count(top["max_pending"], "max_pending")
             if "max_pending" in top
             else DEFAULT_MAX_PENDING
         ),
-        approval_ttl=duration("approval_ttl", DEFAULT_APPROVAL_TTL),
-        grant_ttl=duration("grant_ttl", DEFAULT_GRANT_TTL),
+        approval_ttl=expiry("approval_ttl", DEFAULT_APPROVAL_TTL),
+        grant_ttl=expiry("grant_ttl", DEFAULT_GRANT_TTL),
         lease_ttl=duration("lease_ttl", DEFAULT_LEASE_TTL),
         telemetry=_telemetry(reader, top["telemetry"]) if "telemetry" in top else TelemetryConfig(),
     )
@@ -330,27 +365,78 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
         raise ConfigError(f"{reader.path}: {exc}") from None
 
     manifest_path = reader.path_field(entry["manifest"], f"{where} manifest")
+    max_result_bytes = DEFAULT_MAX_RESULT_BYTES
+    if "max_result_bytes" in entry:
+        max_result_bytes = reader.count(entry["max_result_bytes"], f"{where} max_result_bytes")
+        if max_result_bytes < MIN_MAX_RESULT_BYTES:
+            raise reader.fail(
+                f"{where} max_result_bytes", f"must be at least {MIN_MAX_RESULT_BYTES}"
+            )
+    results = entry.get("results", "as_sent")
+    if results not in _RESULT_MODES:
+        raise reader.fail(f"{where} results", 'must be "as_sent" or "flattened"')
     raw_rules = entry.get("rules", {})
     rules_path: Path | None = None
     try:
         if isinstance(raw_rules, str):
             rules_path = reader.path_field(raw_rules, f"{where} rules")
-            file_rules = read_rules(rules_path)
+            document = parse_json(read_owned(rules_path))
+            source = sanitize(str(rules_path))
         elif isinstance(raw_rules, dict):
-            # Checked exactly as a rules file is: the same fields, the same refusals.
-            file_rules = rules_from_json(
-                canonical_json(raw_rules), source=f"{reader.path} ({where} rules)"
-            )
+            document = raw_rules
+            source = f"{reader.path} ({where} rules)"
         else:
             raise reader.fail(f"{where} rules", "must be an object or the path of a rules file")
+        document, tool_rules = _proxy_rule_fields(reader, document, source)
+        # Checked exactly as a rules file is: the same fields, the same refusals.
+        file_rules = rules_from_json(canonical_json(document), source=source)
         rules: Rules = {tool: rule.to_rule() for tool, rule in file_rules.items()}
     except ConfigError:
         raise
     except (OSError, ValueError, AgentrtError) as exc:
         raise ConfigError(f"{reader.path}: {where} rules: {exc}") from None
     return UpstreamConfig(
-        server=server, manifest_path=manifest_path, rules=rules, rules_path=rules_path
+        server=server,
+        manifest_path=manifest_path,
+        rules=rules,
+        rules_path=rules_path,
+        max_result_bytes=max_result_bytes,
+        results=str(results),
+        tool_rules=tool_rules,
     )
+
+
+def _proxy_rule_fields(
+    reader: _Reader, document: Any, source: str
+) -> tuple[Any, dict[str, ToolRule]]:
+    """Take the proxy-only fields out of each rule, checked; the rest is left for
+    `rules_from_json`, which refuses any field it does not know."""
+    if not isinstance(document, dict):
+        return document, {}
+    rest: dict[str, Any] = {}
+    tool_rules: dict[str, ToolRule] = {}
+    for tool, entry in document.items():
+        if not isinstance(entry, dict):
+            rest[tool] = entry
+            continue
+        where = f'the rule for "{sanitize(tool)}" in {source}:'
+        repeat_window: float | None = None
+        outcome: Outcome | None = None
+        if "repeat_window" in entry:
+            repeat_window = reader.duration(
+                entry["repeat_window"], f"{where} repeat_window", off=True
+            )
+        if "outcome" in entry:
+            value = entry["outcome"]
+            if not isinstance(value, str) or value not in _POLICY_OUTCOMES:
+                raise ConfigError(f"{where} outcome must be allow, require_approval or deny")
+            outcome = _POLICY_OUTCOMES[value]
+        if repeat_window is not None or outcome is not None:
+            tool_rules[tool] = ToolRule(repeat_window=repeat_window, outcome=outcome)
+        rest[tool] = {
+            name: value for name, value in entry.items() if name not in _PROXY_RULE_FIELDS
+        }
+    return rest, tool_rules
 
 
 def _sandbox(reader: _Reader, raw: Any, where: str) -> Sandbox:
