@@ -8,7 +8,16 @@ from agentrt.proxy import Prefix
 from agentrt.proxy._answers import Answer
 
 NOT_ERRORS = {"PENDING_APPROVAL", "IN_PROGRESS", "INTERRUPTED", "UNKNOWN_OUTCOME", "UNRECORDED"}
-ERRORS = {"DENIED", "INVALID", "REJECTED", "EXPIRED", "DUPLICATE", "BLOCKED", "UNAVAILABLE"}
+ERRORS = {
+    "DENIED",
+    "INVALID",
+    "REJECTED",
+    "EXPIRED",
+    "DUPLICATE",
+    "BLOCKED",
+    "UNAVAILABLE",
+    "TOOL_ERROR",
+}
 
 
 def every_answer() -> list[Answer]:
@@ -25,6 +34,7 @@ def every_answer() -> list[Answer]:
         Answer.duplicate("t", 0.0, True),
         Answer.blocked("t"),
         Answer.unavailable("busy."),
+        Answer.tool_error('server "s" tool "t" reported an error: no such file'),
     ]
 
 
@@ -38,8 +48,35 @@ def test_every_prefix_is_an_error_exactly_when_the_spec_says() -> None:
 
 @pytest.mark.parametrize("answer", every_answer(), ids=lambda answer: str(answer.prefix))
 def test_no_answer_names_the_operator_command_or_the_database(answer: Answer) -> None:
-    for word in ("agentrt ", "--db", "--approval", ".db", "run id", "database", "config"):
-        assert word not in answer.text
+    # The model may tell the user where a person approves (the inbox, `agentrt approve`),
+    # never how to reach the records: no database, run id, path or option.
+    text = answer.text.replace("agentrt inbox", "").replace("agentrt approve command", "")
+    for word in ("agentrt ", "--db", "--approval", ".db", "run id", "database", "config", "/"):
+        assert word not in text
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [Answer.pending("t", "a1"), Answer.interrupted("t", "a1"), Answer.unknown_outcome("t", "a1")],
+    ids=lambda answer: str(answer.prefix),
+)
+def test_a_waiting_answer_says_a_person_approves_in_the_inbox_or_with_agentrt_approve(
+    answer: Answer,
+) -> None:
+    assert "a person must approve it in the agentrt inbox or with the agentrt approve command" in (
+        answer.text
+    )
+
+
+def test_unknown_outcome_names_an_answer_that_could_not_be_read() -> None:
+    text = Answer.unknown_outcome("fs_write", "a1").text
+    assert "timed out" in text and "could not be read (too long or malformed)" in text
+
+
+def test_an_upstream_tool_error_keeps_its_fixed_prefix() -> None:
+    answer = Answer.tool_error('server "s" tool "t" reported an error: \x1b[31mno such file')
+    assert answer.text.startswith('TOOL_ERROR: server "s" tool "t" reported an error: ')
+    assert answer.is_error and "\x1b" not in answer.text
 
 
 def test_model_and_server_text_in_prose_is_escaped_and_bounded() -> None:

@@ -111,14 +111,22 @@ def _decide(
             by=by,
             note=note,
         )
+        # A proxy run resumes when the host asks again, not when a program resumes it.
+        proxy_run = "proxy_session" in (store.get_run(run_id).metadata or {})
     if output.json:
         output.record({**approval_json(decided), "record": "decision"})
         return
     if verdict == _APPROVE:
-        output.line(
-            f"approved {sanitize(decided.approval_id)}; run {sanitize(run_id)} executes this "
-            "exact request when its program resumes it"
-        )
+        if proxy_run:
+            output.line(
+                f"approved {sanitize(decided.approval_id)}; the next identical call to "
+                f"{sanitize(decided.tool)} through the proxy runs it"
+            )
+        else:
+            output.line(
+                f"approved {sanitize(decided.approval_id)}; run {sanitize(run_id)} executes this "
+                "exact request when its program resumes it"
+            )
     else:
         output.line(
             f"rejected {sanitize(decided.approval_id)}; run {sanitize(run_id)} is cancelled"

@@ -131,8 +131,7 @@ class Answer:
             "lost its connection, or the server's answer could not be read (too long or "
             "malformed), so it may or may not have taken effect. A person decides whether it "
             f"runs again (approval {approval_id}); until then other changing calls to {tool} "
-            "are blocked. "
-            + _WAIT_FOR_A_PERSON.format(tool=tool),
+            "are blocked. " + _WAIT_FOR_A_PERSON.format(tool=tool),
         )
 
     @classmethod

@@ -14,8 +14,10 @@ before the SDK decodes it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hmac
 import ipaddress
+import socket
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import IO, Any, Final
 
@@ -213,6 +215,7 @@ async def serve_http(
             yield
 
     server_http = _Server(config)
+    listener = _listen(host, port)
 
     async def stop_when_asked() -> None:
         await stopping.wait()
@@ -223,5 +226,25 @@ async def serve_http(
     log.flush()
     async with anyio.create_task_group() as group:
         group.start_soon(stop_when_asked)
-        await server_http.serve()
+        await server_http.serve(sockets=[listener])
         group.cancel_scope.cancel()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so a taken port is one sentence, not uvicorn's exit."""
+    shown = f"[{host}]" if ":" in host else host
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(128)
+    except OSError as exc:
+        listener.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"--http {shown}:{port}: the address is in use by another program; "
+                "choose another port"
+            ) from None
+        raise ConfigError(f"--http {shown}:{port} cannot be served: {exc.strerror}") from None
+    listener.setblocking(False)
+    return listener

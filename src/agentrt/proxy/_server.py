@@ -277,11 +277,22 @@ class Proxy:
             answer = await self.status(params.arguments)
         else:
             answer = await self._gated_call(ctx, params)
-        if answer.result_object is not None:
-            return types.CallToolResult.model_validate(answer.result_object)
-        return types.CallToolResult(
-            content=[types.TextContent(type="text", text=answer.text)], is_error=answer.is_error
+        result = (
+            types.CallToolResult.model_validate(answer.result_object)
+            if answer.result_object is not None
+            else types.CallToolResult(
+                content=[types.TextContent(type="text", text=answer.text)],
+                is_error=answer.is_error,
+            )
         )
+        if (
+            self.listed.get(params.name, (None, None))[1] is not None
+            and result.structured_content is None
+        ):
+            # Both official clients refuse a success without the structured content an
+            # outputSchema promises; the gate's own prose (PENDING_APPROVAL, …) has none.
+            result.is_error = True
+        return result
 
     async def _gated_call(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams

@@ -1,0 +1,286 @@
+"""What a host's user meets: the server's own results, per-tool rules, empty lists, the status.
+
+Real clients (the official Python SDK) against a real `agentrt proxy` in front of
+the stock filesystem and everything servers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from proxy_helpers import (
+    REPO,
+    ProxySetup,
+    build_setup,
+    host,
+    text_of,
+    write_private,
+)
+from test_proxy_hosts import filesystem_setup, http_proxy
+
+from agentrt.canonical import canonical_json
+from agentrt.mcp import Server, pin
+from agentrt.store import open_store
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120), pytest.mark.slow]
+
+EVERYTHING_SERVER = (
+    REPO / "tests/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+)
+
+
+def _rewrite_rules(setup: ProxySetup, rules: dict[str, Any], **top: Any) -> None:
+    document = dict(setup.document, **top)
+    document["servers"] = [dict(document["servers"][0], rules=rules)]
+    write_private(setup.config_path, json.dumps(document))
+    setup.document = document
+
+
+def _steps(database: Path) -> list[Any]:
+    with open_store(database) as store:
+        runs = store.list_runs()
+        return [step for run in runs for step in store.list_steps(run.run_id)]
+
+
+async def test_a_text_file_reads_as_plain_text_and_the_record_ties_to_the_answer(
+    tmp_path: Path,
+) -> None:
+    setup, sandbox = await filesystem_setup(tmp_path)
+    (sandbox / "quoted.txt").write_text('line "one"\nline two\n')
+    async with host(setup) as session:
+        listed = {tool.name: tool for tool in (await session.list_tools()).tools}
+        result = await session.call_tool("fs_read_text_file", {"path": str(sandbox / "quoted.txt")})
+    # The server's own text block, not a JSON-escaped string of it.
+    assert result.is_error is False
+    assert [block.type for block in result.content] == ["text"]
+    assert result.content[0].text == 'line "one"\nline two\n'
+    assert listed["fs_read_text_file"].output_schema is not None
+    assert result.structured_content == {"content": 'line "one"\nline two\n'}
+    forwarded = result.model_dump(by_alias=True, exclude_none=True, mode="json")
+    forwarded.pop("_meta", None)
+    encoded = canonical_json(
+        {
+            "content": forwarded["content"],
+            "isError": False,
+            "structuredContent": forwarded["structuredContent"],
+        }
+    ).encode()
+    [step] = [step for step in _steps(setup.database) if step.tool == "fs_read_text_file"]
+    assert f"forwarded {len(encoded)} bytes, sha256 {hashlib.sha256(encoded).hexdigest()}" in (
+        step.summary or ""
+    )
+
+
+async def test_flattened_results_keep_the_old_single_text(tmp_path: Path) -> None:
+    setup, sandbox = await filesystem_setup(tmp_path)
+    document = dict(setup.document)
+    document["servers"] = [dict(document["servers"][0], results="flattened")]
+    write_private(setup.config_path, json.dumps(document))
+    async with host(setup) as session:
+        listed = {tool.name: tool for tool in (await session.list_tools()).tools}
+        result = await session.call_tool("fs_read_text_file", {"path": str(sandbox / "README.md")})
+    assert listed["fs_read_text_file"].output_schema is None
+    assert result.structured_content is None
+    assert json.loads(text_of(result)) == {"content": "hello from the sandbox\n"}
+
+
+async def test_a_result_over_max_result_bytes_is_cut_with_a_note_the_model_reads(
+    tmp_path: Path,
+) -> None:
+    setup, sandbox = await filesystem_setup(tmp_path)
+    (sandbox / "big.txt").write_text("x" * 5000)
+    document = dict(setup.document)
+    document["servers"] = [dict(document["servers"][0], max_result_bytes=2048)]
+    write_private(setup.config_path, json.dumps(document))
+    async with host(setup) as session:
+        result = await session.call_tool("fs_read_text_file", {"path": str(sandbox / "big.txt")})
+    text = text_of(result)
+    assert "[agentrt: this result was cut to the proxy's limit of 2048 bytes" in text
+    assert "the structured content" in text and "the rest of text block 1" in text
+    assert len(json.dumps(result.model_dump(by_alias=True, exclude_none=True))) < 2300
+    # The outputSchema promised structured content that no longer fits: an error, not a lie.
+    assert result.is_error is True
+
+
+async def test_repeat_window_0s_runs_the_identical_write_twice(tmp_path: Path) -> None:
+    setup, sandbox = await filesystem_setup(tmp_path)
+    rules = {
+        "read_text_file": {"side_effect": "read_only"},
+        "write_file": {
+            "side_effect": "local_mutation",
+            "allow_hint_mismatch": True,
+            "repeat_window": "0s",
+            "outcome": "allow",
+        },
+    }
+    _rewrite_rules(setup, rules)
+    target = sandbox / "staged.txt"
+    arguments = {"path": str(target), "content": "v1\n"}
+    async with host(setup) as session:
+        first = await session.call_tool("fs_write_file", arguments)
+        target.write_text("edited meanwhile\n")
+        second = await session.call_tool("fs_write_file", arguments)
+    assert first.is_error is False and second.is_error is False, text_of(second)
+    assert target.read_text() == "v1\n"
+    assert len([s for s in _steps(setup.database) if s.tool == "fs_write_file"]) == 2
+
+
+async def test_a_rule_outcome_deny_denies_one_read_only_tool(tmp_path: Path) -> None:
+    setup, sandbox = await filesystem_setup(tmp_path)
+    rules = {
+        "read_text_file": {"side_effect": "read_only", "outcome": "deny"},
+        "list_allowed_directories": {"side_effect": "read_only"},
+    }
+    _rewrite_rules(setup, rules)
+    async with host(setup) as session:
+        denied = await session.call_tool("fs_read_text_file", {"path": str(sandbox / "README.md")})
+        listed = await session.call_tool("fs_list_allowed_directories", {})
+    assert denied.is_error is True
+    assert text_of(denied).startswith("DENIED: ")
+    assert "the rule for fs_read_text_file denies it" in text_of(denied)
+    assert listed.is_error is False and str(sandbox) in text_of(listed)
+
+
+async def test_resources_templates_and_prompts_list_empty_and_ping_answers(
+    setup: ProxySetup,
+) -> None:
+    async with host(setup) as session:
+        assert (await session.list_resources()).resources == []
+        assert (await session.list_resource_templates()).resource_templates == []
+        assert (await session.list_prompts()).prompts == []
+        await session.send_ping()
+
+
+async def test_gate_status_says_approved_after_agentrt_approve_and_the_outcome_after_the_call(
+    setup: ProxySetup,
+) -> None:
+    arguments = {"to": "ops@example.org", "body": "hi"}
+    async with host(setup) as session:
+        pending = await session.call_tool("up_send_mail", arguments)
+        assert text_of(pending).startswith("PENDING_APPROVAL: ")
+        approval_id = setup.waiting_commands()[-1][1]
+        approved = subprocess.run(
+            setup.operator_command("approve"), capture_output=True, text=True, timeout=30,
+            env=setup.environment(),
+        )  # fmt: skip
+        assert approved.returncode == 0, approved.stderr
+        assert "the next identical call" in approved.stdout + approved.stderr
+        status = await session.call_tool("gate_status", {"approval_id": approval_id})
+        assert "was approved and has not run yet" in text_of(status)
+        assert "next call of the tool with exactly the same arguments" in text_of(status)
+        ran = await session.call_tool("up_send_mail", arguments)
+        assert ran.is_error is False
+        after = await session.call_tool("gate_status", {"approval_id": approval_id})
+    assert "the call ran: the server returned a result" in text_of(after)
+    assert setup.executions() == ["send_mail ops@example.org"]
+
+
+async def test_a_host_traceparent_lands_in_the_runs_metadata(setup: ProxySetup) -> None:
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    async with host(setup) as session:
+        await session.call_tool("up_echo", {"text": "hi"}, meta={"traceparent": parent})
+    with open_store(setup.database) as store:
+        [run] = store.list_runs()
+        assert run.metadata["traceparent"] == parent
+        assert run.metadata["proxy_session"] == "test-session"
+
+
+async def test_an_upstream_tool_error_keeps_the_tool_error_prefix(setup: ProxySetup) -> None:
+    async with host(setup) as session:
+        failed = await session.call_tool("up_fail", {})
+    assert failed.is_error is True
+    assert text_of(failed).startswith('TOOL_ERROR: server "up" tool "fail" ')
+
+
+async def everything_setup(root: Path) -> ProxySetup:
+    conf = root / "conf"
+    command = ["node", str(EVERYTHING_SERVER)]
+    manifest = await pin(Server(name="ev", command=command, connect_timeout=30.0))
+    write_private(conf / "ev.manifest.json", manifest.to_json())
+    document: dict[str, Any] = {
+        "database": "proxy.db",
+        "session": "ev-session",
+        "hold": "300ms",
+        "servers": [
+            {
+                "name": "ev",
+                "command": command,
+                "default_timeout": "30s",
+                "manifest": "ev.manifest.json",
+                "rules": {
+                    "get-tiny-image": {"side_effect": "read_only", "allow_hint_mismatch": True},
+                    "echo": {"side_effect": "read_only", "allow_hint_mismatch": True},
+                },
+            }
+        ],
+    }
+    config_path = write_private(conf / "proxy.json", json.dumps(document))
+    return ProxySetup(
+        root=root, config_path=config_path, database=conf / "proxy.db",
+        upstream_log=root / "none.log", stderr_path=root / "proxy.stderr", document=document,
+    )  # fmt: skip
+
+
+async def test_the_everything_servers_image_tool_returns_an_image_block_over_http(
+    tmp_path: Path,
+) -> None:
+    setup = await everything_setup(tmp_path)
+    async with (
+        http_proxy(setup) as url,
+        streamable_http_client(url) as (read_stream, write_stream),
+        ClientSession(read_stream, write_stream) as session,
+    ):
+        await session.initialize()
+        result = await session.call_tool("ev_get-tiny-image", {})
+        resources = await session.list_resources()
+    kinds = [block.type for block in result.content]
+    assert "image" in kinds, kinds
+    image = next(block for block in result.content if block.type == "image")
+    assert image.mime_type == "image/png" and len(image.data) > 100
+    assert resources.resources == []
+
+
+def test_http_on_a_port_in_use_says_one_sentence_and_exits_1(setup: ProxySetup) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        finished = subprocess.run(
+            [*setup.command(), "--http", f"127.0.0.1:{port}"], capture_output=True, text=True,
+            timeout=60, stdin=subprocess.DEVNULL, env=setup.environment(), cwd=setup.root,
+        )  # fmt: skip
+    assert finished.returncode == 1, finished.stderr
+    assert "Traceback" not in finished.stderr
+    last = finished.stderr.strip().splitlines()[-1]
+    assert last.startswith("agentrt proxy: ") and f"127.0.0.1:{port}" in last
+    assert "in use" in last
+
+
+def test_zero_durations_mean_off_where_off_makes_sense(tmp_path: Path) -> None:
+    from agentrt.proxy.config import load_config
+
+    async def build() -> ProxySetup:
+        return await build_setup(tmp_path)
+
+    import anyio
+
+    setup = anyio.run(build)
+    document = dict(
+        setup.document, hold="0s", repeat_window="0s", approval_ttl="0s", grant_ttl="0s"
+    )
+    write_private(setup.config_path, json.dumps(document))
+    config = load_config(setup.config_path)
+    assert (config.hold, config.repeat_window) == (0.0, 0.0)
+    assert config.approval_ttl is None and config.grant_ttl is None
+    document["lease_ttl"] = "0s"
+    write_private(setup.config_path, json.dumps(document))
+    with pytest.raises(Exception, match="lease_ttl"):
+        load_config(setup.config_path)
