@@ -37,6 +37,10 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 HOSTILE = Path(__file__).parent / "servers" / "hostile_stdio.py"
 
 
+# A hint-mismatch refusal names its fix.
+FIX = '; if the classification is right, set "allow_hint_mismatch": true in its rule'
+
+
 def tool(
     name: str,
     description: str = "A tool.",
@@ -271,13 +275,13 @@ async def test_annotations_contradicting_the_rule_refuse_the_tool(closing: list[
     _tools, report = await pin_then_load(server, server, rules)
     closing.append(report)
     assert refusal(report, "claims_writes") == (
-        "classified read_only, but the server does not claim readOnlyHint"
+        "classified read_only, but the server does not claim readOnlyHint" + FIX
     )
     assert refusal(report, "claims_nothing_about_reads") == (
-        "classified read_only, but the server does not claim readOnlyHint"
+        "classified read_only, but the server does not claim readOnlyHint" + FIX
     )
     assert refusal(report, "claims_destruction") == (
-        "classified local_mutation, but the server claims destructiveHint"
+        "classified local_mutation, but the server claims destructiveHint" + FIX
     )
     # Absent annotations never contradict; a hint never softens a classification.
     assert registered(report) == ["destroyer", "empty_hints", "honest_reader", "silent"]
@@ -292,7 +296,7 @@ async def test_a_contradiction_that_appeared_since_the_pin_says_the_server_now_s
     _tools, report = await pin_then_load(pinned, live, {"write": WRITE, "other": WRITE})
     closing.append(report)
     assert refusal(report, "write") == (
-        "classified local_mutation, but the server now says: it claims destructiveHint"
+        "classified local_mutation, but the server now says: it claims destructiveHint" + FIX
     )
     assert registered(report) == ["other"]
 

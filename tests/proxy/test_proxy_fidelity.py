@@ -197,7 +197,7 @@ async def test_an_upstream_tool_error_keeps_the_tool_error_prefix(setup: ProxySe
     async with host(setup) as session:
         failed = await session.call_tool("up_fail", {})
     assert failed.is_error is True
-    assert text_of(failed).startswith('TOOL_ERROR: server "up" tool "fail" ')
+    assert text_of(failed).startswith("TOOL_ERROR: the tool up_fail failed: ")
 
 
 async def everything_setup(root: Path) -> ProxySetup:

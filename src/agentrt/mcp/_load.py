@@ -251,7 +251,10 @@ def _check_tool(
             live=True,
         )
     if hint_mismatch and not rule.allow_hint_mismatch:
-        raise _Refused(hint_mismatch)
+        raise _Refused(
+            f"{hint_mismatch}; if the classification is right, set "
+            '"allow_hint_mismatch": true in its rule'
+        )
     timeout = rule.timeout if rule.timeout is not None else server.default_timeout
     if timeout is None:
         raise _Refused("it has no timeout: set one in its rule or the server's default_timeout")
