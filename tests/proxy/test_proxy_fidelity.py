@@ -284,3 +284,105 @@ def test_zero_durations_mean_off_where_off_makes_sense(tmp_path: Path) -> None:
     write_private(setup.config_path, json.dumps(document))
     with pytest.raises(Exception, match="lease_ttl"):
         load_config(setup.config_path)
+
+
+async def everything_with_progress(root: Path) -> ProxySetup:
+    setup = await everything_setup(root)
+    rules = dict(setup.document["servers"][0]["rules"])
+    rules["trigger-long-running-operation"] = {
+        "side_effect": "read_only",
+        "allow_hint_mismatch": True,
+    }
+    _rewrite_rules(setup, rules)
+    return setup
+
+
+async def test_a_long_running_operation_with_a_progress_token_delivers_the_upstreams_progress(
+    tmp_path: Path,
+) -> None:
+    setup = await everything_with_progress(tmp_path)
+    notes: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        notes.append((progress, total, message))
+
+    async with host(setup) as session:
+        result = await session.call_tool(
+            "ev_trigger-long-running-operation",
+            {"duration": 1, "steps": 3},
+            progress_callback=on_progress,
+        )
+    assert result.is_error is False, text_of(result)
+    assert [(progress, total) for progress, total, _ in notes] == [(1, 3), (2, 3), (3, 3)]
+
+
+def test_the_typescript_client_reads_text_lists_empty_resources_and_gets_progress(
+    tmp_path: Path,
+) -> None:
+    import anyio
+    import os
+
+    setup = anyio.run(everything_with_progress, tmp_path)
+    calls = [
+        {"name": "ev_echo", "arguments": {"message": "plain text"}},
+        {"name": "ev_get-tiny-image", "arguments": {}},
+        {"name": "ev_trigger-long-running-operation", "arguments": {"duration": 1, "steps": 2}},
+    ]
+    finished = subprocess.run(
+        ["node", str(Path(__file__).parent / "clients" / "ts_host.mjs")],
+        capture_output=True, text=True, timeout=90, cwd=setup.root,
+        env={
+            **setup.environment(),
+            "AGENTRT_NODE_MODULES": str(REPO / "tests/npm/node_modules"),
+            "AGENTRT_PROXY_COMMAND": json.dumps(setup.command()),
+            "AGENTRT_CALLS": json.dumps(calls),
+            "HOME": os.environ.get("HOME", "/tmp"),
+        },
+    )  # fmt: skip
+    assert finished.returncode == 0, finished.stderr
+    seen = json.loads(finished.stdout)
+    assert seen["resources"] == [] and seen["prompts"] == []
+    echo, image, slow = seen["results"]
+    assert echo["content"] == [{"type": "text", "text": "Echo: plain text"}]
+    assert any(block["type"] == "image" for block in image["content"])
+    assert slow.get("isError") is not True
+    assert [note["progress"] for note in seen["progress"]] == [1, 2]
+    assert seen["logged"] == []
+
+
+async def test_the_2026_revision_discovers_and_calls_without_a_session(tmp_path: Path) -> None:
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    setup, sandbox = await filesystem_setup(tmp_path)
+    command = setup.command()
+    parameters = StdioServerParameters(
+        command=command[0], args=command[1:], env=setup.environment(), cwd=str(setup.root)
+    )
+    with setup.stderr_path.open("a"):
+        async with Client(parameters, mode="auto", cache=None) as client:
+            listed = await client.list_tools()
+            result = await client.call_tool(
+                "fs_read_text_file", {"path": str(sandbox / "README.md")}
+            )
+            version = client.protocol_version
+    assert {tool.name for tool in listed.tools} >= {"fs_read_text_file", "gate_status"}
+    assert result.content[0].text == "hello from the sandbox\n"
+    assert version == "2026-07-28"
+
+
+async def test_the_2025_handshake_still_works_and_ping_answers(tmp_path: Path) -> None:
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    setup, sandbox = await filesystem_setup(tmp_path)
+    command = setup.command()
+    parameters = StdioServerParameters(
+        command=command[0], args=command[1:], env=setup.environment(), cwd=str(setup.root)
+    )
+    async with Client(parameters, mode="legacy", cache=None) as client:
+        await client.send_ping()
+        result = await client.call_tool("fs_read_text_file", {"path": str(sandbox / "README.md")})
+        version = client.protocol_version
+    assert version.startswith("2025-")
+    assert result.content[0].text == "hello from the sandbox\n"

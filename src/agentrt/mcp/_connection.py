@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Final, Protocol
 
 import anyio
@@ -109,6 +110,15 @@ class _Transport(Protocol):
 
     def negotiated(self, protocol_version: str) -> None: ...
 
+    listener: Callable[[Incoming], Awaitable[None]] | None
+
+
+Progress = Callable[[float, float | None, str | None], Awaitable[None]]
+"""Called with `progress`, `total` and `message` for each `notifications/progress` of a call."""
+
+# How long one progress callback may hold the reader (a slow host must not stall the server).
+_PROGRESS_CALLBACK_SECONDS: Final = 1.0
+
 
 @dataclass(frozen=True, slots=True)
 class RawTool:
@@ -142,6 +152,9 @@ class Connection:
     ) -> None:
         self.server = server
         self._transport = transport
+        self._progress: dict[str, Progress] = {}
+        self._next_progress = 0
+        transport.listener = self._notified
         self._closing: anyio.Event | None = None
         self._next_id = 0
         self.protocol_version: str | None = None
@@ -184,12 +197,15 @@ class Connection:
         arguments_json: str,
         *,
         timeout: float,  # noqa: ASYNC109 - the call's own bound, named by the interface
+        progress: Progress | None = None,
     ) -> dict[str, Any]:
         """Call one tool and return its `result` object as parsed from the server's bytes.
 
         `arguments_json` must be the text of a JSON object; it is sent as
         written.  After `timeout` seconds the request is cancelled with
-        `notifications/cancelled` and `CallTimeout` is raised.
+        `notifications/cancelled` and `CallTimeout` is raised.  With `progress`,
+        the request carries a `progressToken` and each of the server's
+        `notifications/progress` for it is handed to `progress` (bounded, errors ignored).
         """
         try:
             arguments = parse_json(arguments_json)
@@ -197,8 +213,18 @@ class Connection:
             raise ValueError(f"the arguments are not usable JSON: {exc}") from None
         if not isinstance(arguments, dict):
             raise ValueError("the arguments must be a JSON object")
-        params = f'{{"name":{canonical_json(name)},"arguments":{arguments_json}}}'
-        result = await self._request("tools/call", params, limit=timeout)
+        meta = ""
+        token = ""
+        if progress is not None:
+            self._next_progress += 1
+            token = f"agentrt-{self._next_progress}"
+            self._progress[token] = progress
+            meta = f',"_meta":{{"progressToken":{canonical_json(token)}}}'
+        params = f'{{"name":{canonical_json(name)},"arguments":{arguments_json}{meta}}}'
+        try:
+            result = await self._request("tools/call", params, limit=timeout)
+        finally:
+            self._progress.pop(token, None)
         if not isinstance(result, dict):
             raise ProtocolViolation(
                 self.server.name,
@@ -314,6 +340,27 @@ class Connection:
         if answer.error is not None:
             raise ServerErrorResponse(self.server.name, method, answer.error)
         return answer.result
+
+    async def _notified(self, message: Incoming) -> None:
+        """A server's notification: progress goes to the call that asked for it; the rest
+        is dropped (a listener that raised would hand the server a way to kill the session)."""
+        if message.method != "notifications/progress" or not isinstance(message.params, dict):
+            return
+        token = message.params.get("progressToken")
+        listener = self._progress.get(token) if isinstance(token, str) else None
+        value = message.params.get("progress")
+        if listener is None or isinstance(value, bool) or not isinstance(value, (int, Decimal)):
+            return
+        total = message.params.get("total")
+        text = message.params.get("message")
+        with anyio.move_on_after(_PROGRESS_CALLBACK_SECONDS), contextlib.suppress(Exception):
+            await listener(
+                float(value),
+                float(total)
+                if isinstance(total, (int, Decimal)) and not isinstance(total, bool)
+                else None,
+                text if isinstance(text, str) else None,
+            )
 
     async def _send_cancelled(self, request_id: int, reason: str) -> None:
         notice = encode_notification(

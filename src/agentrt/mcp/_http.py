@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -59,6 +59,8 @@ class HttpTransport:
     protocol_version: str | None = None
     _in_flight: set[anyio.CancelScope] = field(default_factory=set)
     _closed: ConnectionClosed | None = None
+    # The connection's handler of notifications (progress); None drops them.
+    listener: Callable[[Incoming], Awaitable[None]] | None = None
 
     def stderr_tail(self) -> str:
         return ""
@@ -158,6 +160,9 @@ class HttpTransport:
                     incoming = read_message(data)
                     if incoming.kind is IncomingKind.REQUEST:
                         await self.send(answer_server_request(incoming))
+                        continue
+                    if incoming.kind is IncomingKind.NOTIFICATION and self.listener is not None:
+                        await self.listener(incoming)
                         continue
                     answer = self._answer(incoming, request_id, method)
                     if answer is not None:

@@ -39,7 +39,7 @@ class IncomingKind(StrEnum):
     RESPONSE = "response"  # an answer to one of our requests (result or error)
     BAD_RESPONSE = "bad_response"  # looks like an answer to our request, but its bytes are refused
     REQUEST = "request"  # the server asks us something (ping, sampling, elicitation, roots, ...)
-    NOTIFICATION = "notification"  # progress, logging, list_changed: nothing here listens
+    NOTIFICATION = "notification"  # progress (handed to its caller), logging, list_changed
     INVALID = "invalid"  # not a JSON-RPC message we can attribute to anything
 
 
@@ -60,6 +60,8 @@ class Incoming:
     method: str | None = None
     server_request_id: Any = None
     problem: str = ""
+    params: Any = None
+    """A notification's `params` as parsed (progress is handed to whoever asked for it)."""
 
 
 def one_line(json_text: str) -> str:
@@ -127,7 +129,7 @@ def read_message(data: bytes) -> Incoming:
             if not isinstance(server_id, (str, int)) or isinstance(server_id, bool):
                 return Incoming(IncomingKind.INVALID, problem="a request id is not a string or int")
             return Incoming(IncomingKind.REQUEST, method=method, server_request_id=server_id)
-        return Incoming(IncomingKind.NOTIFICATION, method=method)
+        return Incoming(IncomingKind.NOTIFICATION, method=method, params=value.get("params"))
     request_id = value.get("id")
     if type(request_id) is not int:
         return Incoming(IncomingKind.INVALID, problem="a response id is not one of this client's")

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -181,6 +181,8 @@ class StdioTransport:
     _broken: MCPConnectionError | None = None
     _stdin_open: bool = True
     _stdout_open: bool = True
+    # The connection's handler of notifications (progress); None drops them.
+    listener: Callable[[Incoming], Awaitable[None]] | None = None
 
     def stderr_tail(self) -> str:
         return self.stderr.text() if self.stderr is not None else ""
@@ -323,7 +325,9 @@ class StdioTransport:
                 )
             else:
                 pending.message = message
-        # Notifications and lines that are not JSON-RPC are ignored: a reader
+        elif message.kind is IncomingKind.NOTIFICATION and self.listener is not None:
+            await self.listener(message)
+        # Other notifications and lines that are not JSON-RPC are ignored: a reader
         # that crashed on them would hand the server a way to kill the session.
 
     async def _read_line(self) -> bytes | None:

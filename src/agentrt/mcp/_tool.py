@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextvars
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -19,7 +20,13 @@ from ._errors import ServerToolError
 if TYPE_CHECKING:
     from ._connection import Connection
 
-__all__ = ["ServerResult", "ServerTool", "map_result"]
+__all__ = ["UPSTREAM_PROGRESS", "ServerResult", "ServerTool", "map_result"]
+
+UPSTREAM_PROGRESS: contextvars.ContextVar[
+    Callable[[float, float | None, str | None], Awaitable[None]] | None
+] = contextvars.ContextVar("UPSTREAM_PROGRESS", default=None)
+"""Set by a caller (the proxy) around a call whose server's progress it wants handed on;
+the gate's `ToolCall` has no room for it, and the call runs in the caller's context."""
 
 TRUNCATION_MARKER: Final = "\n[truncated]"
 
@@ -119,7 +126,7 @@ class ServerTool:
             # The connection bounds the call too; this guard holds even if it did not.
             with anyio.fail_after(timeout):
                 result = await self._connection.call_tool(
-                    self._tool, arguments_text, timeout=timeout
+                    self._tool, arguments_text, timeout=timeout, progress=UPSTREAM_PROGRESS.get()
                 )
         except TimeoutError:
             raise ServerToolError(

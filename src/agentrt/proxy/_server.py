@@ -31,7 +31,7 @@ from ..canonical import canonical_json
 from ..errors import AgentrtError, RunNotFound, StoreError
 from ..gate import Gate, Limits
 from ..mcp import Connection, Report, load, read_manifest
-from ..mcp._tool import ServerTool
+from ..mcp._tool import UPSTREAM_PROGRESS, ServerTool
 from ..policy import Outcome
 from ..sanitize import sanitize
 from ..store import ApprovalStatus, Store, open_store
@@ -302,6 +302,8 @@ class Proxy:
         done = anyio.Event()
         box: list[Answer] = []
         host_waiting = True
+        meta = params.meta or {}
+        wants_progress = meta.get("progress_token", meta.get("progressToken")) is not None
 
         async def progress(elapsed: float, message: str) -> None:
             if not host_waiting:
@@ -310,7 +312,16 @@ class Proxy:
             with contextlib.suppress(Exception):
                 await ctx.session.report_progress(elapsed, None, message)
 
+        async def upstream_progress(value: float, total: float | None, text: str | None) -> None:
+            # The server's progress for this call, under the host's own token.
+            if host_waiting and wants_progress:
+                with contextlib.suppress(Exception):
+                    await ctx.session.report_progress(
+                        value, total, sanitize(text)[:500] if text is not None else None
+                    )
+
         async def work() -> None:
+            UPSTREAM_PROGRESS.set(upstream_progress if wants_progress else None)
             try:
                 box.append(
                     await self.calls.handle(params.name, params.arguments, progress, params.meta)
