@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import socket
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-from mcp import ClientSession
+from mcp import Client, ClientSession
+from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from proxy_helpers import (
     REPO,
@@ -28,6 +31,7 @@ from test_proxy_hosts import filesystem_setup, http_proxy
 
 from agentrt.canonical import canonical_json
 from agentrt.mcp import Server, pin
+from agentrt.proxy.config import load_config
 from agentrt.store import open_store
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120), pytest.mark.slow]
@@ -265,12 +269,8 @@ def test_http_on_a_port_in_use_says_one_sentence_and_exits_1(setup: ProxySetup) 
 
 
 def test_zero_durations_mean_off_where_off_makes_sense(tmp_path: Path) -> None:
-    from agentrt.proxy.config import load_config
-
     async def build() -> ProxySetup:
         return await build_setup(tmp_path)
-
-    import anyio
 
     setup = anyio.run(build)
     document = dict(
@@ -319,9 +319,6 @@ async def test_a_long_running_operation_with_a_progress_token_delivers_the_upstr
 def test_the_typescript_client_reads_text_lists_empty_resources_and_gets_progress(
     tmp_path: Path,
 ) -> None:
-    import anyio
-    import os
-
     setup = anyio.run(everything_with_progress, tmp_path)
     calls = [
         {"name": "ev_echo", "arguments": {"message": "plain text"}},
@@ -351,9 +348,6 @@ def test_the_typescript_client_reads_text_lists_empty_resources_and_gets_progres
 
 
 async def test_the_2026_revision_discovers_and_calls_without_a_session(tmp_path: Path) -> None:
-    from mcp import Client
-    from mcp.client.stdio import StdioServerParameters
-
     setup, sandbox = await filesystem_setup(tmp_path)
     command = setup.command()
     parameters = StdioServerParameters(
@@ -372,9 +366,6 @@ async def test_the_2026_revision_discovers_and_calls_without_a_session(tmp_path:
 
 
 async def test_the_2025_handshake_still_works_and_ping_answers(tmp_path: Path) -> None:
-    from mcp import Client
-    from mcp.client.stdio import StdioServerParameters
-
     setup, sandbox = await filesystem_setup(tmp_path)
     command = setup.command()
     parameters = StdioServerParameters(
