@@ -22,9 +22,11 @@ from mcp.client.streamable_http import streamable_http_client
 from proxy_helpers import (
     REPO,
     ProxySetup,
+    RawHost,
     build_setup,
     host,
     text_of,
+    until,
     write_private,
 )
 from test_proxy_hosts import filesystem_setup, http_proxy
@@ -377,3 +379,49 @@ async def test_the_2025_handshake_still_works_and_ping_answers(tmp_path: Path) -
         version = client.protocol_version
     assert version.startswith("2025-")
     assert result.content[0].text == "hello from the sandbox\n"
+
+
+async def test_after_a_hosts_notifications_cancelled_no_response_is_sent_for_that_request(
+    setup: ProxySetup,
+) -> None:
+    async with RawHost.start(setup) as raw:
+        ping_before = await raw.request("ping", {})
+        cancelled = await raw.call("up_write_note", {"note": "left", "seconds": 1.5})
+        await until(lambda: len(setup.started()) == 1)
+        await raw.notify(
+            "notifications/cancelled", {"requestId": cancelled, "reason": "the user gave up"}
+        )
+        # Past the call's end, so a response to it would have been written by now.
+        await until(lambda: setup.executions() == ["write_note left"])
+        await anyio.sleep(0.5)
+        later = await raw.send_request("ping", {})
+        seen: list[dict[str, Any]] = []
+        while True:
+            message = json.loads(await raw._reader.receive_until(b"\n", 1 << 22))
+            seen.append(message)
+            if message.get("id") == later:
+                break
+    assert ping_before["result"] == {}
+    assert [message for message in seen if message.get("id") == cancelled] == []
+
+
+async def test_a_changed_fixed_value_asks_again_instead_of_using_the_old_approval(
+    tmp_path: Path,
+) -> None:
+    from proxy_helpers import RULES
+
+    rules = dict(RULES, send_mail={"side_effect": "remote_mutation", "fixed": {"body": "v1"}})
+    setup = await build_setup(tmp_path, rules=rules)
+    arguments = {"to": "ops@example.org"}
+    async with host(setup) as session:
+        first = await session.call_tool("up_send_mail", arguments)
+    assert text_of(first).startswith("PENDING_APPROVAL: ")
+    old = setup.approve_latest()
+    assert old.capability["fixed"] == {"body": '"v1"'}
+    changed = dict(rules, send_mail={"side_effect": "remote_mutation", "fixed": {"body": "v2"}})
+    _rewrite_rules(setup, changed)
+    async with host(setup) as session:
+        again = await session.call_tool("up_send_mail", arguments)
+    assert text_of(again).startswith("PENDING_APPROVAL: "), text_of(again)
+    assert setup.executions() == []
+    assert setup.approval(old.approval_id).status == "superseded"
