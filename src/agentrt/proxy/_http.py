@@ -191,8 +191,10 @@ async def serve_http(
     token: str | None,
     log: IO[str],
     stopping: anyio.Event,
+    listener: socket.socket,
 ) -> None:
-    """Serve streamable HTTP until `stopping` is set; calls in flight then finish."""
+    """Serve streamable HTTP on `listener` (from `listen`) until `stopping` is set;
+    calls in flight then finish."""
     import uvicorn
     from mcp.server.transport_security import TransportSecuritySettings
 
@@ -215,7 +217,6 @@ async def serve_http(
             yield
 
     server_http = _Server(config)
-    listener = _listen(host, port)
 
     async def stop_when_asked() -> None:
         await stopping.wait()
@@ -230,8 +231,9 @@ async def serve_http(
         group.cancel_scope.cancel()
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """The listening socket, bound here so a taken port is one sentence, not uvicorn's exit."""
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything starts so a taken port is one sentence
+    (and exit 1), not uvicorn's exit from inside the server."""
     shown = f"[{host}]" if ":" in host else host
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:

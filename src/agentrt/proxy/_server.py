@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from ..tools import SideEffect, Tool
 from ._answers import Answer, bounded
 from ._calls import Calls, ProxyPolicy, WatchedTool, new_owner
 from ._forward import Forwarded
-from ._http import is_loopback, serve_http, split_http
+from ._http import is_loopback, listen, serve_http, split_http
 from ._index import CallIndex, CallRow, Settled
 from ._stdio import StdioWire, stdio_wire
 from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
@@ -513,6 +514,7 @@ async def serve_config(
     """Serve `config` until the host leaves or a signal arrives; returns the exit status."""
     stream = log if log is not None else sys.stderr
     address: tuple[str, int] | None = None
+    listener: socket.socket | None = None
     if http is not None:
         address = split_http(http)
         if not is_loopback(address[0]) and not (allow_remote and token):
@@ -520,6 +522,21 @@ async def serve_config(
                 f"--http {sanitize(http)} is not a loopback address; serving other hosts "
                 "needs --allow-remote and a --token"
             )
+        listener = listen(address[0], address[1])
+    try:
+        return await _serve_config(config, address, listener, token, stream)
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+async def _serve_config(
+    config: ProxyConfig,
+    address: tuple[str, int] | None,
+    listener: socket.socket | None,
+    token: str | None,
+    stream: IO[str],
+) -> int:
     store = open_store(config.database)
     connections: list[Connection] = []
     stopping = anyio.Event()
@@ -543,8 +560,10 @@ async def serve_config(
             proxy = Proxy(config, store, tools, stream)
             server = proxy.server()
             async with proxy.running():
-                if address is not None:
-                    await serve_http(server, address[0], address[1], token, stream, stopping)
+                if address is not None and listener is not None:
+                    await serve_http(
+                        server, address[0], address[1], token, stream, stopping, listener
+                    )
                 else:
                     await _serve_stdio(server, proxy, stream, stopping)
         except Exception as exc:
