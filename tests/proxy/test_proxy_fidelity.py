@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 from mcp import Client, ClientSession
-from mcp.client.stdio import StdioServerParameters
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from proxy_helpers import (
     REPO,
@@ -422,3 +422,32 @@ async def test_a_changed_fixed_value_asks_again_instead_of_using_the_old_approva
     assert text_of(again).startswith("PENDING_APPROVAL: "), text_of(again)
     assert setup.executions() == []
     assert setup.approval(old.approval_id).status == "superseded"
+
+
+async def test_upstream_logging_reaches_the_host_only_after_it_set_a_level_and_sanitized(
+    setup: ProxySetup,
+) -> None:
+    received: list[Any] = []
+
+    async def on_log(params: Any) -> None:
+        received.append(params)
+
+    command = setup.command()
+    parameters = StdioServerParameters(
+        command=command[0], args=command[1:], env=setup.environment(), cwd=str(setup.root)
+    )
+    with setup.stderr_path.open("a") as errlog:
+        async with (
+            stdio_client(parameters, errlog=errlog) as (read_stream, write_stream),
+            ClientSession(read_stream, write_stream, logging_callback=on_log) as session,
+        ):
+            await session.initialize()
+            before = await session.call_tool("up_echo", {"text": "log:before"})
+            assert received == []
+            await session.set_logging_level("warning")
+            after = await session.call_tool("up_echo", {"text": "log:after"})
+    assert before.is_error is False and after.is_error is False
+    assert [(message.level, message.logger) for message in received] == [("warning", "upstream")]
+    [message] = received
+    assert "warning log:after" in message.data
+    assert "\x1b" not in message.data and "\u202e" not in message.data

@@ -42,6 +42,7 @@ Notifications from the server are ignored.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib.metadata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -114,6 +115,12 @@ class _Transport(Protocol):
 
 
 Progress = Callable[[float, float | None, str | None], Awaitable[None]]
+
+UPSTREAM_LOG: contextvars.ContextVar[Callable[[str, str | None, Any], Awaitable[None]] | None] = (
+    contextvars.ContextVar("UPSTREAM_LOG", default=None)
+)
+"""Set by a caller (the proxy) that wants a server's `notifications/message` (level,
+logger, data as parsed); it is called from whichever request reads the message."""
 """Called with `progress`, `total` and `message` for each `notifications/progress` of a call."""
 
 # How long one progress callback may hold the reader (a slow host must not stall the server).
@@ -344,7 +351,12 @@ class Connection:
     async def _notified(self, message: Incoming) -> None:
         """A server's notification: progress goes to the call that asked for it; the rest
         is dropped (a listener that raised would hand the server a way to kill the session)."""
-        if message.method != "notifications/progress" or not isinstance(message.params, dict):
+        if not isinstance(message.params, dict):
+            return
+        if message.method == "notifications/message":
+            await self._logged(message.params)
+            return
+        if message.method != "notifications/progress":
             return
         token = message.params.get("progressToken")
         listener = self._progress.get(token) if isinstance(token, str) else None
@@ -361,6 +373,15 @@ class Connection:
                 else None,
                 text if isinstance(text, str) else None,
             )
+
+    async def _logged(self, params: dict[str, Any]) -> None:
+        listener = UPSTREAM_LOG.get()
+        level = params.get("level")
+        if listener is None or not isinstance(level, str):
+            return
+        logger = params.get("logger")
+        with anyio.move_on_after(_PROGRESS_CALLBACK_SECONDS), contextlib.suppress(Exception):
+            await listener(level, logger if isinstance(logger, str) else None, params.get("data"))
 
     async def _send_cancelled(self, request_id: int, reason: str) -> None:
         notice = encode_notification(

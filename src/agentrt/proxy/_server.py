@@ -17,6 +17,7 @@ import json
 import signal
 import socket
 import sys
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
@@ -27,11 +28,13 @@ import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server as LowLevelServer
+from mcp.shared.exceptions import MCPDeprecationWarning
 
 from ..canonical import canonical_json
 from ..errors import AgentrtError, RunNotFound, StoreError
 from ..gate import Gate, Limits
 from ..mcp import Connection, Report, load, read_manifest
+from ..mcp._connection import UPSTREAM_LOG
 from ..mcp._tool import UPSTREAM_PROGRESS, ServerTool
 from ..policy import Outcome
 from ..sanitize import sanitize
@@ -66,6 +69,17 @@ _STATUS_DESCRIPTION: Final = (
 )
 
 Scope = Callable[[], Awaitable[None]]
+
+_LOG_LEVELS: Final = (
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+)
 
 
 @dataclass
@@ -224,10 +238,18 @@ class Proxy:
         )
         self.in_flight = _InFlight()
         self.work: TaskGroup | None = None
+        # The level a host set with logging/setLevel; None forwards no server logging.
+        self.log_level: str | None = None
 
     # -- the host-facing server ----------------------------------------------
 
     def server(self) -> LowLevelServer[Any]:
+        with warnings.catch_warnings():
+            # Logging is deprecated in the 2026-07-28 revision; 2025 hosts still set a level.
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            return self._server()
+
+    def _server(self) -> LowLevelServer[Any]:
         return LowLevelServer(
             "agentrt-proxy",
             version="0.1.0",
@@ -241,7 +263,15 @@ class Proxy:
             on_list_resources=_no_resources,
             on_list_resource_templates=_no_resource_templates,
             on_list_prompts=_no_prompts,
+            on_set_logging_level=self._set_logging_level,
         )
+
+    async def _set_logging_level(
+        self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams
+    ) -> types.EmptyResult:
+        # One level for the process: the servers' logging is forwarded from then on.
+        self.log_level = str(params.level)
+        return types.EmptyResult()
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -321,8 +351,24 @@ class Proxy:
                         value, total, sanitize(text)[:500] if text is not None else None
                     )
 
+        async def upstream_log(level: str, logger: str | None, data: Any) -> None:
+            # Only at or above the level the host set; sanitized, like any server text.
+            wanted = self.log_level
+            if not host_waiting or wanted is None or level not in _LOG_LEVELS:
+                return
+            if _LOG_LEVELS.index(level) < _LOG_LEVELS.index(wanted):
+                return
+            text = data if isinstance(data, str) else canonical_json(data)
+            with contextlib.suppress(Exception):
+                await ctx.session.send_log_message(
+                    level,  # type: ignore[arg-type]
+                    bounded(text, 2000),
+                    logger=bounded(logger, 100) if logger is not None else None,
+                )
+
         async def work() -> None:
             UPSTREAM_PROGRESS.set(upstream_progress if wants_progress else None)
+            UPSTREAM_LOG.set(upstream_log)
             try:
                 box.append(
                     await self.calls.handle(params.name, params.arguments, progress, params.meta)

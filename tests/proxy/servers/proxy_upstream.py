@@ -124,6 +124,13 @@ def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def _answer_call(request_id: Any, params: dict[str, Any]) -> None:
+    text = (params.get("arguments") or {}).get("text")
+    if params["name"] == "echo" and isinstance(text, str) and text.startswith("log:"):
+        # Logging the proxy forwards only at or above the host's level, escaped.
+        for level in ("debug", "warning"):
+            _send({"jsonrpc": "2.0", "method": "notifications/message", "params": {
+                "level": level, "logger": "upstream", "data": f"\x1b[31m{level} {text}\u202e",
+            }})  # fmt: skip
     result = _call(params["name"], params.get("arguments") or {})
     _send({"jsonrpc": "2.0", "id": request_id, "result": result})
 
