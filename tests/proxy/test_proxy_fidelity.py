@@ -451,3 +451,24 @@ async def test_upstream_logging_reaches_the_host_only_after_it_set_a_level_and_s
     [message] = received
     assert "warning log:after" in message.data
     assert "\x1b" not in message.data and "\u202e" not in message.data
+
+
+async def test_ping_answers_before_initialize(setup: ProxySetup) -> None:
+    with setup.stderr_path.open("a") as errlog:
+        process = await anyio.open_process(
+            setup.command(), stderr=errlog, env=setup.environment(), cwd=str(setup.root)
+        )
+        raw = RawHost(process, errlog)
+        try:
+            with anyio.fail_after(30):
+                before = await raw.request("ping", {})
+                initialized = await raw.request("initialize", {
+                    "protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "raw-host", "version": "0"},
+                })  # fmt: skip
+        finally:
+            process.kill()
+            with anyio.CancelScope(shield=True):
+                await process.wait()
+    assert before == {"jsonrpc": "2.0", "id": 1, "result": {}}
+    assert "result" in initialized
