@@ -151,7 +151,8 @@ class WatchedTool:
 
 
 class ProxyPolicy:
-    """The operator's class policy, plus one rule of the proxy's own.
+    """The operator's class policy, a rule's `outcome` over it for one tool, a rule's
+    `fixed` values in what is approved, plus one rule of the proxy's own.
 
     A mutating call asked again in a run whose earlier attempt of it failed
     without a known outcome needs a person's decision, whatever its class: the

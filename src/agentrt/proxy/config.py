@@ -10,7 +10,11 @@ A server's `rules` may be left out (no tool is classified yet, which is how
 `agentrt init` writes it before `agentrt classify` names the tools); a rule's
 `rename` replaces the final `<server>_<tool>` name the model sees.  A
 server's `default_timeout` bounds a call whose rule sets no `timeout`, and is
-`DEFAULT_SERVER_TIMEOUT` when left out.  `headers` (an endpoint's only) are
+`DEFAULT_SERVER_TIMEOUT` when left out.  `max_result_bytes` bounds what of
+a result is forwarded to the host (`results: "flattened"` forwards the
+recorded mapping instead); a rule's `repeat_window` and `outcome` are read
+here and taken out before the rest is checked as a rules file is.  `"0s"`
+turns `hold`, `repeat_window` and the expiries off.  `headers` (an endpoint's only) are
 sent on every request to it, by a client that follows no redirect, so a
 token is never handed to another host.  `note` is free text for the
 operator (why a server is not pinned, how to install it once); nothing reads it.
