@@ -459,7 +459,7 @@ async def test_the_first_failing_check_is_the_one_named(closing: list[Report]) -
     _tools, report = await pin_then_load(pinned, live, rules)
     closing.append(report)
     assert refusal(report, "both_changed").startswith("its input schema changed")
-    assert refusal(report, "hint_and_no_timeout").endswith("claims destructiveHint")
+    assert refusal(report, "hint_and_no_timeout").endswith("claims destructiveHint" + FIX)
     assert refusal(report, "no_timeout_bad_name").startswith("it has no timeout")
     assert registered(report) == ["good"]
 

@@ -114,7 +114,11 @@ async def test_filesystem_write_without_allow_hint_mismatch_is_refused(
     tools, report = await load(filesystem, manifest, rules)
     closing.append(report)
     assert [(r.tool, r.reason) for r in report.refused] == [
-        ("write_file", "classified local_mutation, but the server claims destructiveHint")
+        (
+            "write_file",
+            "classified local_mutation, but the server claims destructiveHint; if the "
+            'classification is right, set "allow_hint_mismatch": true in its rule',
+        )
     ]
     assert "fs_write_file" not in [t.spec.name for t in tools]
 
