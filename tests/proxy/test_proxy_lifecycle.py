@@ -75,10 +75,13 @@ async def test_a_restarted_proxy_collects_an_approval_granted_while_it_was_gone(
         first = await session.call_tool("up_send_mail", arguments)
     assert text_of(first).startswith("PENDING_APPROVAL: ")
     setup.approve_latest()
+    announced = setup.stderr().count(" waits for ")
     async with host(setup) as session:
         second = await session.call_tool("up_send_mail", arguments)
     assert text_of(second) == "sent to later@example.org"
     assert setup.executions() == ["send_mail later@example.org"]
+    # The restarted proxy collected an approved request: it does not announce it as waiting.
+    assert setup.stderr().count(" waits for ") == announced == 1
 
 
 async def test_a_host_cancelling_a_call_lets_the_upstream_call_finish_and_be_recorded(
