@@ -18,18 +18,25 @@ event's seq and hash) refuses a database whose chain is behind it — a WAL
 deleted after a crash, an old copy restored, a truncated file.
 
 Store work is synchronous, on one connection under the store's lock; async
-code runs it in a worker thread with `Store.run` / `Store.write`, so neither
-an fsync nor a busy wait ever stalls the event loop.  A busy database is
-waited on in short steps until a deadline (`StoreBusy`), never for ever.
+code runs it off the event loop with `Store.run` (a worker thread) and
+`Store.write` (the store's one writer thread), so neither an fsync nor a busy
+wait ever stalls the loop.  The writer **commits in groups**: the `write`
+units of concurrent callers share one SQLite transaction, each in its own
+savepoint (a failing unit rolls back only itself), and every caller is
+answered only after that transaction's COMMIT returned and the anchor was
+written — so nothing a caller is told is ahead of the disk.  A busy database
+is waited on in short steps until a deadline (`StoreBusy`), never for ever.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 import functools
 import json
 import os
+import queue
 import sqlite3
 import stat
 import threading
@@ -479,11 +486,19 @@ class Store:
         self.read_only = read_only
         self.anchor_path = anchor_path
         self.busy_deadline = _BUSY_DEADLINE_S
-        # Events of the transaction in progress (only its thread, under _lock,
-        # touches this list); moved to _committed_events when it commits.
+        # Events of the transaction (or savepoint) in progress: only the thread
+        # holding _lock touches them.  Moved to _committed_events after COMMIT.
         self._pending_events: list[Event] = []
+        # The chain head (seq, hash) as this transaction left it, read from the
+        # database once per transaction: BEGIN IMMEDIATE holds the write lock and
+        # `append_event` is the only writer of events, so it cannot move under us.
+        self._head: tuple[int, str] | None = None
         self._events_lock = threading.Lock()
         self._committed_events: list[Event] = []
+        self._writer: _Writer | None = None
+        self._writer_guard = threading.Lock()
+        self.commits = 0
+        """COMMITs this store's connection has made (each one fsync of the WAL)."""
 
     # -- off the event loop --------------------------------------------------
 
@@ -499,16 +514,99 @@ class Store:
         return await anyio.to_thread.run_sync(functools.partial(function, *args))
 
     async def write(self, function: Callable[..., _T], *args: Any) -> _T:
-        """Run `function(connection, *args)` in one write transaction, in a worker thread.
+        """Run `function(connection, *args)` as one atomic unit, answered once it is durable.
 
-        The unit of store work a later single writer may batch: a sync function
-        of a connection, committed (or rolled back) as a whole.
+        The store's writer thread gathers the units of concurrent callers into
+        one transaction (group commit), each unit in its own savepoint: a unit
+        that raises rolls back only its own writes (and its events) and its
+        caller gets the exception; the others commit.  The call returns only
+        after the COMMIT holding the unit returned (and the head anchor was
+        written), so what the caller is told is on disk.  A cancelled caller
+        waits for its unit to be settled, as with `run`.
         """
-        return await self.run(self._write_sync, function, args)
+        if self.read_only:
+            raise StoreError(f"database {sanitize(self.path)} is open read-only")
+        unit = _Unit(function, args)
+        self._writer_thread().submit(unit)
+        with anyio.CancelScope(shield=True):
+            await unit.settled()
+        if unit.error is not None:
+            raise unit.error
+        return unit.value  # type: ignore[no-any-return]
 
-    def _write_sync(self, function: Callable[..., _T], args: tuple[Any, ...]) -> _T:
-        with self.transaction() as connection:
-            return function(connection, *args)
+    def _writer_thread(self) -> _Writer:
+        with self._writer_guard:
+            if self._writer is None:
+                self._writer = _Writer(self)
+            return self._writer
+
+    def _commit_batch(self, units: list[_Unit]) -> None:
+        """On the writer thread: one transaction over `units`, each in a savepoint.
+
+        Every unit's outcome is set before this returns; none is released
+        (`_Unit.release`) until COMMIT returned and the anchor was written.
+        """
+        try:
+            self._begin()
+        except BaseException as exc:
+            for unit in units:
+                unit.error = exc
+            return
+        connection = self._connection
+        try:
+            self._head = None
+            committed: list[Event] = []
+            kept: list[_Unit] = []
+            for unit in units:
+                if not connection.in_transaction:
+                    # An earlier failure made SQLite roll the whole transaction
+                    # back (disk full, I/O error): nothing of this batch stands.
+                    break
+                head = self._head
+                self._pending_events = []
+                connection.execute("SAVEPOINT unit")
+                try:
+                    unit.value = unit.function(connection, *unit.args)
+                except BaseException as exc:
+                    unit.error = exc
+                    self._pending_events = []
+                    self._head = head
+                    if connection.in_transaction:
+                        connection.execute("ROLLBACK TO unit")
+                        connection.execute("RELEASE unit")
+                    continue
+                connection.execute("RELEASE unit")
+                committed.extend(self._pending_events)
+                kept.append(unit)
+            self._pending_events = []
+            if connection.in_transaction:
+                connection.execute("COMMIT")
+                self.commits += 1
+            else:
+                lost = StoreError(
+                    f"database {sanitize(self.path)} rolled back a write after an error in "
+                    "another one; nothing of it was written"
+                )
+                for unit in kept:
+                    unit.error, unit.value = lost, None
+                committed = []
+                kept = []
+        except BaseException as exc:
+            self._pending_events = []
+            if connection.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    connection.execute("ROLLBACK")
+            for unit in units:
+                if unit.error is None:
+                    unit.error, unit.value = exc, None
+            return
+        finally:
+            self._head = None
+            self._lock.release()
+        if committed:
+            with self._events_lock:
+                self._committed_events.extend(committed)
+            self._advance_anchor(committed[-1].seq, committed[-1].hash)
 
     # -- transactions --------------------------------------------------------
 
@@ -546,9 +644,11 @@ class Store:
         try:
             connection = self._connection
             self._pending_events = []
+            self._head = None
             try:
                 yield connection
                 connection.execute("COMMIT")
+                self.commits += 1
             except BaseException:
                 self._pending_events = []
                 if connection.in_transaction:
@@ -562,6 +662,7 @@ class Store:
                     self._committed_events.extend(events)
                 self._advance_anchor(events[-1].seq, events[-1].hash)
         finally:
+            self._head = None
             self._lock.release()
 
     def take_committed_events(self) -> list[Event]:
@@ -642,11 +743,14 @@ class Store:
     def append_event(
         self, connection: sqlite3.Connection, run_id: str, type_: str, payload: Mapping[str, Any]
     ) -> Event:
-        """Append one event to the chain; call inside `transaction()`."""
-        row = connection.execute(
-            "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
-        ).fetchone()
-        seq, prev_hash = (row[0] + 1, row[1]) if row else (1, GENESIS_HASH)
+        """Append one event to the chain; call inside `transaction()` or a `write` unit."""
+        head = self._head
+        if head is None:
+            row = connection.execute(
+                "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
+            ).fetchone()
+            head = (row[0], row[1]) if row else (0, GENESIS_HASH)
+        seq, prev_hash = head[0] + 1, head[1]
         created_at = utc_now()
         payload_text = canonical_json(payload)
         digest = event_hash(prev_hash, seq, run_id, type_, payload_text, created_at)
@@ -657,6 +761,7 @@ class Store:
         )
         event = Event(seq, run_id, type_, dict(payload), created_at, prev_hash, digest)
         self._pending_events.append(event)
+        self._head = (seq, digest)
         return event
 
     def migrate_extension(self, name: str, migrations: Sequence[str]) -> None:
@@ -688,6 +793,11 @@ class Store:
         return int(row[0]) if row else 0
 
     def close(self) -> None:
+        """Settle every `write` already submitted, stop the writer, close the connection."""
+        with self._writer_guard:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.stop()
         with self._lock:
             self._connection.close()
 
@@ -947,6 +1057,93 @@ class Store:
                 if problem is not None:
                     return StateReport(False, f"approval {sanitize(row[0])}", problem, checked)
         return StateReport(True, None, "every run and approval matches its events", checked)
+
+
+class _Unit:
+    """One caller's `Store.write`: the function, then its outcome once its batch settled."""
+
+    __slots__ = ("_done", "_event", "_loop", "args", "error", "function", "value")
+
+    def __init__(self, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.function = function
+        self.args = args
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+        # On asyncio the writer wakes the caller's loop directly (no thread per
+        # waiter); on another backend the caller waits in a worker thread.
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._event = anyio.Event() if self._loop is not None else None
+
+    def release(self) -> None:
+        """Called by the writer once the unit's outcome is final and durable."""
+        self._done.set()
+        if self._loop is not None and self._event is not None:
+            with contextlib.suppress(RuntimeError):  # the caller's loop already closed
+                self._loop.call_soon_threadsafe(self._event.set)
+
+    async def settled(self) -> None:
+        if self._event is not None:
+            await self._event.wait()
+        else:
+            await anyio.to_thread.run_sync(self._done.wait)
+
+
+# Enough to share one fsync among many callers, few enough that one batch's
+# savepoints keep the write lock only briefly.
+_MAX_BATCH: Final = 256
+
+
+class _Writer:
+    """The store's one writer thread: takes the queued `write` units, commits them in
+    groups, and answers their callers after each group's COMMIT."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._queue: queue.SimpleQueue[_Unit | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"agentrt-writer {store.path}", daemon=True
+        )
+        self.batches = 0
+        self._thread.start()
+
+    def submit(self, unit: _Unit) -> None:
+        self._queue.put(unit)
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is None:
+                return
+            units = [first]
+            # Whatever queued while the last batch committed joins this one:
+            # nobody waits for a timer, and under load every fsync is shared.
+            while len(units) < _MAX_BATCH:
+                try:
+                    unit = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if unit is None:
+                    stopping = True
+                    break
+                units.append(unit)
+            try:
+                self._store._commit_batch(units)
+            except BaseException as exc:  # never leave a caller waiting
+                for unit in units:
+                    if unit.error is None:
+                        unit.error, unit.value = exc, None
+            self.batches += 1
+            for unit in units:
+                unit.release()
 
 
 def _disagreement(
