@@ -66,6 +66,8 @@ from .tools import TOOL_NAME_PATTERN, SideEffect, Tool, ToolCall, ToolResult, To
 __all__ = ["INTERRUPTED_SIDE_EFFECT", "Gate", "Limits", "StepOutcome"]
 
 INTERRUPTED_SIDE_EFFECT: Final = "interrupted_side_effect"
+# `_acquire_lease` reads the lease token itself unless it was read with the run.
+_UNREAD: Final = object()
 _MAX_ERROR_CHARS: Final = 2_000
 
 
@@ -145,6 +147,18 @@ def _error_text(exc: BaseException) -> str:
     return text
 
 
+@dataclass(frozen=True, slots=True)
+class _RunView:
+    """A run as a transaction of this gate read it: the row and its last steps."""
+
+    run: RunRecord
+    recent: tuple[StepRecord, ...]
+
+
+class _StaleView(Exception):
+    """A step was decided on a cached view of its run that another writer has since moved."""
+
+
 class Gate:
     """Record → validate → policy → execute → record, for a fixed set of tools."""
 
@@ -170,6 +184,12 @@ class Gate:
         # The token of each lease this gate acquired; a take-over mints a new
         # one, so this gate's late writes under the old one are refused.
         self._lease_tokens: dict[str, str] = {}
+        # Each running run as this gate's own last write left it (the row and
+        # its last steps, read inside that write), so the next step need not
+        # read it again before its policy decides.  Only a hint: the step's
+        # transaction compares it with the row, and a step decided on a view
+        # that moved is decided again on a fresh one (`_StaleView`).
+        self._views: dict[str, _RunView] = {}
         self._tools: dict[str, _Registered] = {}
         for tool in tools:
             registered = _check_spec(tool)
@@ -199,8 +219,12 @@ class Gate:
         now: float,
         *,
         take_over: bool = False,
+        current_token: object = _UNREAD,
     ) -> str:
         """Inside a write transaction: take (or extend) the run's lease; return its token.
+
+        `run` is the row as read in this transaction; `current_token` its lease
+        token, read with it (`_take_running`) or, by default, read here.
 
         The token stays while this gate keeps holding the lease; a lease taken
         anew (or `take_over`, after a process died) gets a fresh one.
@@ -212,11 +236,13 @@ class Gate:
             and run.lease_expires_at > now
         ):
             raise RunLeased(run.run_id, run.lease_owner, epoch_to_iso(run.lease_expires_at))
-        row = connection.execute(
-            "SELECT lease_owner, lease_token FROM runs WHERE run_id = ?", (run.run_id,)
-        ).fetchone()
+        if current_token is _UNREAD:
+            row = connection.execute(
+                "SELECT lease_token FROM runs WHERE run_id = ?", (run.run_id,)
+            ).fetchone()
+            current_token = None if row is None else row[0]
         held = self._lease_tokens.get(run.run_id)
-        if take_over or held is None or row is None or tuple(row) != (self.owner, held):
+        if take_over or held is None or (run.lease_owner, current_token) != (self.owner, held):
             held = uuid.uuid4().hex
         cursor = connection.execute(
             "UPDATE runs SET lease_owner = ?, lease_expires_at = ?, lease_token = ?"
@@ -327,7 +353,9 @@ class Gate:
         now = time.time()
         created = utc_now()
         deadline_at = None if self.limits.deadline is None else now + self.limits.deadline
-        await self.store.write(self._insert_run, run_id, goal, created, metadata, deadline_at)
+        self._views[run_id] = await self.store.write(
+            self._insert_run, run_id, goal, created, metadata, deadline_at
+        )
         self._notify()
         return run_id
 
@@ -339,7 +367,7 @@ class Gate:
         created: str,
         metadata: Mapping[str, str] | None,
         deadline_at: float | None,
-    ) -> None:
+    ) -> _RunView:
         seq_row = connection.execute("SELECT COALESCE(MAX(created_seq), 0) FROM runs").fetchone()
         try:
             connection.execute(
@@ -355,8 +383,21 @@ class Gate:
             {"goal": goal, "tools": [spec.name for spec in self.specs],
              "metadata": dict(metadata or {})},
         )  # fmt: skip
+        return _RunView(self.store.get_run(run_id), ())
 
-    def _limit_reached(self, run: RunRecord, now: float) -> str | None:
+    def _read_view(self, run_id: str) -> _RunView:
+        """The run and the last steps loop detection looks at (blocking: run it off the loop)."""
+        run = self.store.get_run(run_id)
+        return _RunView(run, self._recent_steps(run))
+
+    def _recent_steps(self, run: RunRecord) -> tuple[StepRecord, ...]:
+        window = self.limits.loop_window
+        if window <= 0 or run.step_count < window:
+            return ()
+        return tuple(self.store.last_steps(run.run_id, window))
+
+    def _limit_reached(self, view: _RunView, now: float) -> str | None:
+        run = view.run
         if run.deadline_at is not None and now >= run.deadline_at:
             return "deadline"
         if run.step_count >= self.limits.max_steps:
@@ -365,7 +406,7 @@ class Gate:
             return "failure_limit"
         window = self.limits.loop_window
         if window > 0 and run.step_count >= window:
-            recent = self.store.last_steps(run.run_id, window)
+            recent = view.recent
             if (
                 len(recent) == window
                 and all(step.status is StepStatus.SUCCEEDED for step in recent)
@@ -378,18 +419,32 @@ class Gate:
 
     async def step(self, run_id: str, decision: Decision) -> StepOutcome:
         """Propose the agent's next decision for a running run and carry it out."""
-        return self._settled(await self._step(run_id, decision))
+        view = self._views.pop(run_id, None)
+        if view is not None:
+            try:
+                return self._settled(await self._step(view, decision))
+            except _StaleView:
+                pass  # another writer moved the run: decide again on what it holds now
+        view = await self.store.run(self._read_view, run_id)
+        try:
+            return self._settled(await self._step(view, decision))
+        except _StaleView:
+            raise RunStateError(
+                f"run {sanitize(run_id)} moved on while this step was decided"
+            ) from None
 
     def _settled(self, outcome: StepOutcome) -> StepOutcome:
         # A run that ended or waits holds no lease: forget its token, so a
         # long-lived gate (the proxy's: one run per call) keeps none per run.
         if outcome.status is not RunStatus.RUNNING:
             self._lease_tokens.pop(outcome.run_id, None)
+            self._views.pop(outcome.run_id, None)
         return outcome
 
-    async def _step(self, run_id: str, decision: Decision) -> StepOutcome:
+    async def _step(self, view: _RunView, decision: Decision) -> StepOutcome:
         now = time.time()
-        run = await self.store.run(self.store.get_run, run_id)
+        run = view.run
+        run_id = run.run_id
         if run.status is not RunStatus.RUNNING:
             raise RunStateError(f"run {sanitize(run_id)} is {run.status}, not running")
         if decision.kind is DecisionKind.COMPLETE:
@@ -398,9 +453,9 @@ class Gate:
             return await self._finish(
                 run, RunStatus.FAILED, decision.reason or "agent_failed", None
             )
-        limit = await self.store.run(self._limit_reached, run, now)
+        limit = self._limit_reached(view, now)
         if limit is not None:
-            return await self._finish(run, RunStatus.FAILED, limit, None)
+            return await self._finish(run, RunStatus.FAILED, limit, None, decided_on=run)
 
         step_number = run.step_count + 1
         tool_name, args = decision.tool, decision.args
@@ -451,7 +506,7 @@ class Gate:
         problem: str,
     ) -> StepOutcome:
         started = utc_now()
-        fresh = self._take_running(connection, run.run_id)
+        fresh = self._take_running(connection, run.run_id, run)
         if fresh.step_count + 1 != step_number:
             raise RunStateError(f"run {sanitize(run.run_id)} moved on while this step was checked")
         connection.execute(
@@ -471,12 +526,23 @@ class Gate:
         observation = Observation(step_number, tool, args, "invalid", problem)
         return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="invalid")
 
-    def _take_running(self, connection: sqlite3.Connection, run_id: str) -> RunRecord:
-        """Inside a write transaction: the run, still running, with this gate's lease on it."""
-        fresh = self.store.get_run(run_id)
+    def _take_running(
+        self, connection: sqlite3.Connection, run_id: str, decided_on: RunRecord | None = None
+    ) -> RunRecord:
+        """Inside a write transaction: the run, still running, with this gate's lease on it.
+
+        `decided_on` is the view the caller decided with: if the run has moved
+        since (another step recorded), `_StaleView` has the caller decide again.
+        """
+        fresh, token = self.store.read_run(connection, run_id)
         if fresh.status is not RunStatus.RUNNING:
             raise RunStateError(f"run {sanitize(run_id)} is {fresh.status}, not running")
-        self._acquire_lease(connection, fresh, time.time())
+        if decided_on is not None and (fresh.step_count, fresh.consecutive_failures) != (
+            decided_on.step_count,
+            decided_on.consecutive_failures,
+        ):
+            raise _StaleView(run_id)
+        self._acquire_lease(connection, fresh, time.time(), current_token=token)
         return fresh
 
     def _check_running(
@@ -528,7 +594,7 @@ class Gate:
         """The request, its policy decision, and (if allowed) the `executing` mark: one commit."""
         started = utc_now()
         approval: ApprovalRecord | None = None
-        fresh = self._take_running(connection, run.run_id)
+        fresh = self._take_running(connection, run.run_id, run)
         token = self._lease_tokens[run.run_id]
         if fresh.step_count + 1 != step_number:
             # Another step was recorded while the policy decided this one.
@@ -715,13 +781,15 @@ class Gate:
         unknown.
         """
         try:
-            status, run_result = await self.store.write(
+            status, run_result, view = await self.store.write(
                 self._write_result, run_id, step, spec, result, error, token
             )
         except Exception as exc:
             with anyio.CancelScope(shield=True):
                 await self._release_lease(run_id)
             raise ResultNotRecorded(run_id, step, exc) from exc
+        if view is not None:
+            self._views[run_id] = view
         self._notify()
         kind = "tool_error" if error is not None else "result"
         content = error if error is not None else (result.content if result else "")
@@ -737,7 +805,9 @@ class Gate:
         result: ToolResult | None,
         error: str | None,
         token: str,
-    ) -> tuple[RunStatus, str | None]:
+    ) -> tuple[RunStatus, str | None, _RunView | None]:
+        """Record the result; return the run's status, its result if it ended, and its
+        view for the next step (read here, in the same transaction)."""
         finished = utc_now()
         run_result: str | None = None
         holder = connection.execute(
@@ -781,21 +851,26 @@ class Gate:
                 {"step": step, "tool": spec.name, "content": result.content,
                  "summary": result.summary},
             )  # fmt: skip
-        current = connection.execute(
-            "SELECT status FROM runs WHERE run_id = ?", (run_id,)
-        ).fetchone()[0]
-        status = RunStatus(current)
+        run = self.store.get_run(run_id)
+        status = run.status
         if status is RunStatus.RUNNING and error is None and spec.terminal:
             assert result is not None
             run_result = result.content
             end_run(self.store, connection, run_id, RunStatus.COMPLETED, "completed", run_result)
             status = RunStatus.COMPLETED
-        return status, run_result
+        view = _RunView(run, self._recent_steps(run)) if status is RunStatus.RUNNING else None
+        return status, run_result, view
 
     async def _finish(
-        self, run: RunRecord, status: RunStatus, reason: str, result: str | None
+        self,
+        run: RunRecord,
+        status: RunStatus,
+        reason: str,
+        result: str | None,
+        *,
+        decided_on: RunRecord | None = None,
     ) -> StepOutcome:
-        await self.store.write(self._end_running, run.run_id, status, reason, result)
+        await self.store.write(self._end_running, run.run_id, status, reason, result, decided_on)
         self._notify()
         return StepOutcome(run.run_id, status, result=result, reason=reason)
 
@@ -806,8 +881,9 @@ class Gate:
         status: RunStatus,
         reason: str,
         result: str | None,
+        decided_on: RunRecord | None,
     ) -> None:
-        self._take_running(connection, run_id)
+        self._take_running(connection, run_id, decided_on)
         end_run(self.store, connection, run_id, status, reason, result)
 
     # -- resuming ------------------------------------------------------------

@@ -3,6 +3,8 @@ savepoint, and nobody is answered before the COMMIT that holds their unit return
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -228,3 +230,37 @@ def test_a_crash_mid_batch_keeps_every_acknowledged_write_and_nothing_half_writt
             assert types.count("tool_started") == len(steps)
     finally:
         store.close()
+
+
+@pytest.mark.anyio
+async def test_the_anchor_rewritten_in_place_follows_a_file_put_over_it(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    store = open_store(db)
+    first = await store.write(_note, store, "one")
+    anchor = Path(f"{db}.anchor")
+    assert json.loads(anchor.read_text())["seq"] == first
+    # Another build (or `write_anchor`) replaces the file by a rename: the store's
+    # open descriptor now names a file nobody reads, and must not be written blind.
+    replacement = tmp_path / "replacement"
+    replacement.write_text(json.dumps({"seq": 0, "hash": "0" * 64}))
+    replacement.chmod(0o600)
+    os.replace(replacement, anchor)
+    second = await store.write(_note, store, "two")
+    assert json.loads(anchor.read_text()) == {"seq": second, "hash": store.head()[1]}
+    store.close()
+    reopened = open_store(db)
+    assert reopened.check_anchor().ok
+    reopened.close()
+
+
+@pytest.mark.anyio
+async def test_a_failing_write_alone_in_its_batch_leaves_nothing(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "runs.db")
+    kept = await store.write(_note, store, "kept")
+    with pytest.raises(_Refused):
+        await store.write(_note, store, "refused", True)
+    after = await store.write(_note, store, "after")
+    names = {row[0] for row in store._query("SELECT name FROM extensions")}
+    assert "refused" not in names and {"kept", "after"} <= names
+    assert after == kept + 1 and store.verify_chain().ok
+    store.close()
