@@ -18,8 +18,18 @@ from typing import Any
 import anyio
 import pytest
 
-from agentrt import open_store
+from agentrt import (
+    Decision,
+    Gate,
+    PolicyDecision,
+    RunView,
+    SideEffect,
+    ToolRequest,
+    open_store,
+)
 from agentrt.store import Store
+
+from .helpers import RecordingTool
 
 
 class _Refused(Exception):
@@ -264,3 +274,45 @@ async def test_a_failing_write_alone_in_its_batch_leaves_nothing(tmp_path: Path)
     assert "refused" not in names and {"kept", "after"} <= names
     assert after == kept + 1 and store.verify_chain().ok
     store.close()
+
+
+class _SeeingPolicy:
+    """Allows everything, noting the step count of the run view it was shown."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    async def evaluate(self, request: ToolRequest, run: RunView) -> PolicyDecision:
+        self.seen.append(run.step_count)
+        return PolicyDecision.allow()
+
+
+@pytest.mark.anyio
+async def test_a_step_on_a_run_another_gate_moved_is_decided_again_on_the_fresh_run(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "runs.db"
+    read = RecordingTool("read", SideEffect.READ_ONLY)
+    seen_first, seen_second = _SeeingPolicy(), _SeeingPolicy()
+    first = Gate(open_store(db), [read], policy=seen_first, lease_ttl=0.3)
+    second = Gate(open_store(db), [read], policy=seen_second, lease_ttl=0.3)
+    run_id = await first.start("moved")
+    await first.step(run_id, Decision.tool_call("read", '{"path": "a"}'))
+    await anyio.sleep(0.5)  # the first gate's lease lapses
+    await second.step(run_id, Decision.tool_call("read", '{"path": "b"}'))
+    await anyio.sleep(0.5)
+    # The first gate remembers the run at step 1; it is at step 2 now.
+    outcome = await first.step(run_id, Decision.tool_call("read", '{"path": "c"}'))
+    assert outcome.observation is not None and outcome.observation.step == 3
+    # Its policy was asked again with the run as it is, and the stale decision
+    # left nothing behind.
+    assert seen_first.seen == [0, 1, 2] and seen_second.seen == [1]
+    steps = first.store.list_steps(run_id)
+    assert [(s.step, s.args, s.status) for s in steps] == [
+        (1, '{"path": "a"}', "succeeded"),
+        (2, '{"path": "b"}', "succeeded"),
+        (3, '{"path": "c"}', "succeeded"),
+    ]
+    assert first.store.verify_chain().ok and first.store.verify_state().ok
+    first.store.close()
+    second.store.close()
