@@ -1084,7 +1084,6 @@ class _Unit:
         self.args = args
         self.value: Any = None
         self.error: BaseException | None = None
-        self._done = threading.Event()
         # On asyncio the writer wakes the caller's loop directly (no thread per
         # waiter); on another backend the caller waits in a worker thread.
         try:
@@ -1092,10 +1091,12 @@ class _Unit:
         except RuntimeError:
             self._loop = None
         self._event = anyio.Event() if self._loop is not None else None
+        self._done = threading.Event() if self._loop is None else None
 
     def release(self) -> None:
         """Called by the writer once the unit's outcome is final and durable."""
-        self._done.set()
+        if self._done is not None:
+            self._done.set()
         if self._loop is not None and self._event is not None:
             with contextlib.suppress(RuntimeError):  # the caller's loop already closed
                 self._loop.call_soon_threadsafe(self._event.set)
@@ -1103,7 +1104,7 @@ class _Unit:
     async def settled(self) -> None:
         if self._event is not None:
             await self._event.wait()
-        else:
+        elif self._done is not None:
             await anyio.to_thread.run_sync(self._done.wait)
 
 
