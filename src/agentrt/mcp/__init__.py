@@ -7,9 +7,13 @@ tool for every pinned tool that has a `Rule` and still matches its pin, with a
 `Report` saying what happened to every other one.  A server is third-party
 code, so it gets as little of the operator's process as it needs.
 
+A stdio server that dies is started again on the next call to one of its
+tools and held to its pins again (a changed tool is refused); an HTTP
+session is not re-established.
+
 Out of scope: resources, prompts, sampling, elicitation, the server side of
-MCP, reconnection, input-required round trips, and `tools/list_changed`
-(ignored until the next load).
+MCP, HTTP reconnection, input-required round trips, and `tools/list_changed`
+(ignored until the next load, or the next restart).
 """
 
 from ._connection import (
