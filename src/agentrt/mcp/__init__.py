@@ -27,6 +27,7 @@ from ._files import owned_privately, read_manifest, read_owned, read_rules
 from ._load import Refusal, Registration, Report, load
 from ._manifest import Manifest, PinnedTool
 from ._pin import pin
+from ._reach import OperatorFileReach, find_operator_file_reach
 from ._rules import FileRule, Rule, Rules, parse_duration, rules_from_json
 from ._server import DEFAULT_MAX_CONTENT_BYTES, Server
 
@@ -41,6 +42,7 @@ __all__ = [
     "MCPError",
     "Manifest",
     "OperatorFileError",
+    "OperatorFileReach",
     "PinError",
     "PinnedTool",
     "Refusal",
@@ -50,6 +52,7 @@ __all__ = [
     "Rules",
     "Server",
     "ServerToolError",
+    "find_operator_file_reach",
     "load",
     "owned_privately",
     "parse_duration",
