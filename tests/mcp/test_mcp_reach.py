@@ -73,6 +73,24 @@ def test_a_glob_whose_directory_holds_the_configuration_is_refused(layout: Layou
     assert layout.reach(f"{layout.root}/co*/x") == str(layout.config)
 
 
+def test_a_glob_next_to_the_configuration_is_refused(layout: Layout) -> None:
+    server = Server(name="fs", command=["node", "server.js", "*.json"])
+    found = find_operator_file_reach(server, layout.protected, cwd=str(layout.conf))
+    assert found is not None and found.protected == str(layout.config)
+
+
+def test_a_brace_list_naming_the_configurations_directory_is_refused(layout: Layout) -> None:
+    assert layout.reach(f"{layout.root}/{{sandbox,conf}}") == str(layout.config)
+
+
+def test_code_with_brackets_and_globs_that_match_nothing_protected_still_passes(
+    layout: Layout,
+) -> None:
+    assert layout.reach("-c", "import sys; sys.stderr.write('boom\x1b[2J'); exit(3)") is None
+    assert layout.reach("-c", "print({1: sys.argv[1:]})") is None
+    assert layout.reach("sand*/x", "*.txt", "s?ate-backup") is None
+
+
 def test_a_colon_list_in_the_environment_is_refused(layout: Layout) -> None:
     assert layout.reach(env=[f"ROOTS=/etc:{layout.conf}"]) == str(layout.config)
 

@@ -6,8 +6,11 @@ approval.  Servers take paths in many spellings, so every argument and every
 `env` value is split into each path-like token it could hold: a `file:` URL
 (percent-decoded), the parts of a comma, colon, semicolon or whitespace list
 (`--dirs=/etc,/srv`, `/etc:/srv`, `sh -c "serve /srv"`), the value of
-`--opt=VALUE` and of `-oVALUE`, and the literal directory a glob starts from
-(`CONF/*` can match anything under `CONF`).  Each token is resolved as the
+`--opt=VALUE` and of `-oVALUE`, and each choice of a brace list
+(`/srv/{conf,data}`).  A glob reaches a protected path when the literal
+directory it starts from holds it and the glob's first pattern component
+matches the next component of that path (`CONF/*`, `co*/x`, `*.json` next
+to the configuration).  Each token is resolved as the
 server would resolve it (relative to its working directory, `~` expanded,
 `..` and symbolic links followed) and compared with the protected paths.
 
@@ -18,6 +21,7 @@ nobody handed it; only a sandbox stops that.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import urllib.parse
@@ -31,7 +35,8 @@ __all__ = ["OperatorFileReach", "find_operator_file_reach", "path_tokens"]
 
 # Where one path in a list or a shell string ends and the next begins.
 _SEPARATORS: Final = re.compile(r"[,;:=\s'\"`()<>|&]+")
-_GLOB: Final = re.compile(r"[*?\[{]")
+_GLOB: Final = re.compile(r"[*?\[]")
+_BRACES: Final = re.compile(r"\{([^{}]*,[^{}]*)\}")
 _URL: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 
@@ -68,21 +73,35 @@ def path_tokens(value: str) -> list[str]:
             start = next((i for i, char in enumerate(token) if char in "/.~"), -1)
             if start > 1:
                 pending.append(token[start:])
+        braces = _BRACES.search(token)
+        if braces is not None:
+            # /srv/{conf,data} is /srv/conf and /srv/data to a shell or a glob library.
+            head, tail = token[: braces.start()], token[braces.end() :]
+            pending.extend(head + choice + tail for choice in braces.group(1).split(","))
         pending.extend(part for part in _SEPARATORS.split(token) if part != token)
     return tokens
 
 
 def _resolved_forms(token: str, cwd: str) -> set[str]:
     """The paths `token` names for a server in `cwd`: lexically, and with links followed."""
-    glob = _GLOB.search(token)
-    if glob is not None:
-        # A glob can match anything below the literal directory it starts from.
-        prefix = token[: glob.start()]
-        directory = prefix.rpartition("/")[0]
-        token = directory if directory else ("/" if prefix.startswith("/") else ".")
-    expanded = os.path.expanduser(token)
-    path = os.path.join(cwd, expanded)  # an absolute token replaces cwd
+    path = os.path.join(cwd, os.path.expanduser(token))  # an absolute token replaces cwd
     return {os.path.abspath(path), os.path.realpath(path)}
+
+
+def _glob_reaches(token: str, glob_start: int, cwd: str, target: str) -> bool:
+    """Whether the glob `token` could match `target` or a directory above it."""
+    cut = token.rfind("/", 0, glob_start)
+    directory = token[:cut] if cut > 0 else ("/" if cut == 0 else ".")
+    first = token[cut + 1 :].split("/")[0]
+    for form in _resolved_forms(directory, cwd):
+        base = form.rstrip(os.sep) + os.sep
+        if not target.startswith(base):
+            continue
+        component = target[len(base) :].split(os.sep)[0]
+        # fnmatch's * also matches a leading dot, which errs on the side of refusing.
+        if "**" in first or fnmatch.fnmatchcase(component, first):
+            return True
+    return False
 
 
 def _names_or_holds(path: str, protected: str) -> bool:
@@ -112,8 +131,12 @@ def find_operator_file_reach(
     values += [(entry, entry.partition("=")[2]) for entry in server.env]
     for shown, value in values:
         for token in path_tokens(value):
-            for form in _resolved_forms(token, directory):
-                for target in targets:
-                    if _names_or_holds(form, target):
-                        return OperatorFileReach(value=shown, token=token, protected=target)
+            glob = _GLOB.search(token)
+            for target in targets:
+                forms = _resolved_forms(token, directory)
+                reached = any(_names_or_holds(form, target) for form in forms)
+                if glob is not None and not reached:
+                    reached = _glob_reaches(token, glob.start(), directory, target)
+                if reached:
+                    return OperatorFileReach(value=shown, token=token, protected=target)
     return None
