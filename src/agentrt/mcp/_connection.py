@@ -105,7 +105,7 @@ class _Transport(Protocol):
 
     async def send(self, message: bytes) -> None: ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self, *, polite: bool = True) -> None: ...
 
     def stderr_tail(self) -> str: ...
 
@@ -196,7 +196,8 @@ class Connection:
             raise NotSent(self.server.name, f'the connection to server "{self._name()}" is closed')
         self._live = False
         with anyio.CancelScope(shield=True):
-            await self._transport.aclose()
+            # Its session is over: no grace for a server that may still be alive.
+            await self._transport.aclose(polite=False)
         if self.server.command is not None:
             self._transport = start_stdio(self.server)
         else:

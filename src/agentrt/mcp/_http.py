@@ -225,7 +225,7 @@ class HttpTransport:
 
     # -- closing ---------------------------------------------------------------
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, polite: bool = True) -> None:
         """End the session (DELETE) and close the client; a second call does nothing."""
         if self._closed is not None:
             return

@@ -462,18 +462,22 @@ class StdioTransport:
 
     # -- shutting down ---------------------------------------------------------
 
-    async def aclose(self) -> None:
-        """Stop the server and its whole process group; a second call does nothing."""
+    async def aclose(self, *, polite: bool = True) -> None:
+        """Stop the server and its whole process group; a second call does nothing.
+
+        `polite=False` skips the graces (end of stdin, SIGTERM): for a session
+        that is already broken, before the server is started again.
+        """
         self._break(self._closed_error())
         if self._stopping:
             return
         self._stopping = True
-        await self._stop_process()
+        await self._stop_process(polite)
 
-    async def _stop_process(self) -> None:
+    async def _stop_process(self, polite: bool) -> None:
         self._close_stdin()
-        exited = await self._wait_for_exit(GRACE_AFTER_STDIN_CLOSED)
-        if not exited:
+        exited = await self._wait_for_exit(GRACE_AFTER_STDIN_CLOSED if polite else 0.0)
+        if not exited and polite:
             self._signal_group(signal.SIGTERM)
             exited = await self._wait_for_exit(GRACE_AFTER_SIGTERM)
         # Always, even after a clean exit: the server is not reaped yet, so its
