@@ -245,6 +245,11 @@ class StdioTransport:
                     )
                 )
                 raise (self._not_sent(error) if written == 0 else error) from None
+            except MCPConnectionError as exc:
+                # Broken while this write waited (a server that floods without reading).
+                if written == 0:
+                    raise self._not_sent(exc) from None
+                raise
             except BaseException:
                 if 0 < written < len(data):
                     # The server now holds half a line; whatever follows would be garbage to it.
