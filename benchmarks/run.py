@@ -1,6 +1,6 @@
 """`make bench`: what governance costs, as ratios against baselines measured in the same run.
 
-    python benchmarks/run.py [--quick] [--only gate,concurrency,mcp,proxy] [--no-peers]
+    python benchmarks/run.py [--quick] [--only gate,concurrency,mcp,proxy,index] [--no-peers]
 
 Prints a table of ratios and writes everything measured (every sample summary,
 the profiles, the machine) to benchmarks/results/.  Absolute times are not
@@ -188,6 +188,14 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
                 f"{memory['fastmcp_kib']['VmHWM'] / peak:.2f}x", "", "", "",
                 f"{memory['fastmcp_kib']['VmHWM'] / 1024:.0f} MiB",
             ])  # fmt: skip
+    index = results.get("index")
+    if isinstance(index, dict) and "rows" in index:
+        for row in index["rows"][1:]:
+            rows.append([
+                f"11 proxy index lookup p50, {row['history']:,} earlier identical calls vs 10",
+                f"{row['ratio_p50']:.2f}x", "", "<= 1.5x", _verdict(row["ratio_p50"], 1.5),
+                f"{ms(row['p50_s'])} vs {ms(index['rows'][0]['p50_s'])}",
+            ])  # fmt: skip
     return rows
 
 
@@ -195,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
     parser.add_argument(
-        "--only", default="gate,concurrency,mcp,proxy", help="comma-separated benchmarks"
+        "--only", default="gate,concurrency,mcp,proxy,index", help="comma-separated benchmarks"
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peer proxies")
     options = parser.parse_args(argv)
@@ -222,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         failed |= _guarded(results, "mcp", lambda: _mcp(options.quick, commits_per_step))
     if "proxy" in selected:
         failed |= _guarded(results, "proxy", lambda: _proxy(options.quick, options.no_peers))
+    if "index" in selected:
+        failed |= _guarded(results, "index", lambda: _index(options.quick))
     results["machine"]["load_average_end"] = os.getloadavg()
     results["seconds"] = time.perf_counter() - began
 
@@ -261,6 +271,12 @@ def _guarded(results: dict[str, Any], name: str, work: Any) -> bool:
         log(f"{name}: FAILED\n{results[name]['error']}")
         return True
     return False
+
+
+def _index(quick: bool) -> Result:
+    import bench_index
+
+    return bench_index.run(quick)
 
 
 def _gate(quick: bool) -> Result:

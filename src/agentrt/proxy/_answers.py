@@ -122,6 +122,17 @@ class Answer:
         )
 
     @classmethod
+    def unrecorded_outcome(cls, tool: str) -> Answer:
+        """The request reached the server, then recording how it ended failed."""
+        return cls._prose(
+            Prefix.UNKNOWN_OUTCOME,
+            f"this call to {tool} was sent to the server, but the gate could not record how "
+            "it ended, so it may or may not have taken effect. It will not run again unless "
+            f"a person decides it should; until then other changing calls to {tool} are "
+            "blocked. " + _WAIT_FOR_A_PERSON.format(tool=tool),
+        )
+
+    @classmethod
     def in_progress(cls, tool: str) -> Answer:
         return cls._prose(
             Prefix.IN_PROGRESS,
@@ -185,6 +196,14 @@ class Answer:
             Prefix.BLOCKED,
             f"an earlier call to {tool} may or may not have taken effect and waits for a "
             f"person's decision; no other changing call to {tool} runs until then. Nothing ran.",
+        )
+
+    @classmethod
+    def status_unavailable(cls) -> Answer:
+        return cls._prose(
+            Prefix.UNAVAILABLE,
+            "the gate could not read its records just now. Nothing was changed; call "
+            "gate_status again in a moment.",
         )
 
     @classmethod

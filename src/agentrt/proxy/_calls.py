@@ -7,12 +7,18 @@ process left (a mutating step then pauses on `interrupted_side_effect`);
 already executed; `BLOCKED` while another mutating call to the tool has an
 unknown outcome; otherwise a new run.  The index decides atomically; this
 module carries the decision out through `Gate.step`/`Gate.resume`.
+
+Once a call has been sent to its server, no failure of the gate or the
+store (a full disk while recording, a lost lease, a locked database) is
+answered "nothing ran": the answer is that the outcome is unknown, and the
+index marks it so (retried in the background when the store refuses even
+that), so other changing calls to the tool wait for a person.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import functools
 import os
 import secrets
 import shlex
@@ -85,9 +91,12 @@ class WatchedTool:
     answered has a known outcome.
     """
 
-    def __init__(self, inner: Tool, cut_off: set[tuple[str, int]]) -> None:
+    def __init__(self, inner: Tool, cut_off: set[tuple[str, int]], sent: set[str]) -> None:
         self._inner = inner
         self._cut_off = cut_off
+        # Runs whose request reached this tool: from here on, a failure
+        # anywhere leaves an outcome nobody knows.
+        self._sent = sent
         # A proxy run is one call: its result ends the run in the transaction
         # that records it, rather than in a commit of its own afterwards.
         self._spec = dataclasses.replace(inner.spec, terminal=True)
@@ -97,6 +106,7 @@ class WatchedTool:
         return self._spec
 
     async def call(self, call: ToolCall) -> ToolResult:
+        self._sent.add(call.run_id)
         try:
             return await self._inner.call(call)
         except anyio.get_cancelled_exc_class():
@@ -130,7 +140,7 @@ class ProxyPolicy:
             step.step < request.step
             and step.tool == request.spec.name
             and step.status is StepStatus.FAILED
-            for step in self.store.list_steps(request.run_id)
+            for step in await self.store.run(self.store.list_steps, request.run_id)
         ):
             presentation = default_presentation(request)
             presentation["warning"] = (
@@ -162,6 +172,7 @@ class Calls:
         index: CallIndex,
         policy: ProxyPolicy,
         cut_off: set[tuple[str, int]],
+        sent: set[str],
         session: str,
         database: str,
         hold: float,
@@ -174,6 +185,7 @@ class Calls:
         self.index = index
         self.policy = policy
         self.cut_off = cut_off
+        self.sent = sent
         self.session = session
         self.database = database
         self.hold = hold
@@ -183,6 +195,9 @@ class Calls:
         self.closing = anyio.Event()
         self._specs = {spec.name: spec for spec in gate.specs}
         self._announced: set[str] = set()
+        # Calls sent upstream whose unknown outcome the store refused to mark.
+        self._unmarked: set[str] = set()
+        self._unmarked_told: set[str] = set()
 
     @property
     def specs(self) -> Sequence[ToolSpec]:
@@ -233,7 +248,8 @@ class Calls:
         may_need_approval = self.policy.outcome_for(spec.side_effect) is Outcome.REQUIRE_APPROVAL
         call = _Call(spec, args, progress, secrets.token_hex(6))
         for _attempt in range(3):
-            verdict = self.index.decide(
+            decide = functools.partial(
+                self.index.decide,
                 run_id=self.new_run_id(),
                 key=key,
                 tool=tool,
@@ -243,10 +259,14 @@ class Calls:
                 max_pending=self.max_pending,
                 token=call.token,
             )
+            verdict = await self.store.run(decide)
             action, row = verdict.action, verdict.row
             if action is Action.NEW:
                 assert row is not None
-                return await self._holding(row, call, self._new_run(row, call))
+                answer = await self._holding(row, call, self._new_run(row, call))
+                if answer is not None:
+                    return answer
+                continue  # another process started this row's run first; decide again
             if action is Action.COLLECT:
                 assert row is not None and verdict.approval is not None
                 answer = await self._collect(row, call, verdict.approval)
@@ -257,7 +277,8 @@ class Calls:
                 return Answer.in_progress(tool)
             if action is Action.TAKE_OVER:
                 assert row is not None
-                return await self._holding(row, call, self._take_over(row, call))
+                answer = await self._holding(row, call, self._take_over(row, call))
+                return answer if answer is not None else Answer.in_progress(tool)
             if action is Action.REJECTED:
                 note = verdict.approval.note if verdict.approval is not None else ""
                 return Answer.rejected(tool, note)
@@ -275,20 +296,71 @@ class Calls:
                 )
         return Answer.in_progress(tool)
 
-    async def _holding(self, row: CallRow, call: _Call, work: Awaitable[Answer]) -> Answer:
+    async def _holding(
+        self, row: CallRow, call: _Call, work: Awaitable[Answer | None]
+    ) -> Answer | None:
         """Run `work` on a call this process holds; whatever happens, the hold ends with it
         (the heartbeat would otherwise keep a failed call IN_PROGRESS for ever)."""
         try:
             return await work
+        except Exception as exc:
+            # Anything the gate or the store raised, whatever its type: what
+            # matters is whether the request had reached the server.
+            return await self._failed(row, call, exc)
         finally:
-            self._release_quietly(row.run_id, call.token)
+            self.sent.discard(row.run_id)
+            await self._release_quietly(row.run_id, call.token)
 
-    async def _new_run(self, row: CallRow, call: _Call) -> Answer:
-        await self.gate.start(
-            f"proxy call to {call.spec.name}",
-            run_id=row.run_id,
-            metadata={"proxy_session": self.session, "call_key": row.call_key},
+    async def _failed(self, row: CallRow, call: _Call, exc: Exception) -> Answer:
+        tool = call.spec.name
+        if row.run_id not in self.sent:
+            self._log(
+                f"agentrt proxy: a call to {sanitize(tool)} (run {row.run_id}) failed before "
+                f"it reached the server: {sanitize(str(exc))}"
+            )
+            return Answer.unavailable("the gate could not complete this call.")
+        self._log(
+            f"agentrt proxy: a call to {sanitize(tool)} (run {row.run_id}) reached the server "
+            f"but its outcome could not be recorded: {sanitize(str(exc))}; it is treated as "
+            "an unknown outcome"
         )
+        if _mutating(call.spec):
+            # Marked in the background: the store that just failed may keep
+            # failing, and the host must not wait on it for its answer.
+            self._unmarked.add(row.run_id)
+        return Answer.unrecorded_outcome(tool)
+
+    async def repair(self) -> None:
+        """Mark the unknown outcomes the store refused to mark when they happened."""
+        for run_id in sorted(self._unmarked):
+            try:
+                await self.store.run(self.index.mark_unknown_outcome, run_id)
+            except Exception as exc:
+                if run_id not in self._unmarked_told:
+                    # Once per call: a full disk would otherwise write a line a second.
+                    self._unmarked_told.add(run_id)
+                    self._log(
+                        f"agentrt proxy: run {run_id} is not yet marked as an unknown outcome "
+                        f"(retrying): {sanitize(str(exc))}"
+                    )
+                return
+            self._unmarked.discard(run_id)
+            self._unmarked_told.discard(run_id)
+
+    def _log(self, line: str) -> None:
+        self.log.write(line + "\n")
+        self.log.flush()
+
+    async def _new_run(self, row: CallRow, call: _Call) -> Answer | None:
+        """Start the row's run and take its step; None if another process started it."""
+        try:
+            await self.gate.start(
+                f"proxy call to {call.spec.name}",
+                run_id=row.run_id,
+                metadata={"proxy_session": self.session, "call_key": row.call_key},
+            )
+        except RunStateError:
+            return None
         outcome = await self.gate.step(row.run_id, call.decision())
         return await self._conclude(row, call, outcome)
 
@@ -296,11 +368,11 @@ class Calls:
         try:
             outcome = await self.gate.resume(row.run_id)
         except RunStateError:
-            self._release_quietly(row.run_id, call.token)
+            await self._release_quietly(row.run_id, call.token)
             return Answer.in_progress(call.spec.name)
         if outcome.reason == "taken_over":
             # The dead process recorded the step's end but not the run's: finish from it.
-            last = self.store.last_steps(row.run_id, 1)
+            last = await self.store.run(self.store.last_steps, row.run_id, 1)
             kind = last[0].observation_kind if last else None
             if last and kind is not None:
                 step = last[0]
@@ -316,22 +388,22 @@ class Calls:
         for _round in range(4):
             if outcome.status is RunStatus.WAITING_FOR_APPROVAL and outcome.approval is not None:
                 self.announce(outcome.approval)
-                self.index.release(run_id, call.token)
+                await self.store.run(self.index.release, run_id, call.token)
                 if outcome.approval.kind == UNKNOWN_OUTCOME:
                     return Answer.unknown_outcome(call.spec.name, outcome.approval.approval_id)
                 answer = await self._collect(row, call, outcome.approval)
                 return answer if answer is not None else Answer.in_progress(call.spec.name)
             if outcome.status is RunStatus.CANCELLED:
-                settled = self.index.settle_if_ended(run_id)
+                settled = await self._settle_if_ended(run_id)
                 if settled is not None and settled.outcome == Settled.EXPIRED:
                     return Answer.expired(call.spec.name)
-                approval = self.store.latest_approval(run_id)
+                approval = await self.store.run(self.store.latest_approval, run_id)
                 return Answer.rejected(call.spec.name, approval.note if approval else "")
             if outcome.status is RunStatus.FAILED:
-                self.index.settle_if_ended(run_id)
+                await self._settle_if_ended(run_id)
                 return Answer.denied(call.spec.name, outcome.reason)
             if outcome.status is RunStatus.COMPLETED:
-                self.index.settle(run_id, Settled.RESULT)
+                await self._settle(run_id, Settled.RESULT)
                 return Answer.result(outcome.result or "")
             observation = outcome.observation
             if observation is None:
@@ -342,7 +414,7 @@ class Calls:
                 # Proxy tools are terminal, so the gate completes the run with its
                 # result; this serves a run a build from before that left running.
                 await self.gate.step(run_id, Decision.complete(observation.content))
-                self.index.settle(run_id, Settled.RESULT)
+                await self._settle(run_id, Settled.RESULT)
                 return Answer.result(observation.content)
             if kind == "interrupted":
                 # A read-only call cut off by a dead process simply runs again.
@@ -351,22 +423,34 @@ class Calls:
             if kind == "tool_error":
                 if (run_id, observation.step) in self.cut_off and _mutating(call.spec):
                     self.cut_off.discard((run_id, observation.step))
-                    self.index.mark_unknown_outcome(run_id)
+                    await self.store.run(self.index.mark_unknown_outcome, run_id)
                     outcome = await self.gate.step(run_id, call.decision())
                     continue
                 self.cut_off.discard((run_id, observation.step))
                 await self.gate.step(run_id, Decision.fail("tool_error"))
-                self.index.settle(run_id, Settled.TOOL_ERROR)
+                await self._settle(run_id, Settled.TOOL_ERROR)
                 return Answer.tool_error(observation.content)
             if kind == "denied":
                 await self.gate.step(run_id, Decision.fail("denied"))
-                self.index.settle(run_id, Settled.DENIED)
+                await self._settle(run_id, Settled.DENIED)
                 return Answer.denied(call.spec.name, observation.content)
             await self.gate.step(run_id, Decision.fail("invalid"))
-            self.index.settle(run_id, Settled.INVALID)
+            await self._settle(run_id, Settled.INVALID)
             return Answer.invalid(call.spec.name, observation.content)
-        self._release_quietly(run_id, call.token)
+        await self._release_quietly(run_id, call.token)
         return Answer.in_progress(call.spec.name)
+
+    async def _settle(self, run_id: str, outcome: Settled) -> None:
+        """Settle a call whose run ended; if the store refuses, the next identical
+        call settles it from the run, which already says how it ended."""
+        try:
+            await self.store.run(self.index.settle, run_id, outcome)
+        except Exception as exc:
+            self._log(f"agentrt proxy: run {run_id} ended but its index row was not settled: "
+                      f"{sanitize(str(exc))}")  # fmt: skip
+
+    async def _settle_if_ended(self, run_id: str) -> CallRow | None:
+        return await self.store.run(self.index.settle_if_ended, run_id)
 
     async def _collect(self, row: CallRow, call: _Call, approval: ApprovalRecord) -> Answer | None:
         """Hold a call on its waiting approval, up to `hold`; None if it moved on meanwhile."""
@@ -374,7 +458,7 @@ class Calls:
         deadline = time.monotonic() + self.hold
         next_progress = time.monotonic()
         while True:
-            current = self.store.get_approval(approval.approval_id)
+            current = await self.store.run(self.store.get_approval, approval.approval_id)
             if current.status is ApprovalStatus.APPROVED or (
                 current.status is ApprovalStatus.PENDING
                 and current.expires_at is not None
@@ -382,10 +466,10 @@ class Calls:
             ):
                 return await self._resume(row, call)
             if current.status is ApprovalStatus.REJECTED:
-                self.index.settle_if_ended(row.run_id)
+                await self._settle_if_ended(row.run_id)
                 return Answer.rejected(call.spec.name, current.note)
             if current.status is ApprovalStatus.EXPIRED:
-                self.index.settle_if_ended(row.run_id)
+                await self._settle_if_ended(row.run_id)
                 return Answer.expired(call.spec.name)
             if current.status is not ApprovalStatus.PENDING:
                 return None
@@ -399,31 +483,37 @@ class Calls:
                 await self.closing.wait()
 
     async def _resume(self, row: CallRow, call: _Call) -> Answer:
-        if not self.index.try_hold(row.run_id, call.token):
+        if not await self.store.run(self.index.try_hold, row.run_id, call.token):
             return Answer.in_progress(call.spec.name)
-        return await self._holding(row, call, self._resume_held(row, call))
+        answer = await self._holding(row, call, self._resume_held(row, call))
+        return answer if answer is not None else Answer.in_progress(call.spec.name)
 
     async def _resume_held(self, row: CallRow, call: _Call) -> Answer:
         try:
             outcome = await self.gate.resume(row.run_id)
         except RunStateError:
-            self._release_quietly(row.run_id, call.token)
-            settled = self.index.settle_if_ended(row.run_id)
+            await self._release_quietly(row.run_id, call.token)
+            settled = await self._settle_if_ended(row.run_id)
             if settled is not None and settled.settled:
-                return _settled_answer(call.spec.name, settled, self.store)
+                return await self.store.run(_settled_answer, call.spec.name, settled, self.store)
             return Answer.in_progress(call.spec.name)
         except AgentrtError as exc:
-            self._release_quietly(row.run_id, call.token)
+            if row.run_id in self.sent:
+                raise  # the request reached the server: an unknown outcome, not "not run"
+            await self._release_quietly(row.run_id, call.token)
             # The reason names runs and files: it is for the operator's log, not the model.
             self.log.write(f"agentrt proxy: run {row.run_id} cannot resume: {sanitize(str(exc))}\n")
             self.log.flush()
             return Answer.unavailable("the approved request could not be run.")
         return await self._conclude(row, call, outcome)
 
-    def _release_quietly(self, run_id: str, token: str) -> None:
-        # A hold that cannot be released lapses by itself.
-        with contextlib.suppress(Exception):
-            self.index.release(run_id, token)
+    async def _release_quietly(self, run_id: str, token: str) -> None:
+        # A hold that cannot be released is no longer renewed, and lapses by itself.
+        try:
+            await self.store.run(self.index.release, run_id, token)
+        except Exception as exc:
+            self._log(f"agentrt proxy: the hold on run {run_id} was not released (it lapses "
+                      f"by itself): {sanitize(str(exc))}")  # fmt: skip
 
 
 def _waiting_answer(tool: str, approval: ApprovalRecord) -> Answer:

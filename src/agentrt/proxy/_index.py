@@ -7,18 +7,31 @@ finds the earlier run instead of acting twice.  A row is *held* by the proxy
 process handling it (renewed while it works); a hold that lapsed means that
 process died.  Every decision is taken inside one `BEGIN IMMEDIATE`
 transaction, so two proxies on one database never both start the same call.
+
+A row is written before its run (the gate starts the run in a transaction
+of its own), so a row whose run does not exist means *nothing started*: a
+process died, or the disk filled, between the two writes.  Under a live hold
+it is a call being started; otherwise the next identical call begins the run
+under the row's id.  No decision ever fails for want of a run.
+
+A decision reads only the rows its rules need: the key's unsettled rows and
+the settled rows that can still decide a repeat (rejected, expired, or a
+mutating call that executed), each through a partial index, so its cost does
+not grow with the number of earlier identical calls.
 """
 
 from __future__ import annotations
 
 import enum
 import sqlite3
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from ..canonical import canonical_bytes, sha256_hex
+from ..errors import RunNotFound
 from ..store import (
     ApprovalRecord,
     ApprovalStatus,
@@ -58,6 +71,28 @@ MIGRATIONS: Final[Sequence[str]] = (
     CREATE INDEX proxy_calls_by_key ON proxy_calls (session, call_key, created_at);
     CREATE INDEX proxy_calls_open ON proxy_calls (session, settled, tool)
     """,
+    # Only the rows a decision reads, so a lookup costs the same after ten
+    # identical calls or ten thousand (the read-only ones never decide a repeat).
+    """
+    CREATE INDEX proxy_calls_unsettled ON proxy_calls (session, call_key, created_at)
+        WHERE settled = 0;
+    CREATE INDEX proxy_calls_deciding ON proxy_calls (session, call_key, created_at)
+        WHERE settled = 1 AND (outcome IN ('rejected', 'cancelled', 'expired')
+            OR (mutating = 1 AND outcome IN ('result', 'tool_error')))
+    """,
+)
+
+# The rows a decision reads, written so SQLite can use the partial indexes above:
+# a query uses a partial index only when its WHERE clause implies the index's.
+_UNSETTLED_OF_KEY: Final = (
+    "SELECT * FROM proxy_calls WHERE session = ? AND call_key = ? AND settled = 0"
+    " ORDER BY created_at DESC"
+)
+_DECIDING_OF_KEY: Final = (
+    "SELECT * FROM proxy_calls WHERE session = ? AND call_key = ? AND settled = 1"
+    " AND (outcome IN ('rejected', 'cancelled', 'expired')"
+    " OR (mutating = 1 AND outcome IN ('result', 'tool_error')))"
+    " AND settled_at >= ? ORDER BY created_at DESC LIMIT 1"
 )
 
 
@@ -158,13 +193,21 @@ def outcome_of_ended_run(run: RunRecord, last_step_kind: str | None) -> Settled:
 
 
 class CallIndex:
-    """The proxy's own tables in the runtime's database, and the decisions taken over them."""
+    """The proxy's own tables in the runtime's database, and the decisions taken over them.
+
+    Every method is blocking store work: async code calls it through
+    `await store.run(...)`, never on the event loop.
+    """
 
     def __init__(self, store: Store, session: str, holder: str, hold_ttl: float) -> None:
         self.store = store
         self.session = session
         self.holder = holder
         self.hold_ttl = hold_ttl
+        # The holds of calls this process is working on now: only these are
+        # renewed, so a hold whose release failed lapses instead of living on.
+        self._live: set[tuple[str, str]] = set()
+        self._live_lock = threading.Lock()
         store.migrate_extension("proxy", MIGRATIONS)
 
     # -- reads ---------------------------------------------------------------
@@ -176,6 +219,13 @@ class CallIndex:
 
     def _one(self, connection: sqlite3.Connection, run_id: str) -> CallRow:
         return self._rows(connection, "SELECT * FROM proxy_calls WHERE run_id = ?", (run_id,))[0]
+
+    def _run(self, run_id: str) -> RunRecord | None:
+        """The row's run, or None when it was never started (see the module's note)."""
+        try:
+            return self.store.get_run(run_id)
+        except RunNotFound:
+            return None
 
     def get(self, run_id: str) -> CallRow | None:
         with self.store.transaction() as connection:
@@ -194,12 +244,16 @@ class CallIndex:
                 "SELECT * FROM proxy_calls WHERE session = ? AND settled = 0 ORDER BY created_at",
                 (self.session,),
             )
-        waiting = []
-        for row in rows:
-            approval = self.store.waiting_approval(row.run_id)
-            run = self.store.get_run(row.run_id)
-            if run.status is RunStatus.WAITING_FOR_APPROVAL and approval is not None:
-                waiting.append((row, approval))
+            waiting = []
+            for row in rows:
+                run = self._run(row.run_id)
+                approval = self.store.waiting_approval(row.run_id)
+                if (
+                    run is not None
+                    and run.status is RunStatus.WAITING_FOR_APPROVAL
+                    and approval is not None
+                ):
+                    waiting.append((row, approval))
         return waiting
 
     # -- the decision --------------------------------------------------------
@@ -216,51 +270,44 @@ class CallIndex:
         max_pending: int,
         token: str,
     ) -> Verdict:
-        """Apply the seven rules to a call, atomically; `new` and `take_over` hold the row."""
+        """Apply the seven rules to a call, atomically; `new` and `take_over` hold the row.
+
+        A read-only call has no repeat rule: a run of it in flight under a
+        live hold does not stop an identical one, which gets a run of its own.
+        """
         now = time.time()
         with self.store.transaction() as connection:
-            rows = self._rows(
-                connection,
-                "SELECT * FROM proxy_calls WHERE session = ? AND call_key = ?"
-                " ORDER BY created_at DESC",
-                (self.session, key),
-            )
-            open_rows = []
-            for position, row in enumerate(rows):
-                if row.settled:
-                    continue
-                run = self.store.get_run(row.run_id)
-                if run.status.terminal:
+            open_rows: list[tuple[CallRow, RunRecord | None]] = []
+            for row in self._rows(connection, _UNSETTLED_OF_KEY, (self.session, key)):
+                run = self._run(row.run_id)
+                if run is not None and run.status.terminal:
                     # Ended outside any proxy (rejected, expired, cancelled by the operator).
-                    rows[position] = self._settle_from_run(connection, row, run)
+                    self._settle_from_run(connection, row, run)
                     continue
                 open_rows.append((row, run))
             # 1. a run waiting on an approval for this very request
             for row, run in open_rows:
-                if run.status is RunStatus.WAITING_FOR_APPROVAL:
+                if run is not None and run.status is RunStatus.WAITING_FOR_APPROVAL:
                     approval = self.store.latest_approval(row.run_id)
                     return Verdict(Action.COLLECT, row, approval)
             # 2. a run executing under a live hold; 3. one a dead process left running
-            for row, _run in open_rows:
+            # (or never started: the row's run then begins under its id)
+            for row, run in open_rows:
                 if row.holder is not None and (row.held_until or 0) > now:
-                    return Verdict(Action.IN_PROGRESS, row)
+                    if mutating:
+                        return Verdict(Action.IN_PROGRESS, row)
+                    continue
                 held = self._hold(connection, row.run_id, now, token)
-                return Verdict(Action.TAKE_OVER, held)
+                return Verdict(Action.TAKE_OVER if run is not None else Action.NEW, held)
             # 4. rejected / cancelled / expired; 5. duplicate — within the window
-            recent = [
-                row
-                for row in rows
-                if row.settled
-                and row.settled_at is not None
-                and row.settled_at >= now - repeat_window
-            ]
-            for row in recent:
+            for row in self._rows(
+                connection, _DECIDING_OF_KEY, (self.session, key, now - repeat_window)
+            ):
                 if row.outcome in (Settled.REJECTED, Settled.CANCELLED):
                     return Verdict(Action.REJECTED, row, self.store.latest_approval(row.run_id))
                 if row.outcome == Settled.EXPIRED:
                     return Verdict(Action.EXPIRED, row)
-                if row.mutating and row.outcome in EXECUTED:
-                    return Verdict(Action.DUPLICATE, row)
+                return Verdict(Action.DUPLICATE, row)
             # 6. another mutating call to this tool has an unknown outcome
             if mutating:
                 for row in self._rows(
@@ -269,7 +316,8 @@ class CallIndex:
                     " AND unknown_outcome = 1",
                     (self.session, tool),
                 ):
-                    if not self.store.get_run(row.run_id).status.terminal:
+                    blocking_run = self._run(row.run_id)
+                    if blocking_run is not None and not blocking_run.status.terminal:
                         return Verdict(Action.BLOCKED, row)
             if may_need_approval and self._pending_count(connection) >= max_pending:
                 return Verdict(Action.TOO_MANY_PENDING)
@@ -280,6 +328,7 @@ class CallIndex:
                 (run_id, self.session, key, tool, int(mutating), now, self._holder(token),
                  now + self.hold_ttl),
             )  # fmt: skip
+            self._track(run_id, token)
             created = self._one(connection, run_id)
         return Verdict(Action.NEW, created)
 
@@ -314,11 +363,16 @@ class CallIndex:
         # not release (or resume under) each other's hold.
         return f"{self.holder}#{token}"
 
+    def _track(self, run_id: str, token: str) -> None:
+        with self._live_lock:
+            self._live.add((run_id, self._holder(token)))
+
     def _hold(self, connection: sqlite3.Connection, run_id: str, now: float, token: str) -> CallRow:
         connection.execute(
             "UPDATE proxy_calls SET holder = ?, held_until = ? WHERE run_id = ?",
             (self._holder(token), now + self.hold_ttl, run_id),
         )
+        self._track(run_id, token)
         return self._one(connection, run_id)
 
     # -- writes by the process holding a call --------------------------------
@@ -333,9 +387,15 @@ class CallIndex:
                 " AND (holder IS NULL OR held_until <= ?)",
                 (self._holder(token), now + self.hold_ttl, run_id, now),
             )
-            return cursor.rowcount == 1
+            held = cursor.rowcount == 1
+        if held:
+            self._track(run_id, token)
+        return held
 
     def release(self, run_id: str, token: str) -> None:
+        # Forgotten first: if the write fails, the hold is no longer renewed and lapses.
+        with self._live_lock:
+            self._live.discard((run_id, self._holder(token)))
         with self.store.transaction() as connection:
             connection.execute(
                 "UPDATE proxy_calls SET holder = NULL, held_until = NULL"
@@ -344,13 +404,18 @@ class CallIndex:
             )
 
     def renew_holds(self) -> None:
-        """Extend every hold this process has; called a few times per hold period."""
+        """Extend the holds of the calls this process is working on; called a few
+        times per hold period."""
+        with self._live_lock:
+            live = sorted(self._live)
+        if not live:
+            return
         now = time.time()
         with self.store.transaction() as connection:
-            connection.execute(
+            connection.executemany(
                 "UPDATE proxy_calls SET held_until = ?"
-                " WHERE substr(holder, 1, ?) = ? AND settled = 0",
-                (now + self.hold_ttl, len(self.holder) + 1, f"{self.holder}#"),
+                " WHERE run_id = ? AND holder = ? AND settled = 0",
+                [(now + self.hold_ttl, run_id, holder) for run_id, holder in live],
             )
 
     def mark_unknown_outcome(self, run_id: str) -> None:
@@ -367,9 +432,7 @@ class CallIndex:
                 " held_until = NULL WHERE run_id = ?",
                 (outcome, now, run_id),
             )
-            return self._rows(connection, "SELECT * FROM proxy_calls WHERE run_id = ?", (run_id,))[
-                0
-            ]
+            return self._one(connection, run_id)
 
     def settle_if_ended(self, run_id: str) -> CallRow | None:
         """Settle a call whose run ended outside this process (rejected, expired, cancelled)."""
@@ -378,7 +441,7 @@ class CallIndex:
             if not rows:
                 return None
             row = rows[0]
-            run = self.store.get_run(run_id)
-            if row.settled or not run.status.terminal:
+            run = self._run(run_id)
+            if row.settled or run is None or not run.status.terminal:
                 return row
             return self._settle_from_run(connection, row, run)

@@ -4,19 +4,19 @@ Each `tools/call` is handed to `Calls` in a task the proxy owns, not the
 host's request: a host that cancels a call stops waiting for it, but the
 upstream call finishes and is recorded, and an identical call then gets it
 as `DUPLICATE`.  On stdin close, SIGINT or SIGTERM the proxy takes no more
-calls, lets the ones in flight finish and be recorded, closes its upstream
-servers and exits.
+calls, lets the ones in flight finish, be recorded and be answered, closes
+its upstream servers and exits 0.  A signal that arrives while it finishes
+(the official TypeScript client ends stdin, then sends SIGTERM two seconds
+later) changes nothing: the signals stay caught until the process exits.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
-import ipaddress
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
@@ -37,8 +37,9 @@ from ..telemetry import TraceExporter, settings_from, start_exporter
 from ..tools import SideEffect, Tool
 from ._answers import Answer, bounded
 from ._calls import Calls, ProxyPolicy, WatchedTool, new_owner
+from ._http import is_loopback, serve_http, split_http
 from ._index import CallIndex
-from ._stdio import stdio_wire
+from ._stdio import StdioWire, stdio_wire
 from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
 
 __all__ = ["STATUS_TOOL", "serve", "serve_config"]
@@ -154,10 +155,11 @@ class Proxy:
         owner = new_owner()
         self.index = CallIndex(store, config.session, owner, config.lease_ttl)
         cut_off: set[tuple[str, int]] = set()
+        sent: set[str] = set()
         self.policy = ProxyPolicy(config.policy, store)
         self.gate = Gate(
             store,
-            [WatchedTool(tool, cut_off) for tool in tools],
+            [WatchedTool(tool, cut_off, sent) for tool in tools],
             policy=self.policy,
             limits=Limits(approval_ttl=config.approval_ttl, grant_ttl=config.grant_ttl),
             owner=owner,
@@ -168,6 +170,7 @@ class Proxy:
             index=self.index,
             policy=self.policy,
             cut_off=cut_off,
+            sent=sent,
             session=config.session,
             database=str(config.database),
             hold=config.hold,
@@ -222,7 +225,7 @@ class Proxy:
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         if params.name == STATUS_TOOL:
-            answer = self.status(params.arguments)
+            answer = await self.status(params.arguments)
         else:
             answer = await self._gated_call(ctx, params)
         return types.CallToolResult(
@@ -266,8 +269,20 @@ class Proxy:
 
     # -- gate_status ---------------------------------------------------------
 
-    def status(self, arguments: dict[str, Any] | None) -> Answer:
-        """Answer from the database alone: never executes, decides or writes a run."""
+    async def status(self, arguments: dict[str, Any] | None) -> Answer:
+        """Answer from the database alone: never executes, decides or writes a run.
+
+        Never raises: a store that cannot be read is told as such, and no
+        answer names a run, a path or the database.
+        """
+        try:
+            return await self.store.run(self._read_status, arguments)
+        except Exception as exc:
+            _log(self.log, f"agentrt proxy: gate_status could not read the database: "
+                 f"{sanitize(str(exc))}")  # fmt: skip
+            return Answer.status_unavailable()
+
+    def _read_status(self, arguments: dict[str, Any] | None) -> Answer:
         arguments = arguments or {}
         unknown = sorted(set(arguments) - {"approval_id"})
         if unknown:
@@ -320,7 +335,8 @@ class Proxy:
         while True:
             await anyio.sleep(self.config.lease_ttl / 3)
             with contextlib.suppress(Exception):
-                self.index.renew_holds()
+                await self.store.run(self.index.renew_holds)
+            await self.calls.repair()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -346,87 +362,30 @@ def _status_word(kind: str) -> str:
 
 
 async def _watch_signals(stop: Callable[[], object], log: IO[str]) -> None:
-    """On SIGINT or SIGTERM, stop taking calls; those in flight finish and are recorded."""
+    """On SIGINT or SIGTERM, stop taking calls; those in flight finish, are recorded and
+    answered.  Later signals are caught too (and only noted) until the process exits."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for received in signals:
             _log(log, f"agentrt proxy: {signal.Signals(received).name}: finishing calls in flight")
             stop()
-            return
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def _split_http(http: str) -> tuple[str, int]:
-    host, colon, port = http.rpartition(":")
-    if not colon or not host or not port.isdigit():
-        raise ConfigError(f"--http {sanitize(http)} is not HOST:PORT")
-    return host.strip("[]"), int(port)
-
-
-class _RequireToken:
-    """ASGI middleware: every HTTP request must carry `Authorization: Bearer <token>`."""
-
-    def __init__(self, app: Any, token: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {token}".encode()
-
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[Any]],
-        send: Callable[[Any], Awaitable[None]],
-    ) -> None:
-        if scope["type"] == "http":
-            headers = dict(scope.get("headers") or [])
-            if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
-                await send(
-                    {"type": "http.response.start", "status": 401,
-                     "headers": [(b"content-type", b"text/plain")]}
-                )  # fmt: skip
-                await send({"type": "http.response.body", "body": b"a bearer token is required\n"})
-                return
-        await self.app(scope, receive, send)
-
-
-async def _serve_http(
-    server: LowLevelServer[Any], host: str, port: int, token: str | None, log: IO[str]
+async def _serve_stdio(
+    server: LowLevelServer[Any], proxy: Proxy, log: IO[str], stopping: anyio.Event
 ) -> None:
-    import uvicorn
-    from mcp.server.transport_security import TransportSecuritySettings
+    def settled() -> bool:
+        return proxy.in_flight.count == 0
 
-    security = None
-    if not _is_loopback(host):
-        # A remote listener is guarded by the bearer token, not by Host checks.
-        security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    app: Any = server.streamable_http_app(host=host, transport_security=security)
-    if token is not None:
-        app = _RequireToken(app, token)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    async def stop_when_asked(wire: StdioWire) -> None:
+        await stopping.wait()
+        wire.stop()
 
-    class _Server(uvicorn.Server):
-        # uvicorn re-raises the signal it caught once it stops, which would end
-        # the process before the calls in flight are recorded and the upstream
-        # servers closed; the proxy's own watcher stops it instead.
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    server_http = _Server(config)
-
-    def stop() -> None:
-        server_http.should_exit = True
-
-    _log(log, f"agentrt proxy: serving streamable HTTP on http://{host}:{port}/mcp")
-    async with anyio.create_task_group() as group:
-        group.start_soon(_watch_signals, stop, log)
-        await server_http.serve()
+    async with (
+        stdio_wire(proxy.calls.closing.set, settled, log) as wire,
+        anyio.create_task_group() as group,
+    ):
+        group.start_soon(stop_when_asked, wire)
+        await server.run(wire.incoming, wire.outgoing, server.create_initialization_options())
         group.cancel_scope.cancel()
 
 
@@ -442,50 +401,55 @@ async def serve_config(
     stream = log if log is not None else sys.stderr
     address: tuple[str, int] | None = None
     if http is not None:
-        address = _split_http(http)
-        if not _is_loopback(address[0]) and not (allow_remote and token):
+        address = split_http(http)
+        if not is_loopback(address[0]) and not (allow_remote and token):
             raise ConfigError(
                 f"--http {sanitize(http)} is not a loopback address; serving other hosts "
                 "needs --allow-remote and a --token"
             )
     store = open_store(config.database)
     connections: list[Connection] = []
+    stopping = anyio.Event()
+    failure: Exception | None = None
     telemetry: TraceExporter | None = None
-    try:
-        tools, connections = await _load_upstreams(config, stream)
-        telemetry = start_exporter(
-            config.database,
-            settings_from(
-                {"otlp_endpoint": config.telemetry.otlp_endpoint,
-                 "content": config.telemetry.content},
-                default_service="agentrt-proxy",
-            ),
-            side_effects={tool.spec.name: str(tool.spec.side_effect) for tool in tools},
-            log=stream,
-        )  # fmt: skip
-        proxy = Proxy(config, store, tools, stream)
-        server = proxy.server()
-        async with proxy.running():
-            if address is not None:
-                await _serve_http(server, address[0], address[1], token, stream)
-            else:
-                with anyio.CancelScope() as serving:
-                    async with anyio.create_task_group() as group:
-                        group.start_soon(_watch_signals, serving.cancel, stream)
-                        async with stdio_wire() as (read_stream, write_stream):
-                            await server.run(
-                                read_stream, write_stream, server.create_initialization_options()
-                            )
-                        group.cancel_scope.cancel()
-    finally:
-        with anyio.CancelScope(shield=True):
-            if telemetry is not None:
-                # What was committed before the stop still gets its spans.
-                await anyio.to_thread.run_sync(telemetry.stop)
-            for connection in connections:
-                with contextlib.suppress(Exception):
-                    await connection.aclose()
-        store.close()
+    # Caught from here to the end: a signal while calls finish must not kill them.
+    async with anyio.create_task_group() as signals:
+        signals.start_soon(_watch_signals, stopping.set, stream)
+        try:
+            tools, connections = await _load_upstreams(config, stream)
+            telemetry = start_exporter(
+                config.database,
+                settings_from(
+                    {"otlp_endpoint": config.telemetry.otlp_endpoint,
+                     "content": config.telemetry.content},
+                    default_service="agentrt-proxy",
+                ),
+                side_effects={tool.spec.name: str(tool.spec.side_effect) for tool in tools},
+                log=stream,
+            )  # fmt: skip
+            proxy = Proxy(config, store, tools, stream)
+            server = proxy.server()
+            async with proxy.running():
+                if address is not None:
+                    await serve_http(server, address[0], address[1], token, stream, stopping)
+                else:
+                    await _serve_stdio(server, proxy, stream, stopping)
+        except Exception as exc:
+            # Re-raised below, outside the task group, so `serve` sees the
+            # error itself (a refused database, say) rather than an ExceptionGroup.
+            failure = exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                if telemetry is not None:
+                    # What was committed before the stop still gets its spans.
+                    await anyio.to_thread.run_sync(telemetry.stop)
+                for connection in connections:
+                    with contextlib.suppress(Exception):
+                        await connection.aclose()
+            store.close()
+            signals.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
     return 0
 
 

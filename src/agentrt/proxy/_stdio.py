@@ -11,23 +11,32 @@ reading must stall only its own replies, never the event loop that renews
 holds and runs every other call.  The blocking flag belongs to the open
 file description the host (or a shell's terminal) shares with us, so each
 descriptor's original flag is put back on the way out.
+
+Every line is screened (`_host_messages`) before the SDK sees it, so a
+malformed message is answered, never dropped in silence; a line longer than
+`MAX_LINE_BYTES` is answered once and discarded up to its newline, so no
+byte after the cut is ever read as a message of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator
-from typing import Final
+from collections.abc import AsyncIterator, Callable
+from typing import IO, Final
 
 import anyio
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
 
-__all__ = ["MAX_LINE_BYTES", "stdio_wire"]
+from ._host_messages import Refusal, decode, refusal_of_oversized
+
+__all__ = ["MAX_LINE_BYTES", "StdioWire", "stdio_wire"]
 
 MAX_LINE_BYTES: Final = 16 * 1024 * 1024
+# How long answers already made may take to reach the host at shutdown.
+_GRACE_SECONDS: Final = 2.0
 
 
 def _take_descriptor(fd: int, replacement: int) -> int:
@@ -48,14 +57,43 @@ async def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+class StdioWire:
+    """The host's two streams, and what the proxy still owes the host on them.
+
+    Every request read is owed an answer until one with its id is written (or
+    the host cancels it).  `stop()` ends intake; `closed()` closes the stream
+    the server reads once nothing is owed, so every call the proxy took is
+    answered before the server loop ends.
+    """
+
+    def __init__(
+        self,
+        incoming: MemoryObjectReceiveStream[SessionMessage | Exception],
+        outgoing: MemoryObjectSendStream[SessionMessage],
+    ) -> None:
+        self.incoming = incoming
+        self.outgoing = outgoing
+        self.owed: set[types.RequestId] = set()
+        self.intake = anyio.CancelScope()
+
+    def stop(self) -> None:
+        """Read no more from the host; the calls already read are still answered."""
+        self.intake.cancel()
+
+
 @contextlib.asynccontextmanager
-async def stdio_wire() -> AsyncIterator[
-    tuple[
-        MemoryObjectReceiveStream[SessionMessage | Exception],
-        MemoryObjectSendStream[SessionMessage],
-    ]
-]:
-    """Read and write JSON-RPC lines on the process's stdin and stdout until EOF or cancellation."""
+async def stdio_wire(
+    on_intake_end: Callable[[], object],
+    settled: Callable[[], bool],
+    log: IO[str],
+) -> AsyncIterator[StdioWire]:
+    """Read and write JSON-RPC lines on the process's stdin and stdout.
+
+    When the host closes stdin or `stop()` is called, `on_intake_end` runs
+    (the proxy takes no more calls); the server's read stream ends only once
+    every request read has been answered on stdout, or nothing can answer
+    it any more (`settled()` true and a grace period gone).
+    """
     null = os.open(os.devnull, os.O_RDONLY)
     wire_in = _take_descriptor(0, null)
     os.close(null)
@@ -66,10 +104,38 @@ async def stdio_wire() -> AsyncIterator[
     os.set_blocking(wire_out, False)
     incoming_send, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](16)
     outgoing, outgoing_receive = anyio.create_memory_object_stream[SessionMessage](16)
+    wire = StdioWire(incoming, outgoing)
+    writing = anyio.Lock()
+
+    async def write_line(data: bytes) -> None:
+        async with writing:
+            await _write_all(wire_out, data + b"\n")
+
+    async def refuse(refusal: Refusal) -> None:
+        log.write(refusal.log_line + "\n")
+        log.flush()
+        await write_line(refusal.body())
+
+    async def take(line: bytes) -> None:
+        decoded = decode(line)
+        if isinstance(decoded, Refusal):
+            await refuse(decoded)
+            return
+        message = decoded.message
+        if isinstance(message, types.JSONRPCRequest):
+            wire.owed.add(message.id)
+        elif isinstance(message, types.JSONRPCNotification) and message.method == (
+            "notifications/cancelled"
+        ):
+            # A cancelled request gets no answer (MCP), so nothing is owed for it.
+            request_id = (message.params or {}).get("requestId")
+            wire.owed.discard(request_id)
+        await incoming_send.send(decoded)
 
     async def read() -> None:
         buffer = bytearray()
-        async with incoming_send:
+        discarding = False
+        with wire.intake:
             while True:
                 try:
                     chunk = os.read(wire_in, 65536)
@@ -78,41 +144,71 @@ async def stdio_wire() -> AsyncIterator[
                     continue
                 if not chunk:
                     return
+                if discarding:
+                    # The rest of a line cut at the limit is never read as a message.
+                    end = chunk.find(b"\n")
+                    if end < 0:
+                        continue
+                    chunk = chunk[end + 1 :]
+                    discarding = False
                 buffer += chunk
                 while (end := buffer.find(b"\n")) >= 0:
                     line = bytes(buffer[:end])
                     del buffer[: end + 1]
-                    if line.strip():
-                        await incoming_send.send(_parse(line))
+                    if len(line) > MAX_LINE_BYTES:
+                        await refuse(refusal_of_oversized(MAX_LINE_BYTES))
+                    elif line.strip():
+                        await take(line)
                 if len(buffer) > MAX_LINE_BYTES:
                     buffer.clear()
-                    await incoming_send.send(ValueError("a message longer than 16 MiB was dropped"))
+                    discarding = True
+                    await refuse(refusal_of_oversized(MAX_LINE_BYTES))
+
+    async def serve_intake() -> None:
+        async with incoming_send:
+            await read()
+            on_intake_end()
+            # Keep the server's read stream open until every call taken is answered.
+            grace: float | None = None
+            while wire.owed:
+                if settled():
+                    grace = grace if grace is not None else anyio.current_time() + _GRACE_SECONDS
+                    if anyio.current_time() >= grace:
+                        log.write(
+                            f"agentrt proxy: {len(wire.owed)} request(s) of the host were "
+                            "left unanswered at shutdown\n"
+                        )
+                        log.flush()
+                        return
+                await anyio.sleep(0.02)
 
     async def write() -> None:
         async with outgoing_receive:
             async for message in outgoing_receive:
                 text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                await _write_all(wire_out, text.encode("utf-8") + b"\n")
+                await write_line(text.encode("utf-8"))
+                answered = message.message
+                if isinstance(answered, (types.JSONRPCResponse, types.JSONRPCError)):
+                    wire.owed.discard(answered.id)  # type: ignore[arg-type]
 
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(read)
+            group.start_soon(serve_intake)
             group.start_soon(write)
             try:
-                yield incoming, outgoing
+                yield wire
             finally:
+                # Answers the server queued are written before the wire goes,
+                # unless the host stopped reading them.
+                with anyio.move_on_after(_GRACE_SECONDS, shield=True):
+                    # Polled: the memory stream has no "drained" event to wait on.
+                    while outgoing_receive.statistics().current_buffer_used or writing.locked():  # noqa: ASYNC110
+                        await anyio.sleep(0.01)
                 group.cancel_scope.cancel()
     finally:
-        for wire, blocking in was_blocking:
+        for descriptor, blocking in was_blocking:
             with contextlib.suppress(OSError):
-                os.set_blocking(wire, blocking)
+                os.set_blocking(descriptor, blocking)
         os.dup2(wire_out, 1)
         os.close(wire_out)
         os.close(wire_in)
-
-
-def _parse(line: bytes) -> SessionMessage | Exception:
-    try:
-        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
-    except Exception as exc:
-        return exc

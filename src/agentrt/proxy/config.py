@@ -33,6 +33,7 @@ from ..mcp import (
     Rules,
     Sandbox,
     Server,
+    find_operator_file_reach,
     parse_duration,
     read_owned,
     read_rules,
@@ -417,42 +418,37 @@ def _policy(reader: _Reader, raw: Any) -> ClassPolicy:
     return ClassPolicy(outcomes)
 
 
-def _names_or_holds(argument_path: str, protected: str) -> bool:
-    return protected == argument_path or protected.startswith(argument_path.rstrip(os.sep) + os.sep)
+def _names_or_holds(path: str, protected: str) -> bool:
+    return protected == path or protected.startswith(path.rstrip(os.sep) + os.sep)
 
 
 def _refuse_servers_that_reach_the_operators_files(config: ProxyConfig) -> None:
     """A stdio server handed the configuration, a manifest, the rules or the
     database (or a directory holding one), in its arguments or its environment,
     could rewrite the policy or forge an approval, so it is refused before it
-    is ever started."""
-    protected = [os.path.realpath(path) for path in config.protected_paths()]
-    protected += [os.path.abspath(path) for path in config.protected_paths()]
+    is ever started.  Paths are resolved, not compared as strings
+    (`agentrt.mcp.find_operator_file_reach`)."""
+    protected = config.protected_paths()
+    resolved = [os.path.realpath(path) for path in protected]
+    resolved += [os.path.abspath(path) for path in protected]
     for upstream in config.servers:
-        command = upstream.server.command
-        if command is None:
+        if upstream.server.command is None:
             continue
-        sandbox = upstream.server.sandbox
-        if sandbox is not None:
+        if upstream.server.sandbox is not None:
             # A sandboxed server sees only what is bound, so the binds are the
             # boundary: whatever its arguments say, it cannot reach beyond them.
-            _refuse_binds_that_reach_the_operators_files(config, upstream.server, protected)
+            _refuse_binds_that_reach_the_operators_files(config, upstream.server, resolved)
             continue
-        # A root handed over in the environment (`ROOT=/srv/data`) reaches it as surely.
-        for argument in [*command, *upstream.server.env]:
-            # `--root=/srv/data` names a path as surely as `/srv/data` does.
-            candidates = {argument, argument.partition("=")[2]} - {""}
-            for candidate in candidates:
-                expanded = os.path.expanduser(candidate)
-                for form in {os.path.abspath(expanded), os.path.realpath(expanded)}:
-                    for path in protected:
-                        if _names_or_holds(form, path):
-                            raise ConfigError(
-                                f'{config.path}: server "{sanitize(upstream.server.name)}" '
-                                f"would be started with {sanitize(repr(argument))}, which "
-                                f"reaches {path}; a server that can write it can rewrite "
-                                "the policy or forge an approval"
-                            )
+        reach = find_operator_file_reach(upstream.server, protected)
+        if reach is None:
+            continue
+        through = "" if reach.token == reach.value else f" (through {sanitize(repr(reach.token))})"
+        raise ConfigError(
+            f'{config.path}: server "{sanitize(upstream.server.name)}" '
+            f"would be started with {sanitize(repr(reach.value))}{through}, which "
+            f"reaches {sanitize(reach.protected)}; a server that can write it can rewrite "
+            "the policy or forge an approval"
+        )
 
 
 def _refuse_binds_that_reach_the_operators_files(

@@ -38,7 +38,9 @@ TOOLS: list[dict[str, Any]] = [
     {
         "name": "echo",
         "description": "Echo the text back.",
-        "inputSchema": _object({"text": {"type": "string"}}, ["text"]),
+        "inputSchema": _object(
+            {"text": {"type": "string"}, "seconds": {"type": "number"}}, ["text"]
+        ),
         "annotations": {"readOnlyHint": True},
     },
     {
@@ -95,6 +97,11 @@ def _text(text: str, is_error: bool = False) -> dict[str, Any]:
 
 def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     if name == "echo":
+        if "seconds" in arguments:
+            # A slow read, logged, so a test can see two identical reads both run.
+            _record(f"start echo {time.time()}")
+            time.sleep(float(arguments["seconds"]))
+            _record(f"echo {arguments['text']}")
         return _text(arguments["text"])
     if name == "write_note":
         _record(f"start {arguments['note']} {time.time()}")

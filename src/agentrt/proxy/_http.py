@@ -1,0 +1,227 @@
+"""Streamable HTTP for the proxy: who may reach it, and what its requests must be.
+
+On a loopback address the listener is guarded against DNS rebinding: a page
+on any site can make a browser send requests to 127.0.0.2 or `[::1]` under a
+name its attacker controls, so every request must name this listener in its
+`Host` (the bound address or `localhost`, with the bound port) and, when it
+carries an `Origin`, come from one of those.  This holds for every loopback
+address (all of 127/8, `[::1]` however written), not only the three the SDK
+knows.  A non-loopback listener needs `--allow-remote` and a bearer token,
+which guards it instead.  Every POST body is screened (`_host_messages`)
+before the SDK decodes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import ipaddress
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from typing import IO, Any, Final
+
+import anyio
+from mcp.server.lowlevel import Server as LowLevelServer
+
+from ..sanitize import sanitize
+from ._host_messages import Refusal, screen
+from .config import ConfigError
+
+__all__ = ["allowed_host_names", "is_loopback", "serve_http", "split_http"]
+
+# The SDK's own cap on a request body; a longer one is refused as it would be.
+MAX_BODY_BYTES: Final = 4 * 1024 * 1024
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Any]]
+Send = Callable[[Any], Awaitable[None]]
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def split_http(http: str) -> tuple[str, int]:
+    host, colon, port = http.rpartition(":")
+    if not colon or not host or not port.isdigit():
+        raise ConfigError(f"--http {sanitize(http)} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def allowed_host_names(bound: str) -> frozenset[str]:
+    """The names a request's Host may give for a loopback listener on `bound`."""
+    if bound == "localhost":
+        return frozenset({"localhost", "127.0.0.1", "[::1]"})
+    address = ipaddress.ip_address(bound)
+    if address.version == 6:
+        # As the operator wrote it and in its short form: the same address.
+        return frozenset({f"[{bound.lower()}]", f"[{address.compressed}]", "localhost"})
+    return frozenset({bound, str(address), "localhost"})
+
+
+async def _plain_response(send: Send, status: int, text: str) -> None:
+    await send(
+        {"type": "http.response.start", "status": status,
+         "headers": [(b"content-type", b"text/plain; charset=utf-8")]}
+    )  # fmt: skip
+    await send({"type": "http.response.body", "body": text.encode("utf-8") + b"\n"})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers") or []:
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+class GuardLoopbackHost:
+    """ASGI middleware: a request must name this listener in Host, and in Origin if it has one."""
+
+    def __init__(self, app: Any, bound: str, port: int, log: IO[str]) -> None:
+        self.app = app
+        self.names = allowed_host_names(bound)
+        self.port = port
+        self.log = log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            # The port actually bound (the operator may have asked for port 0).
+            server = scope.get("server")
+            port = server[1] if server else self.port
+            allowed = {f"{name}:{port}" for name in self.names}
+            host = (_header(scope, b"host") or "").lower()
+            if host not in allowed:
+                self._refused("Host", host)
+                await _plain_response(send, 421, "Invalid Host header")
+                return
+            origin = _header(scope, b"origin")
+            if origin is not None and origin.lower() not in {f"http://{a}" for a in allowed}:
+                self._refused("Origin", origin)
+                await _plain_response(send, 403, "Invalid Origin header")
+                return
+        await self.app(scope, receive, send)
+
+    def _refused(self, header: str, value: str) -> None:
+        self.log.write(
+            f"agentrt proxy: refused an HTTP request whose {header} is "
+            f"{sanitize(repr(value))[:200]}, not this listener\n"
+        )
+        self.log.flush()
+
+
+class RequireToken:
+    """ASGI middleware: every HTTP request must carry `Authorization: Bearer <token>`."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+                await _plain_response(send, 401, "a bearer token is required")
+                return
+        await self.app(scope, receive, send)
+
+
+class ScreenBodies:
+    """ASGI middleware: a POST body the screen refuses is answered here, never decoded."""
+
+    def __init__(self, app: Any, log: IO[str]) -> None:
+        self.app = app
+        self.log = log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        content_type = (_header(scope, b"content-type") or "").lower()
+        if (
+            scope["type"] != "http"
+            or scope.get("method") != "POST"
+            or not content_type.startswith("application/json")
+        ):
+            await self.app(scope, receive, send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away before its body arrived
+            body += message.get("body", b"")
+            if len(body) > MAX_BODY_BYTES:
+                await _plain_response(send, 413, "Request body too large")
+                return
+            if not message.get("more_body", False):
+                break
+        refused = screen(bytes(body))
+        if refused is not None:
+            await self._answer(send, refused)
+            return
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _answer(self, send: Send, refused: Refusal) -> None:
+        self.log.write(refused.log_line + "\n")
+        self.log.flush()
+        status = 400 if hasattr(refused.reply, "error") else 200
+        await send(
+            {"type": "http.response.start", "status": status,
+             "headers": [(b"content-type", b"application/json")]}
+        )  # fmt: skip
+        await send({"type": "http.response.body", "body": refused.body()})
+
+
+async def serve_http(
+    server: LowLevelServer[Any],
+    host: str,
+    port: int,
+    token: str | None,
+    log: IO[str],
+    stopping: anyio.Event,
+) -> None:
+    """Serve streamable HTTP until `stopping` is set; calls in flight then finish."""
+    import uvicorn
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    # The SDK knows only three loopback names (and turns its check off for
+    # every other address); the listener's own guard below covers them all.
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    app: Any = ScreenBodies(server.streamable_http_app(host=host, transport_security=security), log)
+    if token is not None:
+        app = RequireToken(app, token)
+    if is_loopback(host):
+        app = GuardLoopbackHost(app, host, port, log)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+
+    class _Server(uvicorn.Server):
+        # uvicorn re-raises the signal it caught once it stops, which would end
+        # the process before the calls in flight are recorded and the upstream
+        # servers closed; the proxy's own watcher stops it instead.
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    server_http = _Server(config)
+
+    async def stop_when_asked() -> None:
+        await stopping.wait()
+        server_http.should_exit = True
+
+    shown = f"[{host}]" if ":" in host else host
+    log.write(f"agentrt proxy: serving streamable HTTP on http://{shown}:{port}/mcp\n")
+    log.flush()
+    async with anyio.create_task_group() as group:
+        group.start_soon(stop_when_asked)
+        await server_http.serve()
+        group.cancel_scope.cancel()
