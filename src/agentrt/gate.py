@@ -26,7 +26,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import anyio
 
@@ -68,6 +68,7 @@ __all__ = ["INTERRUPTED_SIDE_EFFECT", "Gate", "Limits", "StepOutcome"]
 INTERRUPTED_SIDE_EFFECT: Final = "interrupted_side_effect"
 # `_acquire_lease` reads the lease token itself unless it was read with the run.
 _UNREAD: Final = object()
+_A = TypeVar("_A")
 _MAX_ERROR_CHARS: Final = 2_000
 
 
@@ -359,6 +360,104 @@ class Gate:
         self._notify()
         return run_id
 
+    async def start_and_step(
+        self,
+        goal: str,
+        decision: Decision,
+        *,
+        run_id: str,
+        metadata: Mapping[str, str] | None = None,
+        admit: Callable[[sqlite3.Connection], tuple[bool, _A]],
+        on_end: Callable[[sqlite3.Connection, RunStatus], None] | None = None,
+    ) -> tuple[_A, StepOutcome | None]:
+        """Start a run and take its first step in as few commits as the step needs.
+
+        For an allowed call: the caller's `admit`, the run, the step, its policy
+        decision and the `executing` mark are one transaction; the result, the
+        run's end (a terminal tool) and the caller's `on_end(connection, status)`
+        the second.  `admit(connection)` runs first in the first transaction and
+        says whether the run starts at all: if not, its own writes commit,
+        nothing of the run is written, and `(value, None)` comes back.  The
+        policy decides before that transaction, on the run as it would start
+        (no steps yet).  A decision that is not a valid call of a registered
+        tool starts the run, then is stepped as `step` would.
+        """
+        now = time.time()
+        created = utc_now()
+        deadline_at = None if self.limits.deadline is None else now + self.limits.deadline
+        registered, arguments, problem = self._check_request(decision.tool, decision.args)
+        plain = (
+            decision.kind is not DecisionKind.TOOL_CALL
+            or problem is not None
+            or registered is None
+            or self.limits.max_steps < 1
+            or (deadline_at is not None and now >= deadline_at)
+        )
+        if plain:
+            admitted, value, view = await self.store.write(
+                self._admit_and_insert, admit, run_id, goal, created, metadata, deadline_at
+            )
+            self._notify()
+            if not admitted:
+                return value, None
+            if view is not None:
+                self._views[run_id] = view
+            return value, await self.step(run_id, decision)
+        assert registered is not None
+        request = ToolRequest(registered.spec, decision.args, arguments, run_id, 1)
+        decided = await self._evaluate(request, RunView(run_id, goal, 0, 0, dict(metadata or {})))
+        admitted, value, recorded = await self.store.write(
+            self._admit_and_record, admit, run_id, goal, created, metadata, deadline_at,
+            registered.spec.name, decision.args, decided, now,
+        )  # fmt: skip
+        self._notify()
+        if not admitted:
+            return value, None
+        approval, token = recorded
+        outcome = await self._carry_out(
+            run_id, 1, registered, decision.args, decided, approval, token, on_end
+        )
+        return value, self._settled(outcome)
+
+    def _admit_and_insert(
+        self,
+        connection: sqlite3.Connection,
+        admit: Callable[[sqlite3.Connection], tuple[bool, _A]],
+        run_id: str,
+        goal: str,
+        created: str,
+        metadata: Mapping[str, str] | None,
+        deadline_at: float | None,
+    ) -> tuple[bool, _A, _RunView | None]:
+        admitted, value = admit(connection)
+        if not admitted:
+            return False, value, None
+        return (
+            True,
+            value,
+            self._insert_run(connection, run_id, goal, created, metadata, deadline_at),
+        )
+
+    def _admit_and_record(
+        self,
+        connection: sqlite3.Connection,
+        admit: Callable[[sqlite3.Connection], tuple[bool, _A]],
+        run_id: str,
+        goal: str,
+        created: str,
+        metadata: Mapping[str, str] | None,
+        deadline_at: float | None,
+        name: str,
+        args: str,
+        decided: PolicyDecision,
+        now: float,
+    ) -> tuple[bool, _A, tuple[ApprovalRecord | None, str]]:
+        admitted, value = admit(connection)
+        if not admitted:
+            return False, value, (None, "")
+        view = self._insert_run(connection, run_id, goal, created, metadata, deadline_at)
+        return True, value, self._record_step(connection, view.run, 1, name, args, decided, now)
+
     def _insert_run(
         self,
         connection: sqlite3.Connection,
@@ -459,20 +558,7 @@ class Gate:
 
         step_number = run.step_count + 1
         tool_name, args = decision.tool, decision.args
-        registered = self._tools.get(tool_name)
-        problem: str | None = None
-        arguments: Any = None
-        if registered is None:
-            problem = f"unknown tool {sanitize(repr(tool_name))}"
-        else:
-            try:
-                arguments = parse_json(args)
-            except JSONBoundaryError as exc:
-                problem = f"the arguments are not valid JSON: {exc}"
-            else:
-                error = registered.schema.first_error(arguments)
-                if error is not None:
-                    problem = f"the arguments do not match the schema: {error}"
+        registered, arguments, problem = self._check_request(tool_name, args)
         stored_args = args.encode("utf-8", "backslashreplace").decode("utf-8")
 
         if problem is not None or registered is None:
@@ -486,9 +572,26 @@ class Gate:
         decision_made = await self._evaluate(request, run)
         return await self._apply_decision(run, step_number, registered, request, decision_made)
 
-    async def _evaluate(self, request: ToolRequest, run: RunRecord) -> PolicyDecision:
+    def _check_request(
+        self, tool_name: str, args: str
+    ) -> tuple[_Registered | None, Any, str | None]:
+        """The registered tool, the parsed arguments, and what is wrong with them if anything."""
+        registered = self._tools.get(tool_name)
+        if registered is None:
+            return None, None, f"unknown tool {sanitize(repr(tool_name))}"
         try:
-            decided = await self.policy.evaluate(request, self._run_view(run))
+            arguments = parse_json(args)
+        except JSONBoundaryError as exc:
+            return registered, None, f"the arguments are not valid JSON: {exc}"
+        error = registered.schema.first_error(arguments)
+        if error is not None:
+            return registered, arguments, f"the arguments do not match the schema: {error}"
+        return registered, arguments, None
+
+    async def _evaluate(self, request: ToolRequest, run: RunRecord | RunView) -> PolicyDecision:
+        view = run if isinstance(run, RunView) else self._run_view(run)
+        try:
+            decided = await self.policy.evaluate(request, view)
         except Exception as exc:
             # Fail closed: a policy that cannot decide never lets a request through.
             return PolicyDecision.abort(f"policy_error: {_error_text(exc)}")
@@ -567,19 +670,36 @@ class Gate:
             self._record_step, run, step_number, name, args, decided, now
         )
         self._notify()
+        return await self._carry_out(
+            run.run_id, step_number, registered, args, decided, approval, token
+        )
+
+    async def _carry_out(
+        self,
+        run_id: str,
+        step_number: int,
+        registered: _Registered,
+        args: str,
+        decided: PolicyDecision,
+        approval: ApprovalRecord | None,
+        token: str,
+        on_end: Callable[[sqlite3.Connection, RunStatus], None] | None = None,
+    ) -> StepOutcome:
+        """What follows a recorded step: its observation, its approval, or its call."""
+        name = registered.spec.name
         if decided.outcome is Outcome.DENY:
             observation = Observation(
                 step_number, name, args, "denied", decided.reason or "denied by policy"
             )
-            return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="denied")
+            return StepOutcome(run_id, RunStatus.RUNNING, observation, reason="denied")
         if decided.outcome is Outcome.ABORT:
-            return StepOutcome(run.run_id, RunStatus.FAILED, reason=decided.reason)
+            return StepOutcome(run_id, RunStatus.FAILED, reason=decided.reason)
         if approval is not None:
             return StepOutcome(
-                run.run_id, RunStatus.WAITING_FOR_APPROVAL, approval=approval,
+                run_id, RunStatus.WAITING_FOR_APPROVAL, approval=approval,
                 reason="waiting_for_approval",
             )  # fmt: skip
-        return await self._execute(run.run_id, step_number, registered, args, token)
+        return await self._execute(run_id, step_number, registered, args, token, on_end)
 
     def _record_step(
         self,
@@ -714,7 +834,13 @@ class Gate:
         self.store.append_event(connection, run_id, "tool_started", {"step": step, "tool": tool})
 
     async def _execute(
-        self, run_id: str, step: int, registered: _Registered, args: str, token: str
+        self,
+        run_id: str,
+        step: int,
+        registered: _Registered,
+        args: str,
+        token: str,
+        on_end: Callable[[sqlite3.Connection, RunStatus], None] | None = None,
     ) -> StepOutcome:
         spec = registered.spec
         call = ToolCall(args=args, tool=spec.name, run_id=run_id, step=step)
@@ -743,7 +869,7 @@ class Gate:
                     parse_json(result.content)
                 except JSONBoundaryError as exc:
                     error = f"the tool {spec.name} returned content that is not valid JSON: {exc}"
-        return await self._record_result(run_id, step, spec, args, result, error, token)
+        return await self._record_result(run_id, step, spec, args, result, error, token, on_end)
 
     async def _call_with_heartbeat(self, tool: Tool, call: ToolCall, run_id: str) -> ToolResult:
         """Call a tool that may outlast its lease, renewing the lease until it returns."""
@@ -772,6 +898,7 @@ class Gate:
         result: ToolResult | None,
         error: str | None,
         token: str,
+        on_end: Callable[[sqlite3.Connection, RunStatus], None] | None = None,
     ) -> StepOutcome:
         """Record what the tool returned; the tool was called, so this fact is never lost.
 
@@ -782,7 +909,7 @@ class Gate:
         """
         try:
             status, run_result, view = await self.store.write(
-                self._write_result, run_id, step, spec, result, error, token
+                self._write_result, run_id, step, spec, result, error, token, on_end
             )
         except Exception as exc:
             with anyio.CancelScope(shield=True):
@@ -805,6 +932,7 @@ class Gate:
         result: ToolResult | None,
         error: str | None,
         token: str,
+        on_end: Callable[[sqlite3.Connection, RunStatus], None] | None = None,
     ) -> tuple[RunStatus, str | None, _RunView | None]:
         """Record the result; return the run's status, its result if it ended, and its
         view for the next step (read here, in the same transaction)."""
@@ -858,6 +986,8 @@ class Gate:
             run_result = result.content
             end_run(self.store, connection, run_id, RunStatus.COMPLETED, "completed", run_result)
             status = RunStatus.COMPLETED
+        if on_end is not None:
+            on_end(connection, status)
         view = _RunView(run, self._recent_steps(run)) if status is RunStatus.RUNNING else None
         return status, run_result, view
 

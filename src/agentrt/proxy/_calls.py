@@ -23,6 +23,7 @@ import os
 import secrets
 import shlex
 import socket
+import sqlite3
 import sys
 import time
 import uuid
@@ -49,7 +50,7 @@ from ..sanitize import sanitize
 from ..store import ApprovalRecord, ApprovalStatus, RunStatus, StepStatus, Store
 from ..tools import SideEffect, Tool, ToolCall, ToolResult, ToolSpec
 from ._answers import Answer
-from ._index import EXECUTED, Action, CallIndex, CallRow, Settled, call_key
+from ._index import EXECUTED, Action, CallIndex, CallRow, Settled, Verdict, call_key
 
 __all__ = ["UNKNOWN_OUTCOME", "Calls", "ProxyPolicy", "WatchedTool", "new_owner"]
 
@@ -248,9 +249,10 @@ class Calls:
         may_need_approval = self.policy.outcome_for(spec.side_effect) is Outcome.REQUIRE_APPROVAL
         call = _Call(spec, args, progress, secrets.token_hex(6))
         for _attempt in range(3):
+            run_id = self.new_run_id()
             decide = functools.partial(
-                self.index.decide,
-                run_id=self.new_run_id(),
+                self.index.decide_in,
+                run_id=run_id,
                 key=key,
                 tool=tool,
                 mutating=mutating,
@@ -259,7 +261,10 @@ class Calls:
                 max_pending=self.max_pending,
                 token=call.token,
             )
-            verdict = await self.store.run(decide)
+            started = await self._start(run_id, key, call, decide)
+            if isinstance(started, Answer):
+                return started
+            verdict = started
             action, row = verdict.action, verdict.row
             if action is Action.NEW:
                 assert row is not None
@@ -296,6 +301,50 @@ class Calls:
                 )
         return Answer.in_progress(tool)
 
+    async def _start(
+        self, run_id: str, key: str, call: _Call, decide: Callable[..., Verdict]
+    ) -> Answer | Verdict:
+        """Decide the call and, if it is new, start its run and take its step in the
+        decision's own commit (and, for a result, settle it in the result's): an
+        allowed call then makes two writing commits.  Any other verdict comes back
+        for `handle` to act on."""
+        settled: list[bool] = []
+
+        def admit(connection: sqlite3.Connection) -> tuple[bool, Verdict]:
+            verdict = decide(connection)
+            # A row left by a run that never started keeps its own id: that one
+            # is begun the ordinary way, under the row's id.
+            new = verdict.action is Action.NEW and verdict.row is not None
+            return new and verdict.row is not None and verdict.row.run_id == run_id, verdict
+
+        def on_end(connection: sqlite3.Connection, status: RunStatus) -> None:
+            if status is RunStatus.COMPLETED:
+                self.index.settle_in(connection, run_id, Settled.RESULT)
+                settled.append(True)
+
+        try:
+            verdict, outcome = await self.gate.start_and_step(
+                f"proxy call to {call.spec.name}",
+                call.decision(),
+                run_id=run_id,
+                metadata={"proxy_session": self.session, "call_key": key},
+                admit=admit,
+                on_end=on_end,
+            )
+        except Exception as exc:
+            try:
+                return await self._failed(run_id, call, exc)
+            finally:
+                self.sent.discard(run_id)
+                await self._release_quietly(run_id, call.token)
+        if outcome is None:
+            return verdict
+        assert verdict.row is not None
+        answer = await self._holding(
+            verdict.row, call, self._conclude(verdict.row, call, outcome, settled=bool(settled))
+        )
+        return answer if answer is not None else Answer.in_progress(call.spec.name)
+
     async def _holding(
         self, row: CallRow, call: _Call, work: Awaitable[Answer | None]
     ) -> Answer | None:
@@ -306,28 +355,28 @@ class Calls:
         except Exception as exc:
             # Anything the gate or the store raised, whatever its type: what
             # matters is whether the request had reached the server.
-            return await self._failed(row, call, exc)
+            return await self._failed(row.run_id, call, exc)
         finally:
             self.sent.discard(row.run_id)
             await self._release_quietly(row.run_id, call.token)
 
-    async def _failed(self, row: CallRow, call: _Call, exc: Exception) -> Answer:
+    async def _failed(self, run_id: str, call: _Call, exc: Exception) -> Answer:
         tool = call.spec.name
-        if row.run_id not in self.sent:
+        if run_id not in self.sent:
             self._log(
-                f"agentrt proxy: a call to {sanitize(tool)} (run {row.run_id}) failed before "
+                f"agentrt proxy: a call to {sanitize(tool)} (run {run_id}) failed before "
                 f"it reached the server: {sanitize(str(exc))}"
             )
             return Answer.unavailable("the gate could not complete this call.")
         self._log(
-            f"agentrt proxy: a call to {sanitize(tool)} (run {row.run_id}) reached the server "
+            f"agentrt proxy: a call to {sanitize(tool)} (run {run_id}) reached the server "
             f"but its outcome could not be recorded: {sanitize(str(exc))}; it is treated as "
             "an unknown outcome"
         )
         if _mutating(call.spec):
             # Marked in the background: the store that just failed may keep
             # failing, and the host must not wait on it for its answer.
-            self._unmarked.add(row.run_id)
+            self._unmarked.add(run_id)
         return Answer.unrecorded_outcome(tool)
 
     async def repair(self) -> None:
@@ -382,8 +431,11 @@ class Calls:
                 outcome = await self.gate.step(row.run_id, call.decision())
         return await self._conclude(row, call, outcome)
 
-    async def _conclude(self, row: CallRow, call: _Call, outcome: StepOutcome) -> Answer:
-        """Turn what the gate did into an answer, ending the run when the call is over."""
+    async def _conclude(
+        self, row: CallRow, call: _Call, outcome: StepOutcome, *, settled: bool = False
+    ) -> Answer:
+        """Turn what the gate did into an answer, ending the run when the call is over
+        (`settled`: the result's own commit settled the row already)."""
         run_id = row.run_id
         for _round in range(4):
             if outcome.status is RunStatus.WAITING_FOR_APPROVAL and outcome.approval is not None:
@@ -394,8 +446,8 @@ class Calls:
                 answer = await self._collect(row, call, outcome.approval)
                 return answer if answer is not None else Answer.in_progress(call.spec.name)
             if outcome.status is RunStatus.CANCELLED:
-                settled = await self._settle_if_ended(run_id)
-                if settled is not None and settled.outcome == Settled.EXPIRED:
+                ended = await self._settle_if_ended(run_id)
+                if ended is not None and ended.outcome == Settled.EXPIRED:
                     return Answer.expired(call.spec.name)
                 approval = await self.store.run(self.store.latest_approval, run_id)
                 return Answer.rejected(call.spec.name, approval.note if approval else "")
@@ -403,7 +455,8 @@ class Calls:
                 await self._settle_if_ended(run_id)
                 return Answer.denied(call.spec.name, outcome.reason)
             if outcome.status is RunStatus.COMPLETED:
-                await self._settle(run_id, Settled.RESULT)
+                if not settled:
+                    await self._settle(run_id, Settled.RESULT)
                 return Answer.result(outcome.result or "")
             observation = outcome.observation
             if observation is None:
