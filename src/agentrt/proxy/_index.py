@@ -8,11 +8,13 @@ process handling it (renewed while it works); a hold that lapsed means that
 process died.  Every decision is taken inside one `BEGIN IMMEDIATE`
 transaction, so two proxies on one database never both start the same call.
 
-A row is written before its run (the gate starts the run in a transaction
-of its own), so a row whose run does not exist means *nothing started*: a
-process died, or the disk filled, between the two writes.  Under a live hold
-it is a call being started; otherwise the next identical call begins the run
-under the row's id.  No decision ever fails for want of a run.
+A new call's row is written in the same transaction as its run and first
+step (`decide_in` inside `Gate.start_and_step`), and its settlement in the
+transaction that records the result.  A row whose run does not exist means
+*nothing started*: an earlier build wrote the row and the run in two
+commits, and a process died, or the disk filled, between them.  Under a live
+hold it is a call being started; otherwise the next identical call begins
+the run under the row's id.  No decision ever fails for want of a run.
 
 A decision reads only the rows its rules need: the key's unsettled rows and
 the settled rows that can still decide a repeat (rejected, expired, or a
