@@ -498,6 +498,8 @@ class Store:
         self._writer: _Writer | None = None
         self._writer_guard = threading.Lock()
         self._anchor: _AnchorFile | None = None
+        self._waiters_guard = threading.Lock()
+        self._lock_waiters = 0
         self.commits = 0
         """COMMITs this store's connection has made (each one fsync of the WAL)."""
 
@@ -620,12 +622,26 @@ class Store:
 
     # -- transactions --------------------------------------------------------
 
+    def _acquire_lock(self) -> None:
+        """Take the store's lock, counted while waiting, so the writer thread can
+        give way between batches (`_Writer._loop`) instead of taking it straight
+        back: Python's locks do not hand over to a waiter."""
+        if self._lock.acquire(blocking=False):
+            return
+        with self._waiters_guard:
+            self._lock_waiters += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._waiters_guard:
+                self._lock_waiters -= 1
+
     def _begin(self) -> None:
         """Take the store's lock and `BEGIN IMMEDIATE`, waiting out a busy database in
         short attempts (the lock released between them) until `busy_deadline`."""
         deadline = time.monotonic() + self.busy_deadline
         while True:
-            self._lock.acquire()
+            self._acquire_lock()
             try:
                 self._connection.execute("BEGIN IMMEDIATE")
                 return
@@ -820,13 +836,15 @@ class Store:
     def _query(self, sql: str, parameters: Sequence[Any] = ()) -> list[sqlite3.Row]:
         deadline = time.monotonic() + self.busy_deadline
         while True:
-            with self._lock:
-                try:
-                    return self._connection.execute(sql, parameters).fetchall()
-                except sqlite3.OperationalError as exc:
-                    # Inside a transaction the lock is ours: busy cannot happen there.
-                    if not _is_busy(exc) or self._connection.in_transaction:
-                        raise
+            self._acquire_lock()
+            try:
+                return self._connection.execute(sql, parameters).fetchall()
+            except sqlite3.OperationalError as exc:
+                # Inside a transaction the lock is ours: busy cannot happen there.
+                if not _is_busy(exc) or self._connection.in_transaction:
+                    raise
+            finally:
+                self._lock.release()
             if time.monotonic() >= deadline:
                 raise StoreBusy(
                     f"database {sanitize(self.path)} stayed locked for {self.busy_deadline:g}s"
@@ -1151,6 +1169,11 @@ class _Writer:
                     stopping = True
                     break
                 units.append(unit)
+            # Readers and sync transactions waiting for the store's lock go first.
+            for _ in range(20):
+                if not self._store._lock_waiters:
+                    break
+                time.sleep(0.0001)
             try:
                 self._store._commit_batch(units)
             except BaseException as exc:  # never leave a caller waiting
