@@ -42,6 +42,7 @@ from .errors import (
     RunLeased,
     RunStateError,
     SchemaError,
+    StoreBusy,
     StoreError,
 )
 from .policy import DefaultPolicy, Outcome, Policy, PolicyDecision, RunView, ToolRequest
@@ -719,8 +720,14 @@ class Gate:
                 self._write_result, run_id, step, spec, result, error, token
             )
         except Exception as exc:
-            with anyio.CancelScope(shield=True):
-                await self._release_lease(run_id)
+            if isinstance(exc, StoreBusy):
+                # The database stayed locked for the whole busy deadline; a
+                # release would hold the caller (and its answer) as long again.
+                # The lease simply expires, and recovery finds the step executing.
+                self._lease_tokens.pop(run_id, None)
+            else:
+                with anyio.CancelScope(shield=True):
+                    await self._release_lease(run_id)
             raise ResultNotRecorded(run_id, step, exc) from exc
         self._notify()
         kind = "tool_error" if error is not None else "result"
