@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import click
 
+from ..inbox._command import inbox
 from ._app import AgentrtGroup, Settings
 from ._decide import approve, cancel, reject
 from ._inspect import events, runs, show, verify
@@ -34,7 +35,9 @@ def cli(context: click.Context, database: str | None, json_lines: bool) -> None:
     context.obj = Settings(database=database, output=Output(json=json_lines))
 
 
-for _command in (runs, show, events, approve, reject, cancel, verify, pin, check, proxy, demo):
+for _command in (
+    runs, show, events, approve, reject, cancel, verify, inbox, pin, check, proxy, demo,
+):  # fmt: skip
     cli.add_command(_command)
 
 

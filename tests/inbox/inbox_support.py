@@ -1,0 +1,142 @@
+"""What the inbox tests run against: a real `agentrt inbox` process, and headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+
+AGENTRT = Path(sys.executable).with_name("agentrt")
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOTS = os.environ.get("AGENTRT_INBOX_SCREENSHOTS")
+"""A directory to save the docs' screenshots in, when set (docs/images when refreshing them)."""
+
+
+@dataclass
+class Inbox:
+    """A running `agentrt --db PATH inbox`: its address, token, and process."""
+
+    process: subprocess.Popen[str]
+    first_line: str
+    base: str
+    token: str
+    stderr_path: Path
+
+    @property
+    def page(self) -> str:
+        return f"{self.base}#token={self.token}"
+
+    def client(self, **headers: str) -> httpx.Client:
+        return httpx.Client(base_url=self.base, headers=headers, timeout=10.0, trust_env=False)
+
+    def authorized(self) -> httpx.Client:
+        return self.client(Authorization=f"Bearer {self.token}")
+
+    def session(self) -> dict[str, Any]:
+        with self.authorized() as client:
+            answer = client.get("/api/session")
+            answer.raise_for_status()
+            result: dict[str, Any] = answer.json()
+            return result
+
+    def post_decision(self, body: dict[str, Any], **headers: str) -> httpx.Response:
+        with self.client(**headers) as client:
+            return client.post("/api/decide", json=body)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def start_inbox(database: Path, *extra: str, stderr_path: Path | None = None) -> Inbox:
+    """Start the installed `agentrt` as a real process and read its first line of stdout."""
+    stderr_path = stderr_path or database.with_suffix(".inbox.stderr")
+    with stderr_path.open("w") as stderr:
+        process = subprocess.Popen(
+            [str(AGENTRT), "--db", str(database), "inbox", *extra],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    assert process.stdout is not None
+    first = process.stdout.readline().rstrip("\n")
+    assert first.startswith("inbox: http://127.0.0.1:"), (first, stderr_path.read_text())
+    address = first.removeprefix("inbox: ")
+    base, _, token = address.partition("#token=")
+    return Inbox(process, first, base, token, stderr_path)
+
+
+def chromium_options(profile: str) -> Any:
+    from selenium.webdriver.chrome.options import Options
+
+    options = Options()
+    options.binary_location = str(CHROMIUM)
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1600",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(flag)
+    return options
+
+
+class Browser:
+    """Headless Chromium driven through Selenium, with a fresh profile of its own."""
+
+    def __init__(self) -> None:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+
+        self.profile = tempfile.mkdtemp(prefix="agentrt-chromium-")
+        self.driver = webdriver.Chrome(
+            options=chromium_options(self.profile), service=Service(str(CHROMEDRIVER))
+        )
+        self.driver.set_page_load_timeout(60)
+
+    def wait_for(self, condition: Any, timeout: float = 30.0, message: str = "") -> Any:
+        deadline = time.monotonic() + timeout
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                value = condition(self.driver)
+                if value:
+                    return value
+            except Exception as error:  # noqa: BLE001 - the page is still changing
+                last_error = error
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting: {message} ({last_error})")
+
+    def screenshot(self, name: str) -> None:
+        if SCREENSHOTS:
+            Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
+            self.driver.save_screenshot(str(Path(SCREENSHOTS) / name))
+
+    def close(self) -> None:
+        try:
+            self.driver.quit()
+        finally:
+            shutil.rmtree(self.profile, ignore_errors=True)
