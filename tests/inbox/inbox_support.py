@@ -125,7 +125,7 @@ class Browser:
                 value = condition(self.driver)
                 if value:
                     return value
-            except Exception as error:  # noqa: BLE001 - the page is still changing
+            except Exception as error:  # the page is still changing
                 last_error = error
             time.sleep(0.1)
         raise AssertionError(f"timed out waiting: {message} ({last_error})")
