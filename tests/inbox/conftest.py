@@ -18,7 +18,7 @@ from cli_support import Produced, produce  # noqa: E402
 from inbox_support import CHROMEDRIVER, CHROMIUM, Browser, Inbox, start_inbox  # noqa: E402
 
 HOSTILE = (
-    "<script>window.pwned = 1</script><img src=x onerror=\"window.pwned = 2\">"
+    '<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'
     " \u202eexe.txt \x1b[31mred\x1b[0m"
 )
 """Markup, an event-handler attribute, a bidi override and a terminal escape."""

@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_MAX_PENDING",
     "DEFAULT_REPEAT_WINDOW",
     "ConfigError",
+    "InboxConfig",
     "ProxyConfig",
     "UpstreamConfig",
     "load_config",
@@ -58,8 +59,10 @@ _TOP_FIELDS: Final = frozenset(
         "approval_ttl",
         "grant_ttl",
         "lease_ttl",
+        "inbox",
     }
 )
+_INBOX_FIELDS: Final = frozenset({"listen", "notify", "token_file"})
 _SERVER_FIELDS: Final = frozenset(
     {
         "name",
@@ -97,6 +100,15 @@ class UpstreamConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class InboxConfig:
+    """The approval inbox the proxy serves alongside itself (loopback only)."""
+
+    listen: str
+    notify: bool = False
+    token_file: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ProxyConfig:
     """Everything `agentrt proxy` (and `agentrt pin/check`) reads from the file.
 
@@ -114,10 +126,13 @@ class ProxyConfig:
     approval_ttl: float = DEFAULT_APPROVAL_TTL
     grant_ttl: float = DEFAULT_GRANT_TTL
     lease_ttl: float = DEFAULT_LEASE_TTL
+    inbox: InboxConfig | None = None
 
     def protected_paths(self) -> list[Path]:
         """The files a server must never be pointed at: whoever writes them governs the proxy."""
         paths = [self.path, self.database]
+        if self.inbox is not None and self.inbox.token_file is not None:
+            paths.append(self.inbox.token_file)  # whoever reads it can decide approvals
         paths += [Path(f"{self.database}{suffix}") for suffix in ("-wal", "-shm", "-journal")]
         for upstream in self.servers:
             paths.append(upstream.manifest_path)
@@ -241,6 +256,7 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
         approval_ttl=duration("approval_ttl", DEFAULT_APPROVAL_TTL),
         grant_ttl=duration("grant_ttl", DEFAULT_GRANT_TTL),
         lease_ttl=duration("lease_ttl", DEFAULT_LEASE_TTL),
+        inbox=_inbox(reader, top["inbox"]) if "inbox" in top else None,
     )
     _refuse_servers_that_reach_the_operators_files(config)
     return config
@@ -297,6 +313,27 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
     return UpstreamConfig(
         server=server, manifest_path=manifest_path, rules=rules, rules_path=rules_path
     )
+
+
+def _inbox(reader: _Reader, raw: Any) -> InboxConfig:
+    from ..inbox import DEFAULT_LISTEN, InboxError, parse_listen
+
+    entry = reader.object(raw, "inbox", _INBOX_FIELDS)
+    listen = reader.string(entry.get("listen", DEFAULT_LISTEN), "inbox.listen")
+    try:
+        # The proxy's inbox is loopback only: a remote one is `agentrt inbox` with TLS.
+        parse_listen(listen)
+    except InboxError as exc:
+        raise reader.fail("inbox.listen", f"is refused: {exc}") from None
+    notify = entry.get("notify", False)
+    if not isinstance(notify, bool):
+        raise reader.fail("inbox.notify", "must be true or false")
+    token_file = (
+        reader.path_field(entry["token_file"], "inbox.token_file")
+        if "token_file" in entry
+        else None
+    )
+    return InboxConfig(listen=listen, notify=notify, token_file=token_file)
 
 
 def _policy(reader: _Reader, raw: Any) -> ClassPolicy:
