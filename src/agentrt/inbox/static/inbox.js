@@ -5,6 +5,7 @@
 "use strict";
 
 (function () {
+  const KEEP_DECIDED_MS = 8000;
   const state = { token: "", csrf: "", runsOffset: 0, runsLimit: 50, openRun: null, refreshing: false, again: false };
 
   function $(id) { return document.getElementById(id); }
@@ -161,8 +162,8 @@
       outcome.textContent = (decided.status === "approved"
         ? "approved by " + decided.by + "; the call runs when the host asks again with the same arguments"
         : "rejected by " + decided.by + "; the run is cancelled");
-      card.dataset.decided = decided.status;
-      window.setTimeout(refresh, 1500);
+      card.dataset.decidedAt = String(Date.now());
+      window.setTimeout(refresh, KEEP_DECIDED_MS + 500);
     } catch (error) {
       outcome.className = "outcome bad";
       outcome.textContent = "not decided: " + error.message;
@@ -175,8 +176,9 @@
     const wanted = new Map();
     list.forEach(function (view) { wanted.set(view.decide.approval_id + " " + view.approval_hash, view); });
     Array.from(container.children).forEach(function (card) {
-      // A card just decided stays until the next refresh shows its message.
-      if (!wanted.has(card.dataset.approval + " " + card.dataset.hash) && !card.dataset.decided) { card.remove(); }
+      // A card just decided stays a few seconds, so its message can be read.
+      const recent = card.dataset.decidedAt && Date.now() - Number(card.dataset.decidedAt) < KEEP_DECIDED_MS;
+      if (!wanted.has(card.dataset.approval + " " + card.dataset.hash) && !recent) { card.remove(); }
     });
     let previous = null;
     list.forEach(function (view) {
