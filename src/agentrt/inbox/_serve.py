@@ -70,6 +70,10 @@ class Listener:
     def scheme(self) -> str:
         return "https" if self.tls_cert is not None else "http"
 
+    @property
+    def loopback(self) -> bool:
+        return _is_loopback(self.host)
+
 
 def parse_listen(
     text: str,

@@ -321,10 +321,17 @@ def _inbox(reader: _Reader, raw: Any) -> InboxConfig:
     entry = reader.object(raw, "inbox", _INBOX_FIELDS)
     listen = reader.string(entry.get("listen", DEFAULT_LISTEN), "inbox.listen")
     try:
-        # The proxy's inbox is loopback only: a remote one is `agentrt inbox` with TLS.
-        parse_listen(listen)
+        # Checked as a remote one would be, then held to loopback: the
+        # proxy's inbox has no TLS, so its token must never cross a network.
+        listener = parse_listen(listen, allow_remote=True, tls_cert="-", tls_key="-")
     except InboxError as exc:
         raise reader.fail("inbox.listen", f"is refused: {exc}") from None
+    if not listener.loopback:
+        raise reader.fail(
+            "inbox.listen",
+            "must be a loopback address such as 127.0.0.1:0; a remote inbox is "
+            "`agentrt inbox --allow-remote` with TLS",
+        )
     notify = entry.get("notify", False)
     if not isinstance(notify, bool):
         raise reader.fail("inbox.notify", "must be true or false")
