@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import sqlite3
+import ssl
 import stat
 import subprocess
 from pathlib import Path
@@ -297,3 +298,43 @@ def test_a_port_in_use_is_one_clear_sentence(produced: Produced) -> None:
     assert refused.returncode == 1
     assert refused.stderr.startswith(f"agentrt: cannot listen on 127.0.0.1:{port}")
     assert refused.stderr.count("\n") == 1
+
+
+def test_a_remote_listener_with_allow_remote_and_tls_serves_https_only(
+    produced: Produced, tmp_path: Path
+) -> None:
+    import httpx2
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    process = subprocess.Popen(
+        [str(AGENTRT), "--db", str(produced.database), "inbox", "--listen", "0.0.0.0:0",
+         "--allow-remote", "--tls-cert", str(cert), "--tls-key", str(key)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline().strip()
+        assert first.startswith("inbox: https://"), first
+        address, _, token = first.removeprefix("inbox: ").partition("#token=")
+        port = int(address.rstrip("/").rpartition(":")[2])
+        base = f"https://127.0.0.1:{port}"
+        trusted = ssl.create_default_context(cafile=str(cert))
+        with httpx2.Client(base_url=base, verify=trusted, trust_env=False) as client:
+            assert client.get("/api/approvals").status_code == 401
+            answer = client.get("/api/approvals", headers={"Authorization": f"Bearer {token}"})
+            assert answer.status_code == 200
+            assert answer.json()["approvals"][0]["approval_id"] == produced.approval_id
+        with (
+            pytest.raises(httpx2.HTTPError),
+            httpx2.Client(base_url=f"http://127.0.0.1:{port}", trust_env=False) as plain,
+        ):
+            plain.get("/api/approvals", headers={"Authorization": f"Bearer {token}"})
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

@@ -73,14 +73,16 @@ class InboxState:
 
     store: Store
     token: str
-    allowed_hosts: frozenset[str]
+    allowed_hosts: frozenset[str] | None
+    """The Host headers answered; None (a remote listener on every interface) answers any,
+    and then only the page's own origin may post."""
     scheme: str = "http"
     login: str = ""
     tools: Mapping[str, ToolInfo] = field(default_factory=dict)
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32))
 
-    def origins(self) -> frozenset[str]:
-        return frozenset(f"{self.scheme}://{host}" for host in self.allowed_hosts)
+    def origin_allowed(self, origin: str, host: str) -> bool:
+        return origin == f"{self.scheme}://{host}"
 
 
 async def _plain(send: Send, status: int, message: str) -> None:
@@ -116,7 +118,8 @@ class _Guard:
             # A repeated Host or Origin is refused below rather than one of them chosen.
             headers[name] = value if name not in headers else b"\x00repeated"
         host = headers.get(b"host", b"").decode("latin-1")
-        if host not in self.state.allowed_hosts:
+        allowed = self.state.allowed_hosts
+        if not host or (allowed is not None and host not in allowed):
             await _plain(send, 403, "this inbox does not answer to that Host")
             return
         path: str = scope["path"]
@@ -141,7 +144,7 @@ class _Guard:
             return
         if method == "POST":
             origin = headers.get(b"origin", b"").decode("latin-1")
-            if origin not in self.state.origins():
+            if not self.state.origin_allowed(origin, host):
                 await _plain(send, 403, "a decision must come from the inbox page itself")
                 return
             csrf = headers.get(b"x-csrf-token", b"")

@@ -42,6 +42,8 @@ __all__ = [
 
 DEFAULT_LISTEN: Final = "127.0.0.1:0"
 _TOKEN_BYTES: Final = 32
+# Compared with what the operator asked for, never bound by default.
+_EVERY_INTERFACE: Final = frozenset({"0.0.0.0", "::"})  # noqa: S104
 
 
 class InboxError(AgentrtError):
@@ -159,7 +161,11 @@ def read_or_create_token(path: str | os.PathLike[str]) -> str:
     return token
 
 
-def _allowed_hosts(listener: Listener, port: int) -> frozenset[str]:
+def _allowed_hosts(listener: Listener, port: int) -> frozenset[str] | None:
+    if listener.host in _EVERY_INTERFACE:
+        # Every interface: the machine's names are not known here, so any Host
+        # is answered; the token (over TLS) and the Origin check still hold.
+        return None
     hosts = {f"{listener.host}:{port}"}
     if ":" in listener.host:
         hosts = {f"[{listener.host}]:{port}"}
@@ -239,6 +245,8 @@ async def running_inbox(
     )
     server = _Server(config)
     host = f"[{listener.host}]" if ":" in listener.host else listener.host
+    if listener.host in _EVERY_INTERFACE:
+        host = socket.getfqdn()
     async with anyio.create_task_group() as group:
         group.start_soon(lambda: server.serve(sockets=[sock]))
         while not server.started:
