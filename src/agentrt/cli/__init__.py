@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import click
 
-from ..inbox._command import inbox
 from ._app import AgentrtGroup, Settings
 from ._decide import approve, cancel, reject
+from ._inbox import inbox
 from ._inspect import events, runs, show, verify
 from ._output import Output
 from ._servers import check, demo, pin, proxy

@@ -235,7 +235,8 @@ def _decide(
         else:
             for line in review_lines(approval, full=full):
                 output.line(line)
-            if verdict == _REJECT and note is not None:
+            if verdict == _REJECT and (note is not None or yes or not _at_a_terminal()):
+                # Without a terminal to ask at, an unnamed note is no note.
                 output.line(f"the model will be told: {sanitize(note) if note else '-'}")
         asked = False
         if not yes:

@@ -14,7 +14,16 @@ from typing import Any, Final
 
 from ..canonical import canonical_json
 from ..sanitize import sanitize
-from ..store import ApprovalRecord, ApprovalStatus, ChainReport, Event, RunRecord, StepRecord, Store
+from ..store import (
+    ApprovalRecord,
+    ApprovalStatus,
+    ChainReport,
+    Event,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+    Store,
+)
 from .review import (
     TextReview,
     displayed_hash,
@@ -148,7 +157,7 @@ def waiting_approvals(store: Store) -> list[ApprovalRecord]:
     while True:
         page = store.list_runs(limit=100, offset=offset)
         for run in page:
-            if str(run.status) != "waiting_for_approval":
+            if run.status is not RunStatus.WAITING_FOR_APPROVAL:
                 # Runs waiting for an approval come first; the rest wait for nothing.
                 return sorted(found, key=lambda approval: approval.created_at, reverse=True)
             approval = store.waiting_approval(run.run_id)

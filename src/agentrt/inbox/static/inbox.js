@@ -160,9 +160,10 @@
       });
       outcome.className = "outcome ok";
       outcome.textContent = (decided.status === "approved"
-        ? "approved by " + decided.by + "; the call runs when the host asks again with the same arguments"
+        ? "approved by " + decided.by + "; this exact request runs when its run resumes (through the proxy: when the host calls again with the same arguments)"
         : "rejected by " + decided.by + "; the run is cancelled");
       card.dataset.decidedAt = String(Date.now());
+      refresh();
       window.setTimeout(refresh, KEEP_DECIDED_MS + 500);
     } catch (error) {
       outcome.className = "outcome bad";

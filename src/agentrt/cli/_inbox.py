@@ -8,9 +8,7 @@ import sys
 import anyio
 import click
 
-from ..cli._app import EXIT_UNUSABLE, CommandError, Settings, login_name, open_for_deciding
-from ..store import Store
-from ._serve import (
+from ..inbox import (
     DEFAULT_LISTEN,
     InboxError,
     Listener,
@@ -18,6 +16,8 @@ from ._serve import (
     read_or_create_token,
     running_inbox,
 )
+from ..store import Store
+from ._app import EXIT_UNUSABLE, CommandError, Settings, login_name, open_for_deciding
 
 __all__ = ["inbox"]
 
@@ -35,7 +35,7 @@ async def _serve(store: Store, listener: Listener, token: str | None) -> None:
                 return
 
 
-@click.command()
+@click.command(short_help="Serve the approval inbox, a local web page.")
 @click.option(
     "--listen",
     default=DEFAULT_LISTEN,
