@@ -163,6 +163,7 @@
         ? "approved by " + decided.by + "; this exact request runs when its run resumes (through the proxy: when the host calls again with the same arguments)"
         : "rejected by " + decided.by + "; the run is cancelled");
       card.dataset.decidedAt = String(Date.now());
+      card.classList.add("decided");
       refresh();
       window.setTimeout(refresh, KEEP_DECIDED_MS + 500);
     } catch (error) {
@@ -192,7 +193,7 @@
       previous = card;
     });
     $("waiting-count").textContent = "(" + list.length + ")";
-    $("waiting-empty").hidden = list.length > 0;
+    $("waiting-empty").hidden = container.children.length > 0;
   }
 
   // -- runs ------------------------------------------------------------------
