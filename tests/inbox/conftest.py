@@ -15,15 +15,14 @@ for helpers in (HERE.parent / "cli", HERE.parent / "proxy"):
         sys.path.append(str(helpers))
 
 from cli_support import Produced, produce  # noqa: E402
-from inbox_support import CHROMEDRIVER, CHROMIUM, Browser, Inbox, start_inbox  # noqa: E402
-
-HOSTILE = (
-    '<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'
-    " \u202eexe.txt \x1b[31mred\x1b[0m"
+from inbox_support import (  # noqa: E402
+    CHROMEDRIVER,
+    CHROMIUM,
+    FORTY_LINES,
+    Browser,
+    Inbox,
+    start_inbox,
 )
-"""Markup, an event-handler attribute, a bidi override and a terminal escape."""
-
-FORTY_LINES = "".join(f"line {number} of the note\n" for number in range(1, 41))
 
 
 @pytest.fixture

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,12 +14,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2 as httpx
+from proxy_helpers import ProxySetup, write_private
+
+from agentrt.mcp import Server, pin
 
 AGENTRT = Path(sys.executable).with_name("agentrt")
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 REPO = Path(__file__).resolve().parents[2]
+HOSTILE = (
+    '<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'
+    " \u202eexe.txt \x1b[31mred\x1b[0m"
+)
+"""Markup, an event-handler attribute, a bidi override and a terminal escape."""
+
+FORTY_LINES = "".join(f"line {number} of the note\n" for number in range(1, 41))
+
 SCREENSHOTS = os.environ.get("AGENTRT_INBOX_SCREENSHOTS")
 """A directory to save the docs' screenshots in, when set (docs/images when refreshing them)."""
 
@@ -140,3 +154,58 @@ class Browser:
             self.driver.quit()
         finally:
             shutil.rmtree(self.profile, ignore_errors=True)
+
+
+NOTES_SERVER = Path(__file__).parent / "servers" / "notes_server.py"
+RULES: dict[str, Any] = {
+    "write_note": {"side_effect": "local_mutation"},
+    "edit_note": {"side_effect": "local_mutation"},
+}
+_INBOX_LINE = re.compile(r"agentrt proxy: inbox at (http://127\.0\.0\.1:\d+/) \(token in ")
+
+
+async def notes_setup(root: Path, **inbox: Any) -> tuple[ProxySetup, Path]:
+    """A proxy over the notes server, every write needing approval, serving the inbox."""
+    notes = root / "notes"
+    notes.mkdir(parents=True)
+    conf = root / "conf"
+    server = Server(
+        name="notes",
+        command=[sys.executable, str(NOTES_SERVER)],
+        env=[f"NOTES_DIR={notes}"],
+        connect_timeout=20.0,
+    )
+    write_private(conf / "notes.manifest.json", (await pin(server)).to_json())
+    document: dict[str, Any] = {
+        "database": "proxy.db",
+        "session": "inbox-session",
+        "hold": "300ms",
+        "policy": {"read_only": "allow", "local_mutation": "require_approval"},
+        "inbox": {"listen": "127.0.0.1:0", "token_file": "inbox.token", **inbox},
+        "servers": [
+            {
+                "name": "notes",
+                "command": [sys.executable, str(NOTES_SERVER)],
+                "env": [f"NOTES_DIR={notes}"],
+                "default_timeout": "10s",
+                "manifest": "notes.manifest.json",
+                "rules": RULES,
+            }
+        ],
+    }
+    config_path = write_private(conf / "proxy.json", json.dumps(document))
+    setup = ProxySetup(
+        root=root, config_path=config_path, database=conf / "proxy.db",
+        upstream_log=notes / "executions.log", stderr_path=root / "proxy.stderr",
+        document=document,
+    )  # fmt: skip
+    return setup, notes
+
+
+async def inbox_page(setup: ProxySetup) -> tuple[str, str]:
+    """The inbox address the proxy announced, and the page address with its token."""
+    with anyio.fail_after(30):
+        while not (match := _INBOX_LINE.search(setup.stderr())):
+            await anyio.sleep(0.1)
+    token = (setup.root / "conf" / "inbox.token").read_text().strip()
+    return match.group(1), f"{match.group(1)}#token={token}"

@@ -10,9 +10,6 @@ AGENTRT_INBOX_SCREENSHOTS names a directory.
 from __future__ import annotations
 
 import getpass
-import json
-import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,69 +17,13 @@ from typing import Any
 import anyio
 import pytest
 from cli_support import Produced
-from conftest import HOSTILE
-from inbox_support import Browser, Inbox
-from proxy_helpers import ProxySetup, host, text_of, write_private
+from inbox_support import HOSTILE, Browser, Inbox, inbox_page, notes_setup
+from proxy_helpers import host, text_of
 from selenium.webdriver.common.by import By
 
-from agentrt.mcp import Server, pin
 from agentrt.store import ApprovalStatus, open_store
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(180)]
-
-NOTES_SERVER = Path(__file__).parent / "servers" / "notes_server.py"
-RULES: dict[str, Any] = {
-    "write_note": {"side_effect": "local_mutation"},
-    "edit_note": {"side_effect": "local_mutation"},
-}
-_INBOX_LINE = re.compile(r"agentrt proxy: inbox at (http://127\.0\.0\.1:\d+/) \(token in ")
-
-
-async def notes_setup(root: Path, **inbox: Any) -> tuple[ProxySetup, Path]:
-    """A proxy over the notes server, every write needing approval, serving the inbox."""
-    notes = root / "notes"
-    notes.mkdir(parents=True)
-    conf = root / "conf"
-    server = Server(
-        name="notes",
-        command=[sys.executable, str(NOTES_SERVER)],
-        env=[f"NOTES_DIR={notes}"],
-        connect_timeout=20.0,
-    )
-    write_private(conf / "notes.manifest.json", (await pin(server)).to_json())
-    document: dict[str, Any] = {
-        "database": "proxy.db",
-        "session": "inbox-session",
-        "hold": "300ms",
-        "policy": {"read_only": "allow", "local_mutation": "require_approval"},
-        "inbox": {"listen": "127.0.0.1:0", "token_file": "inbox.token", **inbox},
-        "servers": [
-            {
-                "name": "notes",
-                "command": [sys.executable, str(NOTES_SERVER)],
-                "env": [f"NOTES_DIR={notes}"],
-                "default_timeout": "10s",
-                "manifest": "notes.manifest.json",
-                "rules": RULES,
-            }
-        ],
-    }
-    config_path = write_private(conf / "proxy.json", json.dumps(document))
-    setup = ProxySetup(
-        root=root, config_path=config_path, database=conf / "proxy.db",
-        upstream_log=notes / "executions.log", stderr_path=root / "proxy.stderr",
-        document=document,
-    )  # fmt: skip
-    return setup, notes
-
-
-async def inbox_page(setup: ProxySetup) -> tuple[str, str]:
-    """The inbox address the proxy announced, and the page address with its token."""
-    with anyio.fail_after(30):
-        while not (match := _INBOX_LINE.search(setup.stderr())):
-            await anyio.sleep(0.1)
-    token = (setup.root / "conf" / "inbox.token").read_text().strip()
-    return match.group(1), f"{match.group(1)}#token={token}"
 
 
 async def in_thread(function: Any, *args: Any) -> Any:
@@ -242,9 +183,15 @@ async def test_the_runs_and_a_runs_trail_with_the_chain_state(
         with open_store(setup.database, read_only=True, create=False) as store:
             head = store.verify_chain()
         assert f"head {head.head_seq}:{head.head_hash}" in driver.find_element(By.ID, "chain").text
-        first = driver.find_element(By.CSS_SELECTOR, "#runs tbody tr")
-        assert "waiting_for_approval" in first.text
-        first.find_element(By.TAG_NAME, "a").click()
+
+        def open_the_waiting_run(driver: Any) -> bool:
+            # The table is redrawn on every change; a row found just before may be gone.
+            first = driver.find_element(By.CSS_SELECTOR, "#runs tbody tr")
+            assert "waiting_for_approval" in first.text
+            first.find_element(By.TAG_NAME, "a").click()
+            return True
+
+        await in_thread(browser.wait_for, open_the_waiting_run, 30.0, "the waiting run's link")
         await in_thread(
             browser.wait_for,
             lambda driver: driver.find_element(By.ID, "run-section").is_displayed(),

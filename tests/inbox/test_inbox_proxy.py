@@ -9,8 +9,8 @@ from pathlib import Path
 
 import anyio
 import pytest
+from inbox_support import inbox_page, notes_setup
 from proxy_helpers import host, text_of, write_private
-from test_inbox_browser import inbox_page, notes_setup
 
 from agentrt.proxy.config import ConfigError, load_config
 
