@@ -57,7 +57,9 @@ pytest: system-test $(DEV_STAMP) $(TEST_SERVERS) $(INSPECTOR) $(DEMO_SERVER)
 
 test: lint typecheck pytest
 
+# The demo's filesystem server runs inside bubblewrap.
 demo: $(RUN_STAMP) $(DEMO_SERVER)
+	tools/debian-packages bwrap=bubblewrap
 	$(BIN)/agentrt demo
 
 bench: $(DEV_STAMP) $(TEST_SERVERS)

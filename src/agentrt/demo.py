@@ -1,6 +1,7 @@
 """`agentrt demo`: the whole story on one machine, with no network and no model download.
 
-The stock MCP filesystem server runs over a sandbox; `pin` shows the hints it
+The stock MCP filesystem server runs in bubblewrap, confined to its sandbox
+directory (see docs/sandbox.md); `pin` shows the hints it
 claims; the operator's `rules.json` classifies four reads and one write (over
 the server's destructive hint); an agent reads a file and asks to write one;
 the policy holds the write for an approval bound to the hash of what the
@@ -31,19 +32,22 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 import anyio
+import anyio.to_thread
 
+from .accounting import MeteredAgent, ModelMeter
 from .agent import Agent, Decision, DecisionKind, Observation, StepInput
 from .approvals import approve
 from .canonical import JSONBoundaryError, canonical_json, parse_json
 from .driver import Driver, RunResult
 from .errors import AgentrtError
 from .gate import Gate, Limits
-from .mcp import Manifest, Report, Server, load, pin, read_manifest, read_rules
+from .mcp import Manifest, Report, Sandbox, Server, load, pin, read_manifest, read_rules
 from .mcp._files import write_private
 from .policy import ClassPolicy, Outcome
 from .providers import ProviderError, ScriptedAgent, agent_for
 from .sanitize import sanitize
 from .store import ApprovalRecord, ApprovalStatus, RunStatus, Store, approval_hash, open_store
+from .telemetry import settings_from, start_exporter
 from .tools import SideEffect, Tool
 from .trace import format_event
 
@@ -55,6 +59,7 @@ __all__ = [
     "DemoStopped",
     "default_example_dir",
     "default_state_dir",
+    "demo_server",
     "run_demo",
 ]
 
@@ -154,6 +159,18 @@ class DemoPaths:
     @property
     def server_script(self) -> Path:
         return self.example_dir / _SERVER_SCRIPT
+
+
+def demo_server(paths: DemoPaths, node: str) -> Server:
+    """The stock filesystem server, sandboxed: its package read-only, the sandbox writable."""
+    return Server(
+        name=DEMO_SERVER,
+        command=[node, str(paths.server_script), str(paths.sandbox.resolve())],
+        sandbox=Sandbox(
+            read=[str((paths.example_dir / "node_modules").resolve())],
+            write=[str(paths.sandbox.resolve())],
+        ),
+    )
 
 
 def _private_dir(path: Path) -> None:
@@ -282,13 +299,20 @@ class _NarratedAgent:
         self._shown = 0
 
     async def decide(self, step_input: StepInput) -> Decision:
+        return await self.decide_metered(step_input, None)
+
+    async def decide_metered(self, step_input: StepInput, meter: ModelMeter | None) -> Decision:
+        # A model agent is asked through the Driver's meter, so its calls are on the books.
         for observation in step_input.history[self._shown :]:
             self._show_observation(observation)
         self._shown = len(step_input.history)
         if self.switch.requested:
             raise DemoStopped("stopped by Ctrl-C before the next step")
         with self.switch.cancellable() as scope:
-            decision = await self.agent.decide(step_input)
+            if meter is not None and isinstance(self.agent, MeteredAgent):
+                decision = await self.agent.decide_metered(step_input, meter)
+            else:
+                decision = await self.agent.decide(step_input)
         if scope.cancelled_caught:
             raise DemoStopped("stopped by Ctrl-C while the model was deciding")
         if decision.kind is DecisionKind.TOOL_CALL:
@@ -382,7 +406,7 @@ async def run_demo(
 ) -> int:
     """Run the demo and return the exit status (0 done and the chain intact).
 
-    `model` is `ollama:NAME` or `openai:NAME` (else a scripted agent);
+    `model` is `ollama:NAME`, `openai:NAME` or `anthropic:NAME` (else a scripted agent);
     `interactive` waits for `agentrt approve` in another terminal instead of
     approving; `resume` continues a run an earlier demo left (after Ctrl-C).
     """
@@ -521,11 +545,12 @@ class _Demo:
             )
         _private_dir(paths.state_dir)
         _private_dir(paths.sandbox)
-        server = Server(
-            name=DEMO_SERVER,
-            command=[node, str(paths.server_script), str(paths.sandbox.resolve())],
-        )
+        server = demo_server(paths, node)
         say(f"state: {sanitize(str(paths.state_dir))} (mode 0700)")
+        say(
+            "server: confined by bubblewrap; it sees the system directories and its own package,"
+            " writes only the sandbox directory, has an empty HOME and no network"
+        )
         # Pinning and loading change nothing but the demo's own files, so Ctrl-C
         # may cut them short (pin and load close the server on the way out).
         with switch.cancellable() as setup:
@@ -553,8 +578,8 @@ class _Demo:
     def _agent_line(self) -> str:
         if self.agent is None:
             return (
-                "scripted — no model is configured (use --model ollama:NAME or"
-                " --model openai:NAME for a real one)"
+                "scripted — no model is configured (use --model ollama:NAME,"
+                " --model openai:NAME or --model anthropic:NAME for a real one)"
             )
         description = getattr(self.agent, "description", None)
         return str(description) if description else sanitize(repr(self.agent))
@@ -614,6 +639,14 @@ class _Demo:
         else:
             inner = self.agent
         store = open_store(paths.database)
+        telemetry = start_exporter(
+            paths.database,
+            settings_from(default_service="agentrt-demo"),
+            side_effects={tool.spec.name: str(tool.spec.side_effect) for tool in tools},
+            log=sys.stderr,
+        )
+        if telemetry is not None:
+            say(f"telemetry: spans of this run go to {sanitize(telemetry.settings.traces_url)}")
         try:
             gate = Gate(
                 store, list(tools), policy=DEMO_POLICY, limits=_LIMITS, lease_ttl=_LEASE_TTL
@@ -641,6 +674,9 @@ class _Demo:
                 result = await driver.resume(result.run_id)
             return self._finish(store, result)
         finally:
+            if telemetry is not None:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(telemetry.stop)
             store.close()
 
     async def _decide(self, store: Store, approval: ApprovalRecord, switch: _StopSwitch) -> bool:

@@ -1,15 +1,22 @@
-"""The Driver: an agent's loop over a gate."""
+"""The Driver: an agent's loop over a gate, and what the run may spend on its model."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from .accounting import (
+    MeteredAgent,
+    ModelLimits,
+    PriceTable,
+    RunMeter,
+    SpendingLimitReached,
+)
 from .agent import Agent, Decision, StepInput
 from .errors import AgentrtError
 from .gate import Gate, StepOutcome
 from .sanitize import sanitize
-from .store import ApprovalRecord, RunStatus
+from .store import ApprovalRecord, RunRecord, RunStatus
 
 __all__ = ["Driver", "RunResult"]
 
@@ -26,12 +33,30 @@ class RunResult:
 
 
 class Driver:
-    """Ask the agent, hand its decision to the gate, repeat until the run ends or waits."""
+    """Ask the agent, hand its decision to the gate, repeat until the run ends or waits.
 
-    def __init__(self, gate: Gate, agent: Agent, *, model: Any = None) -> None:
+    `limits` bound what the run spends on its model — calls, tokens, cost,
+    active time — and are checked before each model dispatch (an agent that
+    implements `MeteredAgent`, as every model adapter does, is asked through
+    a meter that checks them before each attempt and records each one);
+    reaching one ends the run with its reason (`model_call_limit`,
+    `token_limit`, `cost_limit`, `active_time`).  `prices` prices the calls.
+    """
+
+    def __init__(
+        self,
+        gate: Gate,
+        agent: Agent,
+        *,
+        model: Any = None,
+        limits: ModelLimits | None = None,
+        prices: PriceTable | None = None,
+    ) -> None:
         self.gate = gate
         self.agent = agent
         self.model = model
+        self.limits = limits if limits is not None else ModelLimits()
+        self.prices = prices if prices is not None else PriceTable()
 
     async def run(self, goal: str, *, run_id: str | None = None) -> RunResult:
         """Start a run for `goal` and drive it."""
@@ -67,13 +92,26 @@ class Driver:
                     model=self.model,
                     metadata=dict(run.metadata),
                 )
-                try:
-                    decision = await self.agent.decide(step_input)
-                except AgentrtError:
-                    raise
-                except Exception as exc:
-                    reason = f"agent_error: {sanitize(str(exc) or type(exc).__name__)[:500]}"
-                    decision = Decision.fail(reason)
+                decision = await self._decide(run, step_input)
                 outcome = await self.gate.step(run_id, decision)
                 if outcome.status is not RunStatus.RUNNING:
                     return self._result(outcome)
+
+    async def _decide(self, run: RunRecord, step_input: StepInput) -> Decision:
+        store = self.gate.store
+        meter = await store.run(
+            RunMeter, store, run.run_id, run.step_count + 1, self.limits, self.prices
+        )
+        try:
+            meter.check_time()
+            if isinstance(self.agent, MeteredAgent):
+                return await self.agent.decide_metered(step_input, meter)
+            return await self.agent.decide(step_input)
+        except SpendingLimitReached as reached:
+            await meter.reached(reached)
+            return Decision.fail(reached.reason)
+        except AgentrtError:
+            raise
+        except Exception as exc:
+            reason = f"agent_error: {sanitize(str(exc) or type(exc).__name__)[:500]}"
+            return Decision.fail(reason)

@@ -648,6 +648,15 @@ class Store:
                 checked += 1
         return ChainReport(True, head_seq, head_hash, None, "intact", checked)
 
+    def events_after(self, seq: int, limit: int = 1000) -> list[Event]:
+        """Events of every run with a seq above `seq`, oldest first, at most `limit` of them."""
+        rows = self._query("SELECT * FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit))
+        return [_row_to_event(row) for row in rows]
+
+    def head_seq(self) -> int:
+        """The seq of the newest event (0 when there is none)."""
+        return int(self._query("SELECT COALESCE(MAX(seq), 0) FROM events")[0][0])
+
     def event_at(self, seq: int) -> Event | None:
         rows = self._query("SELECT * FROM events WHERE seq = ?", (seq,))
         return _row_to_event(rows[0]) if rows else None

@@ -36,6 +36,7 @@ class Answer:
     headers: dict[str, str] = field(default_factory=dict)
     chunked: bool = False
     delay: float = 0.0
+    drop: bool = False
 
 
 class QuietHTTPServer(ThreadingHTTPServer):
@@ -69,6 +70,10 @@ class FakeModelServer:
                     answer = server._answers.pop(0) if server._answers else Answer(500, b"{}")
                 if answer.delay:
                     time.sleep(answer.delay)
+                if answer.drop:
+                    # Read the whole request, then hang up without a byte of answer.
+                    self.close_connection = True
+                    return
                 try:
                     self.send_response(answer.status)
                     for name, value in answer.headers.items():
@@ -103,12 +108,13 @@ class FakeModelServer:
         headers: dict[str, str] | None = None,
         chunked: bool = False,
         delay: float = 0.0,
+        drop: bool = False,
     ) -> None:
         data = raw if raw is not None else json.dumps(body).encode()
         all_headers = {"Content-Type": "application/json"}
         all_headers.update(headers or {})
         with self._lock:
-            self._answers.append(Answer(status, data, all_headers, chunked, delay))
+            self._answers.append(Answer(status, data, all_headers, chunked, delay, drop))
 
     def close(self) -> None:
         self._httpd.shutdown()

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
+from agentrt.accounting import AttemptOutcome, list_attempts
 from agentrt.canonical import canonical_json, parse_json
 from agentrt.demo import (
     INPUT_FILE,
@@ -195,7 +196,7 @@ async def test_demo_with_an_unknown_model_is_a_usage_error(tmp_path: Path) -> No
 
     assert await run_demo(model="gpt-4", state_dir=tmp_path / "s", out=out) == 2
 
-    assert "--model 'gpt-4' must be ollama:NAME or openai:NAME" in out.getvalue()
+    assert "--model 'gpt-4' must be ollama:NAME, openai:NAME or anthropic:NAME" in out.getvalue()
     assert not (tmp_path / "s").exists()
     out = io.StringIO()
     assert await run_demo(base_url="http://127.0.0.1:9", state_dir=tmp_path / "s", out=out) == 2
@@ -458,14 +459,14 @@ async def test_demo_model_endpoint_failure_keeps_the_run_and_prints_how_to_resum
 ) -> None:
     needs_the_server()
     state = tmp_path / "state"
-    model_server.answer({"error": {"message": "model not loaded"}}, status=503)
+    model_server.answer({"error": {"message": "model not found"}}, status=404)
     out = io.StringIO()
 
     status = await run_demo(model="openai:m", base_url=model_server.url, state_dir=state, out=out)
 
     assert status == 1
     text = out.getvalue()
-    assert "answered 503: model not loaded" in text
+    assert "answered 404: model not found" in text
     (run,) = runs_of(state / "agentrt.db")
     assert run.status is RunStatus.RUNNING
     expected = (
@@ -510,6 +511,10 @@ async def test_ctrl_c_while_the_model_thinks_stops_at_once_without_a_step(
     assert run.status is RunStatus.RUNNING
     with open_store(state / "agentrt.db", read_only=True) as store:
         assert store.list_steps(run.run_id) == []
+        # The request went out and was never answered: on the books as ambiguous, in full.
+        (attempt,) = list_attempts(store, run.run_id)
+    assert attempt.outcome is AttemptOutcome.AMBIGUOUS
+    assert attempt.charged_tokens > 4096
     assert f"--resume {run.run_id}" in output
 
 
@@ -519,7 +524,7 @@ async def test_demo_resume_continues_a_run_its_model_left(
     needs_the_server()
     state = tmp_path / "state"
     sandbox = (state / "sandbox").resolve()
-    model_server.answer({"error": {"message": "model not loaded"}}, status=503)
+    model_server.answer({"error": {"message": "model not found"}}, status=404)
     out = io.StringIO()
     assert (
         await run_demo(model="openai:m", base_url=model_server.url, state_dir=state, out=out) == 1

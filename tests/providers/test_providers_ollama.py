@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agentrt.agent import Decision, DecisionKind, Observation, StepInput
-from agentrt.providers import MAX_RESPONSE_BYTES, OllamaAgent, ProviderError
+from agentrt.providers import MAX_RESPONSE_BYTES, NO_RETRY, OllamaAgent, ProviderError
 from agentrt.providers.ollama import ollama_base_url
 from agentrt.tools import SideEffect, ToolSpec
 
@@ -199,7 +199,7 @@ async def test_ollama_body_that_is_not_json_is_refused(model_server: Any) -> Non
 
 async def test_ollama_unreachable_server_is_a_provider_error_naming_it() -> None:
     # Port 9 on loopback: nothing listens there in a test environment.
-    agent = OllamaAgent("m", base_url="http://127.0.0.1:9")
+    agent = OllamaAgent("m", base_url="http://127.0.0.1:9", retry=NO_RETRY)
 
     with pytest.raises(ProviderError, match="could not be reached"):
         await agent.decide(step_input())
@@ -207,7 +207,7 @@ async def test_ollama_unreachable_server_is_a_provider_error_naming_it() -> None
 
 async def test_ollama_slow_server_hits_the_deadline(model_server: Any) -> None:
     model_server.answer(chat_answer({"content": "late"}), delay=2.0)
-    agent = OllamaAgent("m", base_url=model_server.url, timeout=0.3)
+    agent = OllamaAgent("m", base_url=model_server.url, timeout=0.3, retry=NO_RETRY)
 
     with pytest.raises(ProviderError, match=r"did not answer within 0\.3 s"):
         await agent.decide(step_input())
@@ -230,7 +230,7 @@ def test_ollama_key_is_refused_over_plain_http_to_another_host() -> None:
 def test_ollama_request_body_is_plain_json(model_server: Any) -> None:
     agent = OllamaAgent("m", base_url=model_server.url, options={"temperature": 0})
     body = agent.request_body(step_input())
-    assert json.loads(json.dumps(body))["options"] == {"temperature": 0}
+    assert json.loads(json.dumps(body))["options"] == {"temperature": 0, "num_predict": 4096}
 
 
 async def test_ollama_compressed_body_is_bounded_by_its_decoded_size(model_server: Any) -> None:

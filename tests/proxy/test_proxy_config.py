@@ -128,7 +128,7 @@ def test_a_required_field_missing_is_refused(tmp_path: Path, missing: str) -> No
         load_config(write_config(tmp_path, document))
 
 
-@pytest.mark.parametrize("missing", ["name", "manifest", "rules"])
+@pytest.mark.parametrize("missing", ["name", "manifest"])
 def test_a_server_without_a_required_field_is_refused(tmp_path: Path, missing: str) -> None:
     document = base(tmp_path)
     del document["servers"][0][missing]

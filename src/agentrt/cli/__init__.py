@@ -11,8 +11,11 @@ from __future__ import annotations
 import click
 
 from ._app import AgentrtGroup, Settings
+from ._classify import classify
 from ._decide import approve, cancel, reject
+from ._export import export
 from ._inbox import inbox
+from ._init import init
 from ._inspect import events, runs, show, verify
 from ._output import Output
 from ._servers import check, demo, pin, proxy
@@ -36,8 +39,22 @@ def cli(context: click.Context, database: str | None, json_lines: bool) -> None:
 
 
 for _command in (
-    runs, show, events, approve, reject, cancel, verify, inbox, pin, check, proxy, demo,
-):  # fmt: skip
+    runs,
+    show,
+    events,
+    approve,
+    reject,
+    cancel,
+    verify,
+    inbox,
+    export,
+    init,
+    pin,
+    classify,
+    check,
+    proxy,
+    demo,
+):
     cli.add_command(_command)
 
 

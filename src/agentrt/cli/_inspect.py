@@ -13,6 +13,13 @@ from typing import Final
 
 import click
 
+from ..accounting import (
+    ModelAttempt,
+    RunSpending,
+    list_attempts,
+    spending_by_run,
+    spending_of,
+)
 from ..sanitize import sanitize
 from ..store import ApprovalRecord, ApprovalStatus, RunRecord, StepRecord, epoch_to_iso
 from ..trace import event_json, format_event
@@ -73,6 +80,7 @@ def runs(settings: Settings, limit: int, offset: int) -> None:
         total = store.count_runs()
         page = store.list_runs(limit=limit, offset=offset)
         waiting = {run.run_id: store.waiting_approval(run.run_id) for run in page}
+        spent = spending_by_run(store, [run.run_id for run in page])
     if output.json:
         for run in page:
             approval = waiting[run.run_id]
@@ -81,6 +89,8 @@ def runs(settings: Settings, limit: int, offset: int) -> None:
                     "record": "run",
                     **_run_json(run),
                     "waiting_approval": approval.approval_id if approval else None,
+                    "model_calls": spent[run.run_id].calls if run.run_id in spent else 0,
+                    "cost": _cost_json(spent.get(run.run_id)),
                 }
             )
         output.record({"record": "page", "offset": offset, "shown": len(page), "total": total})
@@ -96,14 +106,111 @@ def runs(settings: Settings, limit: int, offset: int) -> None:
                 sanitize(run.run_id),
                 sanitize(status),
                 str(run.step_count),
+                _cost_cell(spent.get(run.run_id)),
                 sanitize(approval.approval_id) if approval else "-",
                 run.updated_at,
                 _short(run.goal, _GOAL_WIDTH),
             ]
         )
     if rows:
-        output.table(["RUN", "STATUS", "STEPS", "APPROVAL", "UPDATED", "GOAL"], rows)
+        output.table(["RUN", "STATUS", "STEPS", "COST", "APPROVAL", "UPDATED", "GOAL"], rows)
     output.line(_page_line("runs", offset, len(page), total))
+
+
+def _cost_cell(spent: RunSpending | None) -> str:
+    """A run's model cost in dollars: `-` with no model calls, `≥` when a price was unknown."""
+    if spent is None or spent.calls == 0:
+        return "-"
+    if spent.cost_unknown and spent.cost == 0:
+        return "unknown"
+    return ("≥" if spent.cost_unknown else "") + f"${spent.cost:.4f}"
+
+
+def _cost_json(spent: RunSpending | None) -> str | None:
+    """The exact cost as a decimal string (None when a call's price was unknown)."""
+    if spent is None:
+        return "0"
+    return None if spent.cost_unknown else str(spent.cost)
+
+
+def _usage_fields(spent: RunSpending) -> list[tuple[str, str]]:
+    return [
+        ("model calls", str(spent.calls)),
+        (
+            "tokens",
+            f"{spent.input_tokens} in, {spent.output_tokens} out,"
+            f" {spent.cache_creation_input_tokens} cache write,"
+            f" {spent.cache_read_input_tokens} cache read (charged {spent.charged_tokens})",
+        ),
+        ("cost", _cost_cell(spent)),
+    ]
+
+
+def _attempt_row(attempt: ModelAttempt) -> list[str]:
+    usage = attempt.usage
+    return [
+        str(attempt.step),
+        str(attempt.attempt),
+        _short(f"{attempt.provider}:{attempt.model}", 32),
+        str(attempt.outcome),
+        sanitize(attempt.stop_reason or "-"),
+        "-" if usage is None else str(usage.input_tokens),
+        "-" if usage is None else str(usage.output_tokens),
+        "-"
+        if usage is None
+        else f"{usage.cache_creation_input_tokens}/{usage.cache_read_input_tokens}",
+        str(attempt.charged_tokens),
+        "unknown" if attempt.cost is None else f"${attempt.cost:.4f}",
+        _attempt_note(attempt),
+    ]
+
+
+def _attempt_note(attempt: ModelAttempt) -> str:
+    """The attempt's note, else its error with the end kept (where the status and reason are)."""
+    parts = []
+    if attempt.error:
+        parts.append(bounded(attempt.error, head=12, tail=48))
+    if attempt.note:
+        parts.append(_short(attempt.note, 60))
+    return "; ".join(parts) or "-"
+
+
+def _attempt_json(attempt: ModelAttempt) -> dict[str, object]:
+    usage = attempt.usage
+    return {
+        "record": "model_call",
+        "run_id": attempt.run_id,
+        "step": attempt.step,
+        "attempt": attempt.attempt,
+        "provider": attempt.provider,
+        "model": attempt.model,
+        "started_at": attempt.started_at,
+        "finished_at": attempt.finished_at,
+        "outcome": str(attempt.outcome),
+        "stop_reason": attempt.stop_reason,
+        "input_tokens": None if usage is None else usage.input_tokens,
+        "output_tokens": None if usage is None else usage.output_tokens,
+        "cache_creation_input_tokens": None if usage is None else usage.cache_creation_input_tokens,
+        "cache_read_input_tokens": None if usage is None else usage.cache_read_input_tokens,
+        "charged_tokens": attempt.charged_tokens,
+        "cost": None if attempt.cost is None else str(attempt.cost),
+        "note": attempt.note,
+        "error": attempt.error,
+    }
+
+
+def _spending_json(spent: RunSpending) -> dict[str, object]:
+    return {
+        "record": "model_usage",
+        "model_calls": spent.calls,
+        "input_tokens": spent.input_tokens,
+        "output_tokens": spent.output_tokens,
+        "cache_creation_input_tokens": spent.cache_creation_input_tokens,
+        "cache_read_input_tokens": spent.cache_read_input_tokens,
+        "charged_tokens": spent.charged_tokens,
+        "cost": None if spent.cost_unknown else str(spent.cost),
+        "cost_known_part": str(spent.cost),
+    }
 
 
 def _run_json(run: RunRecord) -> dict[str, object]:
@@ -230,6 +337,8 @@ def show(settings: Settings, run_id: str, limit: int, offset: int) -> None:
         total_steps = store.count_steps(run_id)
         steps = store.list_steps(run_id, limit=limit, offset=offset)
         approval = store.waiting_approval(run_id)
+        attempts = list_attempts(store, run_id)
+    spent = spending_of(attempts)
     if output.json:
         output.record({"record": "run", **_run_json(run)})
         for step in steps:
@@ -237,10 +346,13 @@ def show(settings: Settings, run_id: str, limit: int, offset: int) -> None:
         output.record(
             {"record": "page", "offset": offset, "shown": len(steps), "total": total_steps}
         )
+        for attempt in attempts:
+            output.record(_attempt_json(attempt))
+        output.record(_spending_json(spent))
         if approval is not None:
             output.record(approval_json(approval))
         return
-    output.fields(_run_fields(run))
+    output.fields(_run_fields(run) + _usage_fields(spent))
     output.line()
     if steps:
         output.table(
@@ -248,6 +360,13 @@ def show(settings: Settings, run_id: str, limit: int, offset: int) -> None:
             [_step_row(step) for step in steps],
         )
     output.line(_page_line("steps", offset, len(steps), total_steps))
+    if attempts:
+        output.line()
+        output.table(
+            ["STEP", "TRY", "MODEL", "OUTCOME", "STOP", "IN", "OUT", "CACHE W/R", "CHARGED",
+             "COST", "NOTE"],
+            [_attempt_row(attempt) for attempt in attempts],
+        )  # fmt: skip
     if approval is None:
         return
     output.line()

@@ -20,13 +20,14 @@ from ..errors import AgentrtError
 from ..mcp._files import write_private
 from ..sanitize import sanitize
 from ._app import EXIT_UNUSABLE, CommandError, Settings
+from ._diff import ToolChange, manifest_changes
 from ._output import Output, bounded
 
 if TYPE_CHECKING:
     from ..mcp import Manifest, Report
     from ..proxy.config import ProxyConfig, UpstreamConfig
 
-__all__ = ["check", "demo", "pin", "proxy"]
+__all__ = ["check", "demo", "pin", "pin_upstream", "proxy"]
 
 _HINTS: Final = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
 
@@ -119,77 +120,222 @@ def _print_manifest(output: Output, manifest: Manifest, manifest_path: Path) -> 
         )
 
 
-@click.command(short_help="Pin each server's tools to its manifest.")
-@_config_option
-@click.argument("server_name", metavar="[SERVER]", required=False)
-@click.pass_obj
-def pin(settings: Settings, config_path: str, server_name: str | None) -> None:
-    """Connect to each server, list its tools, and write its manifest (owner-only)."""
+def _previous_pin(manifest_path: Path) -> tuple[Manifest | None, str]:
+    """The manifest a new pin would replace, or None with the reason it cannot be compared."""
+    from ..mcp import read_manifest
+
+    if not manifest_path.exists() and not manifest_path.is_symlink():
+        return None, ""
+    try:
+        return read_manifest(manifest_path), ""
+    except AgentrtError as error:
+        return None, sanitize(str(error))
+
+
+def _print_changes(output: Output, server: str, changes: list[ToolChange]) -> None:
+    if output.json:
+        for change in changes:
+            output.record(
+                {
+                    "record": "pin_change",
+                    "server": server,
+                    "tool": change.tool,
+                    "kind": change.kind,
+                    "lines": change.lines,
+                }
+            )
+        return
+    for change in changes:
+        output.line(f'  {change.kind} tool "{sanitize(change.tool)}":')
+        for line in change.lines:
+            output.line(f"    {line}")
+
+
+def pin_upstream(output: Output, upstream: UpstreamConfig, *, yes: bool) -> Manifest:
+    """Pin one server and write its manifest; a pin replacing another is shown as a review.
+
+    Over an existing manifest the changes are printed tool by tool and the new
+    manifest is written only when the operator agrees (or `yes`); an
+    unchanged server keeps its file.  Raises `AgentrtError` when the server
+    cannot be pinned and `CommandError` when the operator declines.
+    """
     from ..mcp import pin as pin_server
 
+    name = upstream.server.name
+    manifest = anyio.run(pin_server, upstream.server)
+    previous, unreadable = _previous_pin(upstream.manifest_path)
+    shown_path = sanitize(str(upstream.manifest_path))
+    if previous is not None:
+        changes = manifest_changes(previous, manifest)
+        if not changes:
+            if output.json:
+                output.record(
+                    {"record": "unchanged", "server": name, "path": str(upstream.manifest_path)}
+                )
+            else:
+                output.line(
+                    f'server "{sanitize(name)}": unchanged since it was pinned to {shown_path}'
+                )
+            return previous
+        if not output.json:
+            output.line(
+                f'server "{sanitize(name)}": {len(changes)} tool(s) changed since the pin in '
+                f"{shown_path} (text from the server is escaped; hints are its claims):"
+            )
+        _print_changes(output, name, changes)
+    elif unreadable:
+        # Nothing trusted to compare against: the new pin is reviewed as a first one.
+        click.echo(
+            f'server "{sanitize(name)}": the manifest it replaces cannot be read, so it is '
+            f"pinned afresh: {unreadable}",
+            err=output.json,
+        )
+    if previous is not None and not yes:
+        try:
+            agreed = click.confirm(f'write the new manifest for server "{sanitize(name)}"?')
+        except click.Abort:
+            agreed = False
+        if not agreed:
+            raise CommandError(
+                f'the manifest of server "{sanitize(name)}" was not replaced: answer yes, '
+                "or pass --yes once you have reviewed the changes"
+            )
+    try:
+        write_private(upstream.manifest_path, manifest.to_json())
+    except OSError as error:
+        raise CommandError(
+            f"the manifest {shown_path} cannot be written: "
+            f"{sanitize(error.strerror or str(error))}",
+            EXIT_UNUSABLE,
+        ) from error
+    _print_manifest(output, manifest, upstream.manifest_path)
+    return manifest
+
+
+@click.command(short_help="Pin each server's tools to its manifest, reviewing what changed.")
+@_config_option
+@click.argument("server_name", metavar="[SERVER]", required=False)
+@click.option("--yes", is_flag=True, help="Replace a changed manifest without asking.")
+@click.pass_obj
+def pin(settings: Settings, config_path: str, server_name: str | None, yes: bool) -> None:
+    """Connect to each server, list its tools, and write its manifest (owner-only).
+
+    Over an existing manifest, print what changed (new and removed tools, a
+    word-level diff of a description, the schema's changed keys, changed
+    hints) and ask before replacing it.
+    """
     config = _load_config(config_path)
     failures = 0
+    declined = 0
     for upstream in _selected(config, server_name):
         name = sanitize(upstream.server.name)
         try:
-            manifest = anyio.run(pin_server, upstream.server)
+            pin_upstream(settings.output, upstream, yes=yes)
+        except CommandError as error:
+            if error.exit_code == EXIT_UNUSABLE:
+                raise
+            declined += 1
+            error.show()
         except AgentrtError as error:
             failures += 1
             click.echo(f'agentrt: server "{name}" was not pinned: {sanitize(str(error))}', err=True)
-            continue
-        try:
-            write_private(upstream.manifest_path, manifest.to_json())
-        except OSError as error:
-            raise CommandError(
-                f"the manifest {sanitize(str(upstream.manifest_path))} cannot be written: "
-                f"{sanitize(error.strerror or str(error))}",
-                EXIT_UNUSABLE,
-            ) from error
-        _print_manifest(settings.output, manifest, upstream.manifest_path)
     if failures:
         raise CommandError(
             f"{failures} server(s) could not be pinned; nothing was written for them"
         )
+    if declined:
+        raise CommandError(f"{declined} manifest(s) were kept as they were")
 
 
 async def _check_one(upstream: UpstreamConfig) -> Report:
     """Load one server against its manifest and rules; the connection is always closed."""
-    from ..mcp import load, read_manifest
+    from ..mcp import LoadError, load, read_manifest
 
     manifest = read_manifest(upstream.manifest_path)
-    _tools, report = await load(upstream.server, manifest, upstream.rules)
+    try:
+        _tools, report = await load(upstream.server, manifest, upstream.rules)
+    except LoadError as error:
+        if error.report is None:
+            raise
+        # Nothing registered; the report still says why, tool by tool.
+        return error.report
     if report.connection is not None:
         await report.connection.aclose()
     return report
+
+
+def _confinement(upstream: UpstreamConfig) -> str:
+    """Whether a server is sandboxed, and what its sandbox grants, in one phrase."""
+    server = upstream.server
+    if server.command is None:
+        return "reached over HTTP (it runs elsewhere; no sandbox applies)"
+    sandbox = server.sandbox
+    if sandbox is None:
+        return "not sandboxed: it runs with every file and network this user can reach"
+    granted = [
+        f"{kind} {', '.join(sanitize(path) for path in paths)}"
+        for kind, paths in (("read", sandbox.read), ("write", sandbox.write))
+        if paths
+    ]
+    granted.append("network on" if sandbox.network else "no network")
+    return f"sandboxed ({'; '.join(granted)})"
+
+
+def _refused_changes(upstream: UpstreamConfig, refused: list[str]) -> list[ToolChange]:
+    """What changed in the refused tools since their pin, from a fresh listing (nothing called)."""
+    from ..mcp import pin as pin_server
+    from ..mcp import read_manifest
+
+    try:
+        pinned = read_manifest(upstream.manifest_path)
+        live = anyio.run(pin_server, upstream.server)
+    except AgentrtError:
+        return []
+    return manifest_changes(pinned, live, only=set(refused))
 
 
 @click.command(short_help="Load every server as the proxy would; call nothing.")
 @_config_option
 @click.pass_obj
 def check(settings: Settings, config_path: str) -> None:
-    """Load every server as the proxy would and print the report; no tool is called."""
+    """Load every server as the proxy would and print the report; no tool is called.
+
+    For every refused tool, what changed since its pin is shown as `pin` shows it.
+    """
     config = _load_config(config_path)
     output = settings.output
     failed = 0
     for upstream in config.servers:
         name = upstream.server.name
+        sandboxed = upstream.server.sandbox is not None
+        if not output.json:
+            output.line(f'server "{sanitize(name)}": {_confinement(upstream)}')
         try:
             report = anyio.run(_check_one, upstream)
         except AgentrtError as error:
             failed += 1
             if output.json:
-                output.record({"record": "check", "server": name, "ok": False, "error": str(error)})
+                output.record(
+                    {
+                        "record": "check",
+                        "server": name,
+                        "sandboxed": sandboxed,
+                        "ok": False,
+                        "error": str(error),
+                    }
+                )
             else:
                 output.line(f'server "{sanitize(name)}": not loaded: {sanitize(str(error))}')
             continue
         refused = list(report.refused)
-        failed += bool(refused)
+        failed += bool(refused) or not report.registered
         if output.json:
             output.record(
                 {
                     "record": "check",
                     "server": name,
-                    "ok": not refused,
+                    "sandboxed": sandboxed,
+                    "ok": not refused and bool(report.registered),
                     "registered": [
                         {
                             "tool": registration.tool,
@@ -208,6 +354,16 @@ def check(settings: Settings, config_path: str) -> None:
             )
         else:
             output.line(str(report))
+            if not report.registered and not refused:
+                output.line(
+                    f"{sanitize(name)}: no tool is classified yet: "
+                    f"agentrt classify --config {sanitize(str(config.path))} {sanitize(name)}"
+                )
+        if refused:
+            changes = _refused_changes(upstream, [refusal.tool for refusal in refused])
+            if changes and not output.json:
+                output.line(f"{sanitize(name)}: what changed since the pin:")
+            _print_changes(output, name, changes)
     if failed:
         raise CommandError(f"{failed} server(s) did not load cleanly; see the report above")
 
@@ -245,7 +401,7 @@ def proxy(
 
 @click.command(short_help="Run the end-to-end demo.")
 @click.option("--model", metavar="PROVIDER:NAME", help="A real model, e.g. ollama:qwen3:30b-a3b.")
-@click.option("--base-url", metavar="URL", help="The endpoint of an OpenAI-compatible model.")
+@click.option("--base-url", metavar="URL", help="The model endpoint (OpenAI or Anthropic style).")
 @click.option(
     "--interactive", is_flag=True, help="Wait for `agentrt approve` instead of approving for you."
 )

@@ -24,6 +24,7 @@ from ._load import Refusal, Registration, Report, load
 from ._manifest import Manifest, PinnedTool
 from ._pin import pin
 from ._rules import FileRule, Rule, Rules, parse_duration, rules_from_json
+from ._sandbox import Sandbox
 from ._server import DEFAULT_MAX_CONTENT_BYTES, Server
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "Report",
     "Rule",
     "Rules",
+    "Sandbox",
     "Server",
     "ServerToolError",
     "load",

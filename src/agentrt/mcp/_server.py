@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
 from ..sanitize import sanitize
+from ._sandbox import Sandbox
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "DEFAULT_MAX_CONTENT_BYTES", "Server"]
 
@@ -28,6 +29,8 @@ class Server:
     `http_client_factory` returns a new `httpx2.AsyncClient` for one HTTP
     connection, which uses it and closes it with the connection (never a
     shared client); it follows redirects only if that client says so.  Durations are float seconds.
+    `sandbox`, for a stdio server, confines it with bubblewrap; a server with a
+    sandbox is never started without one.
     """
 
     name: str
@@ -40,6 +43,7 @@ class Server:
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     default_timeout: float | None = None
     max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES
+    sandbox: Sandbox | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -67,6 +71,13 @@ class Server:
                     f'server "{sanitize(self.name)}": env entry '
                     f"{sanitize(repr(entry))} is not NAME=value"
                 )
+        if self.sandbox is not None and not isinstance(self.sandbox, Sandbox):
+            raise ValueError(f'server "{sanitize(self.name)}": sandbox must be a Sandbox')
+        if self.sandbox is not None and self.command is None:
+            raise ValueError(
+                f'server "{sanitize(self.name)}" has a sandbox but no command; '
+                "only a stdio server runs on this machine"
+            )
         if not self.connect_timeout > 0:
             raise ValueError(f'server "{sanitize(self.name)}": connect_timeout must be positive')
         if self.default_timeout is not None and not self.default_timeout > 0:

@@ -36,6 +36,7 @@ import anyio.to_thread
 from ..sanitize import sanitize
 from ._connection_errors import ConnectionClosed, MCPConnectionError, ProtocolViolation
 from ._jsonrpc import Incoming, IncomingKind, answer_server_request, read_message
+from ._sandbox import sandboxed_command
 from ._server import Server
 
 __all__ = [
@@ -494,13 +495,18 @@ def start_stdio(server: Server) -> StdioTransport:
     assert server.command is not None
     keep_stderr = server.stderr is None
     stderr_target: Any = subprocess.PIPE if keep_stderr else server.stderr
+    environment = server_environment(server)
+    argv = server.command
+    if server.sandbox is not None:
+        # Fails closed: no bwrap, no namespaces, no start (see _sandbox).
+        argv = sandboxed_command(server.name, server.sandbox, server.command, environment)
     try:
         process = subprocess.Popen(
-            server.command,
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr_target,
-            env=server_environment(server),
+            env=environment,
             start_new_session=True,
             preexec_fn=_parent_death_signal(os.getpid()),  # why a preexec_fn: ADR 0003
             close_fds=True,

@@ -11,8 +11,10 @@ before a byte is sent.
 
 from __future__ import annotations
 
+import email.utils
 import ipaddress
 import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -20,6 +22,7 @@ from typing import Any, Final
 import anyio
 import httpx2
 
+from ..accounting import AttemptOutcome
 from ..canonical import JSONBoundaryError, canonical_bytes, parse_json
 from ..errors import AgentrtError
 from ..sanitize import sanitize
@@ -27,11 +30,16 @@ from ..sanitize import sanitize
 __all__ = [
     "DEFAULT_TIMEOUT",
     "MAX_RESPONSE_BYTES",
+    "AttemptError",
     "Endpoint",
+    "HTTPAnswer",
     "HTTPClientFactory",
+    "KeyHeaders",
     "ProviderError",
+    "bearer_key",
     "is_loopback_host",
     "post_json",
+    "retry_after_seconds",
 ]
 
 MAX_RESPONSE_BYTES: Final = 4 * 1024 * 1024
@@ -51,6 +59,47 @@ HTTPClientFactory = Callable[[], httpx2.AsyncClient]
 class ProviderError(AgentrtError):
     """A model endpoint could not be used: refused configuration, transport failure,
     an error status, a redirect, an oversized or malformed answer."""
+
+
+class AttemptError(ProviderError):
+    """One request failed, classified for the retry loop and the books.
+
+    TRANSIENT_ERROR: 429, 5xx, or no connection (nothing was sent) — worth
+    another try, after `retry_after` seconds when the server named them.
+    PERMANENT_ERROR: the server refused the request as made (other 4xx, a
+    redirect) or answered with a body we cannot use. AMBIGUOUS: the request
+    was sent and no answer came back. `charge_in_full`: the provider may have
+    billed the whole budget.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        outcome: AttemptOutcome,
+        *,
+        retry_after: float | None = None,
+        charge_in_full: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+        self.retry_after = retry_after
+        self.charge_in_full = charge_in_full
+
+
+KeyHeaders = Callable[[str], Mapping[str, str]]
+"""The headers that carry a key (`Authorization: Bearer …`, Anthropic's `x-api-key`)."""
+
+
+def bearer_key(key: str) -> Mapping[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPAnswer:
+    """A 2xx answer: its parsed JSON value and the size of the request that got it."""
+
+    value: Any
+    request_bytes: int
 
 
 def is_loopback_host(host: str) -> bool:
@@ -127,23 +176,26 @@ async def post_json(
     client_factory: HTTPClientFactory | None = None,
     deadline: float = DEFAULT_TIMEOUT,
     max_bytes: int = MAX_RESPONSE_BYTES,
-) -> Any:
+    key_headers: KeyHeaders = bearer_key,
+    headers: Mapping[str, str] | None = None,
+) -> HTTPAnswer:
     """POST `payload` as canonical JSON to `endpoint` + `path` and return the parsed answer.
 
     `what` names the endpoint in errors ("the Ollama server at …").  Raises
-    `ProviderError` for a redirect, a non-2xx status, a body over `max_bytes`,
+    `AttemptError` for a redirect, a non-2xx status, a body over `max_bytes`,
     a body that is not one JSON value, or no answer within `deadline` seconds.
     """
     url = endpoint.join(path)
-    headers = {
+    all_headers = {
         "Content-Type": "application/json",
         "Accept": "application/json",
         # Counting decoded bytes bounds memory only if a small compressed
         # chunk cannot inflate into a huge one; ask for the plain body.
         "Accept-Encoding": "identity",
+        **(headers or {}),
     }
     if endpoint.api_key is not None:
-        headers["Authorization"] = f"Bearer {endpoint.api_key}"
+        all_headers.update(key_headers(endpoint.api_key))
     body = canonical_bytes(payload)
     client = client_factory() if client_factory is not None else _default_client(endpoint)
     where = f"{what} at {sanitize(endpoint.base_url)}"
@@ -152,41 +204,87 @@ async def post_json(
             async with (
                 client,
                 client.stream(
-                    "POST", url, content=body, headers=headers, follow_redirects=False
+                    "POST", url, content=body, headers=all_headers, follow_redirects=False
                 ) as response,
             ):
-                return await _read_answer(response, where, max_bytes)
+                return HTTPAnswer(await _read_answer(response, where, max_bytes), len(body))
     except TimeoutError:
-        raise ProviderError(f"{where} did not answer within {_seconds(deadline)}") from None
-    except httpx2.HTTPError as exc:
-        raise ProviderError(
-            f"{where} could not be reached: {sanitize(type(exc).__name__)}:"
-            f" {sanitize(str(exc))[:_ERROR_SNIPPET_CHARS]}"
+        raise AttemptError(
+            f"{where} did not answer within {_seconds(deadline)}",
+            AttemptOutcome.AMBIGUOUS,
+            charge_in_full=True,
         ) from None
+    except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as exc:
+        # No connection, so nothing was sent: safe to try again, nothing to pay.
+        raise AttemptError(
+            f"{where} could not be reached: {_exception_text(exc)}", AttemptOutcome.TRANSIENT_ERROR
+        ) from None
+    except httpx2.HTTPError as exc:
+        # The connection broke once the request was (being) sent: the model may have run.
+        raise AttemptError(
+            f"{where} sent no answer (the connection broke after the request was sent):"
+            f" {_exception_text(exc)}",
+            AttemptOutcome.AMBIGUOUS,
+            charge_in_full=True,
+        ) from None
+
+
+def _exception_text(exc: BaseException) -> str:
+    return f"{sanitize(type(exc).__name__)}: {sanitize(str(exc))[:_ERROR_SNIPPET_CHARS]}"
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """A `Retry-After` header as seconds from now: delta-seconds or an HTTP date; else None."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(int(text))
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 async def _read_answer(response: httpx2.Response, where: str, max_bytes: int) -> Any:
     status = response.status_code
     if 300 <= status < 400:
         location = response.headers.get("location", "")
-        raise ProviderError(
+        raise AttemptError(
             f"{where} answered with a redirect ({status}) to"
             f" {sanitize(location)[:_ERROR_SNIPPET_CHARS]!r}; redirects are not followed,"
-            " so set the final URL as the base URL"
+            " so set the final URL as the base URL",
+            AttemptOutcome.PERMANENT_ERROR,
         )
     if not 200 <= status < 300:
         snippet = await _read_bounded(response, _ERROR_SNIPPET_BYTES, truncate=True)
-        raise ProviderError(f"{where} answered {status}: {_error_text(snippet)}")
+        message = f"{where} answered {status}: {_error_text(snippet)}"
+        if status == 429 or 500 <= status < 600:
+            raise AttemptError(
+                message,
+                AttemptOutcome.TRANSIENT_ERROR,
+                retry_after=retry_after_seconds(response.headers.get("retry-after")),
+            )
+        raise AttemptError(message, AttemptOutcome.PERMANENT_ERROR)
     declared = response.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise ProviderError(
-            f"{where} sent a body of {declared} bytes, over the {max_bytes} allowed"
+        raise AttemptError(
+            f"{where} sent a body of {declared} bytes, over the {max_bytes} allowed",
+            AttemptOutcome.PERMANENT_ERROR,
+            charge_in_full=True,
         )
     data = await _read_bounded(response, max_bytes, truncate=False, where=where)
     try:
         return parse_json(data)
     except JSONBoundaryError as exc:
-        raise ProviderError(f"{where} sent a body that is not usable JSON: {exc}") from None
+        raise AttemptError(
+            f"{where} sent a body that is not usable JSON: {exc}",
+            AttemptOutcome.PERMANENT_ERROR,
+            charge_in_full=True,
+        ) from None
 
 
 async def _read_bounded(
@@ -201,7 +299,11 @@ async def _read_bounded(
             if truncate:
                 chunks.append(chunk[: len(chunk) - (total - limit)])
                 break
-            raise ProviderError(f"{where} sent a body over the {limit} bytes allowed")
+            raise AttemptError(
+                f"{where} sent a body over the {limit} bytes allowed",
+                AttemptOutcome.PERMANENT_ERROR,
+                charge_in_full=True,
+            )
         chunks.append(chunk)
     return b"".join(chunks)
 

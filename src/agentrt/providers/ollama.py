@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import httpx2
@@ -11,11 +11,17 @@ import httpx2
 from ..agent import StepInput
 from ..sanitize import sanitize
 from ._chat import (
+    DEFAULT_MAX_TOKENS,
     ChatAgent,
+    ModelReply,
+    RetryPolicy,
     arguments_object,
+    decision_from_message,
     function_tools,
+    note_messages,
     observation_text,
     opening_messages,
+    read_usage,
 )
 from ._http import (
     DEFAULT_TIMEOUT,
@@ -59,10 +65,13 @@ class OllamaAgent(ChatAgent):
     (for a hosted Ollama) is sent only over https or to a loopback host and is
     never read from the environment.  `http_client_factory` returns a new
     client for each request (the agent closes it); redirects are refused
-    either way.  `options` (e.g. `{"temperature": 0}`) pass as Ollama's own.
+    either way.  `options` (e.g. `{"temperature": 0}`) pass as Ollama's own;
+    `max_tokens` is sent as `options.num_predict` unless `options` sets it,
+    whose value is then the budget.
     """
 
     provider = "Ollama"
+    provider_key = "ollama"
     path = "/api/chat"
 
     def __init__(
@@ -75,6 +84,8 @@ class OllamaAgent(ChatAgent):
         timeout: float = DEFAULT_TIMEOUT,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         options: Mapping[str, Any] | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        retry: RetryPolicy | None = None,
     ) -> None:
         if not model:
             raise ProviderError("an Ollama agent needs a model name, e.g. ollama:qwen3:30b-a3b")
@@ -86,10 +97,13 @@ class OllamaAgent(ChatAgent):
             http_client_factory=http_client_factory,
             timeout=timeout,
             max_response_bytes=max_response_bytes,
+            max_tokens=_budget(options, max_tokens),
+            retry=retry,
         )
-        self._options = dict(options) if options is not None else None
+        self._options = dict(options) if options is not None else {}
+        self._options.setdefault("num_predict", self.max_tokens)
 
-    def request_body(self, step_input: StepInput) -> dict[str, Any]:
+    def request_body(self, step_input: StepInput, notes: Sequence[str] = ()) -> dict[str, Any]:
         messages = opening_messages(step_input)
         for observation in step_input.history:
             arguments = arguments_object(observation.args)
@@ -119,19 +133,36 @@ class OllamaAgent(ChatAgent):
                     "content": observation_text(observation),
                 }
             )
-        body: dict[str, Any] = {
+        messages.extend(note_messages(notes))
+        return {
             "model": self.model,
             "messages": messages,
             "tools": function_tools(step_input.tools),
             "stream": False,
+            "options": self._options,
         }
-        if self._options is not None:
-            body["options"] = self._options
-        return body
 
-    def answer_message(self, answer: Any, where: str) -> Any:
+    def read_reply(self, answer: Any, where: str) -> ModelReply:
         if not isinstance(answer, dict):
             raise ProviderError(f"{where} answered with something other than a JSON object")
         if isinstance(answer.get("error"), str):
             raise ProviderError(f"{where} answered with an error: {sanitize(answer['error'])}")
-        return answer.get("message")
+        decision = decision_from_message(answer.get("message"), where)
+        done_reason = answer.get("done_reason")
+        stop_reason = done_reason if isinstance(done_reason, str) else None
+        # Ollama leaves prompt_eval_count out when the prompt came from its cache,
+        # so neither counter is promised; a negative or non-integer one is still flagged.
+        usage, note = read_usage(
+            answer,
+            {"input_tokens": "prompt_eval_count", "output_tokens": "eval_count"},
+            promised=(),
+            where=where,
+        )
+        return ModelReply(decision, usage, stop_reason, stop_reason == "length", note)
+
+
+def _budget(options: Mapping[str, Any] | None, max_tokens: int) -> int:
+    named = (options or {}).get("num_predict")
+    if isinstance(named, int) and not isinstance(named, bool) and named > 0:
+        return named
+    return max_tokens

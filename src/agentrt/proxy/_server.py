@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
 import anyio
+import anyio.to_thread
 import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp.server.context import ServerRequestContext
@@ -33,6 +34,7 @@ from ..gate import Gate, Limits
 from ..mcp import Connection, Report, load, read_manifest
 from ..sanitize import sanitize
 from ..store import ApprovalStatus, Store, open_store
+from ..telemetry import TraceExporter, settings_from, start_exporter
 from ..tools import SideEffect, Tool
 from ._answers import Answer, bounded
 from ._calls import Calls, ProxyPolicy, WatchedTool, new_owner
@@ -103,6 +105,13 @@ async def _load_upstreams(
     connections: list[Connection] = []
     taken: dict[str, str] = {STATUS_TOOL: "the proxy itself"}
     outcomes: list[tuple[list[Tool], Report] | Exception | None] = [None] * len(config.servers)
+    for upstream in config.servers:
+        if upstream.server.command is not None and upstream.server.sandbox is None:
+            _log(
+                log,
+                f"agentrt proxy: warning: server {sanitize(upstream.server.name)} has no "
+                "sandbox, so it runs with every file and network this user can reach",
+            )
 
     async def load_one(position: int, upstream: UpstreamConfig) -> None:
         try:
@@ -497,9 +506,20 @@ async def serve_config(
             )
     store = open_store(config.database)
     connections: list[Connection] = []
+    telemetry: TraceExporter | None = None
     try:
         servers_of: dict[str, str] = {}
         tools, connections = await _load_upstreams(config, stream, servers_of)
+        telemetry = start_exporter(
+            config.database,
+            settings_from(
+                {"otlp_endpoint": config.telemetry.otlp_endpoint,
+                 "content": config.telemetry.content},
+                default_service="agentrt-proxy",
+            ),
+            side_effects={tool.spec.name: str(tool.spec.side_effect) for tool in tools},
+            log=stream,
+        )  # fmt: skip
         proxy = Proxy(config, store, tools, stream)
         server = proxy.server()
         async with proxy.running(), _serving_inbox(config, proxy, tools, servers_of, stream):
@@ -516,6 +536,9 @@ async def serve_config(
                         group.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
+            if telemetry is not None:
+                # What was committed before the stop still gets its spans.
+                await anyio.to_thread.run_sync(telemetry.stop)
             for connection in connections:
                 with contextlib.suppress(Exception):
                     await connection.aclose()

@@ -5,12 +5,23 @@ approvals are kept, so it is read only when the current user owns it and
 nobody else can write it.  Every object refuses a field it does not know,
 naming the field and the file: a misspelled `require_approval` would
 otherwise silently fall back to a default.
+
+A server's `rules` may be left out (no tool is classified yet, which is how
+`agentrt init` writes it before `agentrt classify` names the tools); a rule's
+`rename` replaces the final `<server>_<tool>` name the model sees.  A
+server's `default_timeout` bounds a call whose rule sets no `timeout`, and is
+`DEFAULT_SERVER_TIMEOUT` when left out.  `headers` (an endpoint's only) are
+sent on every request to it, by a client that follows no redirect, so a
+token is never handed to another host.  `note` is free text for the
+operator (why a server is not pinned, how to install it once); nothing reads it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -18,7 +29,15 @@ from typing import Any, Final
 
 from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..errors import AgentrtError
-from ..mcp import Rules, Server, parse_duration, read_owned, read_rules, rules_from_json
+from ..mcp import (
+    Rules,
+    Sandbox,
+    Server,
+    parse_duration,
+    read_owned,
+    read_rules,
+    rules_from_json,
+)
 from ..policy import ClassPolicy, DefaultPolicy, Outcome
 from ..sanitize import sanitize
 from ..tools import SideEffect
@@ -30,9 +49,11 @@ __all__ = [
     "DEFAULT_LEASE_TTL",
     "DEFAULT_MAX_PENDING",
     "DEFAULT_REPEAT_WINDOW",
+    "DEFAULT_SERVER_TIMEOUT",
     "ConfigError",
     "InboxConfig",
     "ProxyConfig",
+    "TelemetryConfig",
     "UpstreamConfig",
     "load_config",
     "parse_duration",
@@ -44,6 +65,8 @@ DEFAULT_MAX_PENDING: Final = 5
 DEFAULT_APPROVAL_TTL: Final = 24 * 3600.0
 DEFAULT_GRANT_TTL: Final = 24 * 3600.0
 DEFAULT_LEASE_TTL: Final = 30.0
+DEFAULT_SERVER_TIMEOUT: Final = 60.0
+"""Seconds a call may take when neither its rule nor its server names a timeout."""
 
 SESSION_PATTERN: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -60,9 +83,11 @@ _TOP_FIELDS: Final = frozenset(
         "grant_ttl",
         "lease_ttl",
         "inbox",
+        "telemetry",
     }
 )
 _INBOX_FIELDS: Final = frozenset({"listen", "notify", "token_file"})
+_TELEMETRY_FIELDS: Final = frozenset({"otlp_endpoint", "content"})
 _SERVER_FIELDS: Final = frozenset(
     {
         "name",
@@ -74,8 +99,12 @@ _SERVER_FIELDS: Final = frozenset(
         "default_timeout",
         "manifest",
         "rules",
+        "sandbox",
+        "note",
+        "headers",
     }
 )
+_SANDBOX_FIELDS: Final = frozenset({"read", "write", "network", "home", "devices", "hide"})
 # The proxy answers the host itself or passes a call on; it never ends a run
 # on a model's request, so `abort` is not offered.
 _POLICY_OUTCOMES: Final = {
@@ -109,6 +138,15 @@ class InboxConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TelemetryConfig:
+    """`"telemetry"`: where spans go (an OTLP/HTTP base URL; else the standard variables) and
+    whether arguments and results go with them (off unless the operator says `true`)."""
+
+    otlp_endpoint: str | None = None
+    content: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ProxyConfig:
     """Everything `agentrt proxy` (and `agentrt pin/check`) reads from the file.
 
@@ -127,6 +165,7 @@ class ProxyConfig:
     grant_ttl: float = DEFAULT_GRANT_TTL
     lease_ttl: float = DEFAULT_LEASE_TTL
     inbox: InboxConfig | None = None
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def protected_paths(self) -> list[Path]:
         """The files a server must never be pointed at: whoever writes them governs the proxy."""
@@ -257,14 +296,15 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
         grant_ttl=duration("grant_ttl", DEFAULT_GRANT_TTL),
         lease_ttl=duration("lease_ttl", DEFAULT_LEASE_TTL),
         inbox=_inbox(reader, top["inbox"]) if "inbox" in top else None,
+        telemetry=_telemetry(reader, top["telemetry"]) if "telemetry" in top else TelemetryConfig(),
     )
     _refuse_servers_that_reach_the_operators_files(config)
-    return config
+    return _hide_the_operators_files(config)
 
 
 def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
     entry = reader.object(raw, where, _SERVER_FIELDS)
-    for required in ("name", "manifest", "rules"):
+    for required in ("name", "manifest"):
         if required not in entry:
             raise reader.fail(f"{where}.{required}", "is required")
     name = reader.string(entry["name"], f"{where}.name")
@@ -282,17 +322,31 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
         options["connect_timeout"] = reader.duration(
             entry["connect_timeout"], f"{where} connect_timeout"
         )
-    if "default_timeout" in entry:
-        options["default_timeout"] = reader.duration(
-            entry["default_timeout"], f"{where} default_timeout"
-        )
+    options["default_timeout"] = (
+        reader.duration(entry["default_timeout"], f"{where} default_timeout")
+        if "default_timeout" in entry
+        else DEFAULT_SERVER_TIMEOUT
+    )
+    if "note" in entry and not isinstance(entry["note"], str):
+        raise reader.fail(f"{where} note", "must be a string")
+    if "headers" in entry:
+        headers = entry["headers"]
+        if endpoint is None:
+            raise reader.fail(f"{where} headers", "are only for a server with an endpoint")
+        if not isinstance(headers, dict) or not all(
+            isinstance(value, str) for value in headers.values()
+        ):
+            raise reader.fail(f"{where} headers", "must be an object of header names to strings")
+        options["http_client_factory"] = _client_sending(dict(headers))
+    if "sandbox" in entry:
+        options["sandbox"] = _sandbox(reader, entry["sandbox"], f"{where} sandbox")
     try:
         server = Server(name=name, command=command, endpoint=endpoint, **options)
     except ValueError as exc:
         raise ConfigError(f"{reader.path}: {exc}") from None
 
     manifest_path = reader.path_field(entry["manifest"], f"{where} manifest")
-    raw_rules = entry["rules"]
+    raw_rules = entry.get("rules", {})
     rules_path: Path | None = None
     try:
         if isinstance(raw_rules, str):
@@ -343,6 +397,57 @@ def _inbox(reader: _Reader, raw: Any) -> InboxConfig:
     return InboxConfig(listen=listen, notify=notify, token_file=token_file)
 
 
+def _sandbox(reader: _Reader, raw: Any, where: str) -> Sandbox:
+    entry = reader.object(raw, where, _SANDBOX_FIELDS)
+    paths = {
+        kind: [
+            str(reader.path_field(item, f"{where} {kind}"))
+            for item in reader.strings(entry[kind], f"{where} {kind}")
+        ]
+        for kind in ("read", "write", "hide")
+        if kind in entry
+    }
+    network = entry.get("network", False)
+    if not isinstance(network, bool):
+        raise reader.fail(f"{where} network", "must be true or false")
+    try:
+        return Sandbox(
+            network=network,
+            home=reader.string(entry.get("home", "private"), f"{where} home"),
+            devices=reader.string(entry.get("devices", "minimal"), f"{where} devices"),
+            **paths,
+        )
+    except ValueError as exc:
+        raise reader.fail(where, f"is wrong: {exc}") from None
+
+
+def _client_sending(headers: dict[str, str]) -> Callable[[], Any]:
+    """A factory of one new HTTP client per connection, sending `headers` and following
+    no redirect (a redirect would hand the headers, often a token, to another host)."""
+
+    def client() -> Any:
+        import httpx2
+
+        return httpx2.AsyncClient(
+            headers=headers, follow_redirects=False, timeout=httpx2.Timeout(30.0, read=300.0)
+        )
+
+    return client
+
+
+def _telemetry(reader: _Reader, raw: Any) -> TelemetryConfig:
+    entries = reader.object(raw, "telemetry", _TELEMETRY_FIELDS)
+    endpoint = None
+    if "otlp_endpoint" in entries:
+        endpoint = reader.string(entries["otlp_endpoint"], "telemetry.otlp_endpoint")
+        if not endpoint.startswith(("http://", "https://")):
+            raise reader.fail("telemetry.otlp_endpoint", "must be an http:// or https:// URL")
+    content = entries.get("content", False)
+    if not isinstance(content, bool):
+        raise reader.fail("telemetry.content", "must be true or false")
+    return TelemetryConfig(endpoint, content)
+
+
 def _policy(reader: _Reader, raw: Any) -> ClassPolicy:
     known = frozenset(str(side_effect) for side_effect in SideEffect)
     entries = reader.object(raw, "policy", known)
@@ -371,6 +476,12 @@ def _refuse_servers_that_reach_the_operators_files(config: ProxyConfig) -> None:
         command = upstream.server.command
         if command is None:
             continue
+        sandbox = upstream.server.sandbox
+        if sandbox is not None:
+            # A sandboxed server sees only what is bound, so the binds are the
+            # boundary: whatever its arguments say, it cannot reach beyond them.
+            _refuse_binds_that_reach_the_operators_files(config, upstream.server, protected)
+            continue
         # A root handed over in the environment (`ROOT=/srv/data`) reaches it as surely.
         for argument in [*command, *upstream.server.env]:
             # `--root=/srv/data` names a path as surely as `/srv/data` does.
@@ -386,3 +497,35 @@ def _refuse_servers_that_reach_the_operators_files(config: ProxyConfig) -> None:
                                 f"reaches {path}; a server that can write it can rewrite "
                                 "the policy or forge an approval"
                             )
+
+
+def _refuse_binds_that_reach_the_operators_files(
+    config: ProxyConfig, server: Server, protected: list[str]
+) -> None:
+    assert server.sandbox is not None
+    for kind, paths in (("read", server.sandbox.read), ("write", server.sandbox.write)):
+        for bound in paths:
+            for form in {os.path.abspath(bound), os.path.realpath(bound)}:
+                for path in protected:
+                    if _names_or_holds(form, path):
+                        raise ConfigError(
+                            f'{config.path}: server "{sanitize(server.name)}" has a sandbox '
+                            f"{kind} path {sanitize(bound)}, which reaches {path}; a server "
+                            "that can see it can read the approvals or rewrite the policy"
+                        )
+
+
+def _hide_the_operators_files(config: ProxyConfig) -> ProxyConfig:
+    """Mask the operator's files inside every sandbox, in case the command's own
+    installation (bound for it) holds one of them."""
+    protected = [str(path) for path in config.protected_paths()]
+    servers = []
+    for upstream in config.servers:
+        sandbox = upstream.server.sandbox
+        if sandbox is not None:
+            hidden = dataclasses.replace(sandbox, hide=[*sandbox.hide, *protected])
+            upstream = dataclasses.replace(
+                upstream, server=dataclasses.replace(upstream.server, sandbox=hidden)
+            )
+        servers.append(upstream)
+    return dataclasses.replace(config, servers=servers)

@@ -1,0 +1,287 @@
+"""`agentrt classify`: the operator's judgement of each pinned tool, written as rules.
+
+The operator classifies, the server only describes: each tool is shown as
+the server presented it (name, full description, parameters, and its hints
+marked as the server's claims), and the class is the operator's answer.  A
+hint contradicting the answer is pointed out, and going ahead records
+`allow_hint_mismatch` in the rule so the contradiction stays visible.  The
+rules are written into the configuration (or the rules file it names) with
+everything else in that file kept.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import click
+
+from ..canonical import parse_json
+from ..errors import AgentrtError
+from ..mcp import Manifest, PinnedTool, read_manifest, read_owned
+from ..mcp._files import write_private
+from ..mcp._load import _annotation_contradiction
+from ..sanitize import sanitize
+from ..tools import TOOL_NAME_PATTERN, SideEffect
+from ._app import EXIT_UNUSABLE, CommandError, Settings
+from ._output import Output, bounded
+from ._servers import _config_option, _hints, _load_config, _selected
+
+if TYPE_CHECKING:
+    from ..proxy.config import UpstreamConfig
+
+__all__ = ["classify"]
+
+_CHOICES: Final = {
+    "r": SideEffect.READ_ONLY,
+    "l": SideEffect.LOCAL_MUTATION,
+    "m": SideEffect.REMOTE_MUTATION,
+    "d": SideEffect.DESTRUCTIVE,
+}
+_MENU: Final = "[r] read-only  [l] local mutation  [m] remote mutation  [d] destructive  [s] skip"
+_PARAMETERS_SHOWN: Final = 8
+
+
+@dataclass(slots=True)
+class _Rules:
+    """One server's rules as its file holds them, and where they are written back."""
+
+    upstream: UpstreamConfig
+    manifest: Manifest | None
+    entries: dict[str, Any]
+    path: Path | None  # a separate rules file, or None when they live in the configuration
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    """An operator file as an ordered JSON object (it was checked already by the loader)."""
+    document = json.loads(read_owned(path))
+    if not isinstance(document, dict):
+        raise CommandError(f"{sanitize(str(path))} is not a JSON object", EXIT_UNUSABLE)
+    return document
+
+
+def _server_entries(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {entry["name"]: entry for entry in document["servers"]}
+
+
+def _side_effect(text: str, where: str) -> SideEffect:
+    try:
+        return SideEffect(text.strip().lower().replace("-", "_").replace(" ", "_"))
+    except ValueError:
+        classes = ", ".join(effect.value for effect in SideEffect)
+        raise CommandError(f"{where}: {sanitize(repr(text))} is not a class ({classes})") from None
+
+
+def _target(text: str, option: str, known: dict[str, _Rules]) -> tuple[_Rules, str, str]:
+    """`SERVER.TOOL=VALUE` → the server's rules, the tool, the value; refused in one sentence."""
+    target, equals, value = text.partition("=")
+    if not equals or not value:
+        raise CommandError(f"{option} {sanitize(text)} is not SERVER.TOOL=VALUE")
+    # Server names may hold a dot; the longest name that fits wins.
+    names = sorted((name for name in known if target.startswith(name + ".")), key=len)
+    if not names:
+        known_names = ", ".join(sanitize(name) for name in known) or "none"
+        raise CommandError(
+            f"{option} {sanitize(text)} names no server of this configuration (it has: "
+            f"{known_names})"
+        )
+    rules = known[names[-1]]
+    tool = target[len(names[-1]) + 1 :]
+    if rules.manifest is None:
+        raise CommandError(
+            f'{option} {sanitize(text)}: server "{sanitize(names[-1])}" is not pinned yet '
+            "(agentrt pin first)"
+        )
+    if tool not in rules.manifest.tools:
+        raise CommandError(
+            f'{option} {sanitize(text)}: server "{sanitize(names[-1])}" has no pinned tool '
+            f'"{sanitize(tool)}"'
+        )
+    return rules, tool, value
+
+
+def _parameters(tool: PinnedTool) -> str:
+    schema = parse_json(tool.input_schema)
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(properties, dict) or not properties:
+        return "none"
+    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    shown = []
+    for name, spec in list(properties.items())[:_PARAMETERS_SHOWN]:
+        kind = spec.get("type") if isinstance(spec, dict) else None
+        kind_text = kind if isinstance(kind, str) else "any"
+        mark = ", required" if name in required else ""
+        shown.append(f"{bounded(str(name), 40, 10)} ({sanitize(kind_text)}{mark})")
+    more = len(properties) - _PARAMETERS_SHOWN
+    return ", ".join(shown) + (f", and {more} more" if more > 0 else "")
+
+
+def _set_class(entries: dict[str, Any], tool: str, side_effect: SideEffect, allow: bool) -> None:
+    rule = dict(entries.get(tool, {}))
+    rule["side_effect"] = side_effect.value
+    if allow:
+        rule["allow_hint_mismatch"] = True
+    else:
+        rule.pop("allow_hint_mismatch", None)
+    entries[tool] = rule
+
+
+def _ask(output: Output, server: str, tool: PinnedTool) -> tuple[SideEffect, bool] | None:
+    """One tool shown as the server presented it, and the operator's class (None: skip)."""
+    output.line("")
+    output.line(f"{sanitize(server)}.{sanitize(tool.name)}")
+    output.line(f"  description: {sanitize(tool.description) or '(none)'}")
+    output.line(f"  parameters: {_parameters(tool)}")
+    output.line(f"  the server claims (claims classify nothing): {_hints(tool.annotations)}")
+    output.line(f"  {_MENU}")
+    while True:
+        answer = click.prompt("  class", type=click.Choice([*_CHOICES, "s"]), show_choices=False)
+        if answer == "s":
+            return None
+        side_effect = _CHOICES[answer]
+        mismatch = _annotation_contradiction(side_effect, tool.annotations, live=False)
+        if not mismatch:
+            return side_effect, False
+        output.line(f"  the hints contradict that: {sanitize(mismatch)}")
+        if click.confirm(
+            f"  classify it {side_effect.value} anyway (recorded as allow_hint_mismatch)?"
+        ):
+            return side_effect, True
+
+
+@click.command(short_help="Classify each pinned tool that has no rule yet.")
+@_config_option
+@click.argument("server_name", metavar="[SERVER]", required=False)
+@click.option(
+    "--set",
+    "assignments",
+    multiple=True,
+    metavar="SERVER.TOOL=CLASS",
+    help="Classify one tool without asking (read_only, local_mutation, remote_mutation, "
+    "destructive); repeatable.",
+)
+@click.option(
+    "--rename",
+    "renames",
+    multiple=True,
+    metavar="SERVER.TOOL=NAME",
+    help="The name the model sees instead of SERVER_TOOL; repeatable.",
+)
+@click.option(
+    "--allow-hint-mismatch",
+    is_flag=True,
+    help="Let a --set class contradict the server's hints (recorded in the rule).",
+)
+@click.pass_obj
+def classify(
+    settings: Settings,
+    config_path: str,
+    server_name: str | None,
+    assignments: tuple[str, ...],
+    renames: tuple[str, ...],
+    allow_hint_mismatch: bool,
+) -> None:
+    """Ask the class of every pinned tool without a rule, and write the rules.
+
+    With --set or --rename nothing is asked; every entry is checked before
+    anything is written.
+    """
+    config = _load_config(config_path)
+    output = settings.output
+    document = _read_json_object(config.path)
+    entries = _server_entries(document)
+    known: dict[str, _Rules] = {}
+    for upstream in _selected(config, server_name):
+        name = upstream.server.name
+        try:
+            manifest: Manifest | None = read_manifest(upstream.manifest_path)
+        except AgentrtError:
+            manifest = None
+        if upstream.rules_path is not None:
+            rules = _Rules(
+                upstream, manifest, _read_json_object(upstream.rules_path), upstream.rules_path
+            )
+        else:
+            rule_entries = entries[name].setdefault("rules", {})
+            rules = _Rules(upstream, manifest, rule_entries, None)
+        known[name] = rules
+
+    changed: set[str] = set()
+    for text in assignments:
+        rules, tool, value = _target(text, "--set", known)
+        side_effect = _side_effect(value, f"--set {sanitize(text)}")
+        assert rules.manifest is not None
+        mismatch = _annotation_contradiction(
+            side_effect, rules.manifest.tools[tool].annotations, live=False
+        )
+        if mismatch and not allow_hint_mismatch:
+            raise CommandError(
+                f"--set {sanitize(text)}: {sanitize(mismatch)}; pass --allow-hint-mismatch "
+                "to classify it so anyway"
+            )
+        _set_class(rules.entries, tool, side_effect, bool(mismatch))
+        changed.add(rules.upstream.server.name)
+    for text in renames:
+        rules, tool, value = _target(text, "--rename", known)
+        if tool not in rules.entries:
+            raise CommandError(
+                f"--rename {sanitize(text)}: the tool has no class yet; --set it first"
+            )
+        if not TOOL_NAME_PATTERN.match(value):
+            raise CommandError(
+                f"--rename {sanitize(text)}: a name must match ^[a-zA-Z0-9_-]{{1,64}}$"
+            )
+        rules.entries[tool] = {**rules.entries[tool], "rename": value}
+        changed.add(rules.upstream.server.name)
+
+    if not assignments and not renames:
+        try:
+            for name, rules in known.items():
+                if rules.manifest is None:
+                    output.line(
+                        f'server "{sanitize(name)}" is not pinned yet: agentrt pin --config '
+                        f"{sanitize(str(config.path))} {sanitize(name)}"
+                    )
+                    continue
+                for tool_name in sorted(rules.manifest.tools):
+                    if tool_name in rules.entries:
+                        continue
+                    answer = _ask(output, name, rules.manifest.tools[tool_name])
+                    if answer is not None:
+                        _set_class(rules.entries, tool_name, *answer)
+                        changed.add(name)
+        except click.Abort:
+            raise CommandError("stopped; nothing was written") from None
+
+    if not changed:
+        output.line("nothing to write: every pinned tool named already has a rule or was skipped")
+        return
+    written: set[Path] = set()
+    for name in changed:
+        rules = known[name]
+        if rules.path is not None:
+            write_private(
+                rules.path, json.dumps(rules.entries, indent=2, ensure_ascii=False) + "\n"
+            )
+            written.add(rules.path)
+    if any(known[name].path is None for name in changed):
+        write_private(config.path, json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        written.add(config.path)
+    for name in sorted(changed):
+        rules = known[name]
+        for tool, rule in rules.entries.items():
+            line = f"{sanitize(name)}.{sanitize(tool)}: {sanitize(str(rule.get('side_effect')))}"
+            if rule.get("allow_hint_mismatch"):
+                line += " (allow_hint_mismatch)"
+            if rule.get("rename"):
+                line += f" as {sanitize(str(rule['rename']))}"
+            if output.json:
+                output.record({"record": "rule", "server": name, "tool": tool, "rule": rule})
+            else:
+                output.line(line)
+    for path in sorted(written):
+        if not output.json:
+            output.line(f"wrote the rules to {sanitize(str(path))}")
+    _load_config(str(config.path))

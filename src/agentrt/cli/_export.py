@@ -1,0 +1,116 @@
+"""`export`: every committed event after a cursor, as JSON Lines on stdout.
+
+The database is opened read-only.  Each batch is written and flushed
+before the cursor file is replaced, so a stop (SIGINT, SIGTERM, a reader
+that closed the pipe) leaves the cursor at the last event the reader was
+given, and only a kill between a flush and the cursor's replacement repeats
+a batch (see `agentrt.export` for the guarantee).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import BinaryIO
+
+import click
+
+from ..export import DEFAULT_POLL_SECONDS, Follower, export_line
+from ..sanitize import sanitize
+from ._app import EXIT_REFUSED, CommandError, Settings, open_for_reading
+
+__all__ = ["export"]
+
+
+@contextmanager
+def _stopped_by_signals(follower: Follower) -> Iterator[None]:
+    """SIGINT and SIGTERM ask the follower to stop once the batch in hand is written."""
+
+    def stop(_signal: int, _frame: FrameType | None) -> None:
+        follower.stop()
+
+    previous = {number: signal.signal(number, stop) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _silence_stdout() -> None:
+    """After EPIPE: point stdout at /dev/null so the interpreter's last flush cannot fail too."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
+@click.command(short_help="Print events after a cursor as JSON Lines.")
+@click.option(
+    "--cursor",
+    "cursor_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Where the position is kept (owner-only); advanced only after the lines are flushed.",
+)
+@click.option("--follow", is_flag=True, help="Keep waiting for new events (until SIGINT/SIGTERM).")
+@click.option(
+    "--from",
+    "from_seq",
+    type=click.IntRange(1),
+    metavar="SEQ",
+    help="The first event to print when there is no cursor yet (default 1).",
+)
+@click.option(
+    "--poll",
+    "poll_seconds",
+    type=click.FloatRange(0.05, 60.0),
+    default=DEFAULT_POLL_SECONDS,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --follow, seconds between looks at a quiet database.",
+)
+@click.pass_obj
+def export(
+    settings: Settings,
+    cursor_path: Path | None,
+    follow: bool,
+    from_seq: int | None,
+    poll_seconds: float,
+) -> None:
+    """Print every event after the cursor, oldest first, one JSON object per line.
+
+    Each line carries seq, run_id, type, payload, created_at, prev_hash and
+    hash, so a consumer can recompute the chain it received.
+    """
+    stdout: BinaryIO = sys.stdout.buffer
+    with open_for_reading(settings) as store:
+        follower = Follower(store, cursor_path=cursor_path, from_seq=from_seq)
+        with _stopped_by_signals(follower):
+            for batch in follower.batches(follow=follow, poll_seconds=poll_seconds):
+                text = "".join(export_line(event) + "\n" for event in batch)
+                try:
+                    stdout.write(text.encode("ascii"))
+                    stdout.flush()
+                except BrokenPipeError:
+                    _silence_stdout()
+                    shown = f"event {follower.position.seq}" if follower.position.seq else "start"
+                    where = f" at {shown}" if cursor_path is not None else ""
+                    raise CommandError(
+                        f"stdout was closed by its reader; the cursor stays{where}",
+                        EXIT_REFUSED,
+                    ) from None
+                try:
+                    follower.advance(batch)
+                except OSError as error:
+                    raise CommandError(
+                        f"the cursor {sanitize(str(cursor_path))} cannot be written: "
+                        f"{sanitize(error.strerror or str(error))}; the lines up to event "
+                        f"{batch[-1].seq} were printed and will be printed again next time"
+                    ) from error

@@ -1,0 +1,43 @@
+"""OpenTelemetry spans built from the audit log (the `otel` extra: `pip install 'agentrt[otel]'`).
+
+A run is a trace; each step a span; the policy decision, an approval wait
+and the tool execution are the step's children.  Spans are built from
+committed events only, in a thread with its own read-only connection, so
+an exporter that fails or falls behind never changes what a run does.
+Arguments and results are left out unless the operator sets `content`.
+
+`TraceBuilder` and `trace_context_metadata` need nothing beyond agentrt;
+`TraceExporter` and `start_exporter` import the SDK only when started.
+"""
+
+from __future__ import annotations
+
+from ._exporter import (
+    TelemetrySettings,
+    TraceExporter,
+    otel_available,
+    settings_from,
+    start_exporter,
+)
+from ._spans import (
+    CONTENT_CHARS,
+    SpanKind,
+    SpanRecord,
+    TraceBuilder,
+    trace_context_metadata,
+    trace_id_of,
+)
+
+__all__ = [
+    "CONTENT_CHARS",
+    "SpanKind",
+    "SpanRecord",
+    "TelemetrySettings",
+    "TraceBuilder",
+    "TraceExporter",
+    "otel_available",
+    "settings_from",
+    "start_exporter",
+    "trace_context_metadata",
+    "trace_id_of",
+]
