@@ -338,3 +338,20 @@ def test_a_remote_listener_with_allow_remote_and_tls_serves_https_only(
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def test_content_past_the_page_bound_is_cut_and_says_how_many_lines(tmp_path: Path) -> None:
+    from cli_support import produce
+
+    from agentrt.inbox._views import MAX_SHOWN_LINES
+
+    content = "".join(f"{number}\n" for number in range(1, MAX_SHOWN_LINES + 6))
+    produced = produce(tmp_path / "huge.db", tmp_path / "sandbox", long_content=content)
+    running = start_inbox(produced.database)
+    try:
+        with running.authorized() as client:
+            write = client.get("/api/approvals").json()["approvals"][0]["writes"][0]
+    finally:
+        running.stop()
+    assert (write["line_count"], write["omitted"]) == (MAX_SHOWN_LINES + 5, 5)
+    assert len(write["lines"]) == MAX_SHOWN_LINES and write["lines"][-1] == str(MAX_SHOWN_LINES)

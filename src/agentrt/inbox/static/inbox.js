@@ -65,7 +65,7 @@
     const out = element("div");
     out.appendChild(wrapper);
     if (block.omitted > 0) {
-      out.appendChild(element("p", "cut", block.omitted + " more lines not shown here (agentrt show prints them)"));
+      out.appendChild(element("p", "cut", block.omitted + " more lines not shown here (the page sends at most 20,000 lines of one text)"));
     }
     return out;
   }
