@@ -355,3 +355,17 @@ def test_content_past_the_page_bound_is_cut_and_says_how_many_lines(tmp_path: Pa
         running.stop()
     assert (write["line_count"], write["omitted"]) == (MAX_SHOWN_LINES + 5, 5)
     assert len(write["lines"]) == MAX_SHOWN_LINES and write["lines"][-1] == str(MAX_SHOWN_LINES)
+
+
+def test_a_tls_certificate_that_cannot_be_used_is_one_clear_sentence(
+    produced: Produced, tmp_path: Path
+) -> None:
+    missing = tmp_path / "missing.pem"
+    refused = subprocess.run(
+        [str(AGENTRT), "--db", str(produced.database), "inbox", "--listen", "0.0.0.0:0",
+         "--allow-remote", "--tls-cert", str(missing), "--tls-key", str(missing)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert refused.returncode == 1
+    assert refused.stderr.startswith(f"agentrt: cannot use the TLS certificate {missing}")
+    assert refused.stderr.count("\n") == 1 and refused.stdout == ""

@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import socket
+import ssl
 import stat
 import subprocess
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -190,6 +191,18 @@ def _bind(listener: Listener) -> socket.socket:
     return sock
 
 
+def _check_tls(cert: Path, key: Path) -> None:
+    """Load the certificate and key once, so a bad pair is one sentence before listening."""
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InboxError(
+            f"cannot use the TLS certificate {sanitize(str(cert))} with the key "
+            f"{sanitize(str(key))}: {sanitize(reason)}"
+        ) from None
+
+
 @dataclass(frozen=True, slots=True)
 class RunningInbox:
     """A started inbox: its address without the token, and with it (for the operator only)."""
@@ -220,6 +233,8 @@ async def running_inbox(
     tools: Mapping[str, ToolInfo] | None = None,
 ) -> AsyncIterator[RunningInbox]:
     """Serve the inbox for `store` on `listener` while the block runs."""
+    if listener.tls_cert is not None and listener.tls_key is not None:
+        _check_tls(listener.tls_cert, listener.tls_key)
     sock = _bind(listener)
     port = sock.getsockname()[1]
     chosen = token or secrets.token_urlsafe(_TOKEN_BYTES)
