@@ -14,6 +14,7 @@ from ._app import AgentrtGroup, Settings
 from ._classify import classify
 from ._decide import approve, cancel, reject
 from ._export import export
+from ._inbox import inbox
 from ._init import init
 from ._inspect import events, runs, show, verify
 from ._output import Output
@@ -45,6 +46,7 @@ for _command in (
     reject,
     cancel,
     verify,
+    inbox,
     export,
     init,
     pin,

@@ -198,6 +198,10 @@ class Calls:
         # Calls sent upstream whose unknown outcome the store refused to mark.
         self._unmarked: set[str] = set()
         self._unmarked_told: set[str] = set()
+        # Set when the proxy serves the inbox: its address (never the token)
+        # joins each announcement, and `on_waiting` may notify the desktop.
+        self.inbox_address: str | None = None
+        self.on_waiting: Callable[[ApprovalRecord], None] | None = None
 
     @property
     def specs(self) -> Sequence[ToolSpec]:
@@ -219,9 +223,13 @@ class Calls:
         self.log.write(
             f"agentrt proxy: approval {approval.approval_id} ({approval.kind}) waits for "
             f"{approval.tool}: agentrt --db {database} approve {run} --approval {approval_id}"
-            f"  |  agentrt --db {database} reject {run} --approval {approval_id} --note TEXT\n"
+            f"  |  agentrt --db {database} reject {run} --approval {approval_id} --note TEXT"
+            + (f"  |  inbox: {self.inbox_address}" if self.inbox_address else "")
+            + "\n"
         )
         self.log.flush()
+        if self.on_waiting is not None:
+            self.on_waiting(approval)
 
     # -- one call ------------------------------------------------------------
 
