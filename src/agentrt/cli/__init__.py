@@ -14,6 +14,7 @@ from ._app import AgentrtGroup, Settings
 from ._decide import approve, cancel, reject
 from ._inspect import events, runs, show, verify
 from ._output import Output
+from ._recheck import recheck
 from ._servers import check, demo, pin, proxy
 
 __all__ = ["cli", "main"]
@@ -36,6 +37,7 @@ def cli(context: click.Context, database: str | None, json_lines: bool) -> None:
 
 for _command in (runs, show, events, approve, reject, cancel, verify, pin, check, proxy, demo):
     cli.add_command(_command)
+cli.add_command(recheck)
 
 
 def main() -> None:

@@ -108,6 +108,7 @@ _FILE_RULE_FIELDS: Final = (
     "fixed",
     "rename",
     "allow_hint_mismatch",
+    "when",
 )
 
 
@@ -123,6 +124,8 @@ class FileRule:
     fixed: dict[str, Any] = field(default_factory=dict)
     rename: str | None = None
     allow_hint_mismatch: bool = False
+    # The proxy's conditions, as written; the proxy compiles them (the rule itself never sees them).
+    when: list[Any] = field(default_factory=list)
 
     def to_rule(self) -> Rule:
         """The `Rule` this file entry describes (fixed values as canonical JSON text)."""
@@ -185,6 +188,9 @@ def _file_rule(tool: str, entry: Any, source: str) -> FileRule:
     fixed = entry.get("fixed", {})
     if not isinstance(fixed, Mapping):
         raise OperatorFileError(f'{where}: "fixed" must be an object of parameter to value')
+    when = entry.get("when", [])
+    if not isinstance(when, list):
+        raise OperatorFileError(f'{where}: "when" must be a list of conditions')
     return FileRule(
         side_effect=str(side_effect),
         timeout=timeout,
@@ -194,6 +200,7 @@ def _file_rule(tool: str, entry: Any, source: str) -> FileRule:
         fixed=dict(fixed),
         rename=_optional(entry, "rename", str, where),
         allow_hint_mismatch=_flag(entry, "allow_hint_mismatch", where),
+        when=list(when),
     )
 
 

@@ -34,7 +34,7 @@ from ..sanitize import sanitize
 from ..store import ApprovalStatus, Store, open_store
 from ..tools import SideEffect, Tool
 from ._answers import Answer, bounded
-from ._calls import Calls, ProxyPolicy, WatchedTool, new_owner
+from ._calls import Calls, WatchedTool, new_owner, proxy_policy
 from ._index import CallIndex
 from ._stdio import stdio_wire
 from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
@@ -152,7 +152,7 @@ class Proxy:
         owner = new_owner()
         self.index = CallIndex(store, config.session, owner, config.lease_ttl)
         cut_off: set[tuple[str, int]] = set()
-        self.policy = ProxyPolicy(config.policy, store)
+        self.policy = proxy_policy(config, store)
         self.gate = Gate(
             store,
             [WatchedTool(tool, cut_off) for tool in tools],
