@@ -1,0 +1,236 @@
+"""Conditions in a rule ("when"), through a real `agentrt proxy` in front of the stock
+filesystem server, and `agentrt recheck` over what it recorded."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proxy_helpers import AGENTRT, FILESYSTEM_SERVER, ProxySetup, host, text_of, write_private
+
+from agentrt.mcp import Server, pin
+from agentrt.proxy._calls import proxy_policy
+from agentrt.proxy.config import load_config
+from agentrt.store import open_store
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+
+def _write_rule(when: list[dict[str, Any]] | None) -> dict[str, Any]:
+    rule: dict[str, Any] = {"side_effect": "local_mutation", "allow_hint_mismatch": True}
+    if when is not None:
+        rule["when"] = when
+    return {"read_text_file": {"side_effect": "read_only"}, "write_file": rule}
+
+
+async def _filesystem(
+    root: Path, when: list[dict[str, Any]] | None, local_mutation: str = "require_approval"
+) -> tuple[ProxySetup, Path]:
+    sandbox = (root / "sandbox").resolve()
+    sandbox.mkdir()
+    conf = root / "conf"
+    command = ["node", str(FILESYSTEM_SERVER), str(sandbox)]
+    manifest = await pin(Server(name="fs", command=command, connect_timeout=30.0))
+    write_private(conf / "fs.manifest.json", manifest.to_json())
+    document: dict[str, Any] = {
+        "database": "proxy.db",
+        "session": "fs-session",
+        "hold": "300ms",
+        "policy": {"read_only": "allow", "local_mutation": local_mutation},
+        "servers": [
+            {
+                "name": "fs",
+                "command": command,
+                "default_timeout": "10s",
+                "manifest": "fs.manifest.json",
+                "rules": _write_rule(when),
+            }
+        ],
+    }
+    config_path = write_private(conf / "proxy.json", json.dumps(document))
+    setup = ProxySetup(
+        root=root, config_path=config_path, database=conf / "proxy.db",
+        upstream_log=root / "none.log", stderr_path=root / "proxy.stderr", document=document,
+    )  # fmt: skip
+    return setup, sandbox
+
+
+def _keep_conditions(setup: ProxySetup, when: list[dict[str, Any]]) -> None:
+    setup.document["servers"][0]["rules"] = _write_rule(when)
+    setup.rewrite()
+
+
+def _files_of(directory: Path) -> dict[str, str]:
+    return {
+        path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(directory.iterdir())
+        if path.is_file()
+    }
+
+
+def _agentrt(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(AGENTRT), *arguments], capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+async def test_a_condition_runs_notes_writes_and_holds_every_other_write(tmp_path: Path) -> None:
+    sandbox_notes = str((tmp_path / "sandbox" / "notes").resolve())
+    when = [
+        {"if": "size(args.content) > 64", "outcome": "deny", "reason": "notes are short"},
+        {"if": f"path_within(args.path, '{sandbox_notes}')", "outcome": "allow",
+         "reason": "the notes folder"},
+    ]  # fmt: skip
+    setup, sandbox = await _filesystem(tmp_path, when)
+    notes = sandbox / "notes"
+    notes.mkdir()
+    (sandbox / "elsewhere").mkdir()
+    (notes / "link").symlink_to(sandbox / "elsewhere")
+    async with host(setup) as session:
+        into_notes = await session.call_tool(
+            "fs_write_file", {"path": str(notes / "a.txt"), "content": "one"}
+        )
+        beside = await session.call_tool(
+            "fs_write_file", {"path": str(sandbox / "b.txt"), "content": "two"}
+        )
+        climbing = await session.call_tool(
+            "fs_write_file", {"path": f"{notes}/../c.txt", "content": "three"}
+        )
+        through_link = await session.call_tool(
+            "fs_write_file", {"path": str(notes / "link" / "d.txt"), "content": "four"}
+        )
+        too_long = await session.call_tool(
+            "fs_write_file", {"path": str(notes / "e.txt"), "content": "x" * 65}
+        )
+    assert into_notes.is_error is False, text_of(into_notes)
+    assert (notes / "a.txt").read_text() == "one"
+    for answer in (beside, climbing, through_link):
+        assert text_of(answer).startswith("PENDING_APPROVAL: ")
+    assert text_of(too_long).startswith("DENIED: ")
+    assert not (sandbox / "b.txt").exists()
+    assert not (sandbox / "c.txt").exists()
+    assert not (sandbox / "elsewhere" / "d.txt").exists()
+    assert not (notes / "e.txt").exists()
+
+    # Every decision names the policy that made it, and `agentrt show` prints it.
+    with open_store(setup.database, read_only=True, create=False) as store:
+        expected_id = proxy_policy(load_config(setup.config_path), store).id
+        runs = sorted(store.list_runs(limit=10), key=lambda run: run.created_at)
+        decided = [
+            event.payload
+            for run in runs
+            for event in store.list_events(run.run_id)
+            if event.type == "policy_decided"
+        ]
+    assert expected_id is not None and len(expected_id) == 64
+    assert [payload["policy_id"] for payload in decided] == [expected_id] * 5
+    assert [payload["outcome"] for payload in decided] == [
+        "allow", "require_approval", "require_approval", "require_approval", "deny",
+    ]  # fmt: skip
+    shown = _agentrt("--db", str(setup.database), "show", runs[0].run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert f"policy {expected_id} decided step 1" in shown.stdout
+
+    # With the notes condition removed, recheck names exactly the write that ran (the
+    # others waited or were denied, as they still would be), and writes nothing.
+    _keep_conditions(setup, when[:1])
+    before = _files_of(setup.database.parent)
+    rechecked = _agentrt("recheck", "--config", str(setup.config_path), "--json")
+    assert rechecked.returncode == 0, rechecked.stderr
+    records = [json.loads(line) for line in rechecked.stdout.splitlines()]
+    differences = [record for record in records if record["record"] == "difference"]
+    assert len(differences) == 1
+    assert differences[0]["run_id"] == runs[0].run_id
+    assert json.loads(differences[0]["args"])["path"] == str(notes / "a.txt")
+    assert (differences[0]["was"], differences[0]["would"]) == ("allow", "require_approval")
+    assert differences[0]["was_policy_id"] == expected_id
+    assert differences[0]["would_policy_id"] not in (None, expected_id)
+    assert records[-1] == {
+        "record": "recheck", "checked": 5, "skipped": 0, "differ": 1,
+        "policy_id": differences[0]["would_policy_id"],
+    }  # fmt: skip
+    assert _files_of(setup.database.parent) == before
+
+
+@pytest.mark.slow
+async def test_a_condition_that_cannot_be_evaluated_waits_for_a_person(tmp_path: Path) -> None:
+    # The class policy would allow the write; the condition fails, and a person decides.
+    when = [{"if": "args.missing == 'x'", "outcome": "allow", "reason": "never reached"}]
+    setup, sandbox = await _filesystem(tmp_path, when, local_mutation="allow")
+    async with host(setup) as session:
+        answer = await session.call_tool(
+            "fs_write_file", {"path": str(sandbox / "a.txt"), "content": "one"}
+        )
+    assert text_of(answer).startswith("PENDING_APPROVAL: ")
+    assert not (sandbox / "a.txt").exists()
+    with open_store(setup.database, read_only=True, create=False) as store:
+        run = store.list_runs(limit=1)[0]
+        reasons = [
+            event.payload["reason"]
+            for event in store.list_events(run.run_id)
+            if event.type == "policy_decided"
+        ]
+    assert len(reasons) == 1
+    assert "cannot decide" in reasons[0] and "missing" in reasons[0]
+
+
+async def test_a_broken_expression_refuses_the_load(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    rules = _write_rule([{"if": "path_within(args.path, '/srv'", "outcome": "allow"}])
+    document = {
+        "database": "proxy.db",
+        "session": "s",
+        "servers": [
+            {
+                "name": "fs",
+                "command": ["node", str(FILESYSTEM_SERVER), str(tmp_path / "data")],
+                "manifest": "fs.manifest.json",
+                "rules": rules,
+            }
+        ],
+    }
+    config_path = write_private(conf / "proxy.json", json.dumps(document))
+    finished = subprocess.run(
+        [sys.executable, "-m", "agentrt.proxy", "--config", str(config_path)],
+        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert finished.returncode != 0
+    assert 'the rule for "write_file"' in finished.stderr
+    assert "does not compile at column 24" in finished.stderr
+    assert finished.stdout == ""
+    assert not (conf / "proxy.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("when", "problem"),
+    [
+        ([{"if": "true", "outcome": "allow", "because": "x"}], 'unknown field "because"'),
+        ([{"if": "true", "outcome": "maybe"}], '"outcome" must be allow'),
+        ([{"if": "x" * 2001, "outcome": "allow"}], "longer than 2000 characters"),
+        ({"if": "true"}, '"when" must be a list'),
+    ],
+)
+async def test_a_malformed_condition_refuses_the_configuration(
+    tmp_path: Path, when: Any, problem: str
+) -> None:
+    conf = tmp_path / "conf"
+    rules = _write_rule(None)
+    rules["write_file"]["when"] = when
+    document = {
+        "database": "proxy.db",
+        "session": "s",
+        "servers": [{"name": "fs", "command": ["true"], "manifest": "m.json", "rules": rules}],
+    }
+    config_path = write_private(conf / "proxy.json", json.dumps(document))
+    from agentrt.proxy.config import ConfigError
+
+    with pytest.raises(ConfigError, match="write_file") as refused:
+        load_config(config_path)
+    assert problem in str(refused.value)
