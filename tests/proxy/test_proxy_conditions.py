@@ -66,11 +66,17 @@ def _keep_conditions(setup: ProxySetup, when: list[dict[str, Any]]) -> None:
 
 
 def _files_of(directory: Path) -> dict[str, str]:
-    return {
-        path.name: hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(directory.iterdir())
-        if path.is_file()
-    }
+    """Every file's digest, but SQLite's shared-memory index (a read-only reader of a WAL
+    database may create it); a write-ahead log, if present, must hold no frame."""
+    digests = {}
+    for path in sorted(directory.iterdir()):
+        if path.name.endswith("-shm"):
+            continue
+        if path.name.endswith("-wal"):
+            assert path.stat().st_size == 0, "something wrote to the write-ahead log"
+            continue
+        digests[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return digests
 
 
 def _agentrt(*arguments: str) -> subprocess.CompletedProcess[str]:
