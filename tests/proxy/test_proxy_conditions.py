@@ -240,3 +240,86 @@ async def test_a_malformed_condition_refuses_the_configuration(
     with pytest.raises(ConfigError, match="write_file") as refused:
         load_config(config_path)
     assert problem in str(refused.value)
+
+
+# -- the conditions themselves, without a proxy -----------------------------
+
+
+def _tool_conditions(expression: str, outcome: str = "allow") -> Any:
+    from agentrt.proxy._conditions import ToolConditions, compile_when
+    from agentrt.tools import SideEffect
+
+    conditions = compile_when([{"if": expression, "outcome": outcome}], "the rule for t")
+    return ToolConditions("fs", "fs_write_file", SideEffect.LOCAL_MUTATION, conditions)
+
+
+def test_path_within_follows_links_and_dot_dot_and_refuses_what_it_cannot_resolve(
+    tmp_path: Path,
+) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (tmp_path / "out").mkdir()
+    (notes / "out").symlink_to(tmp_path / "out")
+    (notes / "dangling").symlink_to(tmp_path / "nowhere")
+    (notes / "loop").symlink_to(notes / "loop")
+    within = _tool_conditions(f"path_within(args.path, '{notes}')")
+
+    def verdict(path: str) -> Any:
+        return within.decide_now({"path": path})
+
+    assert verdict(f"{notes}/new.txt").outcome == "allow"
+    assert verdict(str(notes)).outcome == "allow"
+    assert verdict(f"{notes}/../x.txt") is None
+    assert verdict(f"{notes}/out/x.txt") is None
+    assert verdict(f"{tmp_path}/notes-sibling/x.txt") is None
+    for unresolvable in (
+        "notes/x.txt",
+        f"{notes}/dangling",
+        f"{notes}/loop/x",
+        f"{notes}/missing/../../x.txt",
+    ):
+        undecided = verdict(unresolvable)
+        assert undecided is not None and undecided.error, unresolvable
+        assert undecided.outcome == "require_approval"
+
+
+def test_a_condition_is_stopped_at_its_time_budget_and_waits_for_a_person() -> None:
+    import time
+
+    slow = _tool_conditions("args.xs.all(a, args.xs.all(b, args.xs.all(c, a + b + c >= 0)))")
+    started = time.monotonic()
+    verdict = slow.decide_now({"xs": list(range(300))})
+    assert time.monotonic() - started < 5
+    assert verdict.error and verdict.outcome == "require_approval"
+    assert "took longer than 1s" in verdict.reason
+
+
+def test_numbers_are_cel_int_and_double_and_the_sizes_count_what_they_say() -> None:
+    from decimal import Decimal
+
+    fraction = _tool_conditions("args.n > 2 && args.n < 3").decide_now({"n": Decimal("2.5")})
+    assert (fraction.outcome, fraction.error) == ("allow", False)
+    integer = _tool_conditions("args.i == 3").decide_now({"i": 3})
+    assert (integer.outcome, integer.error) == ("allow", False)
+    mixed = _tool_conditions("args.i == 3.0").decide_now({"i": 3})
+    assert mixed.error and mixed.outcome == "require_approval"
+    huge = _tool_conditions("args.i > 0").decide_now({"i": 2**70})
+    assert huge.error and "64-bit" in huge.reason
+    sizes = "size(args.s) == 2 && bytes_len(args.s) == 4"
+    sized = _tool_conditions(sizes).decide_now({"s": "éé"})
+    assert (sized.outcome, sized.error) == ("allow", False)
+
+
+def test_a_condition_that_is_not_true_or_false_waits_for_a_person() -> None:
+    verdict = _tool_conditions("args.path").decide_now({"path": "/x"})
+    assert verdict.error and verdict.outcome == "require_approval"
+    assert "not true or false" in verdict.reason
+
+
+def test_a_rule_with_conditions_is_refused_where_nothing_evaluates_them() -> None:
+    from agentrt.mcp import FileRule
+
+    rule = FileRule(side_effect="local_mutation", when=[{"if": "true", "outcome": "allow"}])
+    with pytest.raises(ValueError, match="only agentrt proxy evaluates"):
+        rule.to_rule()
+    assert rule.to_rule(conditions_handled=True).side_effect == "local_mutation"

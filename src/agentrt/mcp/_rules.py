@@ -127,9 +127,19 @@ class FileRule:
     # The proxy's conditions, as written; the proxy compiles them (the rule itself never sees them).
     when: list[Any] = field(default_factory=list)
 
-    def to_rule(self) -> Rule:
-        """The `Rule` this file entry describes (fixed values as canonical JSON text)."""
+    def to_rule(self, *, conditions_handled: bool = False) -> Rule:
+        """The `Rule` this file entry describes (fixed values as canonical JSON text).
+
+        A rule with conditions is refused unless the caller evaluates them
+        (`conditions_handled`): `load` alone would drop them, and a condition
+        meant to hold a call back must never be silently ignored.
+        """
         from ..canonical import canonical_json
+
+        if self.when and not conditions_handled:
+            raise ValueError(
+                'this rule has conditions ("when"), which only agentrt proxy evaluates'
+            )
 
         return Rule(
             side_effect=SideEffect(self.side_effect),

@@ -128,13 +128,14 @@ class ProxyPolicy:
         inner: ClassPolicy,
         store: Store,
         conditions: dict[str, ToolConditions] | None = None,
-        id: str | None = None,
+        identity: str | None = None,
     ) -> None:
         self.inner = inner
         self.store = store
         # The operator's "when" lists, by final tool name, decided before the class policy.
         self.conditions = conditions or {}
-        self.id = id
+        # Read by the gate into every `policy_decided` event.
+        self.id = identity
 
     async def evaluate(self, request: ToolRequest, run: RunView) -> PolicyDecision:
         if _mutating(request.spec) and any(

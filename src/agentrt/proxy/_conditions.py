@@ -12,11 +12,15 @@ a path that cannot be resolved, the time budget spent) decides
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Mapping, Sequence
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -46,10 +50,10 @@ __all__ = [
 ]
 
 # Bounds on what one condition may cost.  CEL has no loops beyond its
-# macros over finite lists, so the work of one evaluation grows with the
-# expression's length and the arguments' size; both are capped, and the
-# evaluation runs in a worker thread the call stops waiting for after
-# EVALUATION_SECONDS (the thread finishes on its own, within those caps).
+# macros over finite lists, but nested macros over a large list still take
+# as long as an attacker likes; so the expression and the arguments are
+# capped, and the evaluation runs in a worker thread under a deadline that a
+# trace hook enforces on every Python call the evaluator makes.
 MAX_EXPRESSION_CHARS: Final = 2000
 MAX_CONDITIONS: Final = 32
 MAX_ARGUMENT_BYTES: Final = 1024 * 1024
@@ -71,6 +75,29 @@ class ConditionError(ValueError):
 
 class _Undecidable(Exception):
     """A condition that cannot be evaluated for this call; the message says why."""
+
+
+class _OutOfTime(BaseException):
+    """The evaluation's deadline passed.  A BaseException, so that no `except Exception`
+    inside the evaluator can swallow it and carry on."""
+
+
+@contextlib.contextmanager
+def _deadline(deadline: float) -> Iterator[None]:
+    """Raise `_OutOfTime` in this thread at the first Python call after `deadline`."""
+    previous = sys.gettrace()
+
+    def on_call(frame: FrameType, event: str, argument: Any) -> None:
+        if event == "call" and time.monotonic() > deadline:
+            raise _OutOfTime
+        # No per-line tracing: one clock read per call keeps the cost small.
+        return None
+
+    sys.settrace(on_call)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
 
 
 def _celpy() -> Any:
@@ -117,7 +144,9 @@ class ToolConditions:
     async def decide(self, arguments: Any) -> ConditionVerdict | None:
         """The first condition that holds, an error verdict, or None when none holds."""
         try:
-            with anyio.fail_after(EVALUATION_SECONDS):
+            # The thread stops itself at the deadline; this backstop is for time spent
+            # inside one C call (a regular expression), which the trace hook cannot cut.
+            with anyio.fail_after(EVALUATION_SECONDS * 2):
                 return await anyio.to_thread.run_sync(
                     self.decide_now, arguments, abandon_on_cancel=True
                 )
@@ -125,7 +154,15 @@ class ToolConditions:
             return self._undecidable(f"its conditions took longer than {EVALUATION_SECONDS:g}s")
 
     def decide_now(self, arguments: Any) -> ConditionVerdict | None:
-        """`decide`, in the calling thread and without the time budget."""
+        """`decide` in the calling thread, stopped once EVALUATION_SECONDS are spent."""
+        deadline = time.monotonic() + EVALUATION_SECONDS
+        try:
+            with _deadline(deadline):
+                return self._first_holding(arguments)
+        except _OutOfTime:
+            return self._undecidable(f"its conditions took longer than {EVALUATION_SECONDS:g}s")
+
+    def _first_holding(self, arguments: Any) -> ConditionVerdict | None:
         try:
             activation = self._activation(arguments)
         except _Undecidable as exc:

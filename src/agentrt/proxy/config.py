@@ -305,7 +305,9 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
             )
         else:
             raise reader.fail(f"{where} rules", "must be an object or the path of a rules file")
-        rules: Rules = {tool: rule.to_rule() for tool, rule in file_rules.items()}
+        rules: Rules = {
+            tool: rule.to_rule(conditions_handled=True) for tool, rule in file_rules.items()
+        }
         conditions = {
             tool: compile_when(rule.when, f'the rule for "{sanitize(tool)}"')
             for tool, rule in file_rules.items()
