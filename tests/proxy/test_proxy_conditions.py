@@ -323,3 +323,25 @@ def test_a_rule_with_conditions_is_refused_where_nothing_evaluates_them() -> Non
     with pytest.raises(ValueError, match="only agentrt proxy evaluates"):
         rule.to_rule()
     assert rule.to_rule(conditions_handled=True).side_effect == "local_mutation"
+
+
+def test_conditions_without_cel_python_refuse_the_load_naming_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentrt.proxy.config import ConfigError
+
+    # As if cel-python were not installed: importing it fails.
+    monkeypatch.setitem(sys.modules, "celpy", None)
+    rules = _write_rule([{"if": "true", "outcome": "allow"}])
+    document = {
+        "database": "proxy.db",
+        "session": "s",
+        "servers": [{"name": "fs", "command": ["true"], "manifest": "m.json", "rules": rules}],
+    }
+    config_path = write_private(tmp_path / "proxy.json", json.dumps(document))
+    with pytest.raises(ConfigError, match=r"agentrt\[conditions\]"):
+        load_config(config_path)
+    # A configuration without conditions never needs it.
+    document["servers"][0]["rules"] = _write_rule(None)
+    write_private(config_path, json.dumps(document))
+    assert load_config(config_path).servers[0].conditions == {}
