@@ -547,10 +547,12 @@ class Gate:
             connection, run.run_id, "step_recorded",
             {"step": step_number, "tool": name, "args": args},
         )  # fmt: skip
-        self.store.append_event(
-            connection, run.run_id, "policy_decided",
-            {"step": step_number, "outcome": str(decided.outcome), "reason": decided.reason},
-        )  # fmt: skip
+        decided_payload = {"step": step_number, "outcome": str(decided.outcome),
+                           "reason": decided.reason}  # fmt: skip
+        # Which rules decided: the policy's declared identity, when it has one.
+        if isinstance(policy_id := getattr(self.policy, "id", None), str):
+            decided_payload["policy_id"] = policy_id
+        self.store.append_event(connection, run.run_id, "policy_decided", decided_payload)
         if decided.outcome is Outcome.DENY:
             self._set_step(connection, run.run_id, step_number, StepStatus.DENIED,
                            "denied", decided.reason or "denied by policy", None)  # fmt: skip

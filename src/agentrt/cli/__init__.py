@@ -18,6 +18,7 @@ from ._inbox import inbox
 from ._init import init
 from ._inspect import events, runs, show, verify
 from ._output import Output
+from ._recheck import recheck
 from ._servers import check, demo, pin, proxy
 
 __all__ = ["cli", "main"]
@@ -56,6 +57,7 @@ for _command in (
     demo,
 ):
     cli.add_command(_command)
+cli.add_command(recheck)
 
 
 def main() -> None:

@@ -49,9 +49,11 @@ from ..sanitize import sanitize
 from ..store import ApprovalRecord, ApprovalStatus, RunStatus, StepStatus, Store
 from ..tools import SideEffect, Tool, ToolCall, ToolResult, ToolSpec
 from ._answers import Answer
+from ._conditions import ToolConditions, conditions_by_tool, policy_id
 from ._index import EXECUTED, Action, CallIndex, CallRow, Settled, call_key
+from .config import ProxyConfig
 
-__all__ = ["UNKNOWN_OUTCOME", "Calls", "ProxyPolicy", "WatchedTool", "new_owner"]
+__all__ = ["UNKNOWN_OUTCOME", "Calls", "ProxyPolicy", "WatchedTool", "new_owner", "proxy_policy"]
 
 UNKNOWN_OUTCOME: Final = "unknown_outcome"
 _POLL_SECONDS: Final = 0.2
@@ -131,9 +133,19 @@ class ProxyPolicy:
     same answer and the approval's hash still matches.
     """
 
-    def __init__(self, inner: ClassPolicy, store: Store) -> None:
+    def __init__(
+        self,
+        inner: ClassPolicy,
+        store: Store,
+        conditions: dict[str, ToolConditions] | None = None,
+        identity: str | None = None,
+    ) -> None:
         self.inner = inner
         self.store = store
+        # The operator's "when" lists, by final tool name, decided before the class policy.
+        self.conditions = conditions or {}
+        # Read by the gate into every `policy_decided` event.
+        self.id = identity
 
     async def evaluate(self, request: ToolRequest, run: RunView) -> PolicyDecision:
         if _mutating(request.spec) and any(
@@ -156,10 +168,34 @@ class ProxyPolicy:
                 presentation=presentation,
                 reason="a mutating call's outcome is unknown",
             )
+        conditions = self.conditions.get(request.spec.name)
+        verdict = None if conditions is None else await conditions.decide(request.arguments)
+        if verdict is not None:
+            # Decided in the class policy's own shape, so an approval a condition asks
+            # for hashes (and re-evaluates on resume) like any other of its class.
+            side_effect = request.spec.side_effect
+            decided = await ClassPolicy({side_effect: verdict.outcome}).evaluate(request, run)
+            return dataclasses.replace(decided, reason=verdict.reason)
         return await self.inner.evaluate(request, run)
 
     def outcome_for(self, side_effect: SideEffect) -> Outcome:
         return self.inner.outcomes.get(side_effect, Outcome.DENY)
+
+    def may_need_approval(self, spec: ToolSpec) -> bool:
+        """Whether a call to `spec` might wait for a person (a condition may always ask one)."""
+        return spec.name in self.conditions or (
+            self.outcome_for(spec.side_effect) is Outcome.REQUIRE_APPROVAL
+        )
+
+
+def proxy_policy(config: ProxyConfig, store: Store) -> ProxyPolicy:
+    """The proxy's policy for `config`: its class policy, its conditions, and its identity."""
+    return ProxyPolicy(
+        config.policy,
+        store,
+        conditions_by_tool(config.servers),
+        policy_id(config.policy, config.servers),
+    )
 
 
 class Calls:
@@ -253,7 +289,7 @@ class Calls:
             return Answer.invalid(tool, _unaccepted_arguments(exc))
         key = call_key(tool, args)
         mutating = _mutating(spec)
-        may_need_approval = self.policy.outcome_for(spec.side_effect) is Outcome.REQUIRE_APPROVAL
+        may_need_approval = self.policy.may_need_approval(spec)
         call = _Call(spec, args, progress, secrets.token_hex(6))
         for _attempt in range(3):
             decide = functools.partial(

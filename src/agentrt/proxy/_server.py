@@ -37,7 +37,7 @@ from ..store import ApprovalStatus, Store, open_store
 from ..telemetry import TraceExporter, settings_from, start_exporter
 from ..tools import SideEffect, Tool
 from ._answers import Answer, bounded
-from ._calls import Calls, ProxyPolicy, WatchedTool, new_owner
+from ._calls import Calls, WatchedTool, new_owner, proxy_policy
 from ._http import is_loopback, serve_http, split_http
 from ._index import CallIndex
 from ._stdio import StdioWire, stdio_wire
@@ -163,7 +163,7 @@ class Proxy:
         self.index = CallIndex(store, config.session, owner, config.lease_ttl)
         cut_off: set[tuple[str, int]] = set()
         sent: set[str] = set()
-        self.policy = ProxyPolicy(config.policy, store)
+        self.policy = proxy_policy(config, store)
         self.gate = Gate(
             store,
             [WatchedTool(tool, cut_off, sent) for tool in tools],

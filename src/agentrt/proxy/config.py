@@ -42,6 +42,7 @@ from ..mcp import (
 from ..policy import ClassPolicy, DefaultPolicy, Outcome
 from ..sanitize import sanitize
 from ..tools import SideEffect
+from ._conditions import Condition, compile_when
 
 __all__ = [
     "DEFAULT_APPROVAL_TTL",
@@ -127,6 +128,8 @@ class UpstreamConfig:
     manifest_path: Path
     rules: Rules
     rules_path: Path | None = None
+    # Each tool's compiled "when" list, keyed like `rules` (by the server's tool name).
+    conditions: dict[str, tuple[Condition, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,13 +363,24 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
             )
         else:
             raise reader.fail(f"{where} rules", "must be an object or the path of a rules file")
-        rules: Rules = {tool: rule.to_rule() for tool, rule in file_rules.items()}
+        rules: Rules = {
+            tool: rule.to_rule(conditions_handled=True) for tool, rule in file_rules.items()
+        }
+        conditions = {
+            tool: compile_when(rule.when, f'the rule for "{sanitize(tool)}"')
+            for tool, rule in file_rules.items()
+            if rule.when
+        }
     except ConfigError:
         raise
     except (OSError, ValueError, AgentrtError) as exc:
         raise ConfigError(f"{reader.path}: {where} rules: {exc}") from None
     return UpstreamConfig(
-        server=server, manifest_path=manifest_path, rules=rules, rules_path=rules_path
+        server=server,
+        manifest_path=manifest_path,
+        rules=rules,
+        rules_path=rules_path,
+        conditions=conditions,
     )
 
 
