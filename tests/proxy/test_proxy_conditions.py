@@ -283,6 +283,27 @@ def test_path_within_follows_links_and_dot_dot_and_refuses_what_it_cannot_resolv
         assert undecided.outcome == "require_approval"
 
 
+def test_path_within_refuses_dot_dot_after_a_link_that_servers_resolve_differently(
+    tmp_path: Path,
+) -> None:
+    # The stock filesystem server resolves `..` by text first (`path.resolve`), the
+    # kernel after following the link: `out/link/../x` is `out/x` to the server and
+    # `notes/x` to the kernel.  A condition must not allow what the server writes outside.
+    notes = tmp_path / "notes"
+    (notes / "sub").mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "link").symlink_to(notes / "sub")
+    within = _tool_conditions(f"path_within(args.path, '{notes}')")
+
+    undecided = within.decide_now({"path": f"{tmp_path}/out/link/../x.txt"})
+    assert undecided is not None and undecided.error
+    assert undecided.outcome == "require_approval"
+    assert "'..'" in undecided.reason
+    # `..` that means the same place both ways still decides.
+    assert within.decide_now({"path": f"{notes}/sub/../x.txt"}).outcome == "allow"
+    assert within.decide_now({"path": f"{notes}/../x.txt"}) is None
+
+
 def test_a_condition_is_stopped_at_its_time_budget_and_waits_for_a_person() -> None:
     import time
 

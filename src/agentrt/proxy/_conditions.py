@@ -257,6 +257,22 @@ def _to_cel(value: Any) -> Any:
 def _resolve(path: str) -> str:
     """The real path a server opening `path` would reach, or `_Undecidable`.
 
+    A server may resolve `..` by text before following links (the stock
+    filesystem server does) or after (the kernel does); where the two reach
+    different places, which one the server takes cannot be known here.
+    """
+    resolved = _resolve_strictly(path)
+    if ".." in path.split(os.sep) and _resolve_strictly(os.path.normpath(path)) != resolved:
+        raise _Undecidable(
+            f"{sanitize(repr(path))} climbs with '..' out of a symbolic link, which servers "
+            "resolve to different places"
+        )
+    return resolved
+
+
+def _resolve_strictly(path: str) -> str:
+    """The real path the kernel reaches opening `path`, or `_Undecidable`.
+
     The longest existing prefix is resolved through its symbolic links
     strictly (a loop or a dangling link cannot be resolved safely: the server
     would follow it somewhere this check cannot see); what does not exist yet
