@@ -304,6 +304,26 @@ def test_path_within_refuses_dot_dot_after_a_link_that_servers_resolve_different
     assert within.decide_now({"path": f"{notes}/../x.txt"}) is None
 
 
+def test_path_within_refuses_a_new_name_the_server_matches_to_another_unicode_form(
+    tmp_path: Path,
+) -> None:
+    # For a path that does not exist, the stock filesystem server takes an existing entry
+    # whose NFC form is the same: `cafe\u0301` (NFD, missing) opens `caf\u00e9` (NFC), here a
+    # link out of the notes.  Seen as a new file, it would look inside.
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (tmp_path / "out").mkdir()
+    (notes / "caf\u00e9").symlink_to(tmp_path / "out")
+    within = _tool_conditions(f"path_within(args.path, '{notes}')")
+
+    undecided = within.decide_now({"path": f"{notes}/cafe\u0301/x.txt"})
+    assert undecided is not None and undecided.error
+    assert undecided.outcome == "require_approval"
+    assert "Unicode" in undecided.reason
+    assert within.decide_now({"path": f"{notes}/caf\u00e9/x.txt"}) is None
+    assert within.decide_now({"path": f"{notes}/th\u00e9/x.txt"}).outcome == "allow"
+
+
 def test_a_condition_is_stopped_at_its_time_budget_and_waits_for_a_person() -> None:
     import time
 

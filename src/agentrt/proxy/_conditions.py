@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import time
+import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -298,7 +299,27 @@ def _resolve_strictly(path: str) -> str:
         real = os.path.realpath(existing, strict=True)
     except OSError as exc:
         raise _Undecidable(f"{sanitize(repr(path))} cannot be resolved: {exc.strerror}") from None
+    if missing:
+        _refuse_unicode_twin(real, missing[0], path)
     return os.path.join(real, *missing) if missing else real
+
+
+def _refuse_unicode_twin(directory: str, name: str, path: str) -> None:
+    """Refuse a missing `name` that an entry of `directory` equals in Unicode NFC form.
+
+    A server may open that entry for it (the stock filesystem server does,
+    for a path that does not exist), and the entry may be a link elsewhere.
+    """
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return  # not a directory: nothing can be opened under it
+    wanted = unicodedata.normalize("NFC", name)
+    if any(entry != name and unicodedata.normalize("NFC", entry) == wanted for entry in entries):
+        raise _Undecidable(
+            f"{sanitize(repr(path))} names a missing entry that an existing one equals in "
+            "another Unicode form, which a server may open instead"
+        )
 
 
 def path_within(path: Any, root: Any) -> Any:
