@@ -357,6 +357,22 @@ def test_a_condition_that_is_not_true_or_false_waits_for_a_person() -> None:
     assert "not true or false" in verdict.reason
 
 
+def test_a_missing_field_beside_a_true_or_decides_by_the_other_side_as_cel_says(
+    tmp_path: Path,
+) -> None:
+    # CEL's `||` is commutative over errors: `error || true` is true, `error || false`
+    # an error.  So a missing field waits only where the answer depends on it.
+    either = _tool_conditions("args.missing == 1 || args.n == 2")
+    assert either.decide_now({"n": 2}).outcome == "allow"
+    undecided = either.decide_now({"n": 3})
+    assert undecided.error and undecided.outcome == "require_approval"
+    # A helper that cannot decide is never absorbed: the whole condition waits.
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    helper = _tool_conditions(f"path_within(args.path, '{tmp_path}') || args.n == 2")
+    waits = helper.decide_now({"path": f"{tmp_path}/loop/x", "n": 2})
+    assert waits.error and waits.outcome == "require_approval"
+
+
 def test_a_rule_with_conditions_is_refused_where_nothing_evaluates_them() -> None:
     from agentrt.mcp import FileRule
 
