@@ -402,3 +402,43 @@ def test_conditions_without_cel_python_refuse_the_load_naming_the_extra(
     document["servers"][0]["rules"] = _write_rule(None)
     write_private(config_path, json.dumps(document))
     assert load_config(config_path).servers[0].conditions == {}
+
+
+async def test_a_condition_that_cannot_decide_under_a_denying_class_denies(
+    tmp_path: Path,
+) -> None:
+    """Deny by default: the class denies, a condition allows notes; a path the
+    condition cannot resolve must be denied, not sent to a person to approve."""
+    from agentrt.policy import ClassPolicy, Outcome, RunView, ToolRequest
+    from agentrt.proxy._calls import ProxyPolicy
+    from agentrt.store import open_store
+    from agentrt.tools import SideEffect, ToolSpec
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    conditions = _tool_conditions(f"path_within(args.path, '{notes}')")
+    spec = ToolSpec(
+        name="fs_write_file",
+        description="write",
+        input_schema={"type": "object"},
+        side_effect=SideEffect.LOCAL_MUTATION,
+        timeout=5.0,
+    )
+    store = open_store(tmp_path / "runs.db")
+    run = RunView(run_id="s.1", goal="", step_count=0, consecutive_failures=0, metadata={})
+    for class_outcome, expected in (
+        (Outcome.DENY, Outcome.DENY),
+        (Outcome.REQUIRE_APPROVAL, Outcome.REQUIRE_APPROVAL),
+        (Outcome.ALLOW, Outcome.REQUIRE_APPROVAL),
+    ):
+        policy = ProxyPolicy(
+            ClassPolicy({SideEffect.LOCAL_MUTATION: class_outcome}),
+            store,
+            {"fs_write_file": conditions},
+        )
+        relative = ToolRequest(spec, '{"path":"x"}', {"path": "x"}, "s.1", 1)
+        decided = await policy.evaluate(relative, run)
+        assert decided.outcome is expected, (class_outcome, decided)
+        inside = ToolRequest(spec, "{}", {"path": str(notes / "a.txt")}, "s.1", 1)
+        assert (await policy.evaluate(inside, run)).outcome is Outcome.ALLOW
+    store.close()

@@ -174,7 +174,12 @@ class ProxyPolicy:
             # Decided in the class policy's own shape, so an approval a condition asks
             # for hashes (and re-evaluates on resume) like any other of its class.
             side_effect = request.spec.side_effect
-            decided = await ClassPolicy({side_effect: verdict.outcome}).evaluate(request, run)
+            outcome = verdict.outcome
+            if verdict.error and self.outcome_for(side_effect) is Outcome.DENY:
+                # An error never loosens the class: where the class denies, a
+                # condition that cannot decide denies too (deny by default holds).
+                outcome = Outcome.DENY
+            decided = await ClassPolicy({side_effect: outcome}).evaluate(request, run)
             return dataclasses.replace(decided, reason=verdict.reason)
         return await self.inner.evaluate(request, run)
 
