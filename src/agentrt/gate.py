@@ -42,6 +42,7 @@ from .errors import (
     RunLeased,
     RunStateError,
     SchemaError,
+    StoreBusy,
     StoreError,
 )
 from .policy import DefaultPolicy, Outcome, Policy, PolicyDecision, RunView, ToolRequest
@@ -732,10 +733,12 @@ class Gate:
             connection, run.run_id, "step_recorded",
             {"step": step_number, "tool": name, "args": args},
         )  # fmt: skip
-        self.store.append_event(
-            connection, run.run_id, "policy_decided",
-            {"step": step_number, "outcome": str(decided.outcome), "reason": decided.reason},
-        )  # fmt: skip
+        decided_payload = {"step": step_number, "outcome": str(decided.outcome),
+                           "reason": decided.reason}  # fmt: skip
+        # Which rules decided: the policy's declared identity, when it has one.
+        if isinstance(policy_id := getattr(self.policy, "id", None), str):
+            decided_payload["policy_id"] = policy_id
+        self.store.append_event(connection, run.run_id, "policy_decided", decided_payload)
         if decided.outcome is Outcome.DENY:
             self._set_step(connection, run.run_id, step_number, StepStatus.DENIED,
                            "denied", decided.reason or "denied by policy", None)  # fmt: skip
@@ -912,8 +915,14 @@ class Gate:
                 self._write_result, run_id, step, spec, result, error, token, on_end
             )
         except Exception as exc:
-            with anyio.CancelScope(shield=True):
-                await self._release_lease(run_id)
+            if isinstance(exc, StoreBusy):
+                # The database stayed locked for the whole busy deadline; a
+                # release would hold the caller (and its answer) as long again.
+                # The lease simply expires, and recovery finds the step executing.
+                self._lease_tokens.pop(run_id, None)
+            else:
+                with anyio.CancelScope(shield=True):
+                    await self._release_lease(run_id)
             raise ResultNotRecorded(run_id, step, exc) from exc
         if view is not None:
             self._views[run_id] = view

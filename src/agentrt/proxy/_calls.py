@@ -50,9 +50,11 @@ from ..sanitize import sanitize
 from ..store import ApprovalRecord, ApprovalStatus, RunStatus, StepStatus, Store
 from ..tools import SideEffect, Tool, ToolCall, ToolResult, ToolSpec
 from ._answers import Answer
+from ._conditions import ToolConditions, conditions_by_tool, policy_id
 from ._index import EXECUTED, Action, CallIndex, CallRow, Settled, Verdict, call_key
+from .config import ProxyConfig
 
-__all__ = ["UNKNOWN_OUTCOME", "Calls", "ProxyPolicy", "WatchedTool", "new_owner"]
+__all__ = ["UNKNOWN_OUTCOME", "Calls", "ProxyPolicy", "WatchedTool", "new_owner", "proxy_policy"]
 
 UNKNOWN_OUTCOME: Final = "unknown_outcome"
 _POLL_SECONDS: Final = 0.2
@@ -132,9 +134,19 @@ class ProxyPolicy:
     same answer and the approval's hash still matches.
     """
 
-    def __init__(self, inner: ClassPolicy, store: Store) -> None:
+    def __init__(
+        self,
+        inner: ClassPolicy,
+        store: Store,
+        conditions: dict[str, ToolConditions] | None = None,
+        identity: str | None = None,
+    ) -> None:
         self.inner = inner
         self.store = store
+        # The operator's "when" lists, by final tool name, decided before the class policy.
+        self.conditions = conditions or {}
+        # Read by the gate into every `policy_decided` event.
+        self.id = identity
 
     async def evaluate(self, request: ToolRequest, run: RunView) -> PolicyDecision:
         if _mutating(request.spec) and any(
@@ -157,10 +169,39 @@ class ProxyPolicy:
                 presentation=presentation,
                 reason="a mutating call's outcome is unknown",
             )
+        conditions = self.conditions.get(request.spec.name)
+        verdict = None if conditions is None else await conditions.decide(request.arguments)
+        if verdict is not None:
+            # Decided in the class policy's own shape, so an approval a condition asks
+            # for hashes (and re-evaluates on resume) like any other of its class.
+            side_effect = request.spec.side_effect
+            outcome = verdict.outcome
+            if verdict.error and self.outcome_for(side_effect) is Outcome.DENY:
+                # An error never loosens the class: where the class denies, a
+                # condition that cannot decide denies too (deny by default holds).
+                outcome = Outcome.DENY
+            decided = await ClassPolicy({side_effect: outcome}).evaluate(request, run)
+            return dataclasses.replace(decided, reason=verdict.reason)
         return await self.inner.evaluate(request, run)
 
     def outcome_for(self, side_effect: SideEffect) -> Outcome:
         return self.inner.outcomes.get(side_effect, Outcome.DENY)
+
+    def may_need_approval(self, spec: ToolSpec) -> bool:
+        """Whether a call to `spec` might wait for a person (a condition may always ask one)."""
+        return spec.name in self.conditions or (
+            self.outcome_for(spec.side_effect) is Outcome.REQUIRE_APPROVAL
+        )
+
+
+def proxy_policy(config: ProxyConfig, store: Store) -> ProxyPolicy:
+    """The proxy's policy for `config`: its class policy, its conditions, and its identity."""
+    return ProxyPolicy(
+        config.policy,
+        store,
+        conditions_by_tool(config.servers),
+        policy_id(config.policy, config.servers),
+    )
 
 
 class Calls:
@@ -199,6 +240,10 @@ class Calls:
         # Calls sent upstream whose unknown outcome the store refused to mark.
         self._unmarked: set[str] = set()
         self._unmarked_told: set[str] = set()
+        # Set when the proxy serves the inbox: its address (never the token)
+        # joins each announcement, and `on_waiting` may notify the desktop.
+        self.inbox_address: str | None = None
+        self.on_waiting: Callable[[ApprovalRecord], None] | None = None
 
     @property
     def specs(self) -> Sequence[ToolSpec]:
@@ -220,9 +265,13 @@ class Calls:
         self.log.write(
             f"agentrt proxy: approval {approval.approval_id} ({approval.kind}) waits for "
             f"{approval.tool}: agentrt --db {database} approve {run} --approval {approval_id}"
-            f"  |  agentrt --db {database} reject {run} --approval {approval_id} --note TEXT\n"
+            f"  |  agentrt --db {database} reject {run} --approval {approval_id} --note TEXT"
+            + (f"  |  inbox: {self.inbox_address}" if self.inbox_address else "")
+            + "\n"
         )
         self.log.flush()
+        if self.on_waiting is not None:
+            self.on_waiting(approval)
 
     # -- one call ------------------------------------------------------------
 
@@ -246,7 +295,7 @@ class Calls:
             return Answer.invalid(tool, _unaccepted_arguments(exc))
         key = call_key(tool, args)
         mutating = _mutating(spec)
-        may_need_approval = self.policy.outcome_for(spec.side_effect) is Outcome.REQUIRE_APPROVAL
+        may_need_approval = self.policy.may_need_approval(spec)
         call = _Call(spec, args, progress, secrets.token_hex(6))
         for _attempt in range(3):
             run_id = self.new_run_id()

@@ -13,6 +13,7 @@ later) changes nothing: the signals stay caught until the process exits.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import signal
 import sys
@@ -36,7 +37,7 @@ from ..store import ApprovalStatus, Store, open_store
 from ..telemetry import TraceExporter, settings_from, start_exporter
 from ..tools import SideEffect, Tool
 from ._answers import Answer, bounded
-from ._calls import Calls, ProxyPolicy, WatchedTool, new_owner
+from ._calls import Calls, WatchedTool, new_owner, proxy_policy
 from ._http import is_loopback, serve_http, split_http
 from ._index import CallIndex
 from ._stdio import StdioWire, stdio_wire
@@ -95,8 +96,12 @@ def _log(stream: IO[str], line: str) -> None:
     stream.flush()
 
 
-async def _load_upstreams(config: ProxyConfig, log: IO[str]) -> tuple[list[Tool], list[Connection]]:
-    """Load every upstream; one that fails is reported and left out, the others serve."""
+async def _load_upstreams(
+    config: ProxyConfig, log: IO[str], servers_of: dict[str, str] | None = None
+) -> tuple[list[Tool], list[Connection]]:
+    """Load every upstream; one that fails is reported and left out, the others serve.
+
+    `servers_of`, when given, is filled with each served tool's server name."""
     tools: list[Tool] = []
     connections: list[Connection] = []
     taken: dict[str, str] = {STATUS_TOOL: "the proxy itself"}
@@ -141,6 +146,8 @@ async def _load_upstreams(config: ProxyConfig, log: IO[str]) -> tuple[list[Tool]
                 )
                 continue
             taken[tool.spec.name] = f'server "{upstream.server.name}"'
+            if servers_of is not None:
+                servers_of[tool.spec.name] = upstream.server.name
             tools.append(tool)
     return tools, connections
 
@@ -156,7 +163,7 @@ class Proxy:
         self.index = CallIndex(store, config.session, owner, config.lease_ttl)
         cut_off: set[tuple[str, int]] = set()
         sent: set[str] = set()
-        self.policy = ProxyPolicy(config.policy, store)
+        self.policy = proxy_policy(config, store)
         self.gate = Gate(
             store,
             [WatchedTool(tool, cut_off, sent) for tool in tools],
@@ -389,6 +396,55 @@ async def _serve_stdio(
         group.cancel_scope.cancel()
 
 
+@contextlib.asynccontextmanager
+async def _serving_inbox(
+    config: ProxyConfig,
+    proxy: Proxy,
+    tools: list[Tool],
+    servers_of: dict[str, str],
+    log: IO[str],
+) -> AsyncIterator[None]:
+    """The approval inbox beside the proxy, when the configuration asks for one."""
+    if config.inbox is None:
+        yield
+        return
+    from ..inbox import ToolInfo, notify_waiting, parse_listen, read_or_create_token, running_inbox
+
+    settings = config.inbox
+    token_file = settings.token_file
+    token = read_or_create_token(token_file) if token_file is not None else None
+    described = {
+        tool.spec.name: ToolInfo(servers_of.get(tool.spec.name, ""), tool.spec.description)
+        for tool in tools
+    }
+    # A connection of its own: the page's reads never wait on the proxy's lock.
+    with open_store(config.database, create=False) as inbox_store:
+        async with running_inbox(
+            inbox_store, parse_listen(settings.listen), token=token,
+            login=_login_name(), tools=described,
+        ) as running:  # fmt: skip
+            proxy.calls.inbox_address = running.address
+            if settings.notify:
+                proxy.calls.on_waiting = lambda approval: notify_waiting(approval, running.address)
+            if token_file is not None:
+                _log(log, f"agentrt proxy: inbox at {running.address} (token in {token_file})")
+            else:
+                # The only line that carries the token; approvals' lines never do.
+                _log(log, f"agentrt proxy: inbox: {running.address_with_token}")
+            try:
+                yield
+            finally:
+                proxy.calls.inbox_address = None
+                proxy.calls.on_waiting = None
+
+
+def _login_name() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return ""
+
+
 async def serve_config(
     config: ProxyConfig,
     *,
@@ -416,7 +472,8 @@ async def serve_config(
     async with anyio.create_task_group() as signals:
         signals.start_soon(_watch_signals, stopping.set, stream)
         try:
-            tools, connections = await _load_upstreams(config, stream)
+            servers_of: dict[str, str] = {}
+            tools, connections = await _load_upstreams(config, stream, servers_of)
             telemetry = start_exporter(
                 config.database,
                 settings_from(
@@ -429,7 +486,10 @@ async def serve_config(
             )  # fmt: skip
             proxy = Proxy(config, store, tools, stream)
             server = proxy.server()
-            async with proxy.running():
+            async with (
+                proxy.running(),
+                _serving_inbox(config, proxy, tools, servers_of, stream),
+            ):
                 if address is not None:
                     await serve_http(server, address[0], address[1], token, stream, stopping)
                 else:

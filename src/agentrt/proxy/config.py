@@ -42,6 +42,7 @@ from ..mcp import (
 from ..policy import ClassPolicy, DefaultPolicy, Outcome
 from ..sanitize import sanitize
 from ..tools import SideEffect
+from ._conditions import Condition, compile_when
 
 __all__ = [
     "DEFAULT_APPROVAL_TTL",
@@ -52,6 +53,7 @@ __all__ = [
     "DEFAULT_REPEAT_WINDOW",
     "DEFAULT_SERVER_TIMEOUT",
     "ConfigError",
+    "InboxConfig",
     "ProxyConfig",
     "TelemetryConfig",
     "UpstreamConfig",
@@ -82,9 +84,11 @@ _TOP_FIELDS: Final = frozenset(
         "approval_ttl",
         "grant_ttl",
         "lease_ttl",
+        "inbox",
         "telemetry",
     }
 )
+_INBOX_FIELDS: Final = frozenset({"listen", "notify", "token_file"})
 _TELEMETRY_FIELDS: Final = frozenset({"otlp_endpoint", "content"})
 _SERVER_FIELDS: Final = frozenset(
     {
@@ -124,6 +128,17 @@ class UpstreamConfig:
     manifest_path: Path
     rules: Rules
     rules_path: Path | None = None
+    # Each tool's compiled "when" list, keyed like `rules` (by the server's tool name).
+    conditions: dict[str, tuple[Condition, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class InboxConfig:
+    """The approval inbox the proxy serves alongside itself (loopback only)."""
+
+    listen: str
+    notify: bool = False
+    token_file: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,11 +168,14 @@ class ProxyConfig:
     approval_ttl: float = DEFAULT_APPROVAL_TTL
     grant_ttl: float = DEFAULT_GRANT_TTL
     lease_ttl: float = DEFAULT_LEASE_TTL
+    inbox: InboxConfig | None = None
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def protected_paths(self) -> list[Path]:
         """The files a server must never be pointed at: whoever writes them governs the proxy."""
         paths = [self.path, self.database]
+        if self.inbox is not None and self.inbox.token_file is not None:
+            paths.append(self.inbox.token_file)  # whoever reads it can decide approvals
         paths += [Path(f"{self.database}{suffix}") for suffix in ("-wal", "-shm", "-journal")]
         for upstream in self.servers:
             paths.append(upstream.manifest_path)
@@ -281,6 +299,7 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
         approval_ttl=duration("approval_ttl", DEFAULT_APPROVAL_TTL),
         grant_ttl=duration("grant_ttl", DEFAULT_GRANT_TTL),
         lease_ttl=duration("lease_ttl", DEFAULT_LEASE_TTL),
+        inbox=_inbox(reader, top["inbox"]) if "inbox" in top else None,
         telemetry=_telemetry(reader, top["telemetry"]) if "telemetry" in top else TelemetryConfig(),
     )
     _refuse_servers_that_reach_the_operators_files(config)
@@ -344,14 +363,53 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
             )
         else:
             raise reader.fail(f"{where} rules", "must be an object or the path of a rules file")
-        rules: Rules = {tool: rule.to_rule() for tool, rule in file_rules.items()}
+        rules: Rules = {
+            tool: rule.to_rule(conditions_handled=True) for tool, rule in file_rules.items()
+        }
+        conditions = {
+            tool: compile_when(rule.when, f'the rule for "{sanitize(tool)}"')
+            for tool, rule in file_rules.items()
+            if rule.when
+        }
     except ConfigError:
         raise
     except (OSError, ValueError, AgentrtError) as exc:
         raise ConfigError(f"{reader.path}: {where} rules: {exc}") from None
     return UpstreamConfig(
-        server=server, manifest_path=manifest_path, rules=rules, rules_path=rules_path
+        server=server,
+        manifest_path=manifest_path,
+        rules=rules,
+        rules_path=rules_path,
+        conditions=conditions,
     )
+
+
+def _inbox(reader: _Reader, raw: Any) -> InboxConfig:
+    from ..inbox import DEFAULT_LISTEN, InboxError, parse_listen
+
+    entry = reader.object(raw, "inbox", _INBOX_FIELDS)
+    listen = reader.string(entry.get("listen", DEFAULT_LISTEN), "inbox.listen")
+    try:
+        # Checked as a remote one would be, then held to loopback: the
+        # proxy's inbox has no TLS, so its token must never cross a network.
+        listener = parse_listen(listen, allow_remote=True, tls_cert="-", tls_key="-")
+    except InboxError as exc:
+        raise reader.fail("inbox.listen", f"is refused: {exc}") from None
+    if not listener.loopback:
+        raise reader.fail(
+            "inbox.listen",
+            "must be a loopback address such as 127.0.0.1:0; a remote inbox is "
+            "`agentrt inbox --allow-remote` with TLS",
+        )
+    notify = entry.get("notify", False)
+    if not isinstance(notify, bool):
+        raise reader.fail("inbox.notify", "must be true or false")
+    token_file = (
+        reader.path_field(entry["token_file"], "inbox.token_file")
+        if "token_file" in entry
+        else None
+    )
+    return InboxConfig(listen=listen, notify=notify, token_file=token_file)
 
 
 def _sandbox(reader: _Reader, raw: Any, where: str) -> Sandbox:
