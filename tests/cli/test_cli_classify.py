@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from agentrt.cli import cli
+from agentrt.proxy.config import load_config
 
 SERVER_SCRIPT = Path(__file__).with_name("cli_mcp_server.py")
 
@@ -193,3 +194,25 @@ def test_rules_in_a_separate_file_are_written_there(tmp_path: Path) -> None:
     }
     assert setup.config.read_bytes() == before
     assert os.stat(rules_file).st_mode & 0o777 == 0o600
+
+
+def test_classify_keeps_every_number_in_the_file_exactly_as_the_load_reads_it(
+    tmp_path: Path,
+) -> None:
+    # A fixed value beyond a float's precision, and one beyond its range: the
+    # load keeps each literal's digits, so a rewrite must not round them.
+    setup = Setup(tmp_path, rules={"write_thing": {"side_effect": "local_mutation"}})
+    text = setup.config.read_text().replace(
+        '"side_effect": "local_mutation"',
+        '"side_effect": "local_mutation", "allow_hint_mismatch": true, '
+        '"fixed": {"id": 12345678901234567890.5, "text": 1e400}',
+    )
+    setup.config.write_text(text)
+    before = load_config(setup.config).servers[0].rules["write_thing"]
+    assert before.fixed == {"id": "12345678901234567890.5", "text": "1e400"}
+    result = setup.classify("--set", "things.read_thing=read_only")
+    assert result.exit_code == 0, result.output
+    after = load_config(setup.config).servers[0].rules
+    assert after["write_thing"] == before
+    assert after["read_thing"].side_effect == "read_only"
+    assert "12345678901234567890.5" in setup.config.read_text()
