@@ -197,3 +197,28 @@ async def test_a_command_on_the_servers_path_brings_only_its_installation(
     assert seen["ok"] and seen["value"]["pid"] <= 3
     assert not token["ok"]
     assert config["ok"]
+
+
+async def test_a_command_in_home_bin_brings_only_itself_when_home_is_reached_through_a_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # HOME names a link to the real home (as when /home is a link), and the
+    # server is ~/bin/escaper-server: HOME itself is no installation prefix, so
+    # ~/lib beside it stays out whichever spelling of HOME the path uses.
+    real_home = tmp_path / "real-home"
+    (real_home / "bin").mkdir(parents=True)
+    (real_home / "lib").mkdir()
+    (real_home / "lib" / "token").write_text(SECRET)
+    home = tmp_path / "home"
+    home.symlink_to(real_home)
+    monkeypatch.setenv("HOME", str(home))
+    script = home / "bin" / "escaper-server"
+    script.write_text(f"#!{sys.executable}\n" + ESCAPER.read_text())
+    script.chmod(0o755)
+    server = Server(name="in-home", command=[str(script)], sandbox=Sandbox())
+    async with session(server) as call:
+        seen = await call("whoami")
+        token = await call("read", path=str(home / "lib" / "token"))
+        real_token = await call("read", path=str(real_home / "lib" / "token"))
+    assert seen["ok"]
+    assert not token["ok"] and not real_token["ok"], (token, real_token)

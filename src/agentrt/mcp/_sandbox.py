@@ -252,16 +252,24 @@ def _install_parts(path: str, home: str) -> list[str]:
         # A version manager's shim (pyenv, rbenv, asdf) runs the manager,
         # which keeps its code and its interpreters under the same root.
         root = os.path.dirname(directory)
-        return [root] if root != "/" and not _within(home, root) else [path]
+        return [root] if not _home_or_above(home, root) else [path]
     if os.path.basename(directory) in ("bin", "sbin"):
         prefix = os.path.dirname(directory)
-        if prefix != "/" and not _within(home, prefix):
+        if not _home_or_above(home, prefix):
             return [
                 os.path.join(prefix, part)
                 for part in _PREFIX_PARTS
                 if os.path.lexists(os.path.join(prefix, part))
             ]
     return [path]
+
+
+def _home_or_above(home: str, directory: str) -> bool:
+    """Whether `directory` is `/`, the (real) home or above it, spelled as given or resolved:
+    a HOME or a PATH entry reached through a link names the same directory."""
+    return any(
+        form == "/" or _within(home, form) for form in (directory, os.path.realpath(directory))
+    )
 
 
 def _venv_base(prefix_part: str) -> str | None:
