@@ -216,3 +216,22 @@ def test_classify_keeps_every_number_in_the_file_exactly_as_the_load_reads_it(
     assert after["write_thing"] == before
     assert after["read_thing"].side_effect == "read_only"
     assert "12345678901234567890.5" in setup.config.read_text()
+
+
+def test_a_rename_ending_in_a_newline_is_refused_and_nothing_is_written(setup: Setup) -> None:
+    # A regular expression's "$" also matches before a final newline; the
+    # name the model sees must be exactly the characters MCP allows.
+    before = setup.config.read_bytes()
+    result = setup.classify(
+        "--set", "things.read_thing=read_only", "--rename", "things.read_thing=look\n"
+    )
+    assert result.exit_code != 0
+    assert "a name must match" in result.output
+    assert setup.config.read_bytes() == before
+
+
+def test_a_hand_written_rename_ending_in_a_newline_does_not_register(tmp_path: Path) -> None:
+    setup = Setup(tmp_path, rules={"read_thing": {"side_effect": "read_only", "rename": "look\n"}})
+    checked = run("check", "--config", str(setup.config))
+    assert "registered read_thing as look" not in checked.output, checked.output
+    assert "refused read_thing" in checked.output, checked.output
