@@ -259,6 +259,7 @@ def test_an_unknown_source_is_refused_in_one_sentence_and_nothing_is_written(
         ('{"mcpServers": {"a": {"command": "x"}, "a": {"command": "y"}}}', "appears twice"),
         ('{"mcpServers": {"fs": {"command": "node", "args": "one"}}}', "args must be a list"),
         ('{"mcpServers": {"fs": {"args": []}}}', "has neither a command nor a url"),
+        ('{"mcpServers": {"fs": {"command": "x", "env": {"TOKEN\\n": "t"}}}}', "not a variable"),
         ('{"theme": "dark"}', "has no mcpServers"),
     ],
 )

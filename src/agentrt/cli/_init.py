@@ -48,7 +48,7 @@ __all__ = ["init"]
 CONFIG_NAME: Final = "proxy.json"
 DEFAULT_TIMEOUT_TEXT: Final = "60s"
 _SERVER_NAME: Final = re.compile(r"[^A-Za-z0-9_-]")
-_VARIABLE_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_VARIABLE_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" allows a final newline
 _PLACEHOLDER: Final = re.compile(r"\$\{[^}]*\}")
 # The policy a new configuration starts from: reads run, changes wait for a
 # person, destruction is refused; the operator loosens it knowingly.
