@@ -340,7 +340,6 @@ SCHEMA_VERSION: Final = len(_MIGRATIONS)
 _BUSY_TIMEOUT_MS: Final = 100
 _BUSY_DEADLINE_S: Final = 30.0
 _CORE_TABLES: Final = frozenset({"runs", "steps", "approvals", "events", "extensions"})
-_SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 
 
 def _check_file(path: Path) -> bool:
@@ -1452,18 +1451,30 @@ def _create_database(path: Path, anchor_path: str) -> None:
 
 
 def _check_header(path: Path) -> None:
-    with open(path, "rb") as file:
-        header = file.read(len(_SQLITE_MAGIC))
-    if not header:
+    """Refuse an empty file or one that is not SQLite, without opening it ourselves.
+
+    The file is never opened and closed with a plain `open()`: closing any
+    descriptor of a file drops every POSIX lock this process holds on it, so
+    a second store opened in a process that already has one (the proxy and
+    its inbox) would strip the first connection of its locks, and another
+    process could then delete the WAL under it.  SQLite's own open keeps the
+    locks (it shares one descriptor per file within a process).
+    """
+    if path.stat().st_size == 0:
         raise StoreError(
             f"database {sanitize(str(path))} is an empty file, not an agentrt database; "
             "agentrt creates only a path that does not exist: remove it or choose another path"
         )
-    if header != _SQLITE_MAGIC:
+    probe = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+    try:
+        probe.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.DatabaseError:
         raise StoreError(
             f"{sanitize(str(path))} is not a SQLite database, so not an agentrt one; "
             "agentrt will not write into it"
-        )
+        ) from None
+    finally:
+        probe.close()
 
 
 def _check_contents(connection: sqlite3.Connection, label: str) -> None:
