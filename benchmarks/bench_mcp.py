@@ -233,7 +233,7 @@ def run(quick: bool = False, commits: int = 2) -> Result:
             "ratio_after_connect": ratio(
                 load_p50 - percentile(raw_connect, 0.5), percentile(raw_list, 0.5)
             ),
-            "target_ratio": 3.0,
+            "target_ratio": 2.0,
             "profile_parts_s": profiled["parts_s"],
             "profile": profiled["profile"],
         },

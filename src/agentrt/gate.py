@@ -26,7 +26,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import anyio
 
@@ -42,6 +42,7 @@ from .errors import (
     RunLeased,
     RunStateError,
     SchemaError,
+    StoreBusy,
     StoreError,
 )
 from .policy import DefaultPolicy, Outcome, Policy, PolicyDecision, RunView, ToolRequest
@@ -66,6 +67,9 @@ from .tools import TOOL_NAME_PATTERN, SideEffect, Tool, ToolCall, ToolResult, To
 __all__ = ["INTERRUPTED_SIDE_EFFECT", "Gate", "Limits", "StepOutcome"]
 
 INTERRUPTED_SIDE_EFFECT: Final = "interrupted_side_effect"
+# `_acquire_lease` reads the lease token itself unless it was read with the run.
+_UNREAD: Final = object()
+_A = TypeVar("_A")
 _MAX_ERROR_CHARS: Final = 2_000
 
 
@@ -145,6 +149,18 @@ def _error_text(exc: BaseException) -> str:
     return text
 
 
+@dataclass(frozen=True, slots=True)
+class _RunView:
+    """A run as a transaction of this gate read it: the row and its last steps."""
+
+    run: RunRecord
+    recent: tuple[StepRecord, ...]
+
+
+class _StaleView(Exception):
+    """A step was decided on a cached view of its run that another writer has since moved."""
+
+
 class Gate:
     """Record → validate → policy → execute → record, for a fixed set of tools."""
 
@@ -170,6 +186,12 @@ class Gate:
         # The token of each lease this gate acquired; a take-over mints a new
         # one, so this gate's late writes under the old one are refused.
         self._lease_tokens: dict[str, str] = {}
+        # Each running run as this gate's own last write left it (the row and
+        # its last steps, read inside that write), so the next step need not
+        # read it again before its policy decides.  Only a hint: the step's
+        # transaction compares it with the row, and a step decided on a view
+        # that moved is decided again on a fresh one (`_StaleView`).
+        self._views: dict[str, _RunView] = {}
         self._tools: dict[str, _Registered] = {}
         for tool in tools:
             registered = _check_spec(tool)
@@ -199,8 +221,12 @@ class Gate:
         now: float,
         *,
         take_over: bool = False,
+        current_token: object = _UNREAD,
     ) -> str:
         """Inside a write transaction: take (or extend) the run's lease; return its token.
+
+        `run` is the row as read in this transaction; `current_token` its lease
+        token, read with it (`_take_running`) or, by default, read here.
 
         The token stays while this gate keeps holding the lease; a lease taken
         anew (or `take_over`, after a process died) gets a fresh one.
@@ -212,11 +238,13 @@ class Gate:
             and run.lease_expires_at > now
         ):
             raise RunLeased(run.run_id, run.lease_owner, epoch_to_iso(run.lease_expires_at))
-        row = connection.execute(
-            "SELECT lease_owner, lease_token FROM runs WHERE run_id = ?", (run.run_id,)
-        ).fetchone()
+        if current_token is _UNREAD:
+            row = connection.execute(
+                "SELECT lease_token FROM runs WHERE run_id = ?", (run.run_id,)
+            ).fetchone()
+            current_token = None if row is None else row[0]
         held = self._lease_tokens.get(run.run_id)
-        if take_over or held is None or row is None or tuple(row) != (self.owner, held):
+        if take_over or held is None or (run.lease_owner, current_token) != (self.owner, held):
             held = uuid.uuid4().hex
         cursor = connection.execute(
             "UPDATE runs SET lease_owner = ?, lease_expires_at = ?, lease_token = ?"
@@ -327,9 +355,109 @@ class Gate:
         now = time.time()
         created = utc_now()
         deadline_at = None if self.limits.deadline is None else now + self.limits.deadline
-        await self.store.write(self._insert_run, run_id, goal, created, metadata, deadline_at)
+        self._views[run_id] = await self.store.write(
+            self._insert_run, run_id, goal, created, metadata, deadline_at
+        )
         self._notify()
         return run_id
+
+    async def start_and_step(
+        self,
+        goal: str,
+        decision: Decision,
+        *,
+        run_id: str,
+        metadata: Mapping[str, str] | None = None,
+        admit: Callable[[sqlite3.Connection], tuple[bool, _A]],
+        on_end: Callable[[sqlite3.Connection, RunStatus], None] | None = None,
+    ) -> tuple[_A, StepOutcome | None]:
+        """Start a run and take its first step in as few commits as the step needs.
+
+        For an allowed call: the caller's `admit`, the run, the step, its policy
+        decision and the `executing` mark are one transaction; the result, the
+        run's end (a terminal tool) and the caller's `on_end(connection, status)`
+        the second.  `admit(connection)` runs first in the first transaction and
+        says whether the run starts at all: if not, its own writes commit,
+        nothing of the run is written, and `(value, None)` comes back.  The
+        policy decides before that transaction, on the run as it would start
+        (no steps yet).  A decision that is not a valid call of a registered
+        tool starts the run, then is stepped as `step` would.
+        """
+        now = time.time()
+        created = utc_now()
+        deadline_at = None if self.limits.deadline is None else now + self.limits.deadline
+        registered, arguments, problem = self._check_request(decision.tool, decision.args)
+        plain = (
+            decision.kind is not DecisionKind.TOOL_CALL
+            or problem is not None
+            or registered is None
+            or self.limits.max_steps < 1
+            or (deadline_at is not None and now >= deadline_at)
+        )
+        if plain:
+            admitted, value, view = await self.store.write(
+                self._admit_and_insert, admit, run_id, goal, created, metadata, deadline_at
+            )
+            self._notify()
+            if not admitted:
+                return value, None
+            if view is not None:
+                self._views[run_id] = view
+            return value, await self.step(run_id, decision)
+        assert registered is not None
+        request = ToolRequest(registered.spec, decision.args, arguments, run_id, 1)
+        decided = await self._evaluate(request, RunView(run_id, goal, 0, 0, dict(metadata or {})))
+        admitted, value, recorded = await self.store.write(
+            self._admit_and_record, admit, run_id, goal, created, metadata, deadline_at,
+            registered.spec.name, decision.args, decided, now,
+        )  # fmt: skip
+        self._notify()
+        if not admitted:
+            return value, None
+        approval, token = recorded
+        outcome = await self._carry_out(
+            run_id, 1, registered, decision.args, decided, approval, token, on_end
+        )
+        return value, self._settled(outcome)
+
+    def _admit_and_insert(
+        self,
+        connection: sqlite3.Connection,
+        admit: Callable[[sqlite3.Connection], tuple[bool, _A]],
+        run_id: str,
+        goal: str,
+        created: str,
+        metadata: Mapping[str, str] | None,
+        deadline_at: float | None,
+    ) -> tuple[bool, _A, _RunView | None]:
+        admitted, value = admit(connection)
+        if not admitted:
+            return False, value, None
+        return (
+            True,
+            value,
+            self._insert_run(connection, run_id, goal, created, metadata, deadline_at),
+        )
+
+    def _admit_and_record(
+        self,
+        connection: sqlite3.Connection,
+        admit: Callable[[sqlite3.Connection], tuple[bool, _A]],
+        run_id: str,
+        goal: str,
+        created: str,
+        metadata: Mapping[str, str] | None,
+        deadline_at: float | None,
+        name: str,
+        args: str,
+        decided: PolicyDecision,
+        now: float,
+    ) -> tuple[bool, _A, tuple[ApprovalRecord | None, str]]:
+        admitted, value = admit(connection)
+        if not admitted:
+            return False, value, (None, "")
+        view = self._insert_run(connection, run_id, goal, created, metadata, deadline_at)
+        return True, value, self._record_step(connection, view.run, 1, name, args, decided, now)
 
     def _insert_run(
         self,
@@ -339,7 +467,7 @@ class Gate:
         created: str,
         metadata: Mapping[str, str] | None,
         deadline_at: float | None,
-    ) -> None:
+    ) -> _RunView:
         seq_row = connection.execute("SELECT COALESCE(MAX(created_seq), 0) FROM runs").fetchone()
         try:
             connection.execute(
@@ -355,8 +483,21 @@ class Gate:
             {"goal": goal, "tools": [spec.name for spec in self.specs],
              "metadata": dict(metadata or {})},
         )  # fmt: skip
+        return _RunView(self.store.get_run(run_id), ())
 
-    def _limit_reached(self, run: RunRecord, now: float) -> str | None:
+    def _read_view(self, run_id: str) -> _RunView:
+        """The run and the last steps loop detection looks at (blocking: run it off the loop)."""
+        run = self.store.get_run(run_id)
+        return _RunView(run, self._recent_steps(run))
+
+    def _recent_steps(self, run: RunRecord) -> tuple[StepRecord, ...]:
+        window = self.limits.loop_window
+        if window <= 0 or run.step_count < window:
+            return ()
+        return tuple(self.store.last_steps(run.run_id, window))
+
+    def _limit_reached(self, view: _RunView, now: float) -> str | None:
+        run = view.run
         if run.deadline_at is not None and now >= run.deadline_at:
             return "deadline"
         if run.step_count >= self.limits.max_steps:
@@ -365,7 +506,7 @@ class Gate:
             return "failure_limit"
         window = self.limits.loop_window
         if window > 0 and run.step_count >= window:
-            recent = self.store.last_steps(run.run_id, window)
+            recent = view.recent
             if (
                 len(recent) == window
                 and all(step.status is StepStatus.SUCCEEDED for step in recent)
@@ -378,18 +519,32 @@ class Gate:
 
     async def step(self, run_id: str, decision: Decision) -> StepOutcome:
         """Propose the agent's next decision for a running run and carry it out."""
-        return self._settled(await self._step(run_id, decision))
+        view = self._views.pop(run_id, None)
+        if view is not None:
+            try:
+                return self._settled(await self._step(view, decision))
+            except _StaleView:
+                pass  # another writer moved the run: decide again on what it holds now
+        view = await self.store.run(self._read_view, run_id)
+        try:
+            return self._settled(await self._step(view, decision))
+        except _StaleView:
+            raise RunStateError(
+                f"run {sanitize(run_id)} moved on while this step was decided"
+            ) from None
 
     def _settled(self, outcome: StepOutcome) -> StepOutcome:
         # A run that ended or waits holds no lease: forget its token, so a
         # long-lived gate (the proxy's: one run per call) keeps none per run.
         if outcome.status is not RunStatus.RUNNING:
             self._lease_tokens.pop(outcome.run_id, None)
+            self._views.pop(outcome.run_id, None)
         return outcome
 
-    async def _step(self, run_id: str, decision: Decision) -> StepOutcome:
+    async def _step(self, view: _RunView, decision: Decision) -> StepOutcome:
         now = time.time()
-        run = await self.store.run(self.store.get_run, run_id)
+        run = view.run
+        run_id = run.run_id
         if run.status is not RunStatus.RUNNING:
             raise RunStateError(f"run {sanitize(run_id)} is {run.status}, not running")
         if decision.kind is DecisionKind.COMPLETE:
@@ -398,26 +553,13 @@ class Gate:
             return await self._finish(
                 run, RunStatus.FAILED, decision.reason or "agent_failed", None
             )
-        limit = await self.store.run(self._limit_reached, run, now)
+        limit = self._limit_reached(view, now)
         if limit is not None:
-            return await self._finish(run, RunStatus.FAILED, limit, None)
+            return await self._finish(run, RunStatus.FAILED, limit, None, decided_on=run)
 
         step_number = run.step_count + 1
         tool_name, args = decision.tool, decision.args
-        registered = self._tools.get(tool_name)
-        problem: str | None = None
-        arguments: Any = None
-        if registered is None:
-            problem = f"unknown tool {sanitize(repr(tool_name))}"
-        else:
-            try:
-                arguments = parse_json(args)
-            except JSONBoundaryError as exc:
-                problem = f"the arguments are not valid JSON: {exc}"
-            else:
-                error = registered.schema.first_error(arguments)
-                if error is not None:
-                    problem = f"the arguments do not match the schema: {error}"
+        registered, arguments, problem = self._check_request(tool_name, args)
         stored_args = args.encode("utf-8", "backslashreplace").decode("utf-8")
 
         if problem is not None or registered is None:
@@ -431,9 +573,26 @@ class Gate:
         decision_made = await self._evaluate(request, run)
         return await self._apply_decision(run, step_number, registered, request, decision_made)
 
-    async def _evaluate(self, request: ToolRequest, run: RunRecord) -> PolicyDecision:
+    def _check_request(
+        self, tool_name: str, args: str
+    ) -> tuple[_Registered | None, Any, str | None]:
+        """The registered tool, the parsed arguments, and what is wrong with them if anything."""
+        registered = self._tools.get(tool_name)
+        if registered is None:
+            return None, None, f"unknown tool {sanitize(repr(tool_name))}"
         try:
-            decided = await self.policy.evaluate(request, self._run_view(run))
+            arguments = parse_json(args)
+        except JSONBoundaryError as exc:
+            return registered, None, f"the arguments are not valid JSON: {exc}"
+        error = registered.schema.first_error(arguments)
+        if error is not None:
+            return registered, arguments, f"the arguments do not match the schema: {error}"
+        return registered, arguments, None
+
+    async def _evaluate(self, request: ToolRequest, run: RunRecord | RunView) -> PolicyDecision:
+        view = run if isinstance(run, RunView) else self._run_view(run)
+        try:
+            decided = await self.policy.evaluate(request, view)
         except Exception as exc:
             # Fail closed: a policy that cannot decide never lets a request through.
             return PolicyDecision.abort(f"policy_error: {_error_text(exc)}")
@@ -451,7 +610,7 @@ class Gate:
         problem: str,
     ) -> StepOutcome:
         started = utc_now()
-        fresh = self._take_running(connection, run.run_id)
+        fresh = self._take_running(connection, run.run_id, run)
         if fresh.step_count + 1 != step_number:
             raise RunStateError(f"run {sanitize(run.run_id)} moved on while this step was checked")
         connection.execute(
@@ -471,12 +630,23 @@ class Gate:
         observation = Observation(step_number, tool, args, "invalid", problem)
         return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="invalid")
 
-    def _take_running(self, connection: sqlite3.Connection, run_id: str) -> RunRecord:
-        """Inside a write transaction: the run, still running, with this gate's lease on it."""
-        fresh = self.store.get_run(run_id)
+    def _take_running(
+        self, connection: sqlite3.Connection, run_id: str, decided_on: RunRecord | None = None
+    ) -> RunRecord:
+        """Inside a write transaction: the run, still running, with this gate's lease on it.
+
+        `decided_on` is the view the caller decided with: if the run has moved
+        since (another step recorded), `_StaleView` has the caller decide again.
+        """
+        fresh, token = self.store.read_run(connection, run_id)
         if fresh.status is not RunStatus.RUNNING:
             raise RunStateError(f"run {sanitize(run_id)} is {fresh.status}, not running")
-        self._acquire_lease(connection, fresh, time.time())
+        if decided_on is not None and (fresh.step_count, fresh.consecutive_failures) != (
+            decided_on.step_count,
+            decided_on.consecutive_failures,
+        ):
+            raise _StaleView(run_id)
+        self._acquire_lease(connection, fresh, time.time(), current_token=token)
         return fresh
 
     def _check_running(
@@ -501,19 +671,36 @@ class Gate:
             self._record_step, run, step_number, name, args, decided, now
         )
         self._notify()
+        return await self._carry_out(
+            run.run_id, step_number, registered, args, decided, approval, token
+        )
+
+    async def _carry_out(
+        self,
+        run_id: str,
+        step_number: int,
+        registered: _Registered,
+        args: str,
+        decided: PolicyDecision,
+        approval: ApprovalRecord | None,
+        token: str,
+        on_end: Callable[[sqlite3.Connection, RunStatus], None] | None = None,
+    ) -> StepOutcome:
+        """What follows a recorded step: its observation, its approval, or its call."""
+        name = registered.spec.name
         if decided.outcome is Outcome.DENY:
             observation = Observation(
                 step_number, name, args, "denied", decided.reason or "denied by policy"
             )
-            return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="denied")
+            return StepOutcome(run_id, RunStatus.RUNNING, observation, reason="denied")
         if decided.outcome is Outcome.ABORT:
-            return StepOutcome(run.run_id, RunStatus.FAILED, reason=decided.reason)
+            return StepOutcome(run_id, RunStatus.FAILED, reason=decided.reason)
         if approval is not None:
             return StepOutcome(
-                run.run_id, RunStatus.WAITING_FOR_APPROVAL, approval=approval,
+                run_id, RunStatus.WAITING_FOR_APPROVAL, approval=approval,
                 reason="waiting_for_approval",
             )  # fmt: skip
-        return await self._execute(run.run_id, step_number, registered, args, token)
+        return await self._execute(run_id, step_number, registered, args, token, on_end)
 
     def _record_step(
         self,
@@ -528,7 +715,7 @@ class Gate:
         """The request, its policy decision, and (if allowed) the `executing` mark: one commit."""
         started = utc_now()
         approval: ApprovalRecord | None = None
-        fresh = self._take_running(connection, run.run_id)
+        fresh = self._take_running(connection, run.run_id, run)
         token = self._lease_tokens[run.run_id]
         if fresh.step_count + 1 != step_number:
             # Another step was recorded while the policy decided this one.
@@ -546,10 +733,12 @@ class Gate:
             connection, run.run_id, "step_recorded",
             {"step": step_number, "tool": name, "args": args},
         )  # fmt: skip
-        self.store.append_event(
-            connection, run.run_id, "policy_decided",
-            {"step": step_number, "outcome": str(decided.outcome), "reason": decided.reason},
-        )  # fmt: skip
+        decided_payload = {"step": step_number, "outcome": str(decided.outcome),
+                           "reason": decided.reason}  # fmt: skip
+        # Which rules decided: the policy's declared identity, when it has one.
+        if isinstance(policy_id := getattr(self.policy, "id", None), str):
+            decided_payload["policy_id"] = policy_id
+        self.store.append_event(connection, run.run_id, "policy_decided", decided_payload)
         if decided.outcome is Outcome.DENY:
             self._set_step(connection, run.run_id, step_number, StepStatus.DENIED,
                            "denied", decided.reason or "denied by policy", None)  # fmt: skip
@@ -648,7 +837,13 @@ class Gate:
         self.store.append_event(connection, run_id, "tool_started", {"step": step, "tool": tool})
 
     async def _execute(
-        self, run_id: str, step: int, registered: _Registered, args: str, token: str
+        self,
+        run_id: str,
+        step: int,
+        registered: _Registered,
+        args: str,
+        token: str,
+        on_end: Callable[[sqlite3.Connection, RunStatus], None] | None = None,
     ) -> StepOutcome:
         spec = registered.spec
         call = ToolCall(args=args, tool=spec.name, run_id=run_id, step=step)
@@ -677,7 +872,7 @@ class Gate:
                     parse_json(result.content)
                 except JSONBoundaryError as exc:
                     error = f"the tool {spec.name} returned content that is not valid JSON: {exc}"
-        return await self._record_result(run_id, step, spec, args, result, error, token)
+        return await self._record_result(run_id, step, spec, args, result, error, token, on_end)
 
     async def _call_with_heartbeat(self, tool: Tool, call: ToolCall, run_id: str) -> ToolResult:
         """Call a tool that may outlast its lease, renewing the lease until it returns."""
@@ -706,6 +901,7 @@ class Gate:
         result: ToolResult | None,
         error: str | None,
         token: str,
+        on_end: Callable[[sqlite3.Connection, RunStatus], None] | None = None,
     ) -> StepOutcome:
         """Record what the tool returned; the tool was called, so this fact is never lost.
 
@@ -715,13 +911,21 @@ class Gate:
         unknown.
         """
         try:
-            status, run_result = await self.store.write(
-                self._write_result, run_id, step, spec, result, error, token
+            status, run_result, view = await self.store.write(
+                self._write_result, run_id, step, spec, result, error, token, on_end
             )
         except Exception as exc:
-            with anyio.CancelScope(shield=True):
-                await self._release_lease(run_id)
+            if isinstance(exc, StoreBusy):
+                # The database stayed locked for the whole busy deadline; a
+                # release would hold the caller (and its answer) as long again.
+                # The lease simply expires, and recovery finds the step executing.
+                self._lease_tokens.pop(run_id, None)
+            else:
+                with anyio.CancelScope(shield=True):
+                    await self._release_lease(run_id)
             raise ResultNotRecorded(run_id, step, exc) from exc
+        if view is not None:
+            self._views[run_id] = view
         self._notify()
         kind = "tool_error" if error is not None else "result"
         content = error if error is not None else (result.content if result else "")
@@ -737,7 +941,10 @@ class Gate:
         result: ToolResult | None,
         error: str | None,
         token: str,
-    ) -> tuple[RunStatus, str | None]:
+        on_end: Callable[[sqlite3.Connection, RunStatus], None] | None = None,
+    ) -> tuple[RunStatus, str | None, _RunView | None]:
+        """Record the result; return the run's status, its result if it ended, and its
+        view for the next step (read here, in the same transaction)."""
         finished = utc_now()
         run_result: str | None = None
         holder = connection.execute(
@@ -781,21 +988,28 @@ class Gate:
                 {"step": step, "tool": spec.name, "content": result.content,
                  "summary": result.summary},
             )  # fmt: skip
-        current = connection.execute(
-            "SELECT status FROM runs WHERE run_id = ?", (run_id,)
-        ).fetchone()[0]
-        status = RunStatus(current)
+        run = self.store.get_run(run_id)
+        status = run.status
         if status is RunStatus.RUNNING and error is None and spec.terminal:
             assert result is not None
             run_result = result.content
             end_run(self.store, connection, run_id, RunStatus.COMPLETED, "completed", run_result)
             status = RunStatus.COMPLETED
-        return status, run_result
+        if on_end is not None:
+            on_end(connection, status)
+        view = _RunView(run, self._recent_steps(run)) if status is RunStatus.RUNNING else None
+        return status, run_result, view
 
     async def _finish(
-        self, run: RunRecord, status: RunStatus, reason: str, result: str | None
+        self,
+        run: RunRecord,
+        status: RunStatus,
+        reason: str,
+        result: str | None,
+        *,
+        decided_on: RunRecord | None = None,
     ) -> StepOutcome:
-        await self.store.write(self._end_running, run.run_id, status, reason, result)
+        await self.store.write(self._end_running, run.run_id, status, reason, result, decided_on)
         self._notify()
         return StepOutcome(run.run_id, status, result=result, reason=reason)
 
@@ -806,8 +1020,9 @@ class Gate:
         status: RunStatus,
         reason: str,
         result: str | None,
+        decided_on: RunRecord | None,
     ) -> None:
-        self._take_running(connection, run_id)
+        self._take_running(connection, run_id, decided_on)
         end_run(self.store, connection, run_id, status, reason, result)
 
     # -- resuming ------------------------------------------------------------

@@ -88,7 +88,12 @@ class PolicyDecision:
 
 @runtime_checkable
 class Policy(Protocol):
-    """Consumer code deciding each request; it runs outside the model."""
+    """Consumer code deciding each request; it runs outside the model.
+
+    A policy may also declare `id` (a string naming this version of its rules,
+    say a hash); the gate then records it in each `policy_decided` event.  It
+    is optional, so it is read with `getattr` rather than declared here.
+    """
 
     async def evaluate(self, request: ToolRequest, run: RunView) -> PolicyDecision: ...
 

@@ -17,8 +17,9 @@ __all__ = [
     "ToolSpec",
 ]
 
-TOOL_NAME_PATTERN: Final = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-"""The strictest tool-name form the model providers accept."""
+TOOL_NAME_PATTERN: Final = re.compile(r"^[a-zA-Z0-9_-]{1,64}\Z")
+"""The strictest tool-name form the model providers accept (`\\Z`, not `$`, which would
+also let a name end in a newline)."""
 
 
 class SideEffect(enum.StrEnum):

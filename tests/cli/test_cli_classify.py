@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from agentrt.cli import cli
+from agentrt.proxy.config import load_config
 
 SERVER_SCRIPT = Path(__file__).with_name("cli_mcp_server.py")
 
@@ -193,3 +194,44 @@ def test_rules_in_a_separate_file_are_written_there(tmp_path: Path) -> None:
     }
     assert setup.config.read_bytes() == before
     assert os.stat(rules_file).st_mode & 0o777 == 0o600
+
+
+def test_classify_keeps_every_number_in_the_file_exactly_as_the_load_reads_it(
+    tmp_path: Path,
+) -> None:
+    # A fixed value beyond a float's precision, and one beyond its range: the
+    # load keeps each literal's digits, so a rewrite must not round them.
+    setup = Setup(tmp_path, rules={"write_thing": {"side_effect": "local_mutation"}})
+    text = setup.config.read_text().replace(
+        '"side_effect": "local_mutation"',
+        '"side_effect": "local_mutation", "allow_hint_mismatch": true, '
+        '"fixed": {"id": 12345678901234567890.5, "text": 1e400}',
+    )
+    setup.config.write_text(text)
+    before = load_config(setup.config).servers[0].rules["write_thing"]
+    assert before.fixed == {"id": "12345678901234567890.5", "text": "1e400"}
+    result = setup.classify("--set", "things.read_thing=read_only")
+    assert result.exit_code == 0, result.output
+    after = load_config(setup.config).servers[0].rules
+    assert after["write_thing"] == before
+    assert after["read_thing"].side_effect == "read_only"
+    assert "12345678901234567890.5" in setup.config.read_text()
+
+
+def test_a_rename_ending_in_a_newline_is_refused_and_nothing_is_written(setup: Setup) -> None:
+    # A regular expression's "$" also matches before a final newline; the
+    # name the model sees must be exactly the characters MCP allows.
+    before = setup.config.read_bytes()
+    result = setup.classify(
+        "--set", "things.read_thing=read_only", "--rename", "things.read_thing=look\n"
+    )
+    assert result.exit_code != 0
+    assert "a name must match" in result.output
+    assert setup.config.read_bytes() == before
+
+
+def test_a_hand_written_rename_ending_in_a_newline_does_not_register(tmp_path: Path) -> None:
+    setup = Setup(tmp_path, rules={"read_thing": {"side_effect": "read_only", "rename": "look\n"}})
+    checked = run("check", "--config", str(setup.config))
+    assert "registered read_thing as look" not in checked.output, checked.output
+    assert "refused read_thing" in checked.output, checked.output

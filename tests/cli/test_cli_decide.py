@@ -6,12 +6,35 @@ import getpass
 import json
 import sqlite3
 import time
+from pathlib import Path
 
 import anyio
+import pytest
 from cli_support import POLICY, Produced, ReadNote, WriteNote, produce
+from test_cli_terminal import Terminal
 
+from agentrt import Decision, SideEffect, ToolCall, ToolResult, ToolSpec
 from agentrt.gate import Gate
 from agentrt.store import ApprovalStatus, RunStatus, approval_hash, open_store
+
+
+class EditNote:
+    """An `edit_file`-style tool: old/new replacements in a file (never run in these tests)."""
+
+    spec = ToolSpec(
+        name="edit_note",
+        description="Replace text in a note.",
+        input_schema={
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "edits": {"type": "array"}},
+            "required": ["path", "edits"],
+        },
+        side_effect=SideEffect.LOCAL_MUTATION,
+        timeout=5.0,
+    )
+
+    async def call(self, call: ToolCall) -> ToolResult:
+        raise AssertionError("an edit waiting for approval never runs")
 
 
 def _state(produced: Produced) -> tuple[str, str, int]:
@@ -49,22 +72,130 @@ def test_approve_prints_the_request_one_field_a_line_with_sizes(
 ) -> None:
     result = run_cli("approve", produced.waiting_run)
     lines = result.output.splitlines()
-    names = [line.split()[0] for line in lines[:-1]]
+    names = [line.split()[0] for line in lines if not line.startswith(" ")]
     assert names[:4] == ["approval", "run", "step", "status"]
-    assert "presentation.path" in names and "arguments" in names and names[-1] == "hash"
-    arguments = next(line for line in lines if line.startswith("arguments"))
-    assert arguments.endswith(f"({len(produced.write_args)} characters)")
+    assert "presentation.path" in names and "arguments.content" in names
+    assert names[-2] == "hash" and names[-1] == "agentrt:"  # the refusal: no terminal
+    arguments = next(line for line in lines if line.startswith("arguments "))
+    assert arguments.endswith(f"{len(produced.write_args)} characters of JSON:")
+    content = next(line for line in lines if line.startswith("arguments.content"))
+    assert content.endswith("2 lines, 18 characters, ends with a newline:")
+
+
+def test_short_values_are_printed_without_their_size(produced: Produced, run_cli) -> None:
+    lines = run_cli("approve", produced.waiting_run).output.splitlines()
+    path = next(line for line in lines if line.startswith("arguments.path"))
+    assert path.split() == ["arguments.path", "done.txt"]
+    tool = next(line for line in lines if line.startswith("tool "))
+    assert tool.split() == ["tool", "write_note"]
+    assert not any("(8 characters)" in line or "(10 characters)" in line for line in lines)
+
+
+def test_approve_on_a_forty_line_write_prints_its_lines_not_escapes(tmp_path, run_cli) -> None:
+    content_text = "".join(f"line {number} of forty\n" for number in range(1, 41))
+    produced = produce(tmp_path / "forty.db", tmp_path / "sandbox", long_content=content_text)
+    result = run_cli("approve", produced.waiting_run, database=produced.database)
+    assert "\\x0a" not in result.output
+    lines = result.output.splitlines()
+    for number in range(1, 41):
+        assert f"    {number:>2}  line {number} of forty" in lines
+    content = next(line for line in lines if line.startswith("arguments.content"))
+    assert (
+        content.split(None, 1)[1]
+        == f"40 lines, {len(content_text)} characters, ends with a newline:"
+    )
+    assert "lines not shown" not in result.output
+    # The presentation's copy of the arguments and its preview are named, not printed again.
+    assert result.output.count("line 17 of forty") == 1
+    assert "(exactly the arguments printed below)" in result.output
+
+
+def test_a_long_write_is_cut_head_and_tail_and_full_prints_every_line(tmp_path, run_cli) -> None:
+    content = "".join(f"row {number}\n" for number in range(1, 201))
+    produced = produce(tmp_path / "long.db", tmp_path / "sandbox", long_content=content)
+    cut = run_cli("approve", produced.waiting_run, database=produced.database).output
+    assert "    200  row 200" in cut.splitlines() and "      1  row 1" in cut.splitlines()
+    assert "… 150 lines not shown (--full prints every line) …" in cut
+    assert "row 100\n" not in cut
+    full = run_cli("approve", produced.waiting_run, "--full", database=produced.database).output
+    assert all(f"  row {number}" in full for number in range(1, 201))
+    assert "lines not shown" not in full
 
 
 def test_long_values_are_bounded_head_and_tail(tmp_path, run_cli) -> None:
     content = "HEAD" + "m" * 5000 + "TAIL"
     produced = produce(tmp_path / "long.db", tmp_path / "sandbox", long_content=content)
     result = run_cli("approve", produced.waiting_run, database=produced.database)
-    arguments = next(line for line in result.output.splitlines() if line.startswith("arguments"))
-    assert '"content": "HEAD' in arguments and 'TAIL"}' in arguments
-    assert "characters not shown" in arguments
-    assert len(arguments) < 400
-    assert arguments.endswith(f"({len(produced.write_args)} characters)")
+    line = next(line for line in result.output.splitlines() if line.startswith("arguments.content"))
+    assert "HEAD" in line and line.endswith("TAIL  (5008 characters)")
+    assert "characters not shown" in line
+    assert len(line) < 400
+    full = run_cli("approve", produced.waiting_run, "--full", database=produced.database)
+    assert content in full.output
+
+
+def test_escapes_inside_written_lines_stay_visible(tmp_path, run_cli) -> None:
+    content = "plain\n\x1b[31mred\x1b[0m \u202eexe.txt\nlast\n"
+    produced = produce(tmp_path / "hostile.db", tmp_path / "sandbox", long_content=content)
+    result = run_cli("approve", produced.waiting_run, database=produced.database)
+    assert "\x1b" not in result.output and "\u202e" not in result.output
+    assert "    2  \\x1b[31mred\\x1b[0m \\u202eexe.txt" in result.output.splitlines()
+
+
+def test_an_edit_is_printed_as_a_diff_of_old_and_new(tmp_path: Path, run_cli) -> None:
+    database = tmp_path / "edit.db"
+
+    async def scenario() -> str:
+        with open_store(database) as store:
+            gate = Gate(store, [EditNote()], policy=POLICY)
+            run_id = await gate.start("fix a typo")
+            edits = [{"oldText": "one\ntwo\nthree", "newText": "one\n2\nthree"}]
+            await gate.step(
+                run_id,
+                Decision.tool_call("edit_note", json.dumps({"path": "n.txt", "edits": edits})),
+            )
+            return run_id
+
+    run_id = anyio.run(scenario)
+    lines = run_cli("approve", run_id, database=database).output.splitlines()
+    assert any(line.startswith("edit 1 of 1 of n.txt") and "as a diff:" in line for line in lines)
+    assert [line for line in lines if line.strip() in ("one", "- two", "+ 2", "three")] == [
+        "      one",
+        "    - two",
+        "    + 2",
+        "      three",
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_answering_no_says_nothing_was_decided(produced: Produced) -> None:
+    terminal = Terminal("--db", str(produced.database), "approve", produced.waiting_run)
+    terminal.read_until(b"[y/N]: ")
+    terminal.answer("n\n")
+    assert terminal.finish() == 1
+    assert (
+        f"nothing was decided; approval {produced.approval_id} still waits".encode()
+        in terminal.seen
+    )
+    assert b"Aborted" not in terminal.seen
+    assert _state(produced)[0] == "pending"
+
+
+@pytest.mark.timeout(60)
+def test_reject_at_a_terminal_asks_for_the_note(produced: Produced) -> None:
+    terminal = Terminal("--db", str(produced.database), "reject", produced.waiting_run)
+    terminal.read_until(b"[y/N]: ")
+    terminal.answer("y\n")
+    terminal.read_until(b"What should the model be told? (empty for nothing): ")
+    terminal.answer("write it under notes/ instead\n")
+    assert terminal.finish() == 0, terminal.seen
+    assert b"the model is told: write it under notes/ instead" in terminal.seen
+    with open_store(produced.database, read_only=True, create=False) as store:
+        approval = store.get_approval(produced.approval_id)
+    assert (approval.status, approval.note) == (
+        ApprovalStatus.REJECTED,
+        "write it under notes/ instead",
+    )
 
 
 def test_approve_with_the_approval_id_records_the_decision_and_the_label(

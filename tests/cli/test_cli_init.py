@@ -259,6 +259,7 @@ def test_an_unknown_source_is_refused_in_one_sentence_and_nothing_is_written(
         ('{"mcpServers": {"a": {"command": "x"}, "a": {"command": "y"}}}', "appears twice"),
         ('{"mcpServers": {"fs": {"command": "node", "args": "one"}}}', "args must be a list"),
         ('{"mcpServers": {"fs": {"args": []}}}', "has neither a command nor a url"),
+        ('{"mcpServers": {"fs": {"command": "x", "env": {"TOKEN\\n": "t"}}}}', "not a variable"),
         ('{"theme": "dark"}', "has no mcpServers"),
     ],
 )
@@ -361,3 +362,27 @@ def test_headers_on_a_server_without_an_endpoint_are_refused_naming_them(tmp_pat
     path.chmod(0o600)
     with pytest.raises(ConfigError, match='server "t" headers are only for a server with an'):
         load_config(path)
+
+
+def test_restore_keeps_a_copy_of_the_file_it_replaces(host: Host) -> None:
+    installed = host.init("--install", "--yes")
+    assert installed.exit_code == 0, installed.output
+    # The host (or its user) changes the file after the install: a setting and a server.
+    document = json.loads(host.path.read_text())
+    document["zoom"] = 1.5
+    document["mcpServers"]["added_later"] = {"command": "true"}
+    host.path.write_text(json.dumps(document))
+    edited = host.path.read_bytes()
+
+    restored = run("init", "--restore", str(host.path), "--yes")
+    assert restored.exit_code == 0, restored.output
+    assert json.loads(host.path.read_text())["zoom"] == 1.25
+    (kept,) = host.path.parent.glob("claude_desktop_config.json.agentrt-replaced-*")
+    assert kept.read_bytes() == edited
+    assert mode(kept) == 0o600
+    assert f"the file it replaced is kept in {kept}" in restored.output
+    # The copy is not a backup: restoring again still puts the original back.
+    (backup,) = host.path.parent.glob("claude_desktop_config.json.agentrt-backup-*")
+    again = run("init", "--restore", str(host.path), "--yes")
+    assert again.exit_code == 0, again.output
+    assert host.path.read_bytes() == backup.read_bytes()

@@ -279,3 +279,39 @@ def test_an_anchor_left_empty_by_a_power_cut_is_rewritten_not_refused(tmp_path: 
     Path(f"{database}.anchor").write_text("not an anchor")
     with pytest.raises(UnsafeDatabase, match="is not an agentrt anchor"):
         open_store(database)
+
+
+def test_a_second_store_in_one_process_keeps_the_first_ones_writes_visible(
+    tmp_path: Path,
+) -> None:
+    """The proxy opens a second store on its database (the inbox). Opening it must
+    not strip the first connection of its POSIX locks (a plain open()/close() of the
+    file does), or another process deletes the WAL under it and never sees its
+    later commits: a decision reported as made would not be in the database."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "runs.db"
+    first = open_store(path)
+    with first.transaction() as connection:
+        first.append_event(connection, "r.1", "test_event", {"n": 1})
+    second = open_store(path)
+    count_events = (
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]);"
+        " print(c.execute('SELECT count(*) FROM events').fetchone()[0]); c.close()"
+    )
+
+    def seen_elsewhere() -> int:
+        done = subprocess.run(
+            [sys.executable, "-c", count_events, str(path)],
+            capture_output=True, text=True, check=True, timeout=30,
+        )  # fmt: skip
+        return int(done.stdout)
+
+    assert seen_elsewhere() == 1  # another process opens and closes the database
+    with first.transaction() as connection:
+        first.append_event(connection, "r.1", "test_event", {"n": 2})
+    assert seen_elsewhere() == 2
+    assert (tmp_path / "runs.db-wal").exists()
+    second.close()
+    first.close()

@@ -308,3 +308,38 @@ def test_lines_whose_cursor_was_not_written_are_printed_again(
     cursor.parent.mkdir()
     again = agentrt("--db", str(database), "export", "--cursor", str(cursor))
     assert again.returncode == 0 and again.stdout.splitlines() == printed
+
+
+def test_lines_exported_to_a_file_are_on_disk_before_the_cursor_moves(
+    database: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `export --cursor C >> events.jsonl`: the cursor is fsynced, so after a power cut it
+    # survives; the lines must be too, or the events between them are never printed again.
+    import io
+    import sys
+
+    from agentrt.cli import cli
+
+    output = tmp_path / "events.jsonl"
+    cursor = tmp_path / "cursor"
+    order: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(descriptor: int) -> None:
+        if os.fstat(descriptor).st_ino == output.stat().st_ino:
+            order.append("lines on disk")
+        real_fsync(descriptor)
+
+    def replace(source: str, target: str) -> None:
+        if Path(target) == cursor:
+            order.append("cursor moved")
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    with output.open("wb") as sink:
+        monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(sink, write_through=True))
+        cli.main(["--db", str(database), "export", "--cursor", str(cursor)], standalone_mode=False)
+    assert order == ["lines on disk", "cursor moved"]
+    assert read_cursor(cursor) is not None
+    assert len(_lines_of(output)) == read_cursor(cursor).seq  # type: ignore[union-attr]

@@ -18,6 +18,7 @@ from agentrt.mcp._connection_errors import (
     CallTimeout,
     ConnectionClosed,
     MCPConnectionError,
+    NotSent,
     ProtocolViolation,
     ServerErrorResponse,
 )
@@ -338,3 +339,16 @@ async def test_http_client_factory_handing_out_one_client_twice_is_refused() -> 
         'server "remote": http_client_factory returned a client that is closed or in use '
         "by another connection; it must return a new one"
     )
+
+
+async def test_a_call_to_an_http_server_that_is_gone_is_not_sent() -> None:
+    with hostile_http() as url:
+        connection = await connect(Server(name="web", endpoint=url))
+    # The server process is killed: nothing listens on its port any more.
+    try:
+        with pytest.raises(NotSent) as caught:
+            await connection.call_tool("ok", "{}", timeout=5)
+    finally:
+        await connection.aclose()
+    assert str(caught.value).startswith('server "web" could not be reached for tools/call: ')
+    assert str(caught.value).endswith("; the request was not sent")

@@ -15,6 +15,8 @@ from agentrt.mcp._connection import Connection, connect
 from agentrt.mcp._connection_errors import (
     CallTimeout,
     ConnectionClosed,
+    MessageTooLong,
+    NotSent,
     ProtocolViolation,
     ServerErrorResponse,
 )
@@ -189,19 +191,94 @@ async def test_a_server_exiting_mid_call_fails_the_call_with_its_status() -> Non
     assert str(caught.value) == 'server "hostile" exited (status 7)'
 
 
-async def test_a_line_over_the_bound_closes_the_connection(
-    monkeypatch: pytest.MonkeyPatch,
+SEVENTEEN_MB = 17_000_000  # past MAX_LINE_BYTES (16 MiB), as a large file read is
+
+
+@pytest.mark.parametrize("id_last", [False, True], ids=["id-first", "id-last"])
+async def test_a_17_mb_answer_fails_only_its_call_and_the_connection_stays_usable(
+    id_last: bool,
 ) -> None:
-    monkeypatch.setattr(_stdio, "MAX_LINE_BYTES", 1_000_000)
-    connection = await _connected({"calls": {"flood": {"text_of_size": 1_500_000}}})
+    big = {"text_of_size": SEVENTEEN_MB, "id_last": id_last}
+    connection = await _connected({"calls": {"big": big}})
     try:
-        with anyio.fail_after(10), pytest.raises(ProtocolViolation) as caught:
-            await connection.call_tool("flood", "{}", timeout=30)
-        with pytest.raises(ProtocolViolation):
+        with anyio.fail_after(30), pytest.raises(MessageTooLong) as caught:
+            await connection.call_tool("big", "{}", timeout=30)
+        assert connection.needs_restart() is None
+        result = await connection.call_tool("ok", "{}", timeout=5)
+    finally:
+        await connection.aclose()
+    assert result["content"][0]["text"] == "ok"
+    assert str(caught.value).startswith('server "hostile" answered tools/call with a message of ')
+    assert str(caught.value).endswith(
+        f"longer than {_stdio.MAX_LINE_BYTES}; it was discarded unread, "
+        "so the request ran but its answer is unknown"
+    )
+
+
+async def test_a_17_mb_answer_spares_a_call_in_flight_beside_it() -> None:
+    calls = {
+        "big": {"sleep": 0.2, "text_of_size": SEVENTEEN_MB, "id_last": True},
+        "late": {"sleep": 0.6, "result": '{"content":[{"type":"text","text":"late"}]}'},
+    }
+    connection = await _connected({"calls": calls})
+    outcomes: dict[str, Any] = {}
+
+    async def call(name: str) -> None:
+        try:
+            outcomes[name] = await connection.call_tool(name, "{}", timeout=30)
+        except MessageTooLong as exc:
+            outcomes[name] = exc
+
+    try:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                group.start_soon(call, "big")
+                group.start_soon(call, "late")
+    finally:
+        await connection.aclose()
+    assert isinstance(outcomes["big"], MessageTooLong)
+    assert outcomes["late"]["content"][0]["text"] == "late"
+
+
+async def test_an_answer_smuggled_after_the_cut_of_an_overlong_line_is_never_read() -> None:
+    # One line: 17 MB of junk, then what would be a valid answer to this very call.
+    smuggled = (
+        '{"jsonrpc":"2.0","id":{id},"result":{"content":[{"type":"text","text":"smuggled"}]}}'
+    )
+    line = '{"junk":"{pad}"}' + smuggled
+    connection = await _connected({"calls": {"smuggle": {"line": line, "pad": SEVENTEEN_MB}}})
+    try:
+        with anyio.fail_after(30), pytest.raises(CallTimeout):
+            await connection.call_tool("smuggle", "{}", timeout=5)
+        result = await connection.call_tool("ok", "{}", timeout=5)
+    finally:
+        await connection.aclose()
+    assert result["content"][0]["text"] == "ok"
+
+
+async def test_a_call_to_a_server_that_died_is_not_sent() -> None:
+    connection = await _connected({"calls": {"die": {"exit": 7}}})
+    try:
+        with pytest.raises(ConnectionClosed) as cut_off:
+            await connection.call_tool("die", "{}", timeout=10)
+        assert connection.needs_restart() == 'server "hostile" exited (status 7)'
+        with pytest.raises(NotSent) as caught:
             await connection.call_tool("ok", "{}", timeout=5)
     finally:
         await connection.aclose()
-    assert "longer than 1000000 bytes" in str(caught.value)
+    assert not isinstance(cut_off.value, NotSent)  # that one was sent: its outcome is unknown
+    assert str(caught.value) == 'server "hostile" exited (status 7); the request was not sent'
+
+
+async def test_a_call_after_close_is_not_sent() -> None:
+    connection = await _connected({})
+    await connection.aclose()
+    with pytest.raises(NotSent) as caught:
+        await connection.call_tool("ok", "{}", timeout=5)
+    assert connection.needs_restart() is None  # closed on purpose: never started again
+    assert str(caught.value) == (
+        'the connection to server "hostile" is closed; the request was not sent'
+    )
 
 
 async def test_an_unknown_protocol_version_is_refused_at_the_handshake(tmp_path: Path) -> None:

@@ -167,6 +167,26 @@ async def test_anthropic_max_tokens_cut_is_never_acted_on_and_the_model_is_told(
     assert second.stop_reason == "end_turn"
 
 
+async def test_anthropic_context_window_cut_is_never_acted_on(
+    tmp_path: Path, model_server: Any
+) -> None:
+    # The Messages API's other cut: the reply ran into the context window, not max_tokens.
+    model_server.answer(
+        anthropic_tool_use("lookup", {"word": "hel"}, stop_reason="model_context_window_exceeded"),
+    )
+    model_server.answer(anthropic_text("Hello is a greeting."))
+
+    result, store, tool = await drive(tmp_path, agent(model_server))
+
+    assert result.status is RunStatus.COMPLETED
+    assert tool.calls == []
+    assert store.list_steps(result.run_id) == []
+    first, second = list_attempts(store, result.run_id)
+    assert first.stop_reason == "model_context_window_exceeded"
+    assert "not acted on" in first.note
+    assert second.stop_reason == "end_turn"
+
+
 async def test_anthropic_cut_off_twice_fails_the_run_without_acting(
     tmp_path: Path, model_server: Any
 ) -> None:

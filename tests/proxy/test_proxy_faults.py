@@ -126,6 +126,7 @@ async def test_gate_status_never_raises_or_names_a_run_or_the_database(tmp_path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(240)  # the store waits out the held database for its 30 s busy deadline
 async def test_a_store_failure_after_the_call_reached_the_server_answers_unknown_outcome(
     tmp_path: Path,
 ) -> None:
@@ -139,7 +140,7 @@ async def test_a_store_failure_after_the_call_reached_the_server_answers_unknown
         connection = sqlite3.connect(setup.database, timeout=30)
         connection.execute("BEGIN IMMEDIATE")
         locked.set()
-        release.wait(60)
+        release.wait(120)
         connection.rollback()
         connection.close()
 
@@ -157,7 +158,7 @@ async def test_a_store_failure_after_the_call_reached_the_server_answers_unknown
             holder = threading.Thread(target=hold_the_database)
             holder.start()
             await until(locked.is_set)
-            await until(lambda: "outcome could not be recorded" in setup.stderr(), 60)
+            await until(lambda: "outcome could not be recorded" in setup.stderr(), 90)
             release.set()
         holder.join()
         await until(lambda: _index_rows(setup.database)[0]["unknown_outcome"] == 1, 30)

@@ -197,3 +197,49 @@ async def test_a_command_on_the_servers_path_brings_only_its_installation(
     assert seen["ok"] and seen["value"]["pid"] <= 3
     assert not token["ok"]
     assert config["ok"]
+
+
+async def test_a_command_in_home_bin_brings_only_itself_when_home_is_reached_through_a_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # HOME names a link to the real home (as when /home is a link), and the
+    # server is ~/bin/escaper-server: HOME itself is no installation prefix, so
+    # ~/lib beside it stays out whichever spelling of HOME the path uses.
+    real_home = tmp_path / "real-home"
+    (real_home / "bin").mkdir(parents=True)
+    (real_home / "lib").mkdir()
+    (real_home / "lib" / "token").write_text(SECRET)
+    home = tmp_path / "home"
+    home.symlink_to(real_home)
+    monkeypatch.setenv("HOME", str(home))
+    script = home / "bin" / "escaper-server"
+    script.write_text(f"#!{sys.executable}\n" + ESCAPER.read_text())
+    script.chmod(0o755)
+    server = Server(name="in-home", command=[str(script)], sandbox=Sandbox())
+    async with session(server) as call:
+        seen = await call("whoami")
+        token = await call("read", path=str(home / "lib" / "token"))
+        real_token = await call("read", path=str(real_home / "lib" / "token"))
+    assert seen["ok"]
+    assert not token["ok"] and not real_token["ok"], (token, real_token)
+
+
+@pytest.mark.parametrize("layout", ["shims", "bin"])
+async def test_a_scripts_own_hash_bang_line_cannot_choose_directories_to_bind(
+    operator: Operator, tmp_path: Path, layout: str
+) -> None:
+    # `python script.py` never runs the script's `#!` line, but the script's
+    # author chose it: naming ~/.ssh/shims/python (or ~/.ssh/bin/python, an
+    # interpreter that does not exist) must bind nothing of ~/.ssh.
+    (operator.home / ".ssh" / "lib").mkdir()
+    (operator.home / ".ssh" / "lib" / "copy").write_text(SECRET)
+    script = tmp_path / "package" / "server.py"
+    script.parent.mkdir()
+    script.write_text(f"#!{operator.home / '.ssh' / layout / 'python'}\n" + ESCAPER.read_text())
+    server = Server(name="chooser", command=[sys.executable, str(script)], sandbox=Sandbox())
+    async with session(server) as call:
+        seen = await call("whoami")
+        key = await call("read", path=str(operator.secret))
+        copy = await call("read", path=str(operator.home / ".ssh" / "lib" / "copy"))
+    assert seen["ok"]
+    assert not key["ok"] and not copy["ok"], (key, copy)

@@ -14,9 +14,11 @@ from ._app import AgentrtGroup, Settings
 from ._classify import classify
 from ._decide import approve, cancel, reject
 from ._export import export
+from ._inbox import inbox
 from ._init import init
 from ._inspect import events, runs, show, verify
 from ._output import Output
+from ._recheck import recheck
 from ._servers import check, demo, pin, proxy
 
 __all__ = ["cli", "main"]
@@ -45,6 +47,7 @@ for _command in (
     reject,
     cancel,
     verify,
+    inbox,
     export,
     init,
     pin,
@@ -54,6 +57,7 @@ for _command in (
     demo,
 ):
     cli.add_command(_command)
+cli.add_command(recheck)
 
 
 def main() -> None:

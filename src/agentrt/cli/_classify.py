@@ -11,14 +11,13 @@ everything else in that file kept.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import click
 
-from ..canonical import parse_json
+from ..canonical import canonical_json, parse_json
 from ..errors import AgentrtError
 from ..mcp import Manifest, PinnedTool, read_manifest, read_owned
 from ..mcp._files import write_private
@@ -55,11 +54,30 @@ class _Rules:
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:
-    """An operator file as an ordered JSON object (it was checked already by the loader)."""
-    document = json.loads(read_owned(path))
+    """An operator file as an ordered JSON object (it was checked already by the loader).
+
+    Read as the loader reads it (`parse_json`), so a number keeps its literal
+    and is written back with the same digits.
+    """
+    document = parse_json(read_owned(path))
     if not isinstance(document, dict):
         raise CommandError(f"{sanitize(str(path))} is not a JSON object", EXIT_UNUSABLE)
     return document
+
+
+def _json_text(value: Any, indent: str = "") -> str:
+    """`value` as two-space-indented JSON in its own key order, numbers as their literals."""
+    inner = indent + "  "
+    if isinstance(value, dict) and value:
+        items = [
+            f"{inner}{canonical_json(str(key))}: {_json_text(item, inner)}"
+            for key, item in value.items()
+        ]
+        return "{\n" + ",\n".join(items) + f"\n{indent}}}"
+    if isinstance(value, list) and value:
+        items = [f"{inner}{_json_text(item, inner)}" for item in value]
+        return "[\n" + ",\n".join(items) + f"\n{indent}]"
+    return canonical_json(value)
 
 
 def _server_entries(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -262,12 +280,10 @@ def classify(
     for name in changed:
         rules = known[name]
         if rules.path is not None:
-            write_private(
-                rules.path, json.dumps(rules.entries, indent=2, ensure_ascii=False) + "\n"
-            )
+            write_private(rules.path, _json_text(rules.entries) + "\n")
             written.add(rules.path)
     if any(known[name].path is None for name in changed):
-        write_private(config.path, json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        write_private(config.path, _json_text(document) + "\n")
         written.add(config.path)
     for name in sorted(changed):
         rules = known[name]

@@ -25,6 +25,9 @@ __all__ = ["ToolChange", "manifest_changes"]
 _WORDS: Final = re.compile(r"\s+|[^\s]+")
 _VALUE_HEAD: Final = 60
 _VALUE_TAIL: Final = 20
+# The marks word_diff draws, each made inert in the server's own text (a
+# backslash before its sign), so no wording can open or close one itself.
+_MARKS: Final = (("[-", "[\\-"), ("-]", "\\-]"), ("{+", "{\\+"), ("+}", "\\+}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +93,20 @@ def _changed_lines(before: PinnedTool, after: PinnedTool) -> list[str]:
     return lines
 
 
+def _words(text: str) -> str:
+    shown = sanitize(text)
+    # In this order, no replacement can make a mark another one removed.
+    for mark, inert in _MARKS:
+        shown = shown.replace(mark, inert)
+    return shown
+
+
 def word_diff(old: str, new: str) -> str:
-    """`old` against `new` word by word: removed words as `[-…-]`, added ones as `{+…+}`."""
+    """`old` against `new` word by word: removed words as `[-…-]`, added ones as `{+…+}`.
+
+    A mark inside the server's text is shown with a backslash (`[\\-`, `\\+}`),
+    so a description cannot close the added mark and pass new words off as removed.
+    """
     before, after = _WORDS.findall(old), _WORDS.findall(new)
     pieces: list[str] = []
     matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
@@ -99,12 +114,12 @@ def word_diff(old: str, new: str) -> str:
         removed = "".join(before[a_start:a_end])
         added = "".join(after[b_start:b_end])
         if operation == "equal":
-            pieces.append(sanitize(removed))
+            pieces.append(_words(removed))
             continue
         if removed:
-            pieces.append(f"[-{sanitize(removed)}-]")
+            pieces.append(f"[-{_words(removed)}-]")
         if added:
-            pieces.append(f"{{+{sanitize(added)}+}}")
+            pieces.append(f"{{+{_words(added)}+}}")
     return "".join(pieces)
 
 

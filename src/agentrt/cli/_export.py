@@ -9,8 +9,10 @@ a batch (see `agentrt.export` for the guarantee).
 
 from __future__ import annotations
 
+import io
 import os
 import signal
+import stat
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,6 +51,27 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     finally:
         os.close(devnull)
+
+
+def _sync_if_file(stdout: BinaryIO) -> None:
+    """Put lines written to a regular file on disk before the cursor (which is fsynced) moves.
+
+    Otherwise a power cut could keep the new cursor and lose the lines it
+    counts as delivered.  A pipe or a terminal has nothing to sync.
+    """
+    try:
+        descriptor = stdout.fileno()
+        regular = stat.S_ISREG(os.fstat(descriptor).st_mode)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return
+    if regular:
+        try:
+            os.fsync(descriptor)
+        except OSError as error:
+            raise CommandError(
+                f"the exported lines could not be put on disk: "
+                f"{sanitize(error.strerror or str(error))}; the cursor stays where it was"
+            ) from error
 
 
 @click.command(short_help="Print events after a cursor as JSON Lines.")
@@ -106,6 +129,7 @@ def export(
                         f"stdout was closed by its reader; the cursor stays{where}",
                         EXIT_REFUSED,
                     ) from None
+                _sync_if_file(stdout)
                 try:
                     follower.advance(batch)
                 except OSError as error:

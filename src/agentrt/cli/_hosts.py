@@ -33,6 +33,8 @@ __all__ = [
 
 SOURCES: Final = ("claude-desktop", "claude-code", "cursor", "vscode")
 BACKUP_MARK: Final = ".agentrt-backup-"
+REPLACED_MARK: Final = ".agentrt-replaced-"
+"""A file `--restore` replaced, kept beside it; not a backup, so a later restore skips it."""
 _MAX_HOST_FILE_BYTES: Final = 16 * 1024 * 1024
 
 
@@ -165,10 +167,10 @@ def with_servers(host: HostFile, document: dict[str, Any], block: dict[str, Any]
     return json.dumps(copy, indent=2, ensure_ascii=False) + "\n"
 
 
-def backup_path(host: HostFile, moment: datetime) -> Path:
+def backup_path(host: HostFile, moment: datetime, mark: str = BACKUP_MARK) -> Path:
     """Where a rewrite keeps the original: beside it, named for the time (UTC)."""
     stamp = moment.astimezone(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    return host.path.with_name(f"{host.path.name}{BACKUP_MARK}{stamp}")
+    return host.path.with_name(f"{host.path.name}{mark}{stamp}")
 
 
 def backups(host: HostFile) -> list[Path]:

@@ -31,6 +31,7 @@ from ..mcp._files import write_private
 from ..sanitize import sanitize
 from ._app import EXIT_UNUSABLE, CommandError, Settings
 from ._hosts import (
+    REPLACED_MARK,
     SOURCES,
     HostFile,
     backup_path,
@@ -47,7 +48,7 @@ __all__ = ["init"]
 CONFIG_NAME: Final = "proxy.json"
 DEFAULT_TIMEOUT_TEXT: Final = "60s"
 _SERVER_NAME: Final = re.compile(r"[^A-Za-z0-9_-]")
-_VARIABLE_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_VARIABLE_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" allows a final newline
 _PLACEHOLDER: Final = re.compile(r"\$\{[^}]*\}")
 # The policy a new configuration starts from: reads run, changes wait for a
 # person, destruction is refused; the operator loosens it knowingly.
@@ -394,8 +395,30 @@ def _restore(output: Output, source: str, yes: bool) -> None:
     for label, path in (("now", host.path), ("after", newest)):
         _say(output, f"  servers {label}: {_server_names(HostFile(host.source, path, host.key))}")
     _confirm(f"restore {sanitize(str(host.path))}?", yes)
+    # What the host or its user changed since the install is not lost with it.
+    replaced: Path | None = backup_path(
+        HostFile(host.source, target, host.key), datetime.now(UTC), REPLACED_MARK
+    )
+    try:
+        current = target.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        replaced = None  # nothing there to keep
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) else "it is not UTF-8"
+        raise CommandError(
+            f"{sanitize(str(host.path))} was not restored: it cannot be kept first "
+            f"({sanitize(reason or str(error))})"
+        ) from None
+    if replaced is not None:
+        write_private(replaced, current)
     write_private(target, newest.read_bytes().decode("utf-8"))
     _say(output, f"restored {sanitize(str(host.path))} from {sanitize(str(newest))}")
+    if replaced is not None:
+        _say(
+            output,
+            f"the file it replaced is kept in {sanitize(str(replaced))}",
+            replaced=str(replaced),
+        )
 
 
 @click.command(short_help="Import a host's MCP servers into a pinned proxy configuration.")

@@ -21,7 +21,14 @@ from ..accounting import (
     spending_of,
 )
 from ..sanitize import sanitize
-from ..store import ApprovalRecord, ApprovalStatus, RunRecord, StepRecord, epoch_to_iso
+from ..store import (
+    ApprovalRecord,
+    ApprovalStatus,
+    Event,
+    RunRecord,
+    StepRecord,
+    epoch_to_iso,
+)
 from ..trace import event_json, format_event
 from ._app import CommandError, Settings, open_for_reading
 from ._output import bounded, flatten, value_field
@@ -338,11 +345,14 @@ def show(settings: Settings, run_id: str, limit: int, offset: int) -> None:
         steps = store.list_steps(run_id, limit=limit, offset=offset)
         approval = store.waiting_approval(run_id)
         attempts = list_attempts(store, run_id)
+        decided_by = _policy_ids(store.list_events(run_id, limit=10_000))
     spent = spending_of(attempts)
     if output.json:
         output.record({"record": "run", **_run_json(run)})
         for step in steps:
-            output.record({"record": "step", **_step_json(step)})
+            output.record(
+                {"record": "step", **_step_json(step), "policy_id": decided_by.get(step.step)}
+            )
         output.record(
             {"record": "page", "offset": offset, "shown": len(steps), "total": total_steps}
         )
@@ -367,6 +377,9 @@ def show(settings: Settings, run_id: str, limit: int, offset: int) -> None:
              "COST", "NOTE"],
             [_attempt_row(attempt) for attempt in attempts],
         )  # fmt: skip
+    for policy_id, numbers in _steps_by_policy(decided_by, steps).items():
+        noun = "step" if len(numbers) == 1 else "steps"
+        output.line(f"policy {sanitize(policy_id)} decided {noun} {', '.join(numbers)}")
     if approval is None:
         return
     output.line()
@@ -379,6 +392,24 @@ def show(settings: Settings, run_id: str, limit: int, offset: int) -> None:
     else:
         output.line("approved, waiting for its program to resume it:")
         output.fields(approval_fields(approval))
+
+
+def _policy_ids(events: list[Event]) -> dict[int, str]:
+    """Step → the id of the policy that decided it, from the `policy_decided` events."""
+    ids: dict[int, str] = {}
+    for event in events:
+        step, policy_id = event.payload.get("step"), event.payload.get("policy_id")
+        if event.type == "policy_decided" and isinstance(step, int) and isinstance(policy_id, str):
+            ids.setdefault(step, policy_id)
+    return ids
+
+
+def _steps_by_policy(ids: dict[int, str], steps: list[StepRecord]) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for step in steps:
+        if step.step in ids:
+            grouped.setdefault(ids[step.step], []).append(str(step.step))
+    return grouped
 
 
 def _step_json(step: StepRecord) -> dict[str, object]:

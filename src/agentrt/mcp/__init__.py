@@ -7,9 +7,13 @@ tool for every pinned tool that has a `Rule` and still matches its pin, with a
 `Report` saying what happened to every other one.  A server is third-party
 code, so it gets as little of the operator's process as it needs.
 
+A stdio server that dies is started again on the next call to one of its
+tools and held to its pins again (a changed tool is refused); an HTTP
+session is not re-established.
+
 Out of scope: resources, prompts, sampling, elicitation, the server side of
-MCP, reconnection, input-required round trips, and `tools/list_changed`
-(ignored until the next load).
+MCP, HTTP reconnection, input-required round trips, and `tools/list_changed`
+(ignored until the next load, or the next restart).
 """
 
 from ._connection import (
@@ -23,6 +27,7 @@ from ._files import owned_privately, read_manifest, read_owned, read_rules
 from ._load import Refusal, Registration, Report, load
 from ._manifest import Manifest, PinnedTool
 from ._pin import pin
+from ._reach import OperatorFileReach, find_operator_file_reach
 from ._rules import FileRule, Rule, Rules, parse_duration, rules_from_json
 from ._sandbox import Sandbox
 from ._server import DEFAULT_MAX_CONTENT_BYTES, Server
@@ -38,6 +43,7 @@ __all__ = [
     "MCPError",
     "Manifest",
     "OperatorFileError",
+    "OperatorFileReach",
     "PinError",
     "PinnedTool",
     "Refusal",
@@ -48,6 +54,7 @@ __all__ = [
     "Sandbox",
     "Server",
     "ServerToolError",
+    "find_operator_file_reach",
     "load",
     "owned_privately",
     "parse_duration",

@@ -58,6 +58,7 @@ from ._connection_errors import (
     CallTimeout,
     ConnectionClosed,
     MCPConnectionError,
+    NotSent,
     ProtocolViolation,
     ServerErrorResponse,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "Connection",
     "ConnectionClosed",
     "MCPConnectionError",
+    "NotSent",
     "ProtocolViolation",
     "RawTool",
     "ServerErrorResponse",
@@ -105,9 +107,11 @@ class _Transport(Protocol):
 
     async def send(self, message: bytes) -> None: ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self, *, polite: bool = True) -> None: ...
 
     def stderr_tail(self) -> str: ...
+
+    def dead(self) -> str | None: ...
 
     def negotiated(self, protocol_version: str) -> None: ...
 
@@ -163,6 +167,7 @@ class Connection:
         self._next_progress = 0
         transport.listener = self._notified
         self._closing: anyio.Event | None = None
+        self._live = False  # the handshake of the current transport completed
         self._next_id = 0
         self.protocol_version: str | None = None
         self.server_info: Any = None
@@ -190,6 +195,49 @@ class Connection:
     def stderr_tail(self) -> str:
         """The escaped last few KiB of a stdio server's stderr when kept here, else ""."""
         return self._transport.stderr_tail()
+
+    def needs_restart(self) -> str | None:
+        """Why the server must be started again before its next request (it exited,
+        was killed, or its session broke), or None.  Never once `aclose()` began."""
+        if self._closing is not None:
+            return None
+        if not self._live:
+            return f'the session with server "{self._name()}" is not established'
+        return self._transport.dead()
+
+    async def restart(self) -> None:
+        """Stop what is left of a dead session, start the server again and perform the handshake.
+
+        The caller bounds it and lists the tools again itself.  On failure the
+        session stays dead (`needs_restart()` says so), and a later call may
+        try again.  Refused with `NotSent` once `aclose()` began.
+        """
+        if self._closing is not None:
+            raise NotSent(self.server.name, f'the connection to server "{self._name()}" is closed')
+        self._live = False
+        with anyio.CancelScope(shield=True):
+            # Its session is over: no grace for a server that may still be alive.
+            await self._transport.aclose(polite=False)
+        if self.server.command is not None:
+            self._transport = start_stdio(self.server)
+        else:
+            self._transport = open_http(self.server)
+        try:
+            await self._handshake()
+        except MCPConnectionError as exc:
+            with anyio.CancelScope(shield=True):
+                await self._transport.aclose()
+            raise self._with_stderr(exc) from None
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._transport.aclose()
+            raise
+        if self._closing is not None:
+            # aclose() ran while the handshake was under way and closed the old transport.
+            with anyio.CancelScope(shield=True):
+                await self._transport.aclose()
+            raise NotSent(self.server.name, f'the connection to server "{self._name()}" is closed')
+        self._live = True
 
     async def list_tools(self) -> list[RawTool]:
         """Every tool the server lists, in order, one `RawTool` per element, malformed ones too."""
@@ -435,6 +483,7 @@ async def connect(
             on_started(connection)
         step("performing the handshake")
         await connection._handshake()
+        connection._live = True
     except MCPConnectionError as exc:
         with anyio.CancelScope(shield=True):
             await connection.aclose()

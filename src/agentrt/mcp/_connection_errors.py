@@ -15,6 +15,8 @@ __all__ = [
     "CallTimeout",
     "ConnectionClosed",
     "MCPConnectionError",
+    "MessageTooLong",
+    "NotSent",
     "ProtocolViolation",
     "ServerErrorResponse",
 ]
@@ -37,8 +39,25 @@ class ConnectionClosed(MCPConnectionError):
     """The connection is closed: `aclose()` ran, or the server went away."""
 
 
+class NotSent(ConnectionClosed):
+    """A request was never written to the server, so nothing it asked for ran.
+
+    Raised when the connection was already broken or closed before the
+    first byte went out, or the first write failed: a known outcome, unlike
+    a request cut off after it was sent.
+    """
+
+
 class ProtocolViolation(MCPConnectionError):
     """The server sent something the protocol or this client's bounds refuse."""
+
+
+class MessageTooLong(ProtocolViolation):
+    """The server answered with a message longer than the line bound; it was discarded unread.
+
+    The request ran (the server answered it), but what it answered is
+    unknown: a success or an error.  The connection stays usable.
+    """
 
 
 class ServerErrorResponse(MCPConnectionError):

@@ -27,7 +27,7 @@ import httpx2
 
 from ..canonical import JSONBoundaryError, parse_json
 from ..sanitize import sanitize
-from ._connection_errors import ConnectionClosed, MCPConnectionError, ProtocolViolation
+from ._connection_errors import ConnectionClosed, MCPConnectionError, NotSent, ProtocolViolation
 from ._jsonrpc import Incoming, IncomingKind, answer_server_request, read_message
 from ._server import Server
 
@@ -65,6 +65,10 @@ class HttpTransport:
     def stderr_tail(self) -> str:
         return ""
 
+    def dead(self) -> str | None:
+        """Never: an HTTP session is not restarted here (a lost one fails its calls)."""
+        return None
+
     def negotiated(self, protocol_version: str) -> None:
         """Send `MCP-Protocol-Version` on every message from now on."""
         self.protocol_version = protocol_version
@@ -88,11 +92,17 @@ class HttpTransport:
     async def request(self, request_id: int, method: str, message: bytes) -> Incoming:
         """POST one request and return the message that answers it."""
         if self._closed is not None:
-            raise self._closed
+            raise NotSent(self.server.name, f"{self._closed}; the request was not sent")
         with anyio.CancelScope() as scope:
             self._in_flight.add(scope)
             try:
                 return await self._post_request(request_id, method, message)
+            except httpx2.ConnectError as exc:
+                # No connection was made, so no byte of the request left here.
+                raise NotSent(
+                    self.server.name,
+                    f"{self._unreachable(exc, f' for {method}')}; the request was not sent",
+                ) from None
             except httpx2.HTTPError as exc:
                 raise self._unreachable(exc, f" for {method}") from None
             finally:
@@ -220,8 +230,10 @@ class HttpTransport:
 
     # -- closing ---------------------------------------------------------------
 
-    async def aclose(self) -> None:
-        """End the session (DELETE) and close the client; `Connection.aclose` calls it once."""
+    async def aclose(self, *, polite: bool = True) -> None:
+        """End the session (DELETE) and close the client; a second call does nothing."""
+        if self._closed is not None:
+            return
         self._closed = ConnectionClosed(
             self.server.name, f'the connection to server "{self._name()}" is closed'
         )

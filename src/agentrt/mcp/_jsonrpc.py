@@ -11,6 +11,7 @@ decides what a message means for the caller.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
@@ -21,6 +22,7 @@ __all__ = [
     "METHOD_NOT_FOUND",
     "Incoming",
     "IncomingKind",
+    "OverlongMessage",
     "answer_server_request",
     "encode_notification",
     "encode_request",
@@ -173,3 +175,132 @@ def _bad_bytes(data: bytes, problem: str) -> Incoming:
     if isinstance(lenient, dict):
         return _attributed(lenient, problem)
     return Incoming(IncomingKind.INVALID, problem=problem)
+
+
+# Scanning an over-long message: outside a string only quotes and brackets
+# matter; inside one, only a quote (escaped or not) stops the scan.
+_STRUCTURE: Final = re.compile(rb'["{}\[\]]')
+_KEPT_STRING_BYTES: Final = 256
+_KEPT_TOP_LEVEL_BYTES: Final = 64 * 1024
+_SCAN_BUDGET: Final = 100_000
+
+
+class OverlongMessage:
+    """The top level of a message too long to read, kept while its bytes are discarded.
+
+    Only the outermost object is kept: every nested value becomes `0`, a
+    long top-level string becomes `""`, so what is left is a few bytes that
+    `parse_json` reads exactly, whatever order the server wrote its members
+    in (the TypeScript SDK writes `id` after a result of any size).  The scan
+    is bounded (`_SCAN_BUDGET` quotes and brackets); a message that spends it
+    names no request.
+    """
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False  # the string so far ends in an odd run of backslashes
+        self._string = bytearray()
+        self._kept = bytearray()
+        self._budget = _SCAN_BUDGET
+        self._given_up = False
+
+    def feed(self, data: bytes) -> None:
+        """Scan the next bytes of the message (never a newline: the line ends there)."""
+        self.size += len(data)
+        position, end = 0, len(data)
+        while position < end and not self._given_up:
+            self._budget -= 1
+            if self._budget < 0:
+                self._given_up = True
+                return
+            if self._in_string:
+                position = self._scan_string(data, position)
+                continue
+            found = _STRUCTURE.search(data, position)
+            stop = end if found is None else found.start()
+            if self._depth == 1:
+                self._keep(data[position:stop])
+            elif self._depth == 0 and data[position:stop].strip():
+                self._given_up = True  # text outside the object: nothing to attribute
+                return
+            if found is None:
+                return
+            char = data[stop]
+            position = stop + 1
+            if char == 0x22:  # '"'
+                self._in_string = True
+                self._escaped = False
+                self._string.clear()
+            elif char in b"{[":
+                self._depth += 1
+                if self._depth == 1:
+                    self._keep(bytes([char]))
+                elif self._depth == 2:
+                    self._keep(b"0")
+            else:
+                if self._depth == 1:
+                    self._keep(bytes([char]))
+                self._depth -= 1
+                if self._depth < 0:
+                    self._given_up = True
+
+    def request_id(self) -> int | None:
+        """The id of the request this message answers, when its top level can be read."""
+        if self._given_up or self._depth != 0 or self._in_string:
+            return None
+        try:
+            value = parse_json(bytes(self._kept))
+        except JSONBoundaryError:
+            return None
+        if not isinstance(value, dict) or "method" in value:
+            return None  # not an answer: a request or a notification of the server's own
+        request_id = value.get("id")
+        return request_id if type(request_id) is int else None
+
+    def _scan_string(self, data: bytes, position: int) -> int:
+        """Consume string bytes from `position`; return where scanning goes on."""
+        end = len(data)
+        while True:
+            quote = data.find(b'"', position)
+            stop = end if quote < 0 else quote
+            segment = data[position:stop]
+            self._keep_string(segment)
+            # A quote is escaped by an odd run of backslashes before it, which
+            # may have begun in the previous chunk.
+            run = len(segment) - len(segment.rstrip(b"\\"))
+            escaped = (run % 2 == 1) if run < len(segment) else (self._escaped != (run % 2 == 1))
+            if quote < 0:
+                self._escaped = escaped
+                return end
+            if escaped:
+                self._keep_string(b'"')
+                self._escaped = False
+                position = quote + 1
+                self._budget -= 1
+                if self._budget < 0:
+                    self._given_up = True
+                    return end
+                continue
+            self._escaped = False
+            self._in_string = False
+            self._end_string()
+            return quote + 1
+
+    def _keep(self, data: bytes) -> None:
+        self._kept += data
+        if len(self._kept) > _KEPT_TOP_LEVEL_BYTES:
+            self._given_up = True
+
+    def _keep_string(self, data: bytes) -> None:
+        if self._depth == 1 and len(self._string) <= _KEPT_STRING_BYTES:
+            self._string += data
+
+    def _end_string(self) -> None:
+        if self._depth != 1:
+            return
+        if len(self._string) > _KEPT_STRING_BYTES:
+            self._keep(b'""')
+        else:
+            self._keep(b'"' + bytes(self._string) + b'"')

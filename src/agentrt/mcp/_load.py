@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -24,6 +24,7 @@ from ._phase import Phase
 from ._rules import Rule, Rules
 from ._server import Server
 from ._tool import ServerTool
+from ._upstream import Recheck, Upstream, stderr_line
 
 __all__ = ["Refusal", "Registration", "Report", "load"]
 
@@ -109,7 +110,13 @@ _HIDING_KEYWORDS: Final = (
 )
 
 
-async def load(server: Server, manifest: Manifest, rules: Rules) -> tuple[list[Tool], Report]:
+async def load(
+    server: Server,
+    manifest: Manifest,
+    rules: Rules,
+    *,
+    log: Callable[[str], None] | None = None,
+) -> tuple[list[Tool], Report]:
     """Connect, list the tools again, and return a tool for each pinned, classified, unchanged one.
 
     A rule naming a tool the manifest does not pin, or a manifest for
@@ -118,6 +125,11 @@ async def load(server: Server, manifest: Manifest, rules: Rules) -> tuple[list[T
     an error, and then the session is closed.  One deadline,
     `server.connect_timeout`, bounds connecting, listing and every check;
     the session returned in `Report.connection` outlives it.
+
+    If the server later dies, the next call to one of its tools starts it
+    again and holds every loaded tool to its pin as this load did (a changed
+    one is refused until pinned again); `log` receives one escaped line each
+    time (default: a line on stderr).
     """
     if manifest.server != server.name:
         raise LoadError(
@@ -134,7 +146,9 @@ async def load(server: Server, manifest: Manifest, rules: Rules) -> tuple[list[T
     try:
         with anyio.fail_after(server.connect_timeout):
             raw_tools = await phase.connect_and_list()
-            tools, report = await _check_all(server, manifest, rules, raw_tools, phase)
+            assert phase.connection is not None
+            upstream = Upstream(server, phase.connection, log if log is not None else stderr_line)
+            tools, report = await _check_all(server, manifest, rules, raw_tools, phase, upstream)
     except BaseException as exc:
         await phase.close()
         if isinstance(exc, Exception):
@@ -158,7 +172,43 @@ async def load(server: Server, manifest: Manifest, rules: Rules) -> tuple[list[T
             + (f" ({reasons})" if reasons else " (no pinned tool has a rule)"),
             report=closed,
         )
+    upstream.recheck = _recheck(server, manifest, rules, upstream, tools)
     return tools, report
+
+
+def _recheck(
+    server: Server,
+    manifest: Manifest,
+    rules: Rules,
+    upstream: Upstream,
+    loaded: list[Tool],
+) -> Recheck:
+    """The check a restarted server's new listing gets: each loaded tool, exactly as at load."""
+    specs = {tool.server_tool_name: tool.spec for tool in loaded if isinstance(tool, ServerTool)}
+
+    def recheck(raw_tools: list[_connection.RawTool]) -> dict[str, str]:
+        live = {raw.name: raw.raw for raw in raw_tools if raw.name is not None}
+        refused: dict[str, str] = {}
+        with open_store(":memory:") as check_store:
+            for name, spec in specs.items():
+                try:
+                    tool, _ = _check_tool(
+                        server,
+                        manifest.tools[name],
+                        rules[name],
+                        live.get(name),
+                        upstream,
+                        check_store,
+                    )
+                    if tool.spec != spec:
+                        raise _Refused("it would now register differently from when it was loaded")
+                except _Refused as refusal:
+                    refused[name] = str(refusal)
+                except Exception as exc:
+                    refused[name] = f"it could not be checked: {type(exc).__name__}: {exc}"
+        return refused
+
+    return recheck
 
 
 async def _check_all(
@@ -167,9 +217,9 @@ async def _check_all(
     rules: Rules,
     raw_tools: list[_connection.RawTool],
     phase: Phase,
+    upstream: Upstream,
 ) -> tuple[list[Tool], Report]:
-    connection = phase.connection
-    assert connection is not None
+    connection = upstream.connection
     live: dict[str, Mapping[str, Any]] = {
         raw_tool.name: raw_tool.raw for raw_tool in raw_tools if raw_tool.name is not None
     }
@@ -196,7 +246,7 @@ async def _check_all(
             await anyio.lowlevel.checkpoint()
             try:
                 tool, hint_mismatch = _check_tool(
-                    server, manifest.tools[name], rule, live.get(name), connection, check_store
+                    server, manifest.tools[name], rule, live.get(name), upstream, check_store
                 )
                 holder = holders.get(tool.spec.name)
                 if holder is not None:
@@ -231,7 +281,7 @@ def _check_tool(
     pinned: PinnedTool,
     rule: Rule,
     raw_tool: Mapping[str, Any] | None,
-    connection: _connection.Connection,
+    upstream: Upstream,
     check_store: Store,
 ) -> tuple[ServerTool, str]:
     """Run the checks in order; raise `_Refused` naming the first that failed."""
@@ -295,7 +345,7 @@ def _check_tool(
         ),
         server=server.name,
         tool=pinned.name,
-        connection=connection,
+        upstream=upstream,
         deny=rule.deny,
         fixed=fixed,
         max_content_bytes=server.max_content_bytes,

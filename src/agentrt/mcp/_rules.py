@@ -108,6 +108,7 @@ _FILE_RULE_FIELDS: Final = (
     "fixed",
     "rename",
     "allow_hint_mismatch",
+    "when",
 )
 
 
@@ -123,10 +124,22 @@ class FileRule:
     fixed: dict[str, Any] = field(default_factory=dict)
     rename: str | None = None
     allow_hint_mismatch: bool = False
+    # The proxy's conditions, as written; the proxy compiles them (the rule itself never sees them).
+    when: list[Any] = field(default_factory=list)
 
-    def to_rule(self) -> Rule:
-        """The `Rule` this file entry describes (fixed values as canonical JSON text)."""
+    def to_rule(self, *, conditions_handled: bool = False) -> Rule:
+        """The `Rule` this file entry describes (fixed values as canonical JSON text).
+
+        A rule with conditions is refused unless the caller evaluates them
+        (`conditions_handled`): `load` alone would drop them, and a condition
+        meant to hold a call back must never be silently ignored.
+        """
         from ..canonical import canonical_json
+
+        if self.when and not conditions_handled:
+            raise ValueError(
+                'this rule has conditions ("when"), which only agentrt proxy evaluates'
+            )
 
         return Rule(
             side_effect=SideEffect(self.side_effect),
@@ -185,6 +198,9 @@ def _file_rule(tool: str, entry: Any, source: str) -> FileRule:
     fixed = entry.get("fixed", {})
     if not isinstance(fixed, Mapping):
         raise OperatorFileError(f'{where}: "fixed" must be an object of parameter to value')
+    when = entry.get("when", [])
+    if not isinstance(when, list):
+        raise OperatorFileError(f'{where}: "when" must be a list of conditions')
     return FileRule(
         side_effect=str(side_effect),
         timeout=timeout,
@@ -194,6 +210,7 @@ def _file_rule(tool: str, entry: Any, source: str) -> FileRule:
         fixed=dict(fixed),
         rename=_optional(entry, "rename", str, where),
         allow_hint_mismatch=_flag(entry, "allow_hint_mismatch", where),
+        when=list(when),
     )
 
 

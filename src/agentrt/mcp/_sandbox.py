@@ -252,16 +252,24 @@ def _install_parts(path: str, home: str) -> list[str]:
         # A version manager's shim (pyenv, rbenv, asdf) runs the manager,
         # which keeps its code and its interpreters under the same root.
         root = os.path.dirname(directory)
-        return [root] if root != "/" and not _within(home, root) else [path]
+        return [root] if not _home_or_above(home, root) else [path]
     if os.path.basename(directory) in ("bin", "sbin"):
         prefix = os.path.dirname(directory)
-        if prefix != "/" and not _within(home, prefix):
+        if not _home_or_above(home, prefix):
             return [
                 os.path.join(prefix, part)
                 for part in _PREFIX_PARTS
                 if os.path.lexists(os.path.join(prefix, part))
             ]
     return [path]
+
+
+def _home_or_above(home: str, directory: str) -> bool:
+    """Whether `directory` is `/`, the (real) home or above it, spelled as given or resolved:
+    a HOME or a PATH entry reached through a link names the same directory."""
+    return any(
+        form == "/" or _within(home, form) for form in (directory, os.path.realpath(directory))
+    )
 
 
 def _venv_base(prefix_part: str) -> str | None:
@@ -291,15 +299,21 @@ def _script_argument(arguments: Sequence[str]) -> str | None:
 
 def _command_binds(executable: str, arguments: Sequence[str], search_path: str | None) -> list[str]:
     """Every path the command needs read-only to run: itself, its interpreter, their installs,
-    and the script it is handed (`node index.js`, `python server.py`)."""
+    and the script it is handed (`node index.js`, `python server.py`).
+
+    Only programs that exist are followed, and the `#!` line only of a file
+    the kernel runs: a script handed to an interpreter is never run by its
+    `#!` line, which its author chose, so that line names nothing to bind.
+    """
     home = os.path.realpath(os.path.expanduser("~"))
     binds: list[str] = []
     script = _script_argument(arguments)
-    pending = [executable] if script is None else [executable, script]
+    # (program, whether the kernel runs it, so that its `#!` line counts)
+    pending = [(executable, True)] if script is None else [(executable, True), (script, False)]
     seen: set[str] = set()
     while pending:
-        program = pending.pop()
-        if program in seen:
+        program, executed = pending.pop()
+        if program in seen or not os.path.isfile(program):
             continue
         seen.add(program)
         for hop in _symlink_chain(program):
@@ -308,10 +322,10 @@ def _command_binds(executable: str, arguments: Sequence[str], search_path: str |
                     binds.append(part)
                 base = _venv_base(part)
                 if base is not None:
-                    pending.append(base)
-            interpreter = _shebang_program(hop, search_path)
+                    pending.append((base, True))
+            interpreter = _shebang_program(hop, search_path) if executed else None
             if interpreter is not None:
-                pending.append(interpreter)
+                pending.append((interpreter, True))
     return [path for path in binds if not _in_system_dir(path) and os.path.lexists(path)]
 
 

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -34,8 +35,20 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from ..sanitize import sanitize
-from ._connection_errors import ConnectionClosed, MCPConnectionError, ProtocolViolation
-from ._jsonrpc import Incoming, IncomingKind, answer_server_request, read_message
+from ._connection_errors import (
+    ConnectionClosed,
+    MCPConnectionError,
+    MessageTooLong,
+    NotSent,
+    ProtocolViolation,
+)
+from ._jsonrpc import (
+    Incoming,
+    IncomingKind,
+    OverlongMessage,
+    answer_server_request,
+    read_message,
+)
 from ._sandbox import sandboxed_command
 from ._server import Server
 
@@ -48,7 +61,7 @@ __all__ = [
 ]
 
 MAX_LINE_BYTES: Final = 16 * 1024 * 1024
-"""One message line from a server; a longer line breaks the connection."""
+"""One message line from a server; a longer one is discarded to its newline, unread."""
 
 STDERR_TAIL_BYTES: Final = 4 * 1024
 
@@ -171,8 +184,12 @@ class StdioTransport:
     stdin_fd: int
     stdout_fd: int
     stderr: _StderrTail | None
-    _buffer: bytearray = field(default_factory=bytearray)
-    _scan_from: int = 0
+    # Complete lines not yet dispatched, the line still arriving, and, while
+    # an over-long line is being discarded, what is kept of its top level.
+    _lines: deque[bytes | OverlongMessage] = field(default_factory=deque)
+    _queued_bytes: int = 0
+    _partial: bytearray = field(default_factory=bytearray)
+    _overlong: OverlongMessage | None = None
     _pending: dict[int, _Pending] = field(default_factory=dict)
     _reading: bool = False
     _progress: anyio.Event = field(default_factory=anyio.Event)
@@ -183,6 +200,7 @@ class StdioTransport:
     _stdout_open: bool = True
     # The connection's handler of notifications (progress); None drops them.
     listener: Callable[[Incoming], Awaitable[None]] | None = None
+    _stopping: bool = False
 
     def stderr_tail(self) -> str:
         return self.stderr.text() if self.stderr is not None else ""
@@ -196,14 +214,18 @@ class StdioTransport:
     # -- sending ---------------------------------------------------------------
 
     async def send(self, message: bytes) -> None:
-        """Write one message and its newline; a write cut short breaks the connection."""
+        """Write one message and its newline; a write cut short breaks the connection.
+
+        Raises `NotSent` when not one byte reached the server: the connection
+        was broken before, or the first write failed.
+        """
         if self._broken is not None:
-            raise self._broken
+            raise self._not_sent(self._broken)
         data = memoryview(message + b"\n")
         written = 0
         async with self._write_lock:
             if self._broken is not None:
-                raise self._broken
+                raise self._not_sent(self._broken)
             try:
                 while written < len(data):
                     if not self._stdin_open:
@@ -219,12 +241,18 @@ class StdioTransport:
                         with anyio.move_on_after(_WRITE_POLL_INTERVAL):
                             await anyio.wait_writable(self.stdin_fd)
             except (anyio.ClosedResourceError, OSError):
-                raise self._break(
+                error = self._break(
                     ConnectionClosed(
                         self.server.name,
                         f'server "{self._name()}" stopped reading its stdin',
                     )
-                ) from None
+                )
+                raise (self._not_sent(error) if written == 0 else error) from None
+            except MCPConnectionError as exc:
+                # Broken while this write waited (a server that floods without reading).
+                if written == 0:
+                    raise self._not_sent(exc) from None
+                raise
             except BaseException:
                 if 0 < written < len(data):
                     # The server now holds half a line; whatever follows would be garbage to it.
@@ -237,6 +265,9 @@ class StdioTransport:
                     )
                 raise
 
+    def _not_sent(self, cause: MCPConnectionError) -> NotSent:
+        return NotSent(self.server.name, f"{cause}; the request was not sent")
+
     def _take_available_stdout(self) -> None:
         """Move whatever stdout holds now into the line buffer, without waiting."""
         took = False
@@ -247,9 +278,9 @@ class StdioTransport:
                 break
             if not chunk:
                 break  # end of file: the reader will meet it again
-            self._buffer += chunk
+            self._ingest(chunk)
             took = True
-            if len(self._buffer) > 2 * MAX_LINE_BYTES:
+            if self._queued_bytes + len(self._partial) > 2 * MAX_LINE_BYTES:
                 raise self._break(
                     ProtocolViolation(
                         self.server.name,
@@ -309,6 +340,9 @@ class StdioTransport:
         line = await self._read_line()
         if line is None:
             return
+        if isinstance(line, OverlongMessage):
+            self._fail_overlong(line)
+            return
         message = read_message(line)
         if message.kind is IncomingKind.REQUEST:
             await self.send(answer_server_request(message))
@@ -330,26 +364,59 @@ class StdioTransport:
         # Other notifications and lines that are not JSON-RPC are ignored: a reader
         # that crashed on them would hand the server a way to kill the session.
 
-    async def _read_line(self) -> bytes | None:
+    def _fail_overlong(self, line: OverlongMessage) -> None:
+        """Fail the request an over-long line answered; the connection itself stays usable.
+
+        The server did answer, so the request ran; only its answer is lost.
+        A line that names no pending request fails nothing: a request whose
+        answer it was ends at its own timeout, as an unknown outcome.
+        """
+        request_id = line.request_id()
+        pending = self._pending.get(request_id) if request_id is not None else None
+        if pending is None or pending.message is not None or pending.failure is not None:
+            return
+        pending.failure = MessageTooLong(
+            self.server.name,
+            f'server "{self._name()}" answered {pending.method} with a message of '
+            f"{line.size} bytes, longer than {MAX_LINE_BYTES}; it was discarded unread, "
+            "so the request ran but its answer is unknown",
+        )
+
+    def _ingest(self, chunk: bytes) -> None:
+        """Split bytes from stdout into lines; a line past `MAX_LINE_BYTES` is scanned, not kept."""
+        start = 0
+        while True:
+            newline = chunk.find(b"\n", start)
+            piece = chunk[start:] if newline < 0 else chunk[start:newline]
+            if self._overlong is not None:
+                self._overlong.feed(piece)
+            else:
+                self._partial += piece
+                if len(self._partial) > MAX_LINE_BYTES:
+                    # Discarded up to its newline, never parsed: the bytes after a
+                    # cut are the rest of this message, not a message of their own.
+                    self._overlong = OverlongMessage()
+                    self._overlong.feed(bytes(self._partial))
+                    self._partial = bytearray()
+            if newline < 0:
+                return
+            if self._overlong is not None:
+                self._lines.append(self._overlong)
+                self._overlong = None
+            else:
+                self._lines.append(bytes(self._partial))
+                self._queued_bytes += len(self._partial)
+                self._partial = bytearray()
+            start = newline + 1
+
+    async def _read_line(self) -> bytes | OverlongMessage | None:
         """The next line from stdout, or None when a read was interrupted by `aclose`."""
         while True:
-            newline = self._buffer.find(b"\n", self._scan_from)
-            if newline >= 0:
-                line = bytes(self._buffer[:newline])
-                del self._buffer[: newline + 1]
-                self._scan_from = 0
+            if self._lines:
+                line = self._lines.popleft()
+                if isinstance(line, bytes):
+                    self._queued_bytes -= len(line)
                 return line
-            self._scan_from = len(self._buffer)
-            if len(self._buffer) > MAX_LINE_BYTES:
-                self._buffer.clear()
-                self._scan_from = 0
-                raise self._break(
-                    ProtocolViolation(
-                        self.server.name,
-                        f'server "{self._name()}" sent a message longer than '
-                        f"{MAX_LINE_BYTES} bytes, so the connection is closed",
-                    )
-                )
             if self._broken is not None:
                 raise self._broken
             if not self._stdout_open:
@@ -376,7 +443,10 @@ class StdioTransport:
                 if status is not None:
                     detail = f'server "{self._name()}" exited ({status})'
                 raise self._break(ConnectionClosed(self.server.name, detail))
-            self._buffer += chunk
+            self._ingest(chunk)
+            if self._overlong is not None:
+                # Scanning a long line costs CPU: let the rest of the loop run between chunks.
+                await anyio.lowlevel.checkpoint()
 
     def _break(self, error: MCPConnectionError) -> MCPConnectionError:
         """Mark the connection unusable: every waiting and later request fails with `error`."""
@@ -390,17 +460,34 @@ class StdioTransport:
         self._wake_waiters()
         return self._broken
 
+    def dead(self) -> str | None:
+        """Why this session can no longer serve a request (the server exited, the
+        connection broke), or None while it can."""
+        status = self._exit_status()
+        if status is not None:
+            return f'server "{self._name()}" exited ({status})'
+        if self._broken is not None:
+            return str(self._broken)
+        return None
+
     # -- shutting down ---------------------------------------------------------
 
-    async def aclose(self) -> None:
-        """Stop the server and its whole process group; `Connection.aclose` calls it once."""
-        self._break(self._closed_error())
-        await self._stop_process()
+    async def aclose(self, *, polite: bool = True) -> None:
+        """Stop the server and its whole process group; a second call does nothing.
 
-    async def _stop_process(self) -> None:
+        `polite=False` skips the graces (end of stdin, SIGTERM): for a session
+        that is already broken, before the server is started again.
+        """
+        self._break(self._closed_error())
+        if self._stopping:
+            return
+        self._stopping = True
+        await self._stop_process(polite)
+
+    async def _stop_process(self, polite: bool) -> None:
         self._close_stdin()
-        exited = await self._wait_for_exit(GRACE_AFTER_STDIN_CLOSED)
-        if not exited:
+        exited = await self._wait_for_exit(GRACE_AFTER_STDIN_CLOSED if polite else 0.0)
+        if not exited and polite:
             self._signal_group(signal.SIGTERM)
             exited = await self._wait_for_exit(GRACE_AFTER_SIGTERM)
         # Always, even after a clean exit: the server is not reaped yet, so its

@@ -14,11 +14,12 @@ import jsonschema
 from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..sanitize import sanitize
 from ..tools import ToolCall, ToolResult, ToolSpec
-from ._connection_errors import ServerErrorResponse
+from ._connection_errors import NotSent, ServerErrorResponse
 from ._errors import ServerToolError
+from ._upstream import RestartFailed
 
 if TYPE_CHECKING:
-    from ._connection import Connection
+    from ._upstream import Upstream
 
 __all__ = ["UPSTREAM_PROGRESS", "ServerResult", "ServerTool", "map_result"]
 
@@ -57,7 +58,9 @@ class ServerTool:
     restricted schema, before `call` runs; `call` then refuses a denied or
     fixed parameter that arrived anyway, injects the fixed values (outside
     the approval hash, which covers what the model sent), and sends the call
-    under the rule's timeout.
+    under the rule's timeout.  A server that died is started again first
+    (`Upstream.ready`); a call that never reached the server fails with a
+    known outcome.
     """
 
     def __init__(
@@ -66,7 +69,7 @@ class ServerTool:
         spec: ToolSpec,
         server: str,
         tool: str,
-        connection: Connection,
+        upstream: Upstream,
         deny: Sequence[str],
         fixed: Mapping[str, Any],
         max_content_bytes: int,
@@ -76,7 +79,7 @@ class ServerTool:
         self._spec = spec
         self._server = server
         self._tool = tool
-        self._connection = connection
+        self._upstream = upstream
         self._deny = tuple(deny)
         self._fixed = dict(fixed)
         self._max_content_bytes = max_content_bytes
@@ -122,12 +125,25 @@ class ServerTool:
             # Without injection the server receives exactly the bytes the model sent.
             arguments_text = call.args
         timeout = self._spec.timeout
+        started = anyio.current_time()
         try:
             # The connection bounds the call too; this guard holds even if it did not.
             with anyio.fail_after(timeout):
-                result = await self._connection.call_tool(
-                    self._tool, arguments_text, timeout=timeout, progress=UPSTREAM_PROGRESS.get()
+                await self._upstream.ready()
+                refusal = self._upstream.refusal(self._tool)
+                if refusal:
+                    raise ServerToolError(
+                        f"{where} was not called: since its server was started again, "
+                        f"{sanitize(refusal)}. Nothing ran."
+                    )
+                remaining = max(timeout - (anyio.current_time() - started), 0.001)
+                result = await self._upstream.connection.call_tool(
+                    self._tool, arguments_text, timeout=remaining, progress=UPSTREAM_PROGRESS.get()
                 )
+        except (RestartFailed, NotSent) as exc:
+            raise ServerToolError(
+                f"{where} was not sent: {sanitize(str(exc))}. Nothing ran."
+            ) from None
         except TimeoutError:
             raise ServerToolError(
                 f"{where} did not answer within {timeout:g}s", outcome_known=False

@@ -176,7 +176,11 @@ class AnthropicAgent(ChatAgent):
         stop_reason = stop if isinstance(stop, str) else None
         usage, note = _usage(answer.get("usage"), where)
         decision = _decision(content, where)
-        return ModelReply(decision, usage, stop_reason, stop_reason == "max_tokens", note)
+        return ModelReply(decision, usage, stop_reason, stop_reason in _CUT_OFF, note)
+
+
+# The stop reasons of a reply cut short: by its `max_tokens`, or by the context window.
+_CUT_OFF: Final = frozenset({"max_tokens", "model_context_window_exceeded"})
 
 
 def _decision(content: list[Any], where: str) -> Decision:

@@ -23,6 +23,7 @@ import os
 import secrets
 import shlex
 import socket
+import sqlite3
 import sys
 import time
 import uuid
@@ -51,10 +52,12 @@ from ..store import ApprovalRecord, ApprovalStatus, RunStatus, StepStatus, Store
 from ..telemetry import trace_context_metadata
 from ..tools import SideEffect, Tool, ToolCall, ToolResult, ToolSpec
 from ._answers import Answer
+from ._conditions import ToolConditions, conditions_by_tool, policy_id
 from ._forward import Forwarded, forwardable
-from ._index import EXECUTED, Action, CallIndex, CallRow, Settled, call_key
+from ._index import EXECUTED, Action, CallIndex, CallRow, Settled, Verdict, call_key
+from .config import ProxyConfig
 
-__all__ = ["UNKNOWN_OUTCOME", "Calls", "ProxyPolicy", "WatchedTool", "new_owner"]
+__all__ = ["UNKNOWN_OUTCOME", "Calls", "ProxyPolicy", "WatchedTool", "new_owner", "proxy_policy"]
 
 UNKNOWN_OUTCOME: Final = "unknown_outcome"
 _POLL_SECONDS: Final = 0.2
@@ -165,12 +168,18 @@ class ProxyPolicy:
         self,
         inner: ClassPolicy,
         store: Store,
+        conditions: dict[str, ToolConditions] | None = None,
+        identity: str | None = None,
         *,
         tool_outcomes: Mapping[str, Outcome] | None = None,
         fixed: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self.inner = inner
         self.store = store
+        # The operator's "when" lists, by final tool name, decided before the class policy.
+        self.conditions = conditions or {}
+        # Read by the gate into every `policy_decided` event.
+        self.id = identity
         # A rule's `outcome` overrides the class's for that one tool.
         self.tool_outcomes = dict(tool_outcomes or {})
         # A rule's `fixed` values (canonical JSON text) are part of what a person
@@ -199,13 +208,31 @@ class ProxyPolicy:
                 presentation=presentation,
                 reason="a mutating call's outcome is unknown",
             )
-        decision = await self._by_rule_or_class(request, run)
+        decision = await self._by_condition_rule_or_class(request, run)
         fixed = self.fixed.get(request.spec.name)
         if decision.outcome is Outcome.REQUIRE_APPROVAL and fixed:
             capability = dict(decision.capability or {})
             capability["fixed"] = dict(sorted(fixed.items()))
             decision = dataclasses.replace(decision, capability=capability)
         return decision
+
+    async def _by_condition_rule_or_class(
+        self, request: ToolRequest, run: RunView
+    ) -> PolicyDecision:
+        conditions = self.conditions.get(request.spec.name)
+        verdict = None if conditions is None else await conditions.decide(request.arguments)
+        if verdict is None:
+            return await self._by_rule_or_class(request, run)
+        # Decided in the class policy's own shape, so an approval a condition asks
+        # for hashes (and re-evaluates on resume) like any other of its class.
+        side_effect = request.spec.side_effect
+        outcome = verdict.outcome
+        if verdict.error and self.outcome_for(request.spec) is Outcome.DENY:
+            # An error never loosens the class (or the tool's rule): where it denies, a
+            # condition that cannot decide denies too (deny by default holds).
+            outcome = Outcome.DENY
+        decided = await ClassPolicy({side_effect: outcome}).evaluate(request, run)
+        return dataclasses.replace(decided, reason=verdict.reason)
 
     async def _by_rule_or_class(self, request: ToolRequest, run: RunView) -> PolicyDecision:
         outcome = self.tool_outcomes.get(request.spec.name)
@@ -228,6 +255,34 @@ class ProxyPolicy:
         if ruled is not None:
             return ruled
         return self.inner.outcomes.get(spec.side_effect, Outcome.DENY)
+
+    def may_need_approval(self, spec: ToolSpec) -> bool:
+        """Whether a call to `spec` might wait for a person (a condition may always ask one)."""
+        return spec.name in self.conditions or (self.outcome_for(spec) is Outcome.REQUIRE_APPROVAL)
+
+
+def proxy_policy(config: ProxyConfig, store: Store) -> ProxyPolicy:
+    """The proxy's policy for `config`: its class policy, its conditions, each rule's
+    `outcome` and `fixed` values, and its identity."""
+    tool_outcomes: dict[str, Outcome] = {}
+    fixed: dict[str, dict[str, str]] = {}
+    for upstream in config.servers:
+        for tool, rule in upstream.rules.items():
+            # The final name as `load` gives it: the rename, else `<server>_<tool>`.
+            name = rule.rename if rule.rename is not None else f"{upstream.server.name}_{tool}"
+            extra = upstream.tool_rules.get(tool)
+            if extra is not None and extra.outcome is not None:
+                tool_outcomes[name] = extra.outcome
+            if rule.fixed:
+                fixed[name] = dict(rule.fixed)
+    return ProxyPolicy(
+        config.policy,
+        store,
+        conditions_by_tool(config.servers),
+        policy_id(config.policy, config.servers),
+        tool_outcomes=tool_outcomes,
+        fixed=fixed,
+    )
 
 
 class Calls:
@@ -272,6 +327,10 @@ class Calls:
         # Calls sent upstream whose unknown outcome the store refused to mark.
         self._unmarked: set[str] = set()
         self._unmarked_told: set[str] = set()
+        # Set when the proxy serves the inbox: its address (never the token)
+        # joins each announcement, and `on_waiting` may notify the desktop.
+        self.inbox_address: str | None = None
+        self.on_waiting: Callable[[ApprovalRecord], None] | None = None
 
     @property
     def specs(self) -> Sequence[ToolSpec]:
@@ -293,9 +352,13 @@ class Calls:
         self.log.write(
             f"agentrt proxy: approval {approval.approval_id} ({approval.kind}) waits for "
             f"{approval.tool}: agentrt --db {database} approve {run} --approval {approval_id}"
-            f"  |  agentrt --db {database} reject {run} --approval {approval_id} --note TEXT\n"
+            f"  |  agentrt --db {database} reject {run} --approval {approval_id} --note TEXT"
+            + (f"  |  inbox: {self.inbox_address}" if self.inbox_address else "")
+            + "\n"
         )
         self.log.flush()
+        if self.on_waiting is not None:
+            self.on_waiting(approval)
 
     # -- one call ------------------------------------------------------------
 
@@ -325,12 +388,13 @@ class Calls:
             return Answer.invalid(tool, _unaccepted_arguments(exc))
         key = call_key(tool, args)
         mutating = _mutating(spec)
-        may_need_approval = self.policy.outcome_for(spec) is Outcome.REQUIRE_APPROVAL
+        may_need_approval = self.policy.may_need_approval(spec)
         call = _Call(spec, args, progress, secrets.token_hex(6), trace_context_metadata(meta))
         for _attempt in range(3):
+            run_id = self.new_run_id()
             decide = functools.partial(
-                self.index.decide,
-                run_id=self.new_run_id(),
+                self.index.decide_in,
+                run_id=run_id,
                 key=key,
                 tool=tool,
                 mutating=mutating,
@@ -339,7 +403,10 @@ class Calls:
                 max_pending=self.max_pending,
                 token=call.token,
             )
-            verdict = await self.store.run(decide)
+            started = await self._start(run_id, key, call, decide)
+            if isinstance(started, Answer):
+                return started
+            verdict = started
             action, row = verdict.action, verdict.row
             if action is Action.NEW:
                 assert row is not None
@@ -376,6 +443,52 @@ class Calls:
                 )
         return Answer.in_progress(tool)
 
+    async def _start(
+        self, run_id: str, key: str, call: _Call, decide: Callable[..., Verdict]
+    ) -> Answer | Verdict:
+        """Decide the call and, if it is new, start its run and take its step in the
+        decision's own commit (and, for a result, settle it in the result's): an
+        allowed call then makes two writing commits.  Any other verdict comes back
+        for `handle` to act on."""
+        settled: list[bool] = []
+
+        def admit(connection: sqlite3.Connection) -> tuple[bool, Verdict]:
+            verdict = decide(connection)
+            # A row left by a run that never started keeps its own id: that one
+            # is begun the ordinary way, under the row's id.
+            new = verdict.action is Action.NEW and verdict.row is not None
+            return new and verdict.row is not None and verdict.row.run_id == run_id, verdict
+
+        def on_end(connection: sqlite3.Connection, status: RunStatus) -> None:
+            if status is RunStatus.COMPLETED:
+                self.index.settle_in(connection, run_id, Settled.RESULT)
+                settled.append(True)
+
+        try:
+            verdict, outcome = await self.gate.start_and_step(
+                f"proxy call to {call.spec.name}",
+                call.decision(),
+                run_id=run_id,
+                # The host's W3C trace context, so the run's trace continues the host's.
+                metadata={**call.trace, "proxy_session": self.session, "call_key": key},
+                admit=admit,
+                on_end=on_end,
+            )
+        except Exception as exc:
+            try:
+                return await self._failed(run_id, call, exc)
+            finally:
+                self.sent.discard(run_id)
+                self.forwarded.pop(run_id, None)
+                await self._release_quietly(run_id, call.token)
+        if outcome is None:
+            return verdict
+        assert verdict.row is not None
+        answer = await self._holding(
+            verdict.row, call, self._conclude(verdict.row, call, outcome, settled=bool(settled))
+        )
+        return answer if answer is not None else Answer.in_progress(call.spec.name)
+
     async def _holding(
         self, row: CallRow, call: _Call, work: Awaitable[Answer | None]
     ) -> Answer | None:
@@ -386,29 +499,29 @@ class Calls:
         except Exception as exc:
             # Anything the gate or the store raised, whatever its type: what
             # matters is whether the request had reached the server.
-            return await self._failed(row, call, exc)
+            return await self._failed(row.run_id, call, exc)
         finally:
             self.sent.discard(row.run_id)
             self.forwarded.pop(row.run_id, None)
             await self._release_quietly(row.run_id, call.token)
 
-    async def _failed(self, row: CallRow, call: _Call, exc: Exception) -> Answer:
+    async def _failed(self, run_id: str, call: _Call, exc: Exception) -> Answer:
         tool = call.spec.name
-        if row.run_id not in self.sent:
+        if run_id not in self.sent:
             self._log(
-                f"agentrt proxy: a call to {sanitize(tool)} (run {row.run_id}) failed before "
+                f"agentrt proxy: a call to {sanitize(tool)} (run {run_id}) failed before "
                 f"it reached the server: {sanitize(str(exc))}"
             )
             return Answer.unavailable("the gate could not complete this call.")
         self._log(
-            f"agentrt proxy: a call to {sanitize(tool)} (run {row.run_id}) reached the server "
+            f"agentrt proxy: a call to {sanitize(tool)} (run {run_id}) reached the server "
             f"but its outcome could not be recorded: {sanitize(str(exc))}; it is treated as "
             "an unknown outcome"
         )
         if _mutating(call.spec):
             # Marked in the background: the store that just failed may keep
             # failing, and the host must not wait on it for its answer.
-            self._unmarked.add(row.run_id)
+            self._unmarked.add(run_id)
         return Answer.unrecorded_outcome(tool)
 
     async def repair(self) -> None:
@@ -464,8 +577,11 @@ class Calls:
                 outcome = await self.gate.step(row.run_id, call.decision())
         return await self._conclude(row, call, outcome)
 
-    async def _conclude(self, row: CallRow, call: _Call, outcome: StepOutcome) -> Answer:
-        """Turn what the gate did into an answer, ending the run when the call is over."""
+    async def _conclude(
+        self, row: CallRow, call: _Call, outcome: StepOutcome, *, settled: bool = False
+    ) -> Answer:
+        """Turn what the gate did into an answer, ending the run when the call is over
+        (`settled`: the result's own commit settled the row already)."""
         run_id = row.run_id
         for _round in range(4):
             if outcome.status is RunStatus.WAITING_FOR_APPROVAL and outcome.approval is not None:
@@ -476,8 +592,8 @@ class Calls:
                 answer = await self._collect(row, call, outcome.approval)
                 return answer if answer is not None else Answer.in_progress(call.spec.name)
             if outcome.status is RunStatus.CANCELLED:
-                settled = await self._settle_if_ended(run_id)
-                if settled is not None and settled.outcome == Settled.EXPIRED:
+                ended = await self._settle_if_ended(run_id)
+                if ended is not None and ended.outcome == Settled.EXPIRED:
                     return Answer.expired(call.spec.name)
                 approval = await self.store.run(self.store.latest_approval, run_id)
                 return Answer.rejected(call.spec.name, approval.note if approval else "")
@@ -485,7 +601,8 @@ class Calls:
                 await self._settle_if_ended(run_id)
                 return Answer.denied(call.spec.name, outcome.reason)
             if outcome.status is RunStatus.COMPLETED:
-                await self._settle(run_id, Settled.RESULT)
+                if not settled:
+                    await self._settle(run_id, Settled.RESULT)
                 return Answer.result(outcome.result or "", self.forwarded.pop(run_id, None))
             observation = outcome.observation
             if observation is None:

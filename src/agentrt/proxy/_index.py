@@ -8,11 +8,13 @@ process handling it (renewed while it works); a hold that lapsed means that
 process died.  Every decision is taken inside one `BEGIN IMMEDIATE`
 transaction, so two proxies on one database never both start the same call.
 
-A row is written before its run (the gate starts the run in a transaction
-of its own), so a row whose run does not exist means *nothing started*: a
-process died, or the disk filled, between the two writes.  Under a live hold
-it is a call being started; otherwise the next identical call begins the run
-under the row's id.  No decision ever fails for want of a run.
+A new call's row is written in the same transaction as its run and first
+step (`decide_in` inside `Gate.start_and_step`), and its settlement in the
+transaction that records the result.  A row whose run does not exist means
+*nothing started*: an earlier build wrote the row and the run in two
+commits, and a process died, or the disk filled, between them.  Under a live
+hold it is a call being started; otherwise the next identical call begins
+the run under the row's id.  No decision ever fails for want of a run.
 
 A decision reads only the rows its rules need: the key's unsettled rows and
 the settled rows that can still decide a repeat (rejected, expired, or a
@@ -275,65 +277,91 @@ class CallIndex:
         A read-only call has no repeat rule: a run of it in flight under a
         live hold does not stop an identical one, which gets a run of its own.
         """
-        now = time.time()
         with self.store.transaction() as connection:
-            open_rows: list[tuple[CallRow, RunRecord | None]] = []
-            for row in self._rows(connection, _UNSETTLED_OF_KEY, (self.session, key)):
-                run = self._run(row.run_id)
-                if run is not None and run.status.terminal:
-                    # Ended outside any proxy (rejected, expired, cancelled by the operator).
-                    self._settle_from_run(connection, row, run)
-                    continue
-                open_rows.append((row, run))
-            # 1. a run waiting on an approval for this very request
-            for row, run in open_rows:
-                if run is not None and run.status is RunStatus.WAITING_FOR_APPROVAL:
-                    approval = self.store.latest_approval(row.run_id)
-                    return Verdict(Action.COLLECT, row, approval)
-            # 2. a run executing under a live hold; 3. one a dead process left running
-            # (or never started: the row's run then begins under its id)
-            for row, run in open_rows:
-                if row.holder is not None and (row.held_until or 0) > now:
-                    if mutating:
-                        return Verdict(Action.IN_PROGRESS, row)
-                    continue
-                held = self._hold(connection, row.run_id, now, token)
-                return Verdict(Action.TAKE_OVER if run is not None else Action.NEW, held)
-            # 4. rejected / cancelled / expired; 5. duplicate — within the window
-            # (a window of 0, a rule's "0s", turns both off for the tool)
-            for row in (
-                self._rows(connection, _DECIDING_OF_KEY, (self.session, key, now - repeat_window))
-                if repeat_window > 0
-                else ()
+            return self.decide_in(
+                connection,
+                run_id=run_id,
+                key=key,
+                tool=tool,
+                mutating=mutating,
+                repeat_window=repeat_window,
+                may_need_approval=may_need_approval,
+                max_pending=max_pending,
+                token=token,
+            )
+
+    def decide_in(
+        self,
+        connection: sqlite3.Connection,
+        *,
+        run_id: str,
+        key: str,
+        tool: str,
+        mutating: bool,
+        repeat_window: float,
+        may_need_approval: bool,
+        max_pending: int,
+        token: str,
+    ) -> Verdict:
+        """`decide` inside the caller's write transaction (the gate's, when the
+        proxy starts the run in the same commit)."""
+        now = time.time()
+        open_rows: list[tuple[CallRow, RunRecord | None]] = []
+        for row in self._rows(connection, _UNSETTLED_OF_KEY, (self.session, key)):
+            run = self._run(row.run_id)
+            if run is not None and run.status.terminal:
+                # Ended outside any proxy (rejected, expired, cancelled by the operator).
+                self._settle_from_run(connection, row, run)
+                continue
+            open_rows.append((row, run))
+        # 1. a run waiting on an approval for this very request
+        for row, run in open_rows:
+            if run is not None and run.status is RunStatus.WAITING_FOR_APPROVAL:
+                approval = self.store.latest_approval(row.run_id)
+                return Verdict(Action.COLLECT, row, approval)
+        # 2. a run executing under a live hold; 3. one a dead process left running
+        # (or never started: the row's run then begins under its id)
+        for row, run in open_rows:
+            if row.holder is not None and (row.held_until or 0) > now:
+                if mutating:
+                    return Verdict(Action.IN_PROGRESS, row)
+                continue
+            held = self._hold(connection, row.run_id, now, token)
+            return Verdict(Action.TAKE_OVER if run is not None else Action.NEW, held)
+        # 4. rejected / cancelled / expired; 5. duplicate — within the window
+        # (a window of 0, a rule's "0s", turns both off for the tool)
+        for row in (
+            self._rows(connection, _DECIDING_OF_KEY, (self.session, key, now - repeat_window))
+            if repeat_window > 0
+            else ()
+        ):
+            if row.outcome in (Settled.REJECTED, Settled.CANCELLED):
+                return Verdict(Action.REJECTED, row, self.store.latest_approval(row.run_id))
+            if row.outcome == Settled.EXPIRED:
+                return Verdict(Action.EXPIRED, row)
+            return Verdict(Action.DUPLICATE, row)
+        # 6. another mutating call to this tool has an unknown outcome
+        if mutating:
+            for row in self._rows(
+                connection,
+                "SELECT * FROM proxy_calls WHERE session = ? AND settled = 0 AND tool = ?"
+                " AND unknown_outcome = 1",
+                (self.session, tool),
             ):
-                if row.outcome in (Settled.REJECTED, Settled.CANCELLED):
-                    return Verdict(Action.REJECTED, row, self.store.latest_approval(row.run_id))
-                if row.outcome == Settled.EXPIRED:
-                    return Verdict(Action.EXPIRED, row)
-                return Verdict(Action.DUPLICATE, row)
-            # 6. another mutating call to this tool has an unknown outcome
-            if mutating:
-                for row in self._rows(
-                    connection,
-                    "SELECT * FROM proxy_calls WHERE session = ? AND settled = 0 AND tool = ?"
-                    " AND unknown_outcome = 1",
-                    (self.session, tool),
-                ):
-                    blocking_run = self._run(row.run_id)
-                    if blocking_run is not None and not blocking_run.status.terminal:
-                        return Verdict(Action.BLOCKED, row)
-            if may_need_approval and self._pending_count(connection) >= max_pending:
-                return Verdict(Action.TOO_MANY_PENDING)
-            # 7. a new run
-            connection.execute(
-                "INSERT INTO proxy_calls (run_id, session, call_key, tool, mutating, created_at,"
-                " holder, held_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, self.session, key, tool, int(mutating), now, self._holder(token),
-                 now + self.hold_ttl),
-            )  # fmt: skip
-            self._track(run_id, token)
-            created = self._one(connection, run_id)
-        return Verdict(Action.NEW, created)
+                blocking_run = self._run(row.run_id)
+                if blocking_run is not None and not blocking_run.status.terminal:
+                    return Verdict(Action.BLOCKED, row)
+        if may_need_approval and self._pending_count(connection) >= max_pending:
+            return Verdict(Action.TOO_MANY_PENDING)
+        # 7. a new run
+        connection.execute(
+            "INSERT INTO proxy_calls (run_id, session, call_key, tool, mutating, created_at,"
+            " holder, held_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, self.session, key, tool, int(mutating), now, self._holder(token),
+             now + self.hold_ttl),
+        )  # fmt: skip
+        self._track(run_id, token)
+        return Verdict(Action.NEW, self._one(connection, run_id))
 
     def _pending_count(self, connection: sqlite3.Connection) -> int:
         count = 0
@@ -428,14 +456,17 @@ class CallIndex:
             )
 
     def settle(self, run_id: str, outcome: Settled) -> CallRow:
-        now = time.time()
         with self.store.transaction() as connection:
-            connection.execute(
-                "UPDATE proxy_calls SET settled = 1, outcome = ?, settled_at = ?, holder = NULL,"
-                " held_until = NULL WHERE run_id = ?",
-                (outcome, now, run_id),
-            )
-            return self._one(connection, run_id)
+            return self.settle_in(connection, run_id, outcome)
+
+    def settle_in(self, connection: sqlite3.Connection, run_id: str, outcome: Settled) -> CallRow:
+        """`settle` inside the caller's write transaction (the one recording the result)."""
+        connection.execute(
+            "UPDATE proxy_calls SET settled = 1, outcome = ?, settled_at = ?, holder = NULL,"
+            " held_until = NULL WHERE run_id = ?",
+            (outcome, time.time(), run_id),
+        )
+        return self._one(connection, run_id)
 
     def settle_if_ended(self, run_id: str) -> CallRow | None:
         """Settle a call whose run ended outside this process (rejected, expired, cancelled)."""

@@ -13,6 +13,7 @@ later) changes nothing: the signals stay caught until the process exits.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import signal
 import socket
@@ -36,13 +37,12 @@ from ..gate import Gate, Limits
 from ..mcp import Connection, Report, load, read_manifest
 from ..mcp._connection import UPSTREAM_LOG
 from ..mcp._tool import UPSTREAM_PROGRESS, ServerTool
-from ..policy import Outcome
 from ..sanitize import sanitize
 from ..store import ApprovalStatus, Store, open_store
 from ..telemetry import TraceExporter, settings_from, start_exporter
 from ..tools import SideEffect, Tool
 from ._answers import Answer, bounded
-from ._calls import Calls, ProxyPolicy, WatchedTool, new_owner
+from ._calls import Calls, WatchedTool, new_owner, proxy_policy
 from ._forward import Forwarded
 from ._http import is_loopback, listen, serve_http, split_http
 from ._index import CallIndex, CallRow, Settled
@@ -117,9 +117,11 @@ Loaded = tuple[Tool, UpstreamConfig]
 
 
 async def _load_upstreams(
-    config: ProxyConfig, log: IO[str]
+    config: ProxyConfig, log: IO[str], servers_of: dict[str, str] | None = None
 ) -> tuple[list[Loaded], list[Connection]]:
-    """Load every upstream; one that fails is reported and left out, the others serve."""
+    """Load every upstream; one that fails is reported and left out, the others serve.
+
+    `servers_of`, when given, is filled with each served tool's server name."""
     tools: list[Loaded] = []
     connections: list[Connection] = []
     taken: dict[str, str] = {STATUS_TOOL: "the proxy itself"}
@@ -164,6 +166,8 @@ async def _load_upstreams(
                 )
                 continue
             taken[tool.spec.name] = f'server "{upstream.server.name}"'
+            if servers_of is not None:
+                servers_of[tool.spec.name] = upstream.server.name
             tools.append((tool, upstream))
     return tools, connections
 
@@ -182,9 +186,7 @@ class Proxy:
         cut_off: set[tuple[str, int]] = set()
         sent: set[str] = set()
         forwarded: dict[str, Forwarded] = {}
-        tool_outcomes: dict[str, Outcome] = {}
         repeat_windows: dict[str, float] = {}
-        fixed: dict[str, dict[str, str]] = {}
         # The server's own `title` and `outputSchema`, listed for results forwarded as sent.
         self.listed: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
         watched: list[Tool] = []
@@ -193,13 +195,8 @@ class Proxy:
             as_sent = upstream.results == "as_sent"
             on_server = tool.server_tool_name if isinstance(tool, ServerTool) else name
             extra = upstream.tool_rules.get(on_server)
-            if extra is not None and extra.outcome is not None:
-                tool_outcomes[name] = extra.outcome
             if extra is not None and extra.repeat_window is not None:
                 repeat_windows[name] = extra.repeat_window
-            rule = upstream.rules.get(on_server)
-            if rule is not None and rule.fixed:
-                fixed[name] = dict(rule.fixed)
             if isinstance(tool, ServerTool):
                 schema = _plain(tool.output_schema) if as_sent and tool.output_schema else None
                 self.listed[name] = (tool.title, schema)
@@ -212,7 +209,8 @@ class Proxy:
                     max_result_bytes=upstream.max_result_bytes if as_sent else None,
                 )
             )
-        self.policy = ProxyPolicy(config.policy, store, tool_outcomes=tool_outcomes, fixed=fixed)
+        # Conditions, each rule's `outcome` and `fixed` values, and the policy's identity.
+        self.policy = proxy_policy(config, store)
         self.gate = Gate(
             store,
             watched,
@@ -549,6 +547,55 @@ async def _serve_stdio(
         group.cancel_scope.cancel()
 
 
+@contextlib.asynccontextmanager
+async def _serving_inbox(
+    config: ProxyConfig,
+    proxy: Proxy,
+    tools: list[Tool],
+    servers_of: dict[str, str],
+    log: IO[str],
+) -> AsyncIterator[None]:
+    """The approval inbox beside the proxy, when the configuration asks for one."""
+    if config.inbox is None:
+        yield
+        return
+    from ..inbox import ToolInfo, notify_waiting, parse_listen, read_or_create_token, running_inbox
+
+    settings = config.inbox
+    token_file = settings.token_file
+    token = read_or_create_token(token_file) if token_file is not None else None
+    described = {
+        tool.spec.name: ToolInfo(servers_of.get(tool.spec.name, ""), tool.spec.description)
+        for tool in tools
+    }
+    # A connection of its own: the page's reads never wait on the proxy's lock.
+    with open_store(config.database, create=False) as inbox_store:
+        async with running_inbox(
+            inbox_store, parse_listen(settings.listen), token=token,
+            login=_login_name(), tools=described,
+        ) as running:  # fmt: skip
+            proxy.calls.inbox_address = running.address
+            if settings.notify:
+                proxy.calls.on_waiting = lambda approval: notify_waiting(approval, running.address)
+            if token_file is not None:
+                _log(log, f"agentrt proxy: inbox at {running.address} (token in {token_file})")
+            else:
+                # The only line that carries the token; approvals' lines never do.
+                _log(log, f"agentrt proxy: inbox: {running.address_with_token}")
+            try:
+                yield
+            finally:
+                proxy.calls.inbox_address = None
+                proxy.calls.on_waiting = None
+
+
+def _login_name() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return ""
+
+
 async def serve_config(
     config: ProxyConfig,
     *,
@@ -592,7 +639,8 @@ async def _serve_config(
     async with anyio.create_task_group() as signals:
         signals.start_soon(_watch_signals, stopping.set, stream)
         try:
-            tools, connections = await _load_upstreams(config, stream)
+            servers_of: dict[str, str] = {}
+            tools, connections = await _load_upstreams(config, stream, servers_of)
             telemetry = start_exporter(
                 config.database,
                 settings_from(
@@ -605,7 +653,10 @@ async def _serve_config(
             )  # fmt: skip
             proxy = Proxy(config, store, tools, stream)
             server = proxy.server()
-            async with proxy.running():
+            async with (
+                proxy.running(),
+                _serving_inbox(config, proxy, [tool for tool, _ in tools], servers_of, stream),
+            ):
                 if address is not None and listener is not None:
                     await serve_http(
                         server, address[0], address[1], token, stream, stopping, listener

@@ -37,6 +37,7 @@ from ..mcp import (
     Rules,
     Sandbox,
     Server,
+    find_operator_file_reach,
     parse_duration,
     read_owned,
     rules_from_json,
@@ -44,6 +45,7 @@ from ..mcp import (
 from ..policy import ClassPolicy, DefaultPolicy, Outcome
 from ..sanitize import sanitize
 from ..tools import SideEffect
+from ._conditions import Condition, compile_when
 from ._forward import DEFAULT_MAX_RESULT_BYTES, MIN_MAX_RESULT_BYTES
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "DEFAULT_REPEAT_WINDOW",
     "DEFAULT_SERVER_TIMEOUT",
     "ConfigError",
+    "InboxConfig",
     "ProxyConfig",
     "TelemetryConfig",
     "ToolRule",
@@ -86,9 +89,11 @@ _TOP_FIELDS: Final = frozenset(
         "approval_ttl",
         "grant_ttl",
         "lease_ttl",
+        "inbox",
         "telemetry",
     }
 )
+_INBOX_FIELDS: Final = frozenset({"listen", "notify", "token_file"})
 _TELEMETRY_FIELDS: Final = frozenset({"otlp_endpoint", "content"})
 _SERVER_FIELDS: Final = frozenset(
     {
@@ -152,6 +157,17 @@ class UpstreamConfig:
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
     results: str = "as_sent"
     tool_rules: dict[str, ToolRule] = field(default_factory=dict)
+    # Each tool's compiled "when" list, keyed like `rules` (by the server's tool name).
+    conditions: dict[str, tuple[Condition, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class InboxConfig:
+    """The approval inbox the proxy serves alongside itself (loopback only)."""
+
+    listen: str
+    notify: bool = False
+    token_file: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,11 +199,14 @@ class ProxyConfig:
     approval_ttl: float | None = DEFAULT_APPROVAL_TTL
     grant_ttl: float | None = DEFAULT_GRANT_TTL
     lease_ttl: float = DEFAULT_LEASE_TTL
+    inbox: InboxConfig | None = None
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def protected_paths(self) -> list[Path]:
         """The files a server must never be pointed at: whoever writes them governs the proxy."""
         paths = [self.path, self.database]
+        if self.inbox is not None and self.inbox.token_file is not None:
+            paths.append(self.inbox.token_file)  # whoever reads it can decide approvals
         paths += [Path(f"{self.database}{suffix}") for suffix in ("-wal", "-shm", "-journal")]
         for upstream in self.servers:
             paths.append(upstream.manifest_path)
@@ -319,6 +338,7 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
         approval_ttl=expiry("approval_ttl", DEFAULT_APPROVAL_TTL),
         grant_ttl=expiry("grant_ttl", DEFAULT_GRANT_TTL),
         lease_ttl=duration("lease_ttl", DEFAULT_LEASE_TTL),
+        inbox=_inbox(reader, top["inbox"]) if "inbox" in top else None,
         telemetry=_telemetry(reader, top["telemetry"]) if "telemetry" in top else TelemetryConfig(),
     )
     _refuse_servers_that_reach_the_operators_files(config)
@@ -394,7 +414,14 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
         document, tool_rules = _proxy_rule_fields(reader, document, source)
         # Checked exactly as a rules file is: the same fields, the same refusals.
         file_rules = rules_from_json(canonical_json(document), source=source)
-        rules: Rules = {tool: rule.to_rule() for tool, rule in file_rules.items()}
+        rules: Rules = {
+            tool: rule.to_rule(conditions_handled=True) for tool, rule in file_rules.items()
+        }
+        conditions = {
+            tool: compile_when(rule.when, f'the rule for "{sanitize(tool)}"')
+            for tool, rule in file_rules.items()
+            if rule.when
+        }
     except ConfigError:
         raise
     except (OSError, ValueError, AgentrtError) as exc:
@@ -407,6 +434,7 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
         max_result_bytes=max_result_bytes,
         results=str(results),
         tool_rules=tool_rules,
+        conditions=conditions,
     )
 
 
@@ -441,6 +469,34 @@ def _proxy_rule_fields(
             name: value for name, value in entry.items() if name not in _PROXY_RULE_FIELDS
         }
     return rest, tool_rules
+
+
+def _inbox(reader: _Reader, raw: Any) -> InboxConfig:
+    from ..inbox import DEFAULT_LISTEN, InboxError, parse_listen
+
+    entry = reader.object(raw, "inbox", _INBOX_FIELDS)
+    listen = reader.string(entry.get("listen", DEFAULT_LISTEN), "inbox.listen")
+    try:
+        # Checked as a remote one would be, then held to loopback: the
+        # proxy's inbox has no TLS, so its token must never cross a network.
+        listener = parse_listen(listen, allow_remote=True, tls_cert="-", tls_key="-")
+    except InboxError as exc:
+        raise reader.fail("inbox.listen", f"is refused: {exc}") from None
+    if not listener.loopback:
+        raise reader.fail(
+            "inbox.listen",
+            "must be a loopback address such as 127.0.0.1:0; a remote inbox is "
+            "`agentrt inbox --allow-remote` with TLS",
+        )
+    notify = entry.get("notify", False)
+    if not isinstance(notify, bool):
+        raise reader.fail("inbox.notify", "must be true or false")
+    token_file = (
+        reader.path_field(entry["token_file"], "inbox.token_file")
+        if "token_file" in entry
+        else None
+    )
+    return InboxConfig(listen=listen, notify=notify, token_file=token_file)
 
 
 def _sandbox(reader: _Reader, raw: Any, where: str) -> Sandbox:
@@ -507,42 +563,37 @@ def _policy(reader: _Reader, raw: Any) -> ClassPolicy:
     return ClassPolicy(outcomes)
 
 
-def _names_or_holds(argument_path: str, protected: str) -> bool:
-    return protected == argument_path or protected.startswith(argument_path.rstrip(os.sep) + os.sep)
+def _names_or_holds(path: str, protected: str) -> bool:
+    return protected == path or protected.startswith(path.rstrip(os.sep) + os.sep)
 
 
 def _refuse_servers_that_reach_the_operators_files(config: ProxyConfig) -> None:
     """A stdio server handed the configuration, a manifest, the rules or the
     database (or a directory holding one), in its arguments or its environment,
     could rewrite the policy or forge an approval, so it is refused before it
-    is ever started."""
-    protected = [os.path.realpath(path) for path in config.protected_paths()]
-    protected += [os.path.abspath(path) for path in config.protected_paths()]
+    is ever started.  Paths are resolved, not compared as strings
+    (`agentrt.mcp.find_operator_file_reach`)."""
+    protected = config.protected_paths()
+    resolved = [os.path.realpath(path) for path in protected]
+    resolved += [os.path.abspath(path) for path in protected]
     for upstream in config.servers:
-        command = upstream.server.command
-        if command is None:
+        if upstream.server.command is None:
             continue
-        sandbox = upstream.server.sandbox
-        if sandbox is not None:
+        if upstream.server.sandbox is not None:
             # A sandboxed server sees only what is bound, so the binds are the
             # boundary: whatever its arguments say, it cannot reach beyond them.
-            _refuse_binds_that_reach_the_operators_files(config, upstream.server, protected)
+            _refuse_binds_that_reach_the_operators_files(config, upstream.server, resolved)
             continue
-        # A root handed over in the environment (`ROOT=/srv/data`) reaches it as surely.
-        for argument in [*command, *upstream.server.env]:
-            # `--root=/srv/data` names a path as surely as `/srv/data` does.
-            candidates = {argument, argument.partition("=")[2]} - {""}
-            for candidate in candidates:
-                expanded = os.path.expanduser(candidate)
-                for form in {os.path.abspath(expanded), os.path.realpath(expanded)}:
-                    for path in protected:
-                        if _names_or_holds(form, path):
-                            raise ConfigError(
-                                f'{config.path}: server "{sanitize(upstream.server.name)}" '
-                                f"would be started with {sanitize(repr(argument))}, which "
-                                f"reaches {path}; a server that can write it can rewrite "
-                                "the policy or forge an approval"
-                            )
+        reach = find_operator_file_reach(upstream.server, protected)
+        if reach is None:
+            continue
+        through = "" if reach.token == reach.value else f" (through {sanitize(repr(reach.token))})"
+        raise ConfigError(
+            f'{config.path}: server "{sanitize(upstream.server.name)}" '
+            f"would be started with {sanitize(repr(reach.value))}{through}, which "
+            f"reaches {sanitize(reach.protected)}; a server that can write it can rewrite "
+            "the policy or forge an approval"
+        )
 
 
 def _refuse_binds_that_reach_the_operators_files(

@@ -18,6 +18,10 @@ or the JSON text itself.  Every member is optional:
 - "initialize": a response spec for the handshake (default: a normal answer).
 - "pages": {cursor: raw result text}; "" is the first page (no cursor).
   Default: one page listing the built-in tools.
+- "pages_file": path; "pages" read from that JSON file at start, so a test
+  can change what a restarted server lists.
+- "exit_if_exists": path; exit at start (status 3, after a stderr line)
+  while that file exists: a server that cannot be started again.
 - "calls": {tool name: response spec}.  Built-in tools when not scripted:
   "env" (structuredContent: the environment as exec'd), "pid" (pid, pgid),
   "echo" (text: the raw request line), anything else: text "ok".
@@ -35,8 +39,10 @@ A response spec is an object with any of:
             {"jsonrpc":"2.0","method":"notifications/message"} lines in a
             tight loop forever, so the client always finds a line waiting),
   and one of "result": raw JSON text, "error": object, "line": a raw line
-  ("{id}" becomes the request id), "text_of_size": n (a text result of n
-  "x" characters, for results too large for a command line).
+  ("{id}" becomes the request id, "{pad}" "pad" x characters), "text_of_size": n (a text result of n
+  "x" characters, for results too large for a command line), with
+  "id_last": true to write the id after the result, as the TypeScript SDK
+  does.
 """
 
 from __future__ import annotations
@@ -131,9 +137,13 @@ def _respond(spec: dict[str, Any], request_id: Any, raw_line: bytes, default: st
         return
     if "text_of_size" in spec:
         result = _text_result("x" * spec["text_of_size"])
-        _write(f'{{"jsonrpc":"2.0","id":{id_text},"result":{result}}}'.encode())
+        if spec.get("id_last"):
+            _write(f'{{"result":{result},"jsonrpc":"2.0","id":{id_text}}}'.encode())
+        else:
+            _write(f'{{"jsonrpc":"2.0","id":{id_text},"result":{result}}}'.encode())
     elif "line" in spec:
-        _write(spec["line"].replace("{id}", id_text).encode())
+        line = spec["line"].replace("{id}", id_text).replace("{pad}", "x" * spec.get("pad", 0))
+        _write(line.encode())
     elif "error" in spec:
         _write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": spec["error"]}).encode())
     else:
@@ -231,6 +241,13 @@ def main() -> None:
         sys.stderr.flush()
     if "exit_at_start" in scenario:
         sys.exit(scenario["exit_at_start"])
+    if "exit_if_exists" in scenario and os.path.exists(scenario["exit_if_exists"]):
+        sys.stderr.write("refusing to start\n")
+        sys.stderr.flush()
+        sys.exit(3)
+    if "pages_file" in scenario:
+        with open(scenario["pages_file"], encoding="utf-8") as handle:
+            scenario["pages"] = json.load(handle)
     log = open(scenario["log"], "ab", buffering=0) if "log" in scenario else None  # noqa: SIM115
     while True:
         raw_line = sys.stdin.buffer.readline()

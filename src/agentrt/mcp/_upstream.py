@@ -1,0 +1,120 @@
+"""`Upstream`: one loaded server's session, shared by its tools, started again after it died.
+
+A server that exited or was killed is started again on the next call to any
+of its tools, its tools are listed again and held to their pins exactly as
+`load` held them: a tool whose description, schema or annotations changed is
+refused until the operator pins it again, while the others keep working.
+The operator is told each time, in one line.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Final
+
+import anyio
+
+from ..sanitize import sanitize
+from ._connection import Connection, RawTool
+from ._server import Server
+
+__all__ = ["Recheck", "RestartFailed", "Upstream", "stderr_line"]
+
+Recheck = Callable[[list[RawTool]], dict[str, str]]
+"""Given a new listing, the refusal reason of each loaded tool that no longer passes load."""
+
+# Left of the caller's deadline for the call itself when a restart ends.
+_DEADLINE_MARGIN: Final = 0.05
+
+
+class RestartFailed(Exception):
+    """The server could not be started again; the call was not sent.  One sentence."""
+
+
+def stderr_line(line: str) -> None:
+    """The default operator notice: one line on this process's stderr."""
+    sys.stderr.write(f"agentrt: {line}\n")
+    sys.stderr.flush()
+
+
+class Upstream:
+    """A loaded server's connection, restarted before a call when the server is gone.
+
+    `refusal(tool)` says why a loaded tool may not be called since the last
+    restart ("" when it may).  `log` receives one line per restart or failed
+    restart, already escaped.
+    """
+
+    def __init__(self, server: Server, connection: Connection, log: Callable[[str], None]) -> None:
+        self.server = server
+        self.connection = connection
+        self.recheck: Recheck | None = None
+        self._log = log
+        self._refused: dict[str, str] = {}
+        self._checked = True  # the tools were held to their pins since the last start
+        self._lock = anyio.Lock()
+
+    def refusal(self, tool: str) -> str:
+        return self._refused.get(tool, "")
+
+    async def ready(self) -> None:
+        """Return once the session can take a request, restarting the server if it died.
+
+        The restart is bounded by `server.connect_timeout` and ends before the
+        caller's own deadline, so a restart that cannot finish fails the call
+        as not sent instead of cutting it off.  Raises `RestartFailed`.
+        """
+        if self._why_restart() is None:
+            return
+        limit = self.server.connect_timeout
+        deadline = anyio.current_effective_deadline()
+        if deadline != float("inf"):
+            limit = max(0.0, min(limit, deadline - anyio.current_time() - _DEADLINE_MARGIN))
+        name = sanitize(self.server.name)
+        why: str | None = None
+        try:
+            with anyio.fail_after(limit):
+                async with self._lock:
+                    why = self._why_restart()
+                    if why is None:
+                        return  # another call restarted it while this one waited
+                    await self._restart(why)
+        except TimeoutError:
+            if why is not None:
+                self._log(f"{sanitize(why)}; starting it again took longer than {limit:g}s")
+            raise RestartFailed(
+                f'server "{name}" is down and was not started again within {limit:g}s'
+            ) from None
+
+    def _why_restart(self) -> str | None:
+        why = self.connection.needs_restart()
+        if why is None and not self._checked:
+            why = f'the tools of server "{sanitize(self.server.name)}" were not listed again'
+        return why
+
+    async def _restart(self, why: str) -> None:
+        name = sanitize(self.server.name)
+        self._checked = False
+        try:
+            await self.connection.restart()
+            listing = await self.connection.list_tools()
+            assert self.recheck is not None
+            self._refused = self.recheck(listing)
+            self._checked = True
+        except Exception as exc:
+            reason = sanitize(str(exc))
+            self._log(f"{sanitize(why)}; starting it again failed: {reason}")
+            raise RestartFailed(
+                f'server "{name}" is down and could not be started again: {reason}'
+            ) from None
+        line = f"{sanitize(why)}; started it again and listed its tools"
+        if self._refused:
+            refused = "; ".join(
+                f"refused {sanitize(tool)}: {sanitize(reason)}"
+                for tool, reason in sorted(self._refused.items())
+            )
+            line += f" ({refused})"
+        else:
+            line += " (every loaded tool still matches its pin)"
+        self._log(line)

@@ -1,0 +1,440 @@
+"""Conditions on a call's arguments: a rule's `"when"` list, compiled once, decided per call.
+
+A condition is a CEL expression (cel-python) over `args` (the call's
+canonical arguments), `tool` (the final name), `server` and `class` (the
+operator's side-effect class).  The first that holds decides; none holding
+leaves the decision to the rule or the class policy.  Everything here fails
+towards a person: an expression that does not compile refuses the
+configuration, one that cannot be evaluated (a missing field, a wrong type,
+a path that cannot be resolved, the time budget spent) decides
+`require_approval` and says why, never `allow`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import time
+import unicodedata
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+
+from ..canonical import canonical_json, sha256_hex
+from ..policy import ClassPolicy, Outcome
+from ..sanitize import sanitize
+from ..tools import SideEffect
+
+if TYPE_CHECKING:
+    from .config import UpstreamConfig
+
+__all__ = [
+    "EVALUATION_SECONDS",
+    "MAX_ARGUMENT_BYTES",
+    "MAX_CONDITIONS",
+    "MAX_EXPRESSION_CHARS",
+    "Condition",
+    "ConditionError",
+    "ConditionVerdict",
+    "ToolConditions",
+    "bytes_len",
+    "compile_when",
+    "conditions_by_tool",
+    "path_within",
+    "policy_id",
+]
+
+# Bounds on what one condition may cost.  CEL has no loops beyond its
+# macros over finite lists, but nested macros over a large list still take
+# as long as an attacker likes; so the expression and the arguments are
+# capped, and the evaluation runs in a worker thread under a deadline that a
+# trace hook enforces on every Python call the evaluator makes.
+MAX_EXPRESSION_CHARS: Final = 2000
+MAX_CONDITIONS: Final = 32
+MAX_ARGUMENT_BYTES: Final = 1024 * 1024
+EVALUATION_SECONDS: Final = 1.0
+_REASON_CHARS: Final = 200
+_CONDITION_FIELDS: Final = frozenset({"if", "outcome", "reason"})
+_OUTCOMES: Final = {
+    "allow": Outcome.ALLOW,
+    "require_approval": Outcome.REQUIRE_APPROVAL,
+    "deny": Outcome.DENY,
+}
+# CEL's int is 64-bit signed; a larger JSON integer is not silently wrapped.
+_INT64: Final = 2**63
+
+
+class ConditionError(ValueError):
+    """A `"when"` entry cannot be used; the message names the entry and, for CEL, the column."""
+
+
+class _Undecidable(Exception):
+    """A condition that cannot be evaluated for this call; the message says why."""
+
+
+class _OutOfTime(BaseException):
+    """The evaluation's deadline passed.  A BaseException, so that no `except Exception`
+    inside the evaluator can swallow it and carry on."""
+
+
+@contextlib.contextmanager
+def _deadline(deadline: float) -> Iterator[None]:
+    """Raise `_OutOfTime` in this thread at the first Python call after `deadline`."""
+    previous = sys.gettrace()
+
+    def on_call(frame: FrameType, event: str, argument: Any) -> None:
+        if event == "call" and time.monotonic() > deadline:
+            raise _OutOfTime
+        # No per-line tracing: one clock read per call keeps the cost small.
+        return None
+
+    sys.settrace(on_call)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
+
+
+def _celpy() -> Any:
+    try:
+        import celpy
+    except ImportError:
+        raise ConditionError(
+            'conditions ("when") need the cel-python package: install agentrt[conditions]'
+        ) from None
+    return celpy
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """One compiled `{"if", "outcome", "reason"}` entry."""
+
+    expression: str
+    outcome: Outcome
+    reason: str
+    program: Any = field(compare=False, repr=False)
+
+    def to_json(self) -> dict[str, str]:
+        return {"if": self.expression, "outcome": str(self.outcome), "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionVerdict:
+    """What a tool's conditions decided: the outcome, why, and whether it was an error."""
+
+    outcome: Outcome
+    reason: str
+    error: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ToolConditions:
+    """The conditions of one tool, with the names and class they are evaluated against."""
+
+    server: str
+    tool: str
+    side_effect: SideEffect
+    conditions: tuple[Condition, ...]
+
+    async def decide(self, arguments: Any) -> ConditionVerdict | None:
+        """The first condition that holds, an error verdict, or None when none holds."""
+        try:
+            # The thread stops itself at the deadline; this backstop is for time spent
+            # inside one C call (a regular expression), which the trace hook cannot cut.
+            with anyio.fail_after(EVALUATION_SECONDS * 2):
+                return await anyio.to_thread.run_sync(
+                    self.decide_now, arguments, abandon_on_cancel=True
+                )
+        except TimeoutError:
+            return self._undecidable(f"its conditions took longer than {EVALUATION_SECONDS:g}s")
+
+    def decide_now(self, arguments: Any) -> ConditionVerdict | None:
+        """`decide` in the calling thread, stopped once EVALUATION_SECONDS are spent."""
+        deadline = time.monotonic() + EVALUATION_SECONDS
+        try:
+            with _deadline(deadline):
+                return self._first_holding(arguments)
+        except _OutOfTime:
+            return self._undecidable(f"its conditions took longer than {EVALUATION_SECONDS:g}s")
+
+    def _first_holding(self, arguments: Any) -> ConditionVerdict | None:
+        try:
+            activation = self._activation(arguments)
+        except _Undecidable as exc:
+            return self._undecidable(str(exc))
+        for position, condition in enumerate(self.conditions):
+            try:
+                held = _holds(condition, activation)
+            except _Undecidable as exc:
+                return self._undecidable(f"when[{position}] could not be evaluated: {exc}")
+            if held:
+                reason = condition.reason or f"when[{position}] of {self.tool} holds"
+                return ConditionVerdict(condition.outcome, reason)
+        return None
+
+    def _activation(self, arguments: Any) -> dict[str, Any]:
+        if len(canonical_json(arguments).encode("utf-8")) > MAX_ARGUMENT_BYTES:
+            raise _Undecidable(
+                f"the arguments are larger than {MAX_ARGUMENT_BYTES} bytes, "
+                "more than conditions look at"
+            )
+        celtypes = _celpy().celtypes
+        return {
+            "args": _to_cel(arguments),
+            "tool": celtypes.StringType(self.tool),
+            "server": celtypes.StringType(self.server),
+            "class": celtypes.StringType(str(self.side_effect)),
+        }
+
+    def _undecidable(self, why: str) -> ConditionVerdict:
+        return ConditionVerdict(
+            Outcome.REQUIRE_APPROVAL,
+            f"a person decides: a condition of {sanitize(self.tool)} cannot decide: {why}",
+            error=True,
+        )
+
+
+def _holds(condition: Condition, activation: dict[str, Any]) -> bool:
+    celpy = _celpy()
+    try:
+        value = condition.program.evaluate(activation)
+    except celpy.CELEvalError as exc:
+        raise _Undecidable(_short(exc)) from None
+    except (ValueError, TypeError, KeyError, ArithmeticError, RecursionError) as exc:
+        raise _Undecidable(_short(exc)) from None
+    if isinstance(value, celpy.CELEvalError):
+        raise _Undecidable(_short(value))
+    if not isinstance(value, celpy.celtypes.BoolType):
+        raise _Undecidable(f"it gave {type(value).__name__}, not true or false")
+    return bool(value)
+
+
+def _short(exc: BaseException) -> str:
+    """The first line of an error, bounded: cel-python's messages quote its whole activation."""
+    text = str(exc.args[0]) if exc.args else type(exc).__name__
+    for marker in (" (in activation", "\n"):
+        text = text.split(marker, 1)[0]
+    if len(text) > _REASON_CHARS:
+        text = text[:_REASON_CHARS] + "…"
+    return sanitize(text)
+
+
+def _to_cel(value: Any) -> Any:
+    """A parsed JSON value as CEL values: an integer literal is `int`, a fraction `double`."""
+    celtypes = _celpy().celtypes
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return celtypes.BoolType(value)
+    if isinstance(value, int):
+        if not -_INT64 <= value < _INT64:
+            raise _Undecidable(f"the integer {value} is outside CEL's 64-bit int")
+        return celtypes.IntType(value)
+    if isinstance(value, (Decimal, float)):
+        number = float(value)
+        if not math.isfinite(number):
+            raise _Undecidable("a number in the arguments is not finite as a double")
+        return celtypes.DoubleType(number)
+    if isinstance(value, str):
+        return celtypes.StringType(value)
+    if isinstance(value, list):
+        return celtypes.ListType([_to_cel(item) for item in value])
+    if isinstance(value, dict):
+        return celtypes.MapType(
+            {celtypes.StringType(key): _to_cel(item) for key, item in value.items()}
+        )
+    raise _Undecidable(f"a {type(value).__name__} in the arguments is not JSON")
+
+
+# -- helpers a condition may call -------------------------------------------
+
+
+def _resolve(path: str) -> str:
+    """The real path a server opening `path` would reach, or `_Undecidable`.
+
+    A server may resolve `..` by text before following links (the stock
+    filesystem server does) or after (the kernel does); where the two reach
+    different places, which one the server takes cannot be known here.
+    """
+    resolved = _resolve_strictly(path)
+    if ".." in path.split(os.sep) and _resolve_strictly(os.path.normpath(path)) != resolved:
+        raise _Undecidable(
+            f"{sanitize(repr(path))} climbs with '..' out of a symbolic link, which servers "
+            "resolve to different places"
+        )
+    return resolved
+
+
+def _resolve_strictly(path: str) -> str:
+    """The real path the kernel reaches opening `path`, or `_Undecidable`.
+
+    The longest existing prefix is resolved through its symbolic links
+    strictly (a loop or a dangling link cannot be resolved safely: the server
+    would follow it somewhere this check cannot see); what does not exist yet
+    is appended, and may not climb with `..`.
+    """
+    if not path or "\x00" in path:
+        raise _Undecidable("the path is empty or holds a NUL")
+    if not os.path.isabs(path):
+        raise _Undecidable(
+            f"{sanitize(repr(path))} is relative, and what it names depends on the server's "
+            "working directory"
+        )
+    existing, missing = path, list[str]()
+    while not os.path.lexists(existing):
+        existing, tail = os.path.split(existing)
+        if tail:
+            missing.insert(0, tail)
+        if existing == os.path.dirname(existing):
+            break
+    if ".." in missing:
+        raise _Undecidable(f"{sanitize(repr(path))} climbs with '..' through a missing directory")
+    try:
+        real = os.path.realpath(existing, strict=True)
+    except OSError as exc:
+        raise _Undecidable(f"{sanitize(repr(path))} cannot be resolved: {exc.strerror}") from None
+    if missing:
+        _refuse_unicode_twin(real, missing[0], path)
+    return os.path.join(real, *missing) if missing else real
+
+
+def _refuse_unicode_twin(directory: str, name: str, path: str) -> None:
+    """Refuse a missing `name` that an entry of `directory` equals in Unicode NFC form.
+
+    A server may open that entry for it (the stock filesystem server does,
+    for a path that does not exist), and the entry may be a link elsewhere.
+    """
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return  # not a directory: nothing can be opened under it
+    wanted = unicodedata.normalize("NFC", name)
+    if any(entry != name and unicodedata.normalize("NFC", entry) == wanted for entry in entries):
+        raise _Undecidable(
+            f"{sanitize(repr(path))} names a missing entry that an existing one equals in "
+            "another Unicode form, which a server may open instead"
+        )
+
+
+def path_within(path: Any, root: Any) -> Any:
+    """CEL `path_within(path, root)`: `path`, resolved as the server will open it, is `root`
+    or lies under it (both through their symbolic links, at the time of the call)."""
+    celtypes = _celpy().celtypes
+    if not isinstance(path, str) or not isinstance(root, str):
+        raise _Undecidable("path_within takes two strings")
+    real_path = _resolve(str(path))
+    real_root = _resolve(str(root))
+    inside = real_path == real_root or real_path.startswith(real_root.rstrip(os.sep) + os.sep)
+    return celtypes.BoolType(inside)
+
+
+def bytes_len(text: Any) -> Any:
+    """CEL `bytes_len(s)`: the size of a string in UTF-8 bytes (`size(s)` counts code points)."""
+    celtypes = _celpy().celtypes
+    if isinstance(text, bytes):
+        return celtypes.IntType(len(text))
+    if not isinstance(text, str):
+        raise _Undecidable("bytes_len takes a string")
+    return celtypes.IntType(len(str(text).encode("utf-8", "surrogatepass")))
+
+
+_FUNCTIONS: Final = {"path_within": path_within, "bytes_len": bytes_len}
+
+
+# -- compiling ---------------------------------------------------------------
+
+
+def compile_when(raw: Any, where: str) -> tuple[Condition, ...]:
+    """Check and compile a rule's `"when"` list; `ConditionError` names the entry and column."""
+    if not isinstance(raw, list):
+        raise ConditionError(f'{where}: "when" must be a list of conditions')
+    if len(raw) > MAX_CONDITIONS:
+        raise ConditionError(f'{where}: "when" has more than {MAX_CONDITIONS} conditions')
+    return tuple(
+        _compile_one(entry, f'{where}: "when"[{index}]') for index, entry in enumerate(raw)
+    )
+
+
+def _compile_one(entry: Any, where: str) -> Condition:
+    if not isinstance(entry, dict):
+        raise ConditionError(f"{where} must be an object with if, outcome and reason")
+    for name in entry:
+        if name not in _CONDITION_FIELDS:
+            raise ConditionError(f'{where} has the unknown field "{sanitize(name)}"')
+    expression = entry.get("if")
+    if not isinstance(expression, str) or not expression.strip():
+        raise ConditionError(f'{where}: "if" must be a non-empty CEL expression')
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise ConditionError(f'{where}: "if" is longer than {MAX_EXPRESSION_CHARS} characters')
+    outcome = entry.get("outcome")
+    if outcome not in _OUTCOMES:
+        raise ConditionError(f'{where}: "outcome" must be allow, require_approval or deny')
+    reason = entry.get("reason", "")
+    if not isinstance(reason, str):
+        raise ConditionError(f'{where}: "reason" must be a string')
+    celpy = _celpy()
+    environment = celpy.Environment()
+    try:
+        tree = environment.compile(expression)
+    except celpy.CELParseError as exc:
+        line = getattr(exc, "line", None)
+        column = getattr(exc, "column", None)
+        at = f"line {line} column {column}" if line not in (None, 1) else f"column {column}"
+        raise ConditionError(
+            f'{where}: "if" does not compile at {at}: {sanitize(expression)}'
+        ) from None
+    except (RecursionError, ValueError) as exc:
+        raise ConditionError(f'{where}: "if" does not compile: {_short(exc)}') from None
+    program = environment.program(tree, functions=dict(_FUNCTIONS))
+    return Condition(expression, _OUTCOMES[outcome], reason, program)
+
+
+# -- the proxy's table of conditions, and its identity ------------------------
+
+
+def conditions_by_tool(servers: Sequence[UpstreamConfig]) -> dict[str, ToolConditions]:
+    """Each tool's conditions keyed by its final name (the name the host calls it by)."""
+    table: dict[str, ToolConditions] = {}
+    for upstream in servers:
+        for tool, conditions in upstream.conditions.items():
+            rule = upstream.rules[tool]
+            # The final name as `load` gives it: the rename, else `<server>_<tool>`.
+            name = rule.rename if rule.rename is not None else f"{upstream.server.name}_{tool}"
+            table[name] = ToolConditions(upstream.server.name, name, rule.side_effect, conditions)
+    return table
+
+
+def policy_id(policy: ClassPolicy, servers: Sequence[UpstreamConfig]) -> str:
+    """SHA-256 of the canonical JSON of the class policy, every rule and its conditions."""
+    rules: dict[str, Any] = {}
+    for upstream in servers:
+        server_rules: dict[str, Any] = {}
+        for tool, rule in upstream.rules.items():
+            server_rules[tool] = {
+                "side_effect": str(rule.side_effect),
+                "timeout": rule.timeout,
+                "terminal": rule.terminal,
+                "description": rule.description,
+                "deny": list(rule.deny),
+                "fixed": dict(rule.fixed),
+                "rename": rule.rename,
+                "allow_hint_mismatch": rule.allow_hint_mismatch,
+                "when": [condition.to_json() for condition in upstream.conditions.get(tool, ())],
+            }
+            extra = upstream.tool_rules.get(tool)
+            if extra is not None and extra.outcome is not None:
+                # Only when set, so a policy without per-tool outcomes keeps its identity.
+                server_rules[tool]["outcome"] = str(extra.outcome)
+        rules[upstream.server.name] = server_rules
+    outcomes: Mapping[SideEffect, Outcome] = policy.outcomes
+    document = {
+        "policy": {str(side_effect): str(outcome) for side_effect, outcome in outcomes.items()},
+        "rules": rules,
+    }
+    return sha256_hex(canonical_json(document).encode("utf-8"))

@@ -1,0 +1,318 @@
+"""Group commit: concurrent `Store.write` units share one transaction, each in its own
+savepoint, and nobody is answered before the COMMIT that holds their unit returned."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from agentrt import (
+    Decision,
+    Gate,
+    PolicyDecision,
+    RunView,
+    SideEffect,
+    ToolRequest,
+    open_store,
+)
+from agentrt.store import Store
+
+from .helpers import RecordingTool
+
+
+class _Refused(Exception):
+    pass
+
+
+def _note(connection: sqlite3.Connection, store: Store, name: str, fail: bool = False) -> int:
+    """A unit that writes a row and an event, and raises after writing them if told to."""
+    connection.execute(
+        "INSERT INTO extensions (name, version) VALUES (?, 1)", (name,)
+    )  # any small table of the schema will do
+    event = store.append_event(connection, name, "note", {"name": name})
+    if fail:
+        raise _Refused(f"{name} refused after writing")
+    return event.seq
+
+
+async def _hold_the_writer(store: Store, release: threading.Event) -> None:
+    """Keep the writer busy in a unit until `release` is set, so later writes queue up."""
+
+    def wait(connection: sqlite3.Connection) -> None:
+        if not release.wait(timeout=30):
+            raise TimeoutError("the test never released the writer")
+
+    await store.write(wait)
+
+
+@pytest.mark.anyio
+async def test_a_failing_write_in_a_batch_rolls_back_only_its_own(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "runs.db")
+    release = threading.Event()
+    outcomes: dict[str, Any] = {}
+
+    async def write(name: str, fail: bool) -> None:
+        try:
+            outcomes[name] = await store.write(_note, store, name, fail)
+        except _Refused as exc:
+            outcomes[name] = exc
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(_hold_the_writer, store, release)
+        await anyio.sleep(0.2)  # the writer is inside the holding unit now
+        commits_before = store.commits
+        for name, fail in (("a", False), ("b", True), ("c", False), ("d", True), ("e", False)):
+            group.start_soon(write, name, fail)
+        await anyio.sleep(0.2)  # all five are queued behind it
+        release.set()
+    # The holder's batch, then one batch (one COMMIT) for all five.
+    assert store.commits - commits_before == 2
+    assert isinstance(outcomes["b"], _Refused) and isinstance(outcomes["d"], _Refused)
+    names = {row[0] for row in store._query("SELECT name FROM extensions")}
+    assert {"a", "c", "e"} <= names and not names & {"b", "d"}
+    events = store.events_after(0)
+    assert [event.run_id for event in events] == ["a", "c", "e"]
+    # The chain has no gap where the rolled-back units' events were, and each
+    # caller was told the seq its event really has.
+    assert [outcomes[name] for name in "ace"] == [event.seq for event in events]
+    assert store.verify_chain().ok
+    assert store.check_anchor().ok and store.check_anchor().anchor_seq == events[-1].seq
+    # What the writer handed to observers is what committed, nothing rolled back.
+    assert [event.run_id for event in store.take_committed_events()] == ["a", "c", "e"]
+    store.close()
+    reopened = open_store(tmp_path / "runs.db")
+    assert reopened.verify_chain().ok and reopened.verify_state().ok
+    reopened.close()
+
+
+class _SlowCommit:
+    """The store's connection with a COMMIT that takes `delay` seconds, noting when it returned."""
+
+    def __init__(self, connection: sqlite3.Connection, delay: float) -> None:
+        self._connection = connection
+        self.delay = delay
+        self.commit_returned: list[float] = []
+
+    def execute(self, sql: str, parameters: Any = ()) -> sqlite3.Cursor:
+        if sql == "COMMIT":
+            time.sleep(self.delay)
+            cursor = self._connection.execute(sql, parameters)
+            self.commit_returned.append(time.monotonic())
+            return cursor
+        return self._connection.execute(sql, parameters)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._connection.in_transaction
+
+    def close(self) -> None:
+        self._connection.close()
+
+
+@pytest.mark.anyio
+async def test_a_caller_is_answered_only_after_its_commit_returned(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    store = open_store(db)
+    slow = _SlowCommit(store._connection, delay=0.4)
+    store._connection = slow  # type: ignore[assignment]
+    answered: dict[str, float] = {}
+    seen_on_disk: dict[str, bool] = {}
+
+    async def write(name: str) -> None:
+        await store.write(_note, store, name)
+        answered[name] = time.monotonic()
+        # Another connection, as another process would: the answer is never
+        # ahead of what the database holds.
+        other = sqlite3.connect(db)
+        try:
+            row = other.execute("SELECT 1 FROM extensions WHERE name = ?", (name,)).fetchone()
+        finally:
+            other.close()
+        seen_on_disk[name] = row is not None
+
+    async with anyio.create_task_group() as group:
+        for index in range(12):
+            group.start_soon(write, f"w{index}")
+            await anyio.sleep(0.05)  # they arrive while earlier commits are in flight
+    assert all(seen_on_disk.values()) and len(seen_on_disk) == 12
+    for name, when in answered.items():
+        # Each answer came after some COMMIT returned, and its row is durable.
+        assert any(returned <= when for returned in slow.commit_returned), name
+    # Twelve writers over ~0.6 s of arrivals shared a handful of slow commits.
+    assert len(slow.commit_returned) <= 4
+    assert store.verify_chain().ok
+
+
+_CRASH_CHILD = textwrap.dedent(
+    """
+    import sys, anyio
+    from agentrt import Decision, Gate, Limits, SideEffect, ToolResult, ToolSpec, open_store
+
+    class Note:
+        spec = ToolSpec("note", "Note it.", {"type": "object"}, SideEffect.READ_ONLY, 5.0)
+        async def call(self, call):
+            return ToolResult('"ok"')
+
+    async def worker(gate, index):
+        run_id = f"run{index}"
+        await gate.start("crash", run_id=run_id)
+        print(f"started {run_id}", flush=True)
+        step = 0
+        while True:
+            step += 1
+            await gate.step(run_id, Decision.tool_call("note", "{}"))
+            print(f"step {run_id} {step}", flush=True)
+
+    async def main():
+        gate = Gate(open_store(sys.argv[1]), [Note()], limits=Limits(max_steps=10**6,
+                    loop_window=0))
+        async with anyio.create_task_group() as group:
+            for index in range(int(sys.argv[2])):
+                group.start_soon(worker, gate, index)
+
+    anyio.run(main)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_crash_mid_batch_keeps_every_acknowledged_write_and_nothing_half_written(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "runs.db"
+    writers = 32
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CRASH_CHILD, str(db), str(writers)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdout is not None
+    acknowledged: list[str] = []
+    try:
+        # Kill it while it is committing batches as fast as it can (every
+        # writer has at least a few steps acknowledged by then).
+        while len(acknowledged) < writers * 6:
+            line = child.stdout.readline().decode()
+            assert line, child.stderr.read().decode() if child.stderr else "the child exited"
+            acknowledged.append(line.strip())
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+    # Whatever reached the pipe before the kill was acknowledged too.
+    acknowledged += [line.strip() for line in child.stdout.read().decode().splitlines()]
+    assert child.returncode == -signal.SIGKILL
+
+    store = open_store(db)  # the anchor check passes: nothing committed was lost
+    try:
+        assert store.verify_chain().ok
+        assert store.verify_state().ok
+        runs = {run.run_id: run for run in store.list_runs(limit=1000)}
+        for line in acknowledged:
+            kind, run_id, *rest = line.split()
+            assert run_id in runs, f"acknowledged {line!r} is not in the database"
+            if kind == "step":
+                step = store.get_step(run_id, int(rest[0]))
+                assert step is not None and step.status == "succeeded", line
+        for run_id, run in runs.items():
+            steps = store.list_steps(run_id, limit=100_000)
+            events = store.list_events(run_id, limit=100_000)
+            types = [event.type for event in events]
+            # Rows and events agree step by step: no commit is half in the file.
+            assert run.step_count == len(steps) == types.count("step_recorded")
+            assert [s.step for s in steps] == list(range(1, len(steps) + 1))
+            finished = [s for s in steps if s.status == "succeeded"]
+            assert len(finished) == types.count("tool_finished")
+            # Only the last step may be between its two commits (`executing`).
+            assert all(s.status == "succeeded" for s in steps[:-1]), run_id
+            assert types.count("tool_started") == len(steps)
+    finally:
+        store.close()
+
+
+@pytest.mark.anyio
+async def test_the_anchor_rewritten_in_place_follows_a_file_put_over_it(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    store = open_store(db)
+    first = await store.write(_note, store, "one")
+    anchor = Path(f"{db}.anchor")
+    assert json.loads(anchor.read_text())["seq"] == first
+    # Another build (or `write_anchor`) replaces the file by a rename: the store's
+    # open descriptor now names a file nobody reads, and must not be written blind.
+    replacement = tmp_path / "replacement"
+    replacement.write_text(json.dumps({"seq": 0, "hash": "0" * 64}))
+    replacement.chmod(0o600)
+    os.replace(replacement, anchor)
+    second = await store.write(_note, store, "two")
+    assert json.loads(anchor.read_text()) == {"seq": second, "hash": store.head()[1]}
+    store.close()
+    reopened = open_store(db)
+    assert reopened.check_anchor().ok
+    reopened.close()
+
+
+@pytest.mark.anyio
+async def test_a_failing_write_alone_in_its_batch_leaves_nothing(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "runs.db")
+    kept = await store.write(_note, store, "kept")
+    with pytest.raises(_Refused):
+        await store.write(_note, store, "refused", True)
+    after = await store.write(_note, store, "after")
+    names = {row[0] for row in store._query("SELECT name FROM extensions")}
+    assert "refused" not in names and {"kept", "after"} <= names
+    assert after == kept + 1 and store.verify_chain().ok
+    store.close()
+
+
+class _SeeingPolicy:
+    """Allows everything, noting the step count of the run view it was shown."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    async def evaluate(self, request: ToolRequest, run: RunView) -> PolicyDecision:
+        self.seen.append(run.step_count)
+        return PolicyDecision.allow()
+
+
+@pytest.mark.anyio
+async def test_a_step_on_a_run_another_gate_moved_is_decided_again_on_the_fresh_run(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "runs.db"
+    read = RecordingTool("read", SideEffect.READ_ONLY)
+    seen_first, seen_second = _SeeingPolicy(), _SeeingPolicy()
+    first = Gate(open_store(db), [read], policy=seen_first, lease_ttl=0.3)
+    second = Gate(open_store(db), [read], policy=seen_second, lease_ttl=0.3)
+    run_id = await first.start("moved")
+    await first.step(run_id, Decision.tool_call("read", '{"path": "a"}'))
+    await anyio.sleep(0.5)  # the first gate's lease lapses
+    await second.step(run_id, Decision.tool_call("read", '{"path": "b"}'))
+    await anyio.sleep(0.5)
+    # The first gate remembers the run at step 1; it is at step 2 now.
+    outcome = await first.step(run_id, Decision.tool_call("read", '{"path": "c"}'))
+    assert outcome.observation is not None and outcome.observation.step == 3
+    # Its policy was asked again with the run as it is, and the stale decision
+    # left nothing behind.
+    assert seen_first.seen == [0, 1, 2] and seen_second.seen == [1]
+    steps = first.store.list_steps(run_id)
+    assert [(s.step, s.args, s.status) for s in steps] == [
+        (1, '{"path": "a"}', "succeeded"),
+        (2, '{"path": "b"}', "succeeded"),
+        (3, '{"path": "c"}', "succeeded"),
+    ]
+    assert first.store.verify_chain().ok and first.store.verify_state().ok
+    first.store.close()
+    second.store.close()

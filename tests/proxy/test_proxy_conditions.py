@@ -1,0 +1,444 @@
+"""Conditions in a rule ("when"), through a real `agentrt proxy` in front of the stock
+filesystem server, and `agentrt recheck` over what it recorded."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proxy_helpers import AGENTRT, FILESYSTEM_SERVER, ProxySetup, host, text_of, write_private
+
+from agentrt.mcp import Server, pin
+from agentrt.proxy._calls import proxy_policy
+from agentrt.proxy.config import load_config
+from agentrt.store import open_store
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+
+def _write_rule(when: list[dict[str, Any]] | None) -> dict[str, Any]:
+    rule: dict[str, Any] = {"side_effect": "local_mutation", "allow_hint_mismatch": True}
+    if when is not None:
+        rule["when"] = when
+    return {"read_text_file": {"side_effect": "read_only"}, "write_file": rule}
+
+
+async def _filesystem(
+    root: Path, when: list[dict[str, Any]] | None, local_mutation: str = "require_approval"
+) -> tuple[ProxySetup, Path]:
+    sandbox = (root / "sandbox").resolve()
+    sandbox.mkdir()
+    conf = root / "conf"
+    command = ["node", str(FILESYSTEM_SERVER), str(sandbox)]
+    manifest = await pin(Server(name="fs", command=command, connect_timeout=30.0))
+    write_private(conf / "fs.manifest.json", manifest.to_json())
+    document: dict[str, Any] = {
+        "database": "proxy.db",
+        "session": "fs-session",
+        "hold": "300ms",
+        "policy": {"read_only": "allow", "local_mutation": local_mutation},
+        "servers": [
+            {
+                "name": "fs",
+                "command": command,
+                "default_timeout": "10s",
+                "manifest": "fs.manifest.json",
+                "rules": _write_rule(when),
+            }
+        ],
+    }
+    config_path = write_private(conf / "proxy.json", json.dumps(document))
+    setup = ProxySetup(
+        root=root, config_path=config_path, database=conf / "proxy.db",
+        upstream_log=root / "none.log", stderr_path=root / "proxy.stderr", document=document,
+    )  # fmt: skip
+    return setup, sandbox
+
+
+def _keep_conditions(setup: ProxySetup, when: list[dict[str, Any]]) -> None:
+    setup.document["servers"][0]["rules"] = _write_rule(when)
+    setup.rewrite()
+
+
+def _files_of(directory: Path) -> dict[str, str]:
+    """Every file's digest, but SQLite's shared-memory index (a read-only reader of a WAL
+    database may create it); a write-ahead log, if present, must hold no frame."""
+    digests = {}
+    for path in sorted(directory.iterdir()):
+        if path.name.endswith("-shm"):
+            continue
+        if path.name.endswith("-wal"):
+            assert path.stat().st_size == 0, "something wrote to the write-ahead log"
+            continue
+        digests[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return digests
+
+
+def _agentrt(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(AGENTRT), *arguments], capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+async def test_a_condition_runs_notes_writes_and_holds_every_other_write(tmp_path: Path) -> None:
+    sandbox_notes = str((tmp_path / "sandbox" / "notes").resolve())
+    when = [
+        {"if": "size(args.content) > 64", "outcome": "deny", "reason": "notes are short"},
+        {"if": f"path_within(args.path, '{sandbox_notes}')", "outcome": "allow",
+         "reason": "the notes folder"},
+    ]  # fmt: skip
+    setup, sandbox = await _filesystem(tmp_path, when)
+    notes = sandbox / "notes"
+    notes.mkdir()
+    (sandbox / "elsewhere").mkdir()
+    (notes / "link").symlink_to(sandbox / "elsewhere")
+    async with host(setup) as session:
+        into_notes = await session.call_tool(
+            "fs_write_file", {"path": str(notes / "a.txt"), "content": "one"}
+        )
+        beside = await session.call_tool(
+            "fs_write_file", {"path": str(sandbox / "b.txt"), "content": "two"}
+        )
+        climbing = await session.call_tool(
+            "fs_write_file", {"path": f"{notes}/../c.txt", "content": "three"}
+        )
+        through_link = await session.call_tool(
+            "fs_write_file", {"path": str(notes / "link" / "d.txt"), "content": "four"}
+        )
+        too_long = await session.call_tool(
+            "fs_write_file", {"path": str(notes / "e.txt"), "content": "x" * 65}
+        )
+    assert into_notes.is_error is False, text_of(into_notes)
+    assert (notes / "a.txt").read_text() == "one"
+    for answer in (beside, climbing, through_link):
+        assert text_of(answer).startswith("PENDING_APPROVAL: ")
+    assert text_of(too_long).startswith("DENIED: ")
+    assert not (sandbox / "b.txt").exists()
+    assert not (sandbox / "c.txt").exists()
+    assert not (sandbox / "elsewhere" / "d.txt").exists()
+    assert not (notes / "e.txt").exists()
+
+    # Every decision names the policy that made it, and `agentrt show` prints it.
+    with open_store(setup.database, read_only=True, create=False) as store:
+        expected_id = proxy_policy(load_config(setup.config_path), store).id
+        runs = sorted(store.list_runs(limit=10), key=lambda run: run.created_at)
+        decided = [
+            event.payload
+            for run in runs
+            for event in store.list_events(run.run_id)
+            if event.type == "policy_decided"
+        ]
+    assert expected_id is not None and len(expected_id) == 64
+    assert [payload["policy_id"] for payload in decided] == [expected_id] * 5
+    assert [payload["outcome"] for payload in decided] == [
+        "allow", "require_approval", "require_approval", "require_approval", "deny",
+    ]  # fmt: skip
+    shown = _agentrt("--db", str(setup.database), "show", runs[0].run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert f"policy {expected_id} decided step 1" in shown.stdout
+
+    # With the notes condition removed, recheck names exactly the write that ran (the
+    # others waited or were denied, as they still would be), and writes nothing.
+    _keep_conditions(setup, when[:1])
+    before = _files_of(setup.database.parent)
+    rechecked = _agentrt("recheck", "--config", str(setup.config_path), "--json")
+    assert rechecked.returncode == 0, rechecked.stderr
+    records = [json.loads(line) for line in rechecked.stdout.splitlines()]
+    differences = [record for record in records if record["record"] == "difference"]
+    assert len(differences) == 1
+    assert differences[0]["run_id"] == runs[0].run_id
+    assert json.loads(differences[0]["args"])["path"] == str(notes / "a.txt")
+    assert (differences[0]["was"], differences[0]["would"]) == ("allow", "require_approval")
+    assert differences[0]["was_policy_id"] == expected_id
+    assert differences[0]["would_policy_id"] not in (None, expected_id)
+    assert records[-1] == {
+        "record": "recheck", "checked": 5, "skipped": 0, "differ": 1,
+        "policy_id": differences[0]["would_policy_id"],
+    }  # fmt: skip
+    assert _files_of(setup.database.parent) == before
+
+
+@pytest.mark.slow
+async def test_a_condition_that_cannot_be_evaluated_waits_for_a_person(tmp_path: Path) -> None:
+    # The class policy would allow the write; the condition fails, and a person decides.
+    when = [{"if": "args.missing == 'x'", "outcome": "allow", "reason": "never reached"}]
+    setup, sandbox = await _filesystem(tmp_path, when, local_mutation="allow")
+    async with host(setup) as session:
+        answer = await session.call_tool(
+            "fs_write_file", {"path": str(sandbox / "a.txt"), "content": "one"}
+        )
+    assert text_of(answer).startswith("PENDING_APPROVAL: ")
+    assert not (sandbox / "a.txt").exists()
+    with open_store(setup.database, read_only=True, create=False) as store:
+        run = store.list_runs(limit=1)[0]
+        reasons = [
+            event.payload["reason"]
+            for event in store.list_events(run.run_id)
+            if event.type == "policy_decided"
+        ]
+    assert len(reasons) == 1
+    assert "cannot decide" in reasons[0] and "missing" in reasons[0]
+
+
+async def test_a_broken_expression_refuses_the_load(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    rules = _write_rule([{"if": "path_within(args.path, '/srv'", "outcome": "allow"}])
+    document = {
+        "database": "proxy.db",
+        "session": "s",
+        "servers": [
+            {
+                "name": "fs",
+                "command": ["node", str(FILESYSTEM_SERVER), str(tmp_path / "data")],
+                "manifest": "fs.manifest.json",
+                "rules": rules,
+            }
+        ],
+    }
+    config_path = write_private(conf / "proxy.json", json.dumps(document))
+    finished = subprocess.run(
+        [sys.executable, "-m", "agentrt.proxy", "--config", str(config_path)],
+        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert finished.returncode != 0
+    assert 'the rule for "write_file"' in finished.stderr
+    assert "does not compile at column 24" in finished.stderr
+    assert finished.stdout == ""
+    assert not (conf / "proxy.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("when", "problem"),
+    [
+        ([{"if": "true", "outcome": "allow", "because": "x"}], 'unknown field "because"'),
+        ([{"if": "true", "outcome": "maybe"}], '"outcome" must be allow'),
+        ([{"if": "x" * 2001, "outcome": "allow"}], "longer than 2000 characters"),
+        ({"if": "true"}, '"when" must be a list'),
+    ],
+)
+async def test_a_malformed_condition_refuses_the_configuration(
+    tmp_path: Path, when: Any, problem: str
+) -> None:
+    conf = tmp_path / "conf"
+    rules = _write_rule(None)
+    rules["write_file"]["when"] = when
+    document = {
+        "database": "proxy.db",
+        "session": "s",
+        "servers": [{"name": "fs", "command": ["true"], "manifest": "m.json", "rules": rules}],
+    }
+    config_path = write_private(conf / "proxy.json", json.dumps(document))
+    from agentrt.proxy.config import ConfigError
+
+    with pytest.raises(ConfigError, match="write_file") as refused:
+        load_config(config_path)
+    assert problem in str(refused.value)
+
+
+# -- the conditions themselves, without a proxy -----------------------------
+
+
+def _tool_conditions(expression: str, outcome: str = "allow") -> Any:
+    from agentrt.proxy._conditions import ToolConditions, compile_when
+    from agentrt.tools import SideEffect
+
+    conditions = compile_when([{"if": expression, "outcome": outcome}], "the rule for t")
+    return ToolConditions("fs", "fs_write_file", SideEffect.LOCAL_MUTATION, conditions)
+
+
+def test_path_within_follows_links_and_dot_dot_and_refuses_what_it_cannot_resolve(
+    tmp_path: Path,
+) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (tmp_path / "out").mkdir()
+    (notes / "out").symlink_to(tmp_path / "out")
+    (notes / "dangling").symlink_to(tmp_path / "nowhere")
+    (notes / "loop").symlink_to(notes / "loop")
+    within = _tool_conditions(f"path_within(args.path, '{notes}')")
+
+    def verdict(path: str) -> Any:
+        return within.decide_now({"path": path})
+
+    assert verdict(f"{notes}/new.txt").outcome == "allow"
+    assert verdict(str(notes)).outcome == "allow"
+    assert verdict(f"{notes}/../x.txt") is None
+    assert verdict(f"{notes}/out/x.txt") is None
+    assert verdict(f"{tmp_path}/notes-sibling/x.txt") is None
+    for unresolvable in (
+        "notes/x.txt",
+        f"{notes}/dangling",
+        f"{notes}/loop/x",
+        f"{notes}/missing/../../x.txt",
+    ):
+        undecided = verdict(unresolvable)
+        assert undecided is not None and undecided.error, unresolvable
+        assert undecided.outcome == "require_approval"
+
+
+def test_path_within_refuses_dot_dot_after_a_link_that_servers_resolve_differently(
+    tmp_path: Path,
+) -> None:
+    # The stock filesystem server resolves `..` by text first (`path.resolve`), the
+    # kernel after following the link: `out/link/../x` is `out/x` to the server and
+    # `notes/x` to the kernel.  A condition must not allow what the server writes outside.
+    notes = tmp_path / "notes"
+    (notes / "sub").mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "link").symlink_to(notes / "sub")
+    within = _tool_conditions(f"path_within(args.path, '{notes}')")
+
+    undecided = within.decide_now({"path": f"{tmp_path}/out/link/../x.txt"})
+    assert undecided is not None and undecided.error
+    assert undecided.outcome == "require_approval"
+    assert "'..'" in undecided.reason
+    # `..` that means the same place both ways still decides.
+    assert within.decide_now({"path": f"{notes}/sub/../x.txt"}).outcome == "allow"
+    assert within.decide_now({"path": f"{notes}/../x.txt"}) is None
+
+
+def test_path_within_refuses_a_new_name_the_server_matches_to_another_unicode_form(
+    tmp_path: Path,
+) -> None:
+    # For a path that does not exist, the stock filesystem server takes an existing entry
+    # whose NFC form is the same: `cafe\u0301` (NFD, missing) opens `caf\u00e9` (NFC), here a
+    # link out of the notes.  Seen as a new file, it would look inside.
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (tmp_path / "out").mkdir()
+    (notes / "caf\u00e9").symlink_to(tmp_path / "out")
+    within = _tool_conditions(f"path_within(args.path, '{notes}')")
+
+    undecided = within.decide_now({"path": f"{notes}/cafe\u0301/x.txt"})
+    assert undecided is not None and undecided.error
+    assert undecided.outcome == "require_approval"
+    assert "Unicode" in undecided.reason
+    assert within.decide_now({"path": f"{notes}/caf\u00e9/x.txt"}) is None
+    assert within.decide_now({"path": f"{notes}/th\u00e9/x.txt"}).outcome == "allow"
+
+
+def test_a_condition_is_stopped_at_its_time_budget_and_waits_for_a_person() -> None:
+    import time
+
+    slow = _tool_conditions("args.xs.all(a, args.xs.all(b, args.xs.all(c, a + b + c >= 0)))")
+    started = time.monotonic()
+    verdict = slow.decide_now({"xs": list(range(300))})
+    assert time.monotonic() - started < 5
+    assert verdict.error and verdict.outcome == "require_approval"
+    assert "took longer than 1s" in verdict.reason
+
+
+def test_numbers_are_cel_int_and_double_and_the_sizes_count_what_they_say() -> None:
+    from decimal import Decimal
+
+    fraction = _tool_conditions("args.n > 2 && args.n < 3").decide_now({"n": Decimal("2.5")})
+    assert (fraction.outcome, fraction.error) == ("allow", False)
+    integer = _tool_conditions("args.i == 3").decide_now({"i": 3})
+    assert (integer.outcome, integer.error) == ("allow", False)
+    mixed = _tool_conditions("args.i == 3.0").decide_now({"i": 3})
+    assert mixed.error and mixed.outcome == "require_approval"
+    huge = _tool_conditions("args.i > 0").decide_now({"i": 2**70})
+    assert huge.error and "64-bit" in huge.reason
+    sizes = "size(args.s) == 2 && bytes_len(args.s) == 4"
+    sized = _tool_conditions(sizes).decide_now({"s": "éé"})
+    assert (sized.outcome, sized.error) == ("allow", False)
+
+
+def test_a_condition_that_is_not_true_or_false_waits_for_a_person() -> None:
+    verdict = _tool_conditions("args.path").decide_now({"path": "/x"})
+    assert verdict.error and verdict.outcome == "require_approval"
+    assert "not true or false" in verdict.reason
+
+
+def test_a_missing_field_beside_a_true_or_decides_by_the_other_side_as_cel_says(
+    tmp_path: Path,
+) -> None:
+    # CEL's `||` is commutative over errors: `error || true` is true, `error || false`
+    # an error.  So a missing field waits only where the answer depends on it.
+    either = _tool_conditions("args.missing == 1 || args.n == 2")
+    assert either.decide_now({"n": 2}).outcome == "allow"
+    undecided = either.decide_now({"n": 3})
+    assert undecided.error and undecided.outcome == "require_approval"
+    # A helper that cannot decide is never absorbed: the whole condition waits.
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    helper = _tool_conditions(f"path_within(args.path, '{tmp_path}') || args.n == 2")
+    waits = helper.decide_now({"path": f"{tmp_path}/loop/x", "n": 2})
+    assert waits.error and waits.outcome == "require_approval"
+
+
+def test_a_rule_with_conditions_is_refused_where_nothing_evaluates_them() -> None:
+    from agentrt.mcp import FileRule
+
+    rule = FileRule(side_effect="local_mutation", when=[{"if": "true", "outcome": "allow"}])
+    with pytest.raises(ValueError, match="only agentrt proxy evaluates"):
+        rule.to_rule()
+    assert rule.to_rule(conditions_handled=True).side_effect == "local_mutation"
+
+
+def test_conditions_without_cel_python_refuse_the_load_naming_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentrt.proxy.config import ConfigError
+
+    # As if cel-python were not installed: importing it fails.
+    monkeypatch.setitem(sys.modules, "celpy", None)
+    rules = _write_rule([{"if": "true", "outcome": "allow"}])
+    document = {
+        "database": "proxy.db",
+        "session": "s",
+        "servers": [{"name": "fs", "command": ["true"], "manifest": "m.json", "rules": rules}],
+    }
+    config_path = write_private(tmp_path / "proxy.json", json.dumps(document))
+    with pytest.raises(ConfigError, match=r"agentrt\[conditions\]"):
+        load_config(config_path)
+    # A configuration without conditions never needs it.
+    document["servers"][0]["rules"] = _write_rule(None)
+    write_private(config_path, json.dumps(document))
+    assert load_config(config_path).servers[0].conditions == {}
+
+
+async def test_a_condition_that_cannot_decide_under_a_denying_class_denies(
+    tmp_path: Path,
+) -> None:
+    """Deny by default: the class denies, a condition allows notes; a path the
+    condition cannot resolve must be denied, not sent to a person to approve."""
+    from agentrt.policy import ClassPolicy, Outcome, RunView, ToolRequest
+    from agentrt.proxy._calls import ProxyPolicy
+    from agentrt.store import open_store
+    from agentrt.tools import SideEffect, ToolSpec
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    conditions = _tool_conditions(f"path_within(args.path, '{notes}')")
+    spec = ToolSpec(
+        name="fs_write_file",
+        description="write",
+        input_schema={"type": "object"},
+        side_effect=SideEffect.LOCAL_MUTATION,
+        timeout=5.0,
+    )
+    store = open_store(tmp_path / "runs.db")
+    run = RunView(run_id="s.1", goal="", step_count=0, consecutive_failures=0, metadata={})
+    for class_outcome, expected in (
+        (Outcome.DENY, Outcome.DENY),
+        (Outcome.REQUIRE_APPROVAL, Outcome.REQUIRE_APPROVAL),
+        (Outcome.ALLOW, Outcome.REQUIRE_APPROVAL),
+    ):
+        policy = ProxyPolicy(
+            ClassPolicy({SideEffect.LOCAL_MUTATION: class_outcome}),
+            store,
+            {"fs_write_file": conditions},
+        )
+        relative = ToolRequest(spec, '{"path":"x"}', {"path": "x"}, "s.1", 1)
+        decided = await policy.evaluate(relative, run)
+        assert decided.outcome is expected, (class_outcome, decided)
+        inside = ToolRequest(spec, "{}", {"path": str(notes / "a.txt")}, "s.1", 1)
+        assert (await policy.evaluate(inside, run)).outcome is Outcome.ALLOW
+    store.close()
