@@ -442,3 +442,41 @@ async def test_a_condition_that_cannot_decide_under_a_denying_class_denies(
         inside = ToolRequest(spec, "{}", {"path": str(notes / "a.txt")}, "s.1", 1)
         assert (await policy.evaluate(inside, run)).outcome is Outcome.ALLOW
     store.close()
+
+
+async def test_a_condition_that_cannot_decide_under_a_denying_rule_outcome_denies(
+    tmp_path: Path,
+) -> None:
+    """A rule's `outcome` stands in for the class: the class allows, the rule says
+    deny, so a condition that cannot decide denies, one that holds still decides,
+    and with no condition holding the rule's outcome (not the class) decides."""
+    from agentrt.policy import ClassPolicy, Outcome, RunView, ToolRequest
+    from agentrt.proxy._calls import ProxyPolicy
+    from agentrt.store import open_store
+    from agentrt.tools import SideEffect, ToolSpec
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    conditions = _tool_conditions(f"path_within(args.path, '{notes}')")
+    spec = ToolSpec(
+        name="fs_write_file",
+        description="write",
+        input_schema={"type": "object"},
+        side_effect=SideEffect.LOCAL_MUTATION,
+        timeout=5.0,
+    )
+    store = open_store(tmp_path / "runs.db")
+    run = RunView(run_id="s.1", goal="", step_count=0, consecutive_failures=0, metadata={})
+    policy = ProxyPolicy(
+        ClassPolicy({SideEffect.LOCAL_MUTATION: Outcome.ALLOW}),
+        store,
+        {"fs_write_file": conditions},
+        tool_outcomes={"fs_write_file": Outcome.DENY},
+    )
+    relative = ToolRequest(spec, '{"path":"x"}', {"path": "x"}, "s.1", 1)
+    assert (await policy.evaluate(relative, run)).outcome is Outcome.DENY
+    inside = ToolRequest(spec, "{}", {"path": str(notes / "a.txt")}, "s.1", 1)
+    assert (await policy.evaluate(inside, run)).outcome is Outcome.ALLOW
+    outside = ToolRequest(spec, "{}", {"path": str(tmp_path / "b.txt")}, "s.1", 1)
+    assert (await policy.evaluate(outside, run)).outcome is Outcome.DENY
+    store.close()
