@@ -1465,7 +1465,7 @@ def _check_header(path: Path) -> None:
             f"database {sanitize(str(path))} is an empty file, not an agentrt database; "
             "agentrt creates only a path that does not exist: remove it or choose another path"
         )
-    probe = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+    probe = sqlite3.connect(f"{Path(os.path.abspath(path)).as_uri()}?mode=ro", uri=True)
     try:
         probe.execute("PRAGMA schema_version").fetchone()
     except sqlite3.DatabaseError:

@@ -315,3 +315,12 @@ def test_a_second_store_in_one_process_keeps_the_first_ones_writes_visible(
     assert (tmp_path / "runs.db-wal").exists()
     second.close()
     first.close()
+
+
+def test_an_existing_database_opens_by_a_relative_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    open_store("runs.db").close()
+    with open_store("runs.db", create=False) as store:
+        assert store.head_seq() == 0

@@ -93,15 +93,20 @@ async def test_a_waiting_approval_appears_live_and_approve_lets_the_next_call_ru
         assert setup.approval(approval_id).approval_hash == shown_hash
         card.find_element(By.CSS_SELECTOR, 'input[name="note"]').send_keys("fine")
         card.find_element(By.CSS_SELECTOR, "button.approve").click()
+        # Found again by its approval id each time: a refresh may redraw the card.
+        decided_card = f'#waiting .approval[data-approval="{approval_id}"] [data-field="outcome"]'
+
+        def answered(driver: Any) -> str:
+            text = str(driver.find_element(By.CSS_SELECTOR, decided_card).text)
+            return "" if text in ("", "approving…") else text
+
         outcome = await in_thread(
             browser.wait_for,
-            lambda driver: (
-                "approved by" in card.find_element(By.CSS_SELECTOR, '[data-field="outcome"]').text
-            ),
+            answered,
             30.0,
-            "the page to say it was approved",
+            "the page to say it was decided",
         )
-        assert outcome
+        assert outcome.startswith(f"approved by {getpass.getuser()}; "), outcome
         browser.screenshot("inbox-approved.png")
 
         with open_store(setup.database, read_only=True, create=False) as store:
