@@ -196,8 +196,11 @@ async def test_loop_detection_ends_a_run_repeating_itself(db: Path) -> None:
 
 
 async def test_deadline_ends_the_run(db: Path) -> None:
-    read = RecordingTool("read", SideEffect.READ_ONLY, delay=0.3)
-    gate = Gate(open_store(db), [read], limits=Limits(deadline=0.2, loop_window=0))
+    # The deadline is wide enough for a slow machine to reach the first call
+    # (opening the store and committing the run take fsyncs), and the call
+    # outlasts it, so the run ends on the deadline after exactly one call.
+    read = RecordingTool("read", SideEffect.READ_ONLY, delay=1.5)
+    gate = Gate(open_store(db), [read], limits=Limits(deadline=1.0, loop_window=0))
     agent = ScriptAgent([Decision.tool_call("read", f'{{"path": "{i}"}}') for i in range(10)])
     result = await Driver(gate, agent).run("x")
     assert (result.status, result.reason) == (RunStatus.FAILED, "deadline")
