@@ -14,6 +14,7 @@ from __future__ import annotations
 import email.utils
 import ipaddress
 import math
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ __all__ = [
     "ProviderError",
     "bearer_key",
     "is_loopback_host",
+    "key_from_environment",
     "post_json",
     "retry_after_seconds",
 ]
@@ -100,6 +102,34 @@ class HTTPAnswer:
 
     value: Any
     request_bytes: int
+
+
+def key_from_environment(
+    api_key: str | None, base_url: str, *, default_url: str, variable: str
+) -> str | None:
+    """The key to send: `api_key`, else `variable` — but only for `default_url`.
+
+    A key read from the environment is meant for the provider's own endpoint,
+    so it is never handed to another URL by accident; the default endpoint
+    without a key is refused in one sentence before any request.
+    """
+    if api_key is not None or not _same_endpoint(base_url, default_url):
+        return api_key
+    key = os.environ.get(variable) or None
+    if key is None:
+        raise ProviderError(
+            f"{variable} is not set; the default endpoint {default_url} needs a key"
+        )
+    return key
+
+
+def _same_endpoint(base_url: str, default_url: str) -> bool:
+    try:
+        url = httpx2.URL(base_url)
+    except httpx2.InvalidURL:
+        return False
+    default = httpx2.URL(default_url)
+    return url.scheme == "https" and url.host == default.host and url.port in (None, 443)
 
 
 def is_loopback_host(host: str) -> bool:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
-
-import httpx2
 
 from ..accounting import Usage
 from ..agent import Decision, StepInput
@@ -29,6 +26,7 @@ from ._http import (
     Endpoint,
     HTTPClientFactory,
     ProviderError,
+    key_from_environment,
 )
 
 __all__ = ["ANTHROPIC_VERSION", "DEFAULT_ANTHROPIC_URL", "AnthropicAgent"]
@@ -37,16 +35,7 @@ DEFAULT_ANTHROPIC_URL: Final = "https://api.anthropic.com"
 ANTHROPIC_VERSION: Final = "2023-06-01"
 """The `anthropic-version` header every request carries."""
 
-_DEFAULT_HOST: Final = "api.anthropic.com"
 _KEY_VARIABLE: Final = "ANTHROPIC_API_KEY"
-
-
-def _is_default_host(base_url: str) -> bool:
-    try:
-        url = httpx2.URL(base_url)
-    except httpx2.InvalidURL:
-        return False
-    return url.scheme == "https" and url.host == _DEFAULT_HOST and url.port in (None, 443)
 
 
 def _messages_path(base_url: str) -> str:
@@ -95,13 +84,9 @@ class AnthropicAgent(ChatAgent):
     ) -> None:
         if not model:
             raise ProviderError("an Anthropic agent needs a model name, e.g. anthropic:NAME")
-        if api_key is None and _is_default_host(base_url):
-            api_key = os.environ.get(_KEY_VARIABLE) or None
-            if api_key is None:
-                raise ProviderError(
-                    f"{_KEY_VARIABLE} is not set; the default endpoint {DEFAULT_ANTHROPIC_URL}"
-                    " needs a key"
-                )
+        api_key = key_from_environment(
+            api_key, base_url, default_url=DEFAULT_ANTHROPIC_URL, variable=_KEY_VARIABLE
+        )
         super().__init__(
             model,
             Endpoint(base_url, api_key),

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
-
-import httpx2
 
 from ..accounting import Usage
 from ..agent import StepInput
@@ -28,21 +25,13 @@ from ._http import (
     Endpoint,
     HTTPClientFactory,
     ProviderError,
+    key_from_environment,
 )
 
 __all__ = ["DEFAULT_OPENAI_URL", "OpenAIAgent"]
 
 DEFAULT_OPENAI_URL: Final = "https://api.openai.com/v1"
-_DEFAULT_HOST: Final = "api.openai.com"
 _KEY_VARIABLE: Final = "OPENAI_API_KEY"
-
-
-def _is_default_host(base_url: str) -> bool:
-    try:
-        url = httpx2.URL(base_url)
-    except httpx2.InvalidURL:
-        return False
-    return url.scheme == "https" and url.host == _DEFAULT_HOST and url.port in (None, 443)
 
 
 class OpenAIAgent(ChatAgent):
@@ -76,13 +65,9 @@ class OpenAIAgent(ChatAgent):
     ) -> None:
         if not model:
             raise ProviderError("an OpenAI-compatible agent needs a model name, e.g. openai:NAME")
-        if api_key is None and _is_default_host(base_url):
-            api_key = os.environ.get(_KEY_VARIABLE) or None
-            if api_key is None:
-                raise ProviderError(
-                    f"{_KEY_VARIABLE} is not set; the default endpoint {DEFAULT_OPENAI_URL}"
-                    " needs a key"
-                )
+        api_key = key_from_environment(
+            api_key, base_url, default_url=DEFAULT_OPENAI_URL, variable=_KEY_VARIABLE
+        )
         super().__init__(
             model,
             Endpoint(base_url, api_key),
