@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 import agentrt.mcp
 from agentrt import SideEffect
+from agentrt.mcp import Server
 
 
 def test_the_public_api_exports_every_name_the_spec_fixes() -> None:
@@ -32,3 +35,14 @@ def test_side_effects_serialize_as_snake_case() -> None:
         "remote_mutation",
         "destructive",
     ]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("inherit_env", ["TOKEN\n"]), ("env", ["TOKEN\n=x"]), ("inherit_env", ["1TOKEN"])],
+)
+def test_a_variable_name_with_a_final_newline_or_a_leading_digit_is_refused(
+    field: str, value: list[str]
+) -> None:
+    with pytest.raises(ValueError, match="is not"):
+        Server(name="s", command=["true"], **{field: value})

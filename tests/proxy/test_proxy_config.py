@@ -96,6 +96,8 @@ def test_durations_are_go_style_strings(tmp_path: Path) -> None:
         ({"max_pending": True}, "max_pending"),
         ({"hold": 15}, "hold"),
         ({"servers": []}, "servers"),
+        ({"session": "desk-1\n"}, "session"),
+        ({"session": ""}, "session"),
     ],
 )
 def test_a_wrong_field_is_refused_naming_it(

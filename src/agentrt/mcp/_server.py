@@ -15,7 +15,7 @@ __all__ = ["DEFAULT_CONNECT_TIMEOUT", "DEFAULT_MAX_CONTENT_BYTES", "Server"]
 DEFAULT_CONNECT_TIMEOUT: Final = 30.0
 DEFAULT_MAX_CONTENT_BYTES: Final = 64 * 1024
 
-_VARIABLE_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_VARIABLE_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" allows a final newline
 
 
 @dataclass(frozen=True, slots=True)

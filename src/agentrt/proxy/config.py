@@ -75,7 +75,7 @@ DEFAULT_LEASE_TTL: Final = 30.0
 DEFAULT_SERVER_TIMEOUT: Final = 60.0
 """Seconds a call may take when neither its rule nor its server names a timeout."""
 
-SESSION_PATTERN: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SESSION_PATTERN: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")  # \Z: "$" allows a final newline
 
 _TOP_FIELDS: Final = frozenset(
     {
