@@ -359,3 +359,17 @@ def test_an_expired_approval_is_refused_and_its_run_cancelled(tmp_path, run_cli)
         run = store.get_run(produced.waiting_run)
     assert (run.status, run.reason) == (RunStatus.CANCELLED, "approval_expired")
     assert not (produced.sandbox / "done.txt").exists()
+
+
+def test_show_prints_a_waiting_write_as_numbered_lines_not_escapes(tmp_path, run_cli) -> None:
+    content_text = "".join(f"line {number} of forty\n" for number in range(1, 41))
+    produced = produce(tmp_path / "forty.db", tmp_path / "sandbox", long_content=content_text)
+    before = _state(produced)
+    result = run_cli("show", produced.waiting_run, database=produced.database)
+    assert result.exit_code == 0, result.output
+    assert "\\x0a" not in result.output
+    lines = result.output.splitlines()
+    for number in range(1, 41):
+        assert f"    {number:>2}  line {number} of forty" in lines
+    assert any(line.startswith("hash ") for line in lines)
+    assert _state(produced) == before  # showing decides nothing

@@ -27,13 +27,13 @@ from ..store import (
     Event,
     RunRecord,
     StepRecord,
-    epoch_to_iso,
 )
 from ..trace import event_json, format_event
 from ._app import CommandError, Settings, open_for_reading
 from ._output import bounded, flatten, value_field
+from ._review import epoch_text, review_lines
 
-__all__ = ["approval_fields", "approval_json", "events", "runs", "show", "verify"]
+__all__ = ["approval_json", "events", "runs", "show", "verify"]
 
 _HASH: Final = re.compile(r"^[0-9a-f]{64}$")
 _GOAL_WIDTH: Final = 60
@@ -44,15 +44,6 @@ def _short(text: str | None, width: int) -> str:
     if text is None:
         return "-"
     return bounded(text, head=width * 2 // 3, tail=width // 3)
-
-
-def _epoch(seconds: float) -> str:
-    """A time the store keeps as epoch seconds, shown as UTC ISO 8601 like its other times."""
-    try:
-        return epoch_to_iso(seconds)
-    except (OverflowError, OSError, ValueError):
-        # A value no clock can show (an edited row) is printed as stored.
-        return str(seconds)
 
 
 def _page_line(noun: str, offset: int, shown: int, total: int) -> str:
@@ -250,32 +241,11 @@ def _run_fields(run: RunRecord) -> list[tuple[str, str]]:
         ("failures in a row", str(run.consecutive_failures)),
     ]
     if run.lease_owner and run.lease_expires_at is not None:
-        pairs.append(("lease", f"{sanitize(run.lease_owner)} until {_epoch(run.lease_expires_at)}"))
+        pairs.append(
+            ("lease", f"{sanitize(run.lease_owner)} until {epoch_text(run.lease_expires_at)}")
+        )
     pairs.extend(flatten("metadata", run.metadata) if run.metadata else [])
     return pairs
-
-
-def approval_fields(approval: ApprovalRecord) -> list[tuple[str, str]]:
-    """The approval as the operator is shown it, one field a line.
-
-    Everything the hash covers is here (kind, capability, presentation, tool,
-    the exact arguments), each long string bounded head and tail with its size.
-    """
-    return [
-        ("approval", sanitize(approval.approval_id)),
-        ("run", sanitize(approval.run_id)),
-        ("step", str(approval.step)),
-        ("status", str(approval.status)),
-        ("tool", value_field(approval.tool)),
-        ("kind", value_field(approval.kind)),
-        *flatten("capability", approval.capability),
-        *flatten("presentation", approval.presentation),
-        ("arguments", value_field(approval.args)),
-        ("created", approval.created_at),
-        ("expires", "-" if approval.expires_at is None else _epoch(approval.expires_at)),
-        *_decided_fields(approval),
-        ("hash", approval.approval_hash),
-    ]
 
 
 def _decided_fields(approval: ApprovalRecord) -> list[tuple[str, str]]:
@@ -385,13 +355,16 @@ def show(settings: Settings, run_id: str, limit: int, offset: int) -> None:
     output.line()
     if approval.status is ApprovalStatus.PENDING:
         output.line("waiting for an approval:")
-        output.fields(approval_fields(approval))
+        for line in review_lines(approval):
+            output.line(line)
         output.line()
         for command in _decision_commands(settings, approval):
             output.line(f"  {command}")
     else:
         output.line("approved, waiting for its program to resume it:")
-        output.fields(approval_fields(approval))
+        for line in review_lines(approval):
+            output.line(line)
+        output.fields(_decided_fields(approval))
 
 
 def _policy_ids(events: list[Event]) -> dict[int, str]:
