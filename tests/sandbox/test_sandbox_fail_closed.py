@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 from sandbox_support import ESCAPER, SERVERS, alive, children_of, escaper, session
 
@@ -139,6 +140,12 @@ async def test_close_kills_the_sandboxed_server_and_what_it_started(tmp_path: Pa
     finally:
         await connection.aclose()
     assert not alive(bwrap)
+    # The processes inside die with the namespace's init, which the kernel
+    # signals when bwrap dies: asynchronously, so a loaded machine may take a
+    # moment to finish them.
+    deadline = time.monotonic() + 10
+    while [pid for pid in inside if alive(pid)] and time.monotonic() < deadline:
+        await anyio.sleep(0.05)
     assert not [pid for pid in inside if alive(pid)]
 
 
