@@ -169,7 +169,10 @@ async def test_active_time_limit_ends_the_run(tmp_path: Path, model_server: Any)
     result = await driver.run("Take notes.")
 
     assert (result.status, result.reason) == (RunStatus.FAILED, "active_time")
-    assert 2 <= len(model_server.requests) <= 4
+    # The limit ended it, not the script: at least one 0.4 s request fits in
+    # the second, and the fifth was never asked (on a loaded machine the
+    # overhead around each request can make the first already pass 1 s).
+    assert 1 <= len(model_server.requests) <= 4
 
 
 async def test_active_time_excludes_the_wait_for_an_approval(

@@ -32,6 +32,7 @@ from agentrt.store import RunStatus, open_store
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 DIES_BEFORE_ITS_RUN = Path(__file__).parent / "servers" / "proxy_dies_before_its_run.py"
+SHORT_BUSY_DEADLINE = Path(__file__).parent / "servers" / "proxy_with_short_busy_deadline.py"
 TYPESCRIPT_CLOSE = "stdin closed, SIGTERM 2 s later, SIGKILL 2 s after that"
 SLOW_RULES: dict[str, Any] = {
     **RULES,
@@ -126,11 +127,14 @@ async def test_gate_status_never_raises_or_names_a_run_or_the_database(tmp_path:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)  # the store waits out the held database for its 30 s busy deadline
 async def test_a_store_failure_after_the_call_reached_the_server_answers_unknown_outcome(
     tmp_path: Path,
 ) -> None:
     setup = await build_setup(tmp_path, rules=SLOW_RULES)
+    # The store waits out the held database for its busy deadline, 3 s here.
+    setup.command = lambda: [  # type: ignore[method-assign]
+        sys.executable, str(SHORT_BUSY_DEADLINE), "proxy", "--config", str(setup.config_path),
+    ]  # fmt: skip
     release = threading.Event()
     locked = threading.Event()
 

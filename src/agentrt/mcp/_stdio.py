@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import signal
 import subprocess
 import sys
+import termios
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -64,6 +66,7 @@ MAX_LINE_BYTES: Final = 16 * 1024 * 1024
 """One message line from a server; a longer one is discarded to its newline, unread."""
 
 STDERR_TAIL_BYTES: Final = 4 * 1024
+_STDERR_CATCH_UP: Final = 0.5  # seconds an error waits for stderr already written
 
 GRACE_AFTER_STDIN_CLOSED: Final = 2.0
 GRACE_AFTER_SIGTERM: Final = 2.0
@@ -137,7 +140,8 @@ class _StderrTail:
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._buffer = bytearray()
-        self._lock = threading.Lock()
+        self._drained = 0
+        self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._drain, name="agentrt-mcp-stderr", daemon=True)
         self._thread.start()
 
@@ -147,15 +151,35 @@ class _StderrTail:
                 chunk = os.read(self._fd, 4096)
                 if not chunk:
                     return
-                with self._lock:
+                with self._changed:
                     self._buffer += chunk
+                    self._drained += len(chunk)
                     if len(self._buffer) > STDERR_TAIL_BYTES:
                         del self._buffer[: len(self._buffer) - STDERR_TAIL_BYTES]
+                    self._changed.notify_all()
         except OSError:
             return
 
+    def _unread(self) -> int:
+        """Bytes the server wrote that the drain has not read yet (0 once the pipe is gone)."""
+        try:
+            return int.from_bytes(fcntl.ioctl(self._fd, termios.FIONREAD, b"\0\0\0\0"), "little")
+        except OSError:
+            return 0
+
     def text(self) -> str:
-        with self._lock:
+        """The tail, including what the server wrote before this moment.
+
+        An error is often read before the drain thread has caught up with the
+        line the server wrote just before it (a loaded machine): what is
+        already in the pipe is waited for, briefly and bounded.
+        """
+        with self._changed:
+            wanted = self._drained + self._unread()
+            self._changed.wait_for(
+                lambda: self._drained >= wanted or not self._thread.is_alive(),
+                _STDERR_CATCH_UP,
+            )
             data = bytes(self._buffer)
         return sanitize(data.decode("utf-8", errors="replace").strip())
 
