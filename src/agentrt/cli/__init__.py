@@ -8,23 +8,42 @@ refusal or a check that failed, 2 bad usage or an unusable database.
 
 from __future__ import annotations
 
+from typing import Final
+
 import click
 
 from ._app import AgentrtGroup, Settings
-from ._classify import classify
-from ._decide import approve, cancel, reject
-from ._export import export
-from ._inbox import inbox
-from ._init import init
-from ._inspect import events, runs, show, verify
 from ._output import Output
-from ._recheck import recheck
-from ._servers import check, demo, pin, proxy
 
 __all__ = ["cli", "main"]
 
+# In the order an operator meets them: look, decide, check, serve.  Each is
+# imported only when it runs (or its help is shown).
+_COMMANDS: Final = {
+    "runs": "._inspect:runs",
+    "show": "._inspect:show",
+    "events": "._inspect:events",
+    "approve": "._decide:approve",
+    "reject": "._decide:reject",
+    "cancel": "._decide:cancel",
+    "verify": "._inspect:verify",
+    "inbox": "._inbox:inbox",
+    "export": "._export:export",
+    "init": "._init:init",
+    "pin": "._servers:pin",
+    "classify": "._classify:classify",
+    "check": "._servers:check",
+    "proxy": "._servers:proxy",
+    "demo": "._servers:demo",
+    "recheck": "._recheck:recheck",
+}
 
-@click.group(cls=AgentrtGroup, context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(
+    cls=AgentrtGroup,
+    lazy_commands=_COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.option(
     "--db",
     "database",
@@ -37,27 +56,6 @@ __all__ = ["cli", "main"]
 def cli(context: click.Context, database: str | None, json_lines: bool) -> None:
     """See what agents did and decide what they may do next."""
     context.obj = Settings(database=database, output=Output(json=json_lines))
-
-
-for _command in (
-    runs,
-    show,
-    events,
-    approve,
-    reject,
-    cancel,
-    verify,
-    inbox,
-    export,
-    init,
-    pin,
-    classify,
-    check,
-    proxy,
-    demo,
-):
-    cli.add_command(_command)
-cli.add_command(recheck)
 
 
 def main() -> None:

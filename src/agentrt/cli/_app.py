@@ -9,8 +9,9 @@ chose escaped.
 from __future__ import annotations
 
 import getpass
+import importlib
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any, Final
@@ -57,12 +58,38 @@ class Settings:
 
 
 class AgentrtGroup(click.Group):
-    """The command group; turns the runtime's typed errors into exit codes."""
+    """The command group; turns the runtime's typed errors into exit codes.
+
+    `lazy_commands` maps a command's name to `module:attribute` (relative to
+    this package), imported only when that command runs or its help is shown:
+    `agentrt approve` need not import the MCP SDK, the web inbox or the
+    proxy, which cost most of a second each time the command starts.
+    """
+
+    def __init__(
+        self, *args: Any, lazy_commands: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy_commands = dict(lazy_commands or {})
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         # In the order an operator meets them (look, decide, check, serve),
         # not alphabetically.
-        return list(self.commands)
+        return [
+            *self.lazy_commands,
+            *(name for name in self.commands if name not in self.lazy_commands),
+        ]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = self.lazy_commands.get(cmd_name)
+        if where is None or cmd_name in self.commands:
+            return super().get_command(ctx, cmd_name)
+        module_name, _, attribute = where.partition(":")
+        command = getattr(importlib.import_module(module_name, __package__), attribute)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{where} is not a click command")
+        self.add_command(command, cmd_name)
+        return command
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

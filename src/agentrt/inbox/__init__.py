@@ -8,18 +8,22 @@ store holds and decides through the same `agentrt.approvals.approve` and
 
 from __future__ import annotations
 
-from ._app import CSP, InboxState, create_app
-from ._serve import (
-    DEFAULT_LISTEN,
-    InboxError,
-    Listener,
-    RunningInbox,
-    notify_waiting,
-    parse_listen,
-    read_or_create_token,
-    running_inbox,
-)
-from ._views import ToolInfo
+import importlib
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from ._app import CSP, InboxState, create_app
+    from ._serve import (
+        DEFAULT_LISTEN,
+        InboxError,
+        Listener,
+        RunningInbox,
+        notify_waiting,
+        parse_listen,
+        read_or_create_token,
+        running_inbox,
+    )
+    from ._views import ToolInfo
 
 __all__ = [
     "CSP",
@@ -35,3 +39,27 @@ __all__ = [
     "read_or_create_token",
     "running_inbox",
 ]
+
+# Imported on first use, so `agentrt.inbox.review` (which the terminal's
+# `approve` shares with the page) does not bring in the web server.
+_WHERE: Final = {
+    "CSP": "._app",
+    "InboxState": "._app",
+    "create_app": "._app",
+    "DEFAULT_LISTEN": "._serve",
+    "InboxError": "._serve",
+    "Listener": "._serve",
+    "RunningInbox": "._serve",
+    "notify_waiting": "._serve",
+    "parse_listen": "._serve",
+    "read_or_create_token": "._serve",
+    "running_inbox": "._serve",
+    "ToolInfo": "._views",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(where, __name__), name)
