@@ -127,7 +127,7 @@ class _RawPostgres:
 
 
 def raw_connect(database: str | Path) -> Any:
-    """A plain connection to a test's database, outside the store, on either backend."""
+    """A plain connection to a test's database outside the store (autocommit), on either backend."""
     if str(database).startswith("postgresql://"):
         return _RawPostgres(str(database))
-    return sqlite3.connect(database)
+    return sqlite3.connect(database, isolation_level=None)
