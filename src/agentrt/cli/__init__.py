@@ -30,7 +30,8 @@ __all__ = ["cli", "main"]
     "database",
     envvar="AGENTRT_DB",
     metavar="PATH",
-    help="The database of runs, approvals and events (or AGENTRT_DB). It is never created here.",
+    help="The database of runs, approvals and events: a file, or a postgresql:// URL "
+    "(or AGENTRT_DB). It is never created here.",
 )
 @click.option("--json", "json_lines", is_flag=True, help="Print JSON Lines instead of text.")
 @click.pass_context

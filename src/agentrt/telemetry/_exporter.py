@@ -111,7 +111,12 @@ class TraceExporter:
         log: IO[str] | None = None,
         poll_seconds: float = _POLL_SECONDS,
     ) -> None:
-        self.database = Path(database)
+        # A postgresql:// URL stays text (a Path would fold its "//").
+        self.database: str | Path = (
+            database
+            if isinstance(database, str) and database.startswith(("postgresql://", "postgres://"))
+            else Path(database)
+        )
         self.settings = settings
         self.builder = TraceBuilder(content=settings.content, side_effects=side_effects)
         self.log = log if log is not None else sys.stderr
