@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from agentrt import Decision, Gate, RunLeased, RunStateError, SideEffect, StoreError, open_store
 from agentrt.cli import cli
 from agentrt.errors import UnsafeDatabase
+from agentrt.proxy._index import CallIndex
 from agentrt.store import SCHEMA_VERSION
 
 from .helpers import RecordingTool
@@ -58,7 +59,7 @@ async def test_events_refuse_update_delete_and_truncate_even_from_their_owner(ur
 # The grants docs/postgresql.md gives the proxies' role (the tables' owner is another role).
 _PROXY_GRANTS = """
 GRANT CONNECT ON DATABASE {database} TO {role};
-GRANT USAGE ON SCHEMA public TO {role};
+GRANT USAGE, CREATE ON SCHEMA public TO {role};
 GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO {role};
 REVOKE UPDATE, DELETE, TRUNCATE ON events FROM {role};
 """
@@ -80,6 +81,8 @@ async def test_the_proxies_role_works_but_cannot_rewrite_events(
                 owner.execute(statement)
     as_proxies = postgres_server.url(database, user=role)
     gate = Gate(open_store(as_proxies), [RecordingTool("read", SideEffect.READ_ONLY)])
+    # The proxy's own tables (its call index) it creates itself, and owns.
+    CallIndex(gate.store, "session", "holder", 2.0)
     run_id = await gate.start("run by the proxies' role")
     outcome = await gate.step(run_id, Decision.tool_call("read", '{"path": "a"}'))
     assert outcome.observation is not None and outcome.observation.kind == "result"
