@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +19,16 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="session")
-def postgres_server() -> Any:
-    """The session's PostgreSQL server (initdb in a temporary directory, a Unix socket only)."""
+def postgres_server() -> Iterator[Any]:
+    """The session's PostgreSQL server (initdb in a temporary directory, a Unix socket
+    only), started on first use and stopped after the session (per xdist worker)."""
     from _postgres import server
 
     running = server()
     if running is None:
         pytest.skip("PostgreSQL is not installed (make test installs Debian's postgresql)")
-    return running
+    yield running
+    running.stop()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
