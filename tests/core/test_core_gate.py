@@ -474,7 +474,11 @@ async def test_operator_cancel_stops_a_live_loop_at_its_next_write(db: Path) -> 
 
     async with anyio.create_task_group() as group:
         group.start_soon(drive)
-        await anyio.sleep(0.1)
+        # Cancelled while the first call is in flight (however slow the machine or
+        # the database is to get there).
+        with anyio.fail_after(30):
+            while not slow.calls:
+                await anyio.sleep(0.01)
         cancel(open_store(db), "cancel-me", by="bob")
     assert results[0].status is RunStatus.CANCELLED
     assert len(slow.calls) == 1
