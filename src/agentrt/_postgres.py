@@ -37,15 +37,11 @@ from .errors import StoreBusy, StoreConflict, StoreError, UnsafeDatabase
 from .sanitize import sanitize
 
 __all__ = [
-    "URL_PREFIXES",
     "WRITE_LOCK",
     "PostgresConnection",
     "connect",
-    "is_postgres_url",
     "redacted",
 ]
-
-URL_PREFIXES: Final = ("postgresql://", "postgres://")
 
 # The key of the advisory lock every write transaction takes first (any
 # 64-bit number nothing else in the database uses: "agentrt" in ASCII).
@@ -57,10 +53,6 @@ _WIDER_TYPES: Final = (
     (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
     (re.compile(r"\bINTEGER\b"), "BIGINT"),
 )
-
-
-def is_postgres_url(target: str) -> bool:
-    return target.startswith(URL_PREFIXES)
 
 
 def redacted(url: str) -> str:
@@ -91,14 +83,10 @@ def _parameters(url: str) -> dict[str, Any]:
     return parts
 
 
-def translate(sql: str, has_parameters: bool) -> str:
-    """SQLite's `?` placeholders as psycopg's `%s` (and a literal `%` doubled), outside
-    quoted text; a statement without parameters is sent as it is."""
-    return _translate(sql) if has_parameters else sql
-
-
 @functools.lru_cache(maxsize=1024)
 def _translate(sql: str) -> str:
+    """SQLite's `?` placeholders as psycopg's `%s` (and a literal `%` doubled), outside
+    quoted text; only for a statement with parameters (one without is sent as it is)."""
     out: list[str] = []
     quote: str | None = None
     for character in sql:
@@ -233,11 +221,6 @@ class PostgresConnection:
                 f"database {self.label} stayed locked by another writer; nothing was written"
             )
         return StoreError(f"database {self.label}: {detail}")
-
-    def database_time(self) -> float:
-        """The server's clock now, as epoch seconds."""
-        row = self.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8").fetchone()
-        return float(row[0])
 
     def begin_write(self) -> float:
         """Start a write transaction holding the write lock; return the server's time then."""

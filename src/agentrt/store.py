@@ -1,4 +1,8 @@
-"""The SQLite store: runs, steps, approvals and a hash-chained event log.
+"""The store: runs, steps, approvals and a hash-chained event log, in SQLite.
+
+(Or in PostgreSQL, for a `postgresql://` URL: the same SQL through an adapter
+with the same connection surface, `_postgres.py`; decision 0015.  What
+follows describes SQLite; the PostgreSQL differences are in that module.)
 
 Tables are the state; events are the explanation.  Every state change is
 written in the same transaction as its event, and each event's hash covers the
@@ -74,6 +78,7 @@ __all__ = [
     "Store",
     "approval_hash",
     "epoch_to_iso",
+    "is_postgres_url",
     "iso_to_epoch",
     "open_store",
     "utc_now",
@@ -230,6 +235,11 @@ class StateReport:
     first_bad: str | None
     reason: str
     checked: int
+
+
+def is_postgres_url(target: object) -> bool:
+    """Whether a database target is a PostgreSQL URL rather than a file path."""
+    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
 
 
 def utc_now() -> str:
@@ -1419,7 +1429,7 @@ def open_store(
     (`PGPASSWORD`, a pgpass file, a service), and a URL holding a password is
     refused.  See docs/postgresql.md.
     """
-    if str(path).startswith(("postgresql://", "postgres://")):
+    if is_postgres_url(path):
         return _open_postgres(str(path), read_only=read_only, create=create)
     if str(path) == ":memory:":
         connection = _connect(":memory:", uri=False)

@@ -3,6 +3,8 @@ on the server's clock, events nobody can rewrite, the schema refusals, no passwo
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -259,3 +261,15 @@ def test_an_unreachable_server_is_one_sentence_naming_the_database(tmp_path: Pat
         StoreError, match=r"^database postgresql://agentrt@/.*/nowhere cannot be reached"
     ):
         open_store(url)
+
+
+def test_psycopg_is_imported_only_for_a_postgresql_url(tmp_path: Path) -> None:
+    probe = (
+        "import sys, agentrt, agentrt.proxy, agentrt.cli, agentrt.telemetry\n"
+        f"agentrt.open_store({str(tmp_path / 'runs.db')!r}).close()\n"
+        "print('psycopg' in sys.modules)\n"
+    )
+    finished = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert finished.stdout.strip() == "False"

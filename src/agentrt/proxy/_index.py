@@ -6,7 +6,10 @@ name and the canonical arguments) to those runs, so a host's blind retry
 finds the earlier run instead of acting twice.  A row is *held* by the proxy
 process handling it (renewed while it works); a hold that lapsed means that
 process died.  Every decision is taken inside one `BEGIN IMMEDIATE`
-transaction, so two proxies on one database never both start the same call.
+transaction (on PostgreSQL, one holding the store's write lock), so two
+proxies on one database — on one machine or many — never both start the
+same call.  Holds are judged on the store's write clock (the server's, on
+PostgreSQL).
 
 A new call's row is written in the same transaction as its run and first
 step (`decide_in` inside `Gate.start_and_step`), and its settlement in the

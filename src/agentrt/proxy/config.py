@@ -44,6 +44,7 @@ from ..mcp import (
 )
 from ..policy import ClassPolicy, DefaultPolicy, Outcome
 from ..sanitize import sanitize
+from ..store import is_postgres_url
 from ..tools import SideEffect
 from ._conditions import Condition, compile_when
 from ._forward import DEFAULT_MAX_RESULT_BYTES, MIN_MAX_RESULT_BYTES
@@ -301,9 +302,7 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
     if not SESSION_PATTERN.match(session):
         raise reader.fail("session", "must be 1 to 64 letters, digits, '_' or '-'")
     database: Path | str
-    if isinstance(top["database"], str) and top["database"].startswith(
-        ("postgresql://", "postgres://")
-    ):
+    if is_postgres_url(top["database"]):
         database = top["database"]
     else:
         database = reader.path_field(top["database"], "database")
