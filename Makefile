@@ -13,8 +13,10 @@ DEMO_SERVER   := examples/filesystem/node_modules/.installed
 .PHONY: test demo bench lint typecheck pytest clean system-test
 
 # Debian packages the tests drive for real, installed only where missing:
-# bubblewrap (the sandbox), Chromium and its driver (the inbox in a browser).
-TEST_PACKAGES := bwrap=bubblewrap chromium=chromium chromedriver=chromium-driver
+# bubblewrap (the sandbox), Chromium and its driver (the inbox in a browser),
+# PostgreSQL (the store's second backend; Debian keeps initdb off PATH).
+TEST_PACKAGES := bwrap=bubblewrap chromium=chromium chromedriver=chromium-driver \
+	'initdb|/usr/lib/postgresql/*/bin/initdb=postgresql'
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

@@ -1,6 +1,7 @@
 """`make bench`: what governance costs, as ratios against baselines measured in the same run.
 
-    python benchmarks/run.py [--quick] [--only gate,concurrency,mcp,proxy,index] [--no-peers]
+    python benchmarks/run.py [--quick] [--only gate,concurrency,mcp,proxy,index,postgres]
+                             [--no-peers]
 
 Prints a table of ratios and writes everything measured (every sample summary,
 the profiles, the machine) to benchmarks/results/.  Absolute times are not
@@ -21,7 +22,7 @@ import traceback
 from datetime import UTC, datetime
 from typing import Any
 
-from _common import HERE, REPO, Result, log, ms, table
+from _common import HERE, REPO, Result, log, ms, ratio, table
 
 RESULTS = HERE / "results"
 
@@ -119,6 +120,32 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
                 f"{row['throughput_ratio']:.2f}x", "", "", "",
                 f"{grouped['steps_per_s']:.0f} vs {single['steps_per_s']:.0f} steps/s",
             ])  # fmt: skip
+    postgres = results.get("postgres")
+    if isinstance(postgres, dict) and "skipped" in postgres:
+        rows.append(["7 the store on PostgreSQL", "skipped", "", "", "", postgres["skipped"]])
+    if isinstance(postgres, dict) and "rows" in postgres:
+        for row in postgres["rows"]:
+            pg, lite, floor = row["postgres"], row["sqlite"], row["floor"]
+            rows.append([
+                f"7 {row['runs']} gate step(s) at once on PostgreSQL vs 2 bare PG commits (p50)",
+                f"{row['ratio_to_floor_p50']:.2f}x", "", "", "",
+                f"{ms(pg['p50'])} vs 2 x {ms(floor['p50'])}",
+            ])  # fmt: skip
+            rows.append([
+                f"7 {row['runs']} gate step(s) at once, PostgreSQL vs SQLite (p50; steps/s)",
+                f"{row['ratio_to_sqlite_p50']:.2f}x",
+                f"{row['throughput_ratio_to_sqlite']:.2f}x steps/s", "", "",
+                f"{pg['steps_per_s']:.0f} vs {lite['steps_per_s']:.0f} steps/s; "
+                f"floor {floor['commits_per_s']:.0f} commits/s",
+            ])  # fmt: skip
+        for concurrent, pair in postgres.get("proxied", {}).items():
+            pg, lite = pair["postgres"], pair["sqlite"]
+            rows.append([
+                f"7 proxied call, {concurrent} at once, PostgreSQL vs SQLite (p50)",
+                f"{ratio(pg['p50'], lite['p50']):.2f}x",
+                f"{ratio(pg['calls_per_s'], lite['calls_per_s']):.2f}x calls/s", "", "",
+                f"p50 {ms(pg['p50'])} vs {ms(lite['p50'])}",
+            ])  # fmt: skip
     mcp = results.get("mcp")
     if isinstance(mcp, dict) and "governed_call" in mcp:
         call = mcp["governed_call"]
@@ -203,7 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
     parser.add_argument(
-        "--only", default="gate,concurrency,mcp,proxy,index", help="comma-separated benchmarks"
+        "--only",
+        default="gate,concurrency,mcp,proxy,index,postgres",
+        help="comma-separated benchmarks",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peer proxies")
     options = parser.parse_args(argv)
@@ -232,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         failed |= _guarded(results, "proxy", lambda: _proxy(options.quick, options.no_peers))
     if "index" in selected:
         failed |= _guarded(results, "index", lambda: _index(options.quick))
+    if "postgres" in selected:
+        log("postgres: the store on PostgreSQL against SQLite and bare commits")
+        failed |= _guarded(results, "postgres", lambda: _postgres(options.quick))
     results["machine"]["load_average_end"] = os.getloadavg()
     results["seconds"] = time.perf_counter() - began
 
@@ -271,6 +303,12 @@ def _guarded(results: dict[str, Any], name: str, work: Any) -> bool:
         log(f"{name}: FAILED\n{results[name]['error']}")
         return True
     return False
+
+
+def _postgres(quick: bool) -> Result:
+    import bench_postgres
+
+    return bench_postgres.run(quick)
 
 
 def _index(quick: bool) -> Result:

@@ -2,9 +2,39 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import pytest
+
+# tests/_postgres.py, the PostgreSQL server the store-facing tests run on.
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """The session's PostgreSQL server (initdb in a temporary directory, a Unix socket
+    only), started on first use and stopped after the session (per xdist worker)."""
+    from _postgres import server
+
+    running = server()
+    if running is None:
+        pytest.skip("PostgreSQL is not installed (make test installs Debian's postgresql)")
+    yield running
+    running.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> str | Path:
+    """Where a store-facing test keeps its store, once per backend: a new SQLite file, or
+    a new database of its own on the session's PostgreSQL server."""
+    if request.param == "sqlite":
+        return tmp_path / "runs.db"
+    return str(request.getfixturevalue("postgres_server").database())

@@ -12,7 +12,6 @@ did not say what it billed may have billed all of it.
 from __future__ import annotations
 
 import enum
-import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -302,12 +301,12 @@ def _attempt_of(row: Any) -> ModelAttempt:
     )
 
 
-def _rows(store: Store, sql: str, parameters: Sequence[Any]) -> list[sqlite3.Row]:
+def _rows(store: Store, sql: str, parameters: Sequence[Any]) -> list[Any]:
     # A database no metered run has touched has no `models` tables: nothing was spent.
     if store.extension_version("models") == 0:
         return []
     # The store's own read path (its lock, its connection), also for read-only opens.
-    return store._query(sql, parameters)
+    return store.query(sql, parameters)
 
 
 def list_attempts(store: Store, run_id: str) -> list[ModelAttempt]:

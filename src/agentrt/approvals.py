@@ -8,7 +8,6 @@ database or an approval replaced since the operator looked is refused.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from typing import Any
 
@@ -17,6 +16,7 @@ from .sanitize import sanitize
 from .store import (
     ApprovalRecord,
     ApprovalStatus,
+    Connection,
     RunRecord,
     RunStatus,
     Store,
@@ -27,7 +27,7 @@ __all__ = ["approve", "cancel", "reject"]
 
 
 def _load_waiting(
-    connection: sqlite3.Connection, store: Store, run_id: str, approval_id: str | None
+    connection: Connection, store: Store, run_id: str, approval_id: str | None
 ) -> ApprovalRecord:
     run = store.get_run(run_id)
     if run.status is not RunStatus.WAITING_FOR_APPROVAL:
@@ -58,7 +58,7 @@ def _check_hash(approval: ApprovalRecord, shown_hash: str) -> None:
 
 def _record_decision(
     store: Store,
-    connection: sqlite3.Connection,
+    connection: Connection,
     approval: ApprovalRecord,
     status: ApprovalStatus,
     event: str,
@@ -77,7 +77,7 @@ def _record_decision(
 
 
 def expire_if_due(
-    store: Store, connection: sqlite3.Connection, approval: ApprovalRecord, now: float
+    store: Store, connection: Connection, approval: ApprovalRecord, now: float
 ) -> bool:
     """Expire a pending approval past its TTL (cancelling the run); True if it expired."""
     if (
@@ -97,7 +97,7 @@ def expire_if_due(
 
 
 def _set_approval(
-    connection: sqlite3.Connection,
+    connection: Connection,
     approval_id: str,
     expected: ApprovalStatus,
     new: ApprovalStatus,
@@ -115,7 +115,7 @@ def _set_approval(
 
 def end_run(
     store: Store,
-    connection: sqlite3.Connection,
+    connection: Connection,
     run_id: str,
     status: RunStatus,
     reason: str,

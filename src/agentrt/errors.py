@@ -16,6 +16,7 @@ __all__ = [
     "RunStateError",
     "SchemaError",
     "StoreBusy",
+    "StoreConflict",
     "StoreError",
     "UnsafeDatabase",
 ]
@@ -44,6 +45,11 @@ class UnsafeDatabase(StoreError):
 
 class StoreBusy(StoreError):
     """Another writer held the database past the store's busy deadline; nothing was written."""
+
+
+class StoreConflict(StoreError):
+    """The database refused a write that breaks a unique key or a reference (PostgreSQL's
+    integrity errors; SQLite raises `sqlite3.IntegrityError`, see `store.INTEGRITY_ERRORS`)."""
 
 
 class RunNotFound(AgentrtError):

@@ -49,8 +49,10 @@ from .policy import DefaultPolicy, Outcome, Policy, PolicyDecision, RunView, Too
 from .sanitize import sanitize
 from .schema import CompiledSchema, compile_schema
 from .store import (
+    INTEGRITY_ERRORS,
     ApprovalRecord,
     ApprovalStatus,
+    Connection,
     Event,
     RunRecord,
     RunStatus,
@@ -216,7 +218,7 @@ class Gate:
 
     def _acquire_lease(
         self,
-        connection: sqlite3.Connection,
+        connection: Connection,
         run: RunRecord,
         now: float,
         *,
@@ -229,8 +231,10 @@ class Gate:
         token, read with it (`_take_running`) or, by default, read here.
 
         The token stays while this gate keeps holding the lease; a lease taken
-        anew (or `take_over`, after a process died) gets a fresh one.
+        anew (or `take_over`, after a process died) gets a fresh one.  Leases are
+        judged on the store's write clock (the server's, on PostgreSQL).
         """
+        now = self.store.write_time(now)
         if (
             run.lease_owner is not None
             and run.lease_owner != self.owner
@@ -262,14 +266,14 @@ class Gate:
         token = self._lease_tokens.get(run_id)
         if token is None:
             return False
-        now = time.time()
         with self.store.transaction() as connection:
+            now = self.store.write_time(time.time())
             cursor = connection.execute(
                 "UPDATE runs SET lease_expires_at = ?"
                 " WHERE run_id = ? AND lease_owner = ? AND lease_token = ?",
                 (now + self.lease_ttl, run_id, self.owner, token),
             )
-            return cursor.rowcount == 1
+            return bool(cursor.rowcount == 1)
 
     @asynccontextmanager
     async def lease(self, run_id: str) -> AsyncIterator[None]:
@@ -295,7 +299,7 @@ class Gate:
         if failure is not None:
             raise failure
 
-    def _take_lease(self, connection: sqlite3.Connection, run_id: str, now: float) -> None:
+    def _take_lease(self, connection: Connection, run_id: str, now: float) -> None:
         run = self.store.get_run(run_id)
         if not run.status.terminal:
             self._acquire_lease(connection, run, now)
@@ -307,7 +311,7 @@ class Gate:
         with contextlib.suppress(sqlite3.Error, StoreError):  # it then simply expires
             await self.store.write(self._clear_lease, run_id, token)
 
-    def _clear_lease(self, connection: sqlite3.Connection, run_id: str, token: str) -> None:
+    def _clear_lease(self, connection: Connection, run_id: str, token: str) -> None:
         connection.execute(
             "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL"
             " WHERE run_id = ? AND lease_owner = ? AND lease_token = ?",
@@ -368,8 +372,8 @@ class Gate:
         *,
         run_id: str,
         metadata: Mapping[str, str] | None = None,
-        admit: Callable[[sqlite3.Connection], tuple[bool, _A]],
-        on_end: Callable[[sqlite3.Connection, RunStatus], None] | None = None,
+        admit: Callable[[Connection], tuple[bool, _A]],
+        on_end: Callable[[Connection, RunStatus], None] | None = None,
     ) -> tuple[_A, StepOutcome | None]:
         """Start a run and take its first step in as few commits as the step needs.
 
@@ -422,8 +426,8 @@ class Gate:
 
     def _admit_and_insert(
         self,
-        connection: sqlite3.Connection,
-        admit: Callable[[sqlite3.Connection], tuple[bool, _A]],
+        connection: Connection,
+        admit: Callable[[Connection], tuple[bool, _A]],
         run_id: str,
         goal: str,
         created: str,
@@ -441,8 +445,8 @@ class Gate:
 
     def _admit_and_record(
         self,
-        connection: sqlite3.Connection,
-        admit: Callable[[sqlite3.Connection], tuple[bool, _A]],
+        connection: Connection,
+        admit: Callable[[Connection], tuple[bool, _A]],
         run_id: str,
         goal: str,
         created: str,
@@ -461,7 +465,7 @@ class Gate:
 
     def _insert_run(
         self,
-        connection: sqlite3.Connection,
+        connection: Connection,
         run_id: str,
         goal: str,
         created: str,
@@ -476,7 +480,7 @@ class Gate:
                 (run_id, goal, created, created, canonical_json(dict(metadata or {})),
                  deadline_at, seq_row[0] + 1),
             )  # fmt: skip
-        except sqlite3.IntegrityError:
+        except INTEGRITY_ERRORS:
             raise RunStateError(f"run {sanitize(run_id)} already exists") from None
         self.store.append_event(
             connection, run_id, "run_started",
@@ -602,7 +606,7 @@ class Gate:
 
     def _record_invalid(
         self,
-        connection: sqlite3.Connection,
+        connection: Connection,
         run: RunRecord,
         step_number: int,
         tool: str,
@@ -631,7 +635,7 @@ class Gate:
         return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="invalid")
 
     def _take_running(
-        self, connection: sqlite3.Connection, run_id: str, decided_on: RunRecord | None = None
+        self, connection: Connection, run_id: str, decided_on: RunRecord | None = None
     ) -> RunRecord:
         """Inside a write transaction: the run, still running, with this gate's lease on it.
 
@@ -650,7 +654,7 @@ class Gate:
         return fresh
 
     def _check_running(
-        self, connection: sqlite3.Connection, run_id: str, status: RunStatus = RunStatus.RUNNING
+        self, connection: Connection, run_id: str, status: RunStatus = RunStatus.RUNNING
     ) -> None:
         row = connection.execute("SELECT status FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is None or row[0] != status:
@@ -684,7 +688,7 @@ class Gate:
         decided: PolicyDecision,
         approval: ApprovalRecord | None,
         token: str,
-        on_end: Callable[[sqlite3.Connection, RunStatus], None] | None = None,
+        on_end: Callable[[Connection, RunStatus], None] | None = None,
     ) -> StepOutcome:
         """What follows a recorded step: its observation, its approval, or its call."""
         name = registered.spec.name
@@ -704,7 +708,7 @@ class Gate:
 
     def _record_step(
         self,
-        connection: sqlite3.Connection,
+        connection: Connection,
         run: RunRecord,
         step_number: int,
         name: str,
@@ -758,7 +762,7 @@ class Gate:
 
     def _set_step(
         self,
-        connection: sqlite3.Connection,
+        connection: Connection,
         run_id: str,
         step: int,
         status: StepStatus,
@@ -778,7 +782,7 @@ class Gate:
 
     def _request_approval(
         self,
-        connection: sqlite3.Connection,
+        connection: Connection,
         run_id: str,
         step: int,
         tool: str,
@@ -828,9 +832,7 @@ class Gate:
         )  # fmt: skip
         return self.store.get_approval(approval_id)
 
-    def _mark_executing(
-        self, connection: sqlite3.Connection, run_id: str, step: int, tool: str
-    ) -> None:
+    def _mark_executing(self, connection: Connection, run_id: str, step: int, tool: str) -> None:
         connection.execute(
             "UPDATE steps SET status = 'executing' WHERE run_id = ? AND step = ?", (run_id, step)
         )
@@ -843,7 +845,7 @@ class Gate:
         registered: _Registered,
         args: str,
         token: str,
-        on_end: Callable[[sqlite3.Connection, RunStatus], None] | None = None,
+        on_end: Callable[[Connection, RunStatus], None] | None = None,
     ) -> StepOutcome:
         spec = registered.spec
         call = ToolCall(args=args, tool=spec.name, run_id=run_id, step=step)
@@ -901,7 +903,7 @@ class Gate:
         result: ToolResult | None,
         error: str | None,
         token: str,
-        on_end: Callable[[sqlite3.Connection, RunStatus], None] | None = None,
+        on_end: Callable[[Connection, RunStatus], None] | None = None,
     ) -> StepOutcome:
         """Record what the tool returned; the tool was called, so this fact is never lost.
 
@@ -934,14 +936,14 @@ class Gate:
 
     def _write_result(
         self,
-        connection: sqlite3.Connection,
+        connection: Connection,
         run_id: str,
         step: int,
         spec: ToolSpec,
         result: ToolResult | None,
         error: str | None,
         token: str,
-        on_end: Callable[[sqlite3.Connection, RunStatus], None] | None = None,
+        on_end: Callable[[Connection, RunStatus], None] | None = None,
     ) -> tuple[RunStatus, str | None, _RunView | None]:
         """Record the result; return the run's status, its result if it ended, and its
         view for the next step (read here, in the same transaction)."""
@@ -1015,7 +1017,7 @@ class Gate:
 
     def _end_running(
         self,
-        connection: sqlite3.Connection,
+        connection: Connection,
         run_id: str,
         status: RunStatus,
         reason: str,
@@ -1060,11 +1062,12 @@ class Gate:
         return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="interrupted")
 
     def _take_over(
-        self, connection: sqlite3.Connection, run: RunRecord, now: float
+        self, connection: Connection, run: RunRecord, now: float
     ) -> tuple[StepRecord | None, RunStatus, ApprovalRecord | None]:
         """Take over a running run whose process died: its `executing` step is interrupted."""
         self._check_running(connection, run.run_id)
         fresh = self.store.get_run(run.run_id)
+        now = self.store.write_time(now)
         if fresh.lease_owner == self.owner and (fresh.lease_expires_at or 0.0) > now:
             raise RunStateError(f"run {sanitize(run.run_id)} is already being run by this gate")
         # A fresh token even for this gate's own lapsed lease: the call that held
@@ -1083,9 +1086,7 @@ class Gate:
         current = self.store.get_run(run.run_id).status
         return step_record, current, self.store.waiting_approval(run.run_id)
 
-    def _interrupt(
-        self, connection: sqlite3.Connection, run_id: str, step: StepRecord, now: float
-    ) -> None:
+    def _interrupt(self, connection: Connection, run_id: str, step: StepRecord, now: float) -> None:
         registered = self._tools.get(step.tool)
         read_only = registered is not None and registered.spec.side_effect is SideEffect.READ_ONLY
         if read_only:
@@ -1189,12 +1190,10 @@ class Gate:
             return StepOutcome(run.run_id, RunStatus.FAILED, reason=decided.reason)
         return await self._execute(run.run_id, approval.step, registered, approval.args, token)
 
-    def _expire_if_due(
-        self, connection: sqlite3.Connection, approval: ApprovalRecord, now: float
-    ) -> bool:
+    def _expire_if_due(self, connection: Connection, approval: ApprovalRecord, now: float) -> bool:
         return expire_if_due(self.store, connection, approval, now)
 
-    def _expire_grant(self, connection: sqlite3.Connection, approval: ApprovalRecord) -> None:
+    def _expire_grant(self, connection: Connection, approval: ApprovalRecord) -> None:
         connection.execute(
             "UPDATE approvals SET status = 'expired' WHERE approval_id = ? AND status = ?",
             (approval.approval_id, "approved"),
@@ -1203,7 +1202,7 @@ class Gate:
 
     def _supersede(
         self,
-        connection: sqlite3.Connection,
+        connection: Connection,
         approval: ApprovalRecord,
         decided: PolicyDecision,
         now: float,
@@ -1216,7 +1215,7 @@ class Gate:
         )  # fmt: skip
 
     def _use_approval(
-        self, connection: sqlite3.Connection, approval: ApprovalRecord, decided: PolicyDecision
+        self, connection: Connection, approval: ApprovalRecord, decided: PolicyDecision
     ) -> str:
         """Spend a granted approval (once: compare-and-set) and carry out the policy's outcome."""
         self._check_running(connection, approval.run_id, RunStatus.WAITING_FOR_APPROVAL)

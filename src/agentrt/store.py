@@ -1,4 +1,8 @@
-"""The SQLite store: runs, steps, approvals and a hash-chained event log.
+"""The store: runs, steps, approvals and a hash-chained event log, in SQLite.
+
+(Or in PostgreSQL, for a `postgresql://` URL: the same SQL through an adapter
+with the same connection surface, `_postgres.py`; decision 0015.  What
+follows describes SQLite; the PostgreSQL differences are in that module.)
 
 Tables are the state; events are the explanation.  Every state change is
 written in the same transaction as its event, and each event's hash covers the
@@ -41,25 +45,30 @@ import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import anyio.to_thread
 
 from .canonical import canonical_bytes, canonical_json, parse_json, sha256_hex
-from .errors import RunNotFound, StoreBusy, StoreError, UnsafeDatabase
+from .errors import RunNotFound, StoreBusy, StoreConflict, StoreError, UnsafeDatabase
 from .sanitize import sanitize
+
+if TYPE_CHECKING:
+    from ._postgres import PostgresConnection
 
 __all__ = [
     "GENESIS_HASH",
+    "INTEGRITY_ERRORS",
     "SCHEMA_VERSION",
     "AnchorReport",
     "ApprovalRecord",
     "ApprovalStatus",
     "ChainReport",
+    "Connection",
     "Event",
     "RunRecord",
     "RunStatus",
@@ -69,6 +78,7 @@ __all__ = [
     "Store",
     "approval_hash",
     "epoch_to_iso",
+    "is_postgres_url",
     "iso_to_epoch",
     "open_store",
     "utc_now",
@@ -77,6 +87,24 @@ __all__ = [
 GENESIS_HASH: Final = "0" * 64
 
 _T = TypeVar("_T")
+
+# A write the database refused for a unique key or a reference, on either backend.
+INTEGRITY_ERRORS: Final[tuple[type[Exception], ...]] = (sqlite3.IntegrityError, StoreConflict)
+
+
+class Connection(Protocol):
+    """What store work is handed (`Store.write`, `Store.transaction`): a `sqlite3.Connection`,
+    or on PostgreSQL an adapter with the same surface (`?` placeholders, rows read by index
+    and by name).  SQL is written once, in SQLite's dialect, for both."""
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Any: ...
+
+    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> Any: ...
+
+    def close(self) -> None: ...
 
 
 class RunStatus(enum.StrEnum):
@@ -207,6 +235,11 @@ class StateReport:
     first_bad: str | None
     reason: str
     checked: int
+
+
+def is_postgres_url(target: object) -> bool:
+    """Whether a database target is a PostgreSQL URL rather than a file path."""
+    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
 
 
 def utc_now() -> str:
@@ -396,7 +429,7 @@ def _tighten_sidecars(path: Path) -> None:
             os.chmod(sidecar, 0o600)
 
 
-def _row_to_run(row: sqlite3.Row) -> RunRecord:
+def _row_to_run(row: Any) -> RunRecord:
     return RunRecord(
         run_id=row["run_id"],
         goal=row["goal"],
@@ -414,7 +447,7 @@ def _row_to_run(row: sqlite3.Row) -> RunRecord:
     )
 
 
-def _row_to_step(row: sqlite3.Row) -> StepRecord:
+def _row_to_step(row: Any) -> StepRecord:
     return StepRecord(
         run_id=row["run_id"],
         step=row["step"],
@@ -429,7 +462,7 @@ def _row_to_step(row: sqlite3.Row) -> StepRecord:
     )
 
 
-def _row_to_approval(row: sqlite3.Row) -> ApprovalRecord:
+def _row_to_approval(row: Any) -> ApprovalRecord:
     return ApprovalRecord(
         approval_id=row["approval_id"],
         run_id=row["run_id"],
@@ -450,7 +483,7 @@ def _row_to_approval(row: sqlite3.Row) -> ApprovalRecord:
     )
 
 
-def _row_to_event(row: sqlite3.Row) -> Event:
+def _row_to_event(row: Any) -> Event:
     return Event(
         seq=row["seq"],
         run_id=row["run_id"],
@@ -470,16 +503,23 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
 
 
 class Store:
-    """One SQLite database of runs, steps, approvals and events.  Use `open_store`."""
+    """One database of runs, steps, approvals and events (SQLite, or PostgreSQL for a
+    `postgresql://` URL).  Use `open_store`."""
 
     def __init__(
         self,
-        connection: sqlite3.Connection,
+        connection: Connection,
         path: str,
         read_only: bool,
         anchor_path: str | None = None,
+        postgres: PostgresConnection | None = None,
     ) -> None:
         self._connection = connection
+        # The PostgreSQL adapter (the same object as _connection), None on SQLite.
+        self._postgres = postgres
+        # On PostgreSQL, the server's time when the write transaction in progress took
+        # the write lock: leases and holds are judged on it (`write_time`).
+        self._server_now: float | None = None
         self._lock = threading.RLock()
         self.path = path
         self.read_only = read_only
@@ -541,6 +581,17 @@ class Store:
             if self._writer is None:
                 self._writer = _Writer(self)
             return self._writer
+
+    @property
+    def backend(self) -> str:
+        """`"postgresql"` or `"sqlite"`."""
+        return "sqlite" if self._postgres is None else "postgresql"
+
+    def write_time(self, now: float) -> float:
+        """The time that judges leases and holds inside a write: on PostgreSQL the
+        server's clock when the transaction took the write lock (so hosts whose clocks
+        disagree still agree on who holds a run), on SQLite `now` (one host's clock)."""
+        return now if self._server_now is None else self._server_now
 
     def _commit_batch(self, units: list[_Unit]) -> None:
         """On the writer thread: one transaction over `units`, each in a savepoint.
@@ -605,7 +656,7 @@ class Store:
         except BaseException as exc:
             self._pending_events = []
             if connection.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
+                with contextlib.suppress(sqlite3.Error, StoreError):
                     connection.execute("ROLLBACK")
             for unit in units:
                 if unit.error is None:
@@ -613,6 +664,7 @@ class Store:
             return
         finally:
             self._head = None
+            self._server_now = None
             self._lock.release()
         if committed:
             with self._events_lock:
@@ -637,7 +689,19 @@ class Store:
 
     def _begin(self) -> None:
         """Take the store's lock and `BEGIN IMMEDIATE`, waiting out a busy database in
-        short attempts (the lock released between them) until `busy_deadline`."""
+        short attempts (the lock released between them) until `busy_deadline`.
+
+        On PostgreSQL: `BEGIN` and the write lock every writer takes first (the
+        server waits for it up to the deadline), with the server's time then.
+        """
+        if self._postgres is not None:
+            self._acquire_lock()
+            try:
+                self._server_now = self._postgres.begin_write()
+            except BaseException:
+                self._lock.release()
+                raise
+            return
         deadline = time.monotonic() + self.busy_deadline
         while True:
             self._acquire_lock()
@@ -661,7 +725,7 @@ class Store:
             time.sleep(0.005)
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self) -> Iterator[Connection]:
         """A write transaction (`BEGIN IMMEDIATE`): committed on success, rolled back on error."""
         if self.read_only:
             raise StoreError(f"database {sanitize(self.path)} is open read-only")
@@ -678,7 +742,7 @@ class Store:
                 self._pending_events = []
                 if connection.in_transaction:
                     # The connection rolls back on its own when it cannot.
-                    with contextlib.suppress(sqlite3.Error):
+                    with contextlib.suppress(sqlite3.Error, StoreError):
                         connection.execute("ROLLBACK")
                 raise
             events, self._pending_events = self._pending_events, []
@@ -688,6 +752,7 @@ class Store:
                 self._advance_anchor(events[-1].seq, events[-1].hash)
         finally:
             self._head = None
+            self._server_now = None
             self._lock.release()
 
     def take_committed_events(self) -> list[Event]:
@@ -720,7 +785,12 @@ class Store:
         """Compare the chain with the anchor beside the database: is anything lost?"""
         head_seq, head_hash = self.head()
         if self.anchor_path is None:
-            return AnchorReport(True, None, None, head_seq, head_hash, "in memory: no anchor")
+            reason = (
+                "in memory: no anchor"
+                if self._postgres is None
+                else "on PostgreSQL the server keeps the chain durable: no head anchor file"
+            )
+            return AnchorReport(True, None, None, head_seq, head_hash, reason)
         anchor = _read_anchor(self.anchor_path)
         label = sanitize(self.path)
         if anchor is None:
@@ -762,7 +832,7 @@ class Store:
         _write_anchor(self.anchor_path, seq, digest)
 
     def append_event(
-        self, connection: sqlite3.Connection, run_id: str, type_: str, payload: Mapping[str, Any]
+        self, connection: Connection, run_id: str, type_: str, payload: Mapping[str, Any]
     ) -> Event:
         """Append one event to the chain; call inside `transaction()` or a `write` unit."""
         head = self._head
@@ -797,14 +867,23 @@ class Store:
                     f"database {sanitize(self.path)} has {name} tables from a newer build "
                     f"(version {version}, this build knows {len(migrations)})"
                 )
+            if version == len(migrations):
+                return  # nothing to write (a role without DDL rights opens it too)
             for script in migrations[version:]:
                 for statement in _split_sql(script):
-                    connection.execute(statement)
+                    connection.execute(self._ddl(statement))
             connection.execute(
                 "INSERT INTO extensions (name, version) VALUES (?, ?)"
                 " ON CONFLICT (name) DO UPDATE SET version = excluded.version",
                 (name, len(migrations)),
             )
+
+    def _ddl(self, statement: str) -> str:
+        if self._postgres is None:
+            return statement
+        from ._postgres import widen_types
+
+        return widen_types(statement)
 
     def extension_version(self, name: str) -> int:
         with self._lock:
@@ -832,12 +911,18 @@ class Store:
 
     # -- reads ---------------------------------------------------------------
 
-    def _query(self, sql: str, parameters: Sequence[Any] = ()) -> list[sqlite3.Row]:
+    def query(self, sql: str, parameters: Sequence[Any] = ()) -> list[Any]:
+        """Rows of one read (readable by index and by column name), on the store's
+        connection under its lock: for the store's own modules (accounting), never a write."""
+        return self._query(sql, parameters)
+
+    def _query(self, sql: str, parameters: Sequence[Any] = ()) -> list[Any]:
         deadline = time.monotonic() + self.busy_deadline
         while True:
             self._acquire_lock()
             try:
-                return self._connection.execute(sql, parameters).fetchall()
+                rows: list[Any] = self._connection.execute(sql, parameters).fetchall()
+                return rows
             except sqlite3.OperationalError as exc:
                 # Inside a transaction the lock is ours: busy cannot happen there.
                 if not _is_busy(exc) or self._connection.in_transaction:
@@ -856,7 +941,7 @@ class Store:
             raise RunNotFound(f"no run {sanitize(run_id)} in {sanitize(self.path)}")
         return _row_to_run(rows[0])
 
-    def read_run(self, connection: sqlite3.Connection, run_id: str) -> tuple[RunRecord, str | None]:
+    def read_run(self, connection: Connection, run_id: str) -> tuple[RunRecord, str | None]:
         """Inside a write: the run and its lease token, in one read of its row."""
         row = connection.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is None:
@@ -1338,7 +1423,14 @@ def open_store(
     directory others could delete it from, a database from a newer build, one
     holding triggers or views, a damaged one, or one whose chain is behind its
     head anchor (opening for writing; `check_anchor` reports it when reading).
+
+    A `postgresql://` URL opens that PostgreSQL database instead (psycopg 3,
+    the `agentrt[postgres]` extra): credentials come from libpq's environment
+    (`PGPASSWORD`, a pgpass file, a service), and a URL holding a password is
+    refused.  See docs/postgresql.md.
     """
+    if is_postgres_url(path):
+        return _open_postgres(str(path), read_only=read_only, create=create)
     if str(path) == ":memory:":
         connection = _connect(":memory:", uri=False)
         _migrate(connection, ":memory:")
@@ -1394,6 +1486,39 @@ def open_store(
         store.close()
         raise
     return store
+
+
+def _open_postgres(url: str, *, read_only: bool, create: bool) -> Store:
+    try:
+        from . import _postgres
+    except ImportError:
+        raise StoreError(
+            "a postgresql:// database needs psycopg: install agentrt[postgres]"
+        ) from None
+    connection = _postgres.connect(url, read_only=read_only, lock_timeout_s=_BUSY_DEADLINE_S)
+    label = connection.label
+    try:
+        version = _postgres.read_version(connection)
+        _postgres.check_contents(connection, version)
+        current = version == SCHEMA_VERSION and _postgres.extras_current(connection)
+        if version is not None and version > SCHEMA_VERSION:
+            raise UnsafeDatabase(
+                f"database {label} is from a newer build of agentrt (schema {version}, "
+                f"this build knows {SCHEMA_VERSION}); upgrade agentrt to open it"
+            )
+        if not current:
+            if read_only or not create:
+                if version is None:
+                    raise StoreError(f"database {label} holds no agentrt schema")
+                raise StoreError(
+                    f"database {label} has schema {version}; open it once with the program "
+                    f"that owns it (or `agentrt proxy`) to migrate it to {SCHEMA_VERSION}"
+                )
+            _postgres.migrate(connection, _MIGRATIONS, _split_sql)
+    except BaseException:
+        connection.close()
+        raise
+    return Store(connection, label, read_only, None, postgres=connection)
 
 
 def _check_directories(path: Path) -> None:

@@ -72,7 +72,7 @@ POLICY = ClassPolicy(
 class Produced:
     """A database the real Gate wrote, and what is in it."""
 
-    database: Path
+    database: Path | str  # a file, or a postgresql:// URL
     sandbox: Path
     waiting_run: str
     approval_id: str
@@ -83,7 +83,11 @@ class Produced:
 
 
 def produce(
-    database: Path, sandbox: Path, *, long_content: str = "", approval_ttl: float | None = None
+    database: Path | str,
+    sandbox: Path,
+    *,
+    long_content: str = "",
+    approval_ttl: float | None = None,
 ) -> Produced:
     """Three runs through the real Gate: one completed, one with a hostile goal that
     completed, and one paused on a write that needs approval (created last)."""

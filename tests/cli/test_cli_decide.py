@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import getpass
 import json
-import sqlite3
 import time
 from pathlib import Path
 
 import anyio
 import pytest
+from _postgres import raw_connect
 from cli_support import POLICY, Produced, ReadNote, WriteNote, produce
 from test_cli_terminal import Terminal
 
@@ -35,6 +35,13 @@ class EditNote:
 
     async def call(self, call: ToolCall) -> ToolResult:
         raise AssertionError("an edit waiting for approval never runs")
+
+
+@pytest.fixture
+def produced(database: str | Path, tmp_path: Path) -> Produced:
+    """The produced database, once on SQLite and once on PostgreSQL: every decision
+    command works the same on both."""
+    return produce(database, tmp_path / "sandbox")
 
 
 def _state(produced: Produced) -> tuple[str, str, int]:
@@ -292,11 +299,12 @@ def test_a_decided_approval_cannot_be_decided_again(produced: Produced, run_cli)
 
 
 def test_an_approval_changed_in_the_database_is_refused(produced: Produced, run_cli) -> None:
-    with sqlite3.connect(produced.database) as connection:
-        connection.execute(
-            "UPDATE approvals SET args = ? WHERE approval_id = ?",
-            ('{"path": "../../.bashrc", "content": "evil"}', produced.approval_id),
-        )
+    connection = raw_connect(produced.database)
+    connection.execute(
+        "UPDATE approvals SET args = ? WHERE approval_id = ?",
+        ('{"path": "../../.bashrc", "content": "evil"}', produced.approval_id),
+    )
+    connection.close()
     result = run_cli("approve", produced.waiting_run, "--yes")
     assert result.exit_code == 1
     assert "no longer matches its hash" in result.output

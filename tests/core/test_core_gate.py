@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import io
 import json
-import sqlite3
 from pathlib import Path
 
 import anyio
 import pytest
+from _postgres import raw_connect
 
 from agentrt import (
     ApprovalHashMismatch,
@@ -41,8 +41,8 @@ WRITE_ARGS = '{"path": "notes.txt",  "content": "line one\\nline two\\n"}'
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "runs.db"
+def db(database: str | Path) -> str | Path:
+    return database
 
 
 async def _waiting_run(db: Path, write: RecordingTool) -> tuple[Gate, str, str]:
@@ -315,7 +315,7 @@ async def test_approval_presentation_shows_path_line_count_and_preview(db: Path)
 async def test_tampered_approval_is_refused(db: Path) -> None:
     write = RecordingTool("write", SideEffect.LOCAL_MUTATION)
     gate, run_id, shown = await _waiting_run(db, write)
-    raw = sqlite3.connect(db)
+    raw = raw_connect(db)
     raw.execute(
         "UPDATE approvals SET args = ? WHERE run_id = ?",
         ('{"path": "/etc/passwd", "content": "x"}', run_id),
@@ -331,7 +331,7 @@ async def test_tampered_row_after_approval_does_not_run(db: Path) -> None:
     write = RecordingTool("write", SideEffect.LOCAL_MUTATION)
     gate, run_id, shown = await _waiting_run(db, write)
     approve(gate.store, run_id, approval_hash=shown)
-    raw = sqlite3.connect(db)
+    raw = raw_connect(db)
     raw.execute("UPDATE approvals SET presentation = '{}' WHERE run_id = ?", (run_id,))
     raw.commit()
     raw.close()
@@ -474,7 +474,11 @@ async def test_operator_cancel_stops_a_live_loop_at_its_next_write(db: Path) -> 
 
     async with anyio.create_task_group() as group:
         group.start_soon(drive)
-        await anyio.sleep(0.1)
+        # Cancelled while the first call is in flight (however slow the machine or
+        # the database is to get there).
+        with anyio.fail_after(30):
+            while not slow.calls:
+                await anyio.sleep(0.01)
         cancel(open_store(db), "cancel-me", by="bob")
     assert results[0].status is RunStatus.CANCELLED
     assert len(slow.calls) == 1
@@ -488,7 +492,7 @@ async def test_observers_see_events_only_after_commit(db: Path) -> None:
 
     def observer(event: object) -> None:
         # The event must already be readable through a second connection.
-        other = sqlite3.connect(db)
+        other = raw_connect(db)
         count = other.execute("SELECT COUNT(*) FROM events WHERE seq = ?", (event.seq,)).fetchone()[
             0
         ]  # type: ignore[attr-defined]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from _postgres import raw_connect
 
 from agentrt import (
     ApprovalError,
@@ -204,9 +205,8 @@ async def test_a_full_disk_while_recording_leaves_the_call_interrupted_not_lost(
 
 @pytest.mark.timeout(60)
 async def test_a_late_result_is_not_recorded_over_a_run_taken_over_mid_call(
-    tmp_path: Path,
+    database: str | Path,
 ) -> None:
-    database = tmp_path / "runs.db"
     store = open_store(database)
     tool = _Hook("write", timeout=20.0)
     first = Gate(store, [tool], policy=_ALLOW_ALL, lease_ttl=30.0)
@@ -217,7 +217,7 @@ async def test_a_late_result_is_not_recorded_over_a_run_taken_over_mid_call(
     async def lapse_and_take_over() -> None:
         # The first gate's lease lapses (a stalled heartbeat), and the second
         # gate takes the run over as it would after a crash.
-        raw = sqlite3.connect(database, isolation_level=None)
+        raw = raw_connect(database)
         raw.execute("UPDATE runs SET lease_expires_at = 1 WHERE run_id = ?", (run_id,))
         raw.close()
         outcome = await second.resume(run_id)
@@ -247,16 +247,15 @@ async def test_a_late_result_is_not_recorded_over_a_run_taken_over_mid_call(
 
 
 async def test_a_gate_retaking_its_own_lapsed_lease_refuses_the_old_calls_result(
-    tmp_path: Path,
+    database: str | Path,
 ) -> None:
-    database = tmp_path / "runs.db"
     store = open_store(database)
     tool = _Hook("write", timeout=20.0)
     gate = Gate(store, [tool], policy=_ALLOW_ALL, lease_ttl=30.0)
     run_id = await gate.start("same gate, new acquisition")
 
     async def lapse_and_retake() -> None:
-        raw = sqlite3.connect(database, isolation_level=None)
+        raw = raw_connect(database)
         raw.execute("UPDATE runs SET lease_expires_at = 1 WHERE run_id = ?", (run_id,))
         raw.close()
         await gate.resume(run_id)
@@ -272,9 +271,8 @@ async def test_a_gate_retaking_its_own_lapsed_lease_refuses_the_old_calls_result
 
 
 async def test_an_approval_approved_by_hand_is_refused_by_resume_and_named_by_verify(
-    tmp_path: Path,
+    database: str | Path,
 ) -> None:
-    database = tmp_path / "runs.db"
     store = open_store(database)
     write = RecordingTool("write", SideEffect.LOCAL_MUTATION)
     gate = Gate(store, [write], policy=approval_policy())
@@ -283,7 +281,7 @@ async def test_an_approval_approved_by_hand_is_refused_by_resume_and_named_by_ve
     assert outcome.approval is not None
     approval_id = outcome.approval.approval_id
     assert store.verify_state().ok
-    raw = sqlite3.connect(database, isolation_level=None)
+    raw = raw_connect(database)
     raw.execute("UPDATE approvals SET status = 'approved' WHERE approval_id = ?", (approval_id,))
     raw.close()
     with pytest.raises(ApprovalError, match="no approval_granted event grants it"):
@@ -299,14 +297,13 @@ async def test_an_approval_approved_by_hand_is_refused_by_resume_and_named_by_ve
     )
 
 
-async def test_a_run_set_back_to_running_by_hand_is_named_by_verify(tmp_path: Path) -> None:
-    database = tmp_path / "runs.db"
+async def test_a_run_set_back_to_running_by_hand_is_named_by_verify(database: str | Path) -> None:
     store = open_store(database)
     gate = Gate(store, [RecordingTool("read", SideEffect.READ_ONLY)])
     kept = await gate.start("kept")
     ended = await gate.start("cancelled")
     cancel(store, ended)
-    raw = sqlite3.connect(database, isolation_level=None)
+    raw = raw_connect(database)
     raw.execute("UPDATE runs SET status = 'running' WHERE run_id = ?", (ended,))
     raw.close()
     report = store.verify_state()
@@ -316,8 +313,8 @@ async def test_a_run_set_back_to_running_by_hand_is_named_by_verify(tmp_path: Pa
     assert store.get_run(kept).status is RunStatus.RUNNING
 
 
-async def test_a_resume_event_without_its_grant_is_named_by_verify(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "runs.db")
+async def test_a_resume_event_without_its_grant_is_named_by_verify(database: str | Path) -> None:
+    store = open_store(database)
     write = RecordingTool("write", SideEffect.LOCAL_MUTATION)
     gate = Gate(store, [write], policy=approval_policy())
     run_id = await gate.start("a forged resume")
@@ -334,8 +331,9 @@ async def test_a_resume_event_without_its_grant_is_named_by_verify(tmp_path: Pat
     assert "which no approval_granted event granted" in report.reason
 
 
-async def test_the_tables_agree_with_the_events_after_every_kind_of_run(tmp_path: Path) -> None:
-    database = tmp_path / "runs.db"
+async def test_the_tables_agree_with_the_events_after_every_kind_of_run(
+    database: str | Path,
+) -> None:
     store = open_store(database)
     write = RecordingTool("write", SideEffect.LOCAL_MUTATION, terminal=True)
     read = RecordingTool("read", SideEffect.READ_ONLY)
@@ -379,8 +377,10 @@ async def test_the_tables_agree_with_the_events_after_every_kind_of_run(tmp_path
     assert store.verify_chain().ok
 
 
-async def test_a_gate_keeps_no_lease_token_for_runs_that_ended_or_wait(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "runs.db")
+async def test_a_gate_keeps_no_lease_token_for_runs_that_ended_or_wait(
+    database: str | Path,
+) -> None:
+    store = open_store(database)
     write = RecordingTool("write", SideEffect.LOCAL_MUTATION, terminal=True)
     read = RecordingTool("read", SideEffect.READ_ONLY, terminal=True)
     gate = Gate(store, [write, read], policy=approval_policy())

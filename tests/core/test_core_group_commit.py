@@ -58,8 +58,8 @@ async def _hold_the_writer(store: Store, release: threading.Event) -> None:
 
 
 @pytest.mark.anyio
-async def test_a_failing_write_in_a_batch_rolls_back_only_its_own(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "runs.db")
+async def test_a_failing_write_in_a_batch_rolls_back_only_its_own(database: str | Path) -> None:
+    store = open_store(database)
     release = threading.Event()
     outcomes: dict[str, Any] = {}
 
@@ -88,11 +88,13 @@ async def test_a_failing_write_in_a_batch_rolls_back_only_its_own(tmp_path: Path
     # caller was told the seq its event really has.
     assert [outcomes[name] for name in "ace"] == [event.seq for event in events]
     assert store.verify_chain().ok
-    assert store.check_anchor().ok and store.check_anchor().anchor_seq == events[-1].seq
+    assert store.check_anchor().ok
+    if store.backend == "sqlite":  # PostgreSQL keeps no anchor file
+        assert store.check_anchor().anchor_seq == events[-1].seq
     # What the writer handed to observers is what committed, nothing rolled back.
     assert [event.run_id for event in store.take_committed_events()] == ["a", "c", "e"]
     store.close()
-    reopened = open_store(tmp_path / "runs.db")
+    reopened = open_store(database)
     assert reopened.verify_chain().ok and reopened.verify_state().ok
     reopened.close()
 
@@ -264,8 +266,8 @@ async def test_the_anchor_rewritten_in_place_follows_a_file_put_over_it(tmp_path
 
 
 @pytest.mark.anyio
-async def test_a_failing_write_alone_in_its_batch_leaves_nothing(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "runs.db")
+async def test_a_failing_write_alone_in_its_batch_leaves_nothing(database: str | Path) -> None:
+    store = open_store(database)
     kept = await store.write(_note, store, "kept")
     with pytest.raises(_Refused):
         await store.write(_note, store, "refused", True)
@@ -289,9 +291,9 @@ class _SeeingPolicy:
 
 @pytest.mark.anyio
 async def test_a_step_on_a_run_another_gate_moved_is_decided_again_on_the_fresh_run(
-    tmp_path: Path,
+    database: str | Path,
 ) -> None:
-    db = tmp_path / "runs.db"
+    db = database
     read = RecordingTool("read", SideEffect.READ_ONLY)
     seen_first, seen_second = _SeeingPolicy(), _SeeingPolicy()
     first = Gate(open_store(db), [read], policy=seen_first, lease_ttl=0.3)

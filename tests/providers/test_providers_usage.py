@@ -35,8 +35,9 @@ class Echo:
         return ToolResult('{"said":"hi"}', "said")
 
 
-async def drive(tmp_path: Path, agent: Any) -> tuple[Any, Any, Echo]:
-    store = open_store(tmp_path / "agentrt.db")
+async def drive(database: str | Path, agent: Any) -> tuple[Any, Any, Echo]:
+    """One metered run on `database` (each test runs on SQLite and on PostgreSQL)."""
+    store = open_store(database)
     tool = Echo()
     driver = Driver(Gate(store, [tool]), agent, prices=PriceTable(unknown_is_free=True))
     return await driver.run("Say hi."), store, tool
@@ -52,7 +53,7 @@ def openai_call(arguments: str, **kwargs: Any) -> dict[str, Any]:
 
 
 async def test_openai_usage_is_read_with_cached_prompt_tokens_apart(
-    tmp_path: Path, model_server: Any
+    database: str | Path, model_server: Any
 ) -> None:
     usage = {
         "prompt_tokens": 100,
@@ -62,7 +63,7 @@ async def test_openai_usage_is_read_with_cached_prompt_tokens_apart(
     }
     model_server.answer(openai_completion({"content": "hi"}, usage=usage))
 
-    result, store, _ = await drive(tmp_path, OpenAIAgent("m", base_url=model_server.url))
+    result, store, _ = await drive(database, OpenAIAgent("m", base_url=model_server.url))
 
     assert result.status is RunStatus.COMPLETED
     (attempt,) = list_attempts(store, result.run_id)
@@ -73,13 +74,13 @@ async def test_openai_usage_is_read_with_cached_prompt_tokens_apart(
     assert model_server.requests[0].json()["max_tokens"] == 4096
 
 
-async def test_openai_length_cut_is_never_acted_on(tmp_path: Path, model_server: Any) -> None:
+async def test_openai_length_cut_is_never_acted_on(database: str | Path, model_server: Any) -> None:
     usage = {"prompt_tokens": 10, "completion_tokens": 5}
     # Complete, schema-valid arguments — still not run, because the reply was cut off.
     model_server.answer(openai_call('{"text":"hi"}', finish_reason="length", usage=usage))
     model_server.answer(openai_completion({"content": "done"}, usage=usage))
 
-    result, store, tool = await drive(tmp_path, OpenAIAgent("m", base_url=model_server.url))
+    result, store, tool = await drive(database, OpenAIAgent("m", base_url=model_server.url))
 
     assert result.status is RunStatus.COMPLETED
     assert tool.calls == []
@@ -89,12 +90,12 @@ async def test_openai_length_cut_is_never_acted_on(tmp_path: Path, model_server:
 
 
 async def test_openai_missing_usage_is_flagged_and_charged_in_full(
-    tmp_path: Path, model_server: Any
+    database: str | Path, model_server: Any
 ) -> None:
     model_server.answer(openai_completion({"content": "hi"}))
     agent = OpenAIAgent("m", base_url=model_server.url, extra_body={"max_completion_tokens": 50})
 
-    result, store, _ = await drive(tmp_path, agent)
+    result, store, _ = await drive(database, agent)
 
     body = model_server.requests[0].json()
     assert body["max_completion_tokens"] == 50 and "max_tokens" not in body
@@ -104,7 +105,7 @@ async def test_openai_missing_usage_is_flagged_and_charged_in_full(
 
 
 async def test_openai_cached_tokens_above_the_prompt_are_flagged(
-    tmp_path: Path, model_server: Any
+    database: str | Path, model_server: Any
 ) -> None:
     usage = {
         "prompt_tokens": 5,
@@ -113,19 +114,19 @@ async def test_openai_cached_tokens_above_the_prompt_are_flagged(
     }
     model_server.answer(openai_completion({"content": "hi"}, usage=usage))
 
-    result, store, _ = await drive(tmp_path, OpenAIAgent("m", base_url=model_server.url))
+    result, store, _ = await drive(database, OpenAIAgent("m", base_url=model_server.url))
 
     (attempt,) = list_attempts(store, result.run_id)
     assert attempt.usage is None and "more cached tokens than prompt tokens" in attempt.note
 
 
-async def test_openai_500_then_success_is_retried(tmp_path: Path, model_server: Any) -> None:
+async def test_openai_500_then_success_is_retried(database: str | Path, model_server: Any) -> None:
     model_server.answer({"error": {"message": "upstream"}}, status=502)
     usage = {"prompt_tokens": 1, "completion_tokens": 1}
     model_server.answer(openai_completion({"content": "hi"}, usage=usage))
 
     result, store, _ = await drive(
-        tmp_path, OpenAIAgent("m", base_url=model_server.url, retry=FAST)
+        database, OpenAIAgent("m", base_url=model_server.url, retry=FAST)
     )
 
     assert result.status is RunStatus.COMPLETED
@@ -133,10 +134,12 @@ async def test_openai_500_then_success_is_retried(tmp_path: Path, model_server: 
     assert outcomes == [AttemptOutcome.TRANSIENT_ERROR, AttemptOutcome.OK]
 
 
-async def test_ollama_counters_and_done_reason_are_read(tmp_path: Path, model_server: Any) -> None:
+async def test_ollama_counters_and_done_reason_are_read(
+    database: str | Path, model_server: Any
+) -> None:
     model_server.answer(ollama_chat({"content": "hi"}, prompt_eval_count=26, eval_count=7))
 
-    result, store, _ = await drive(tmp_path, OllamaAgent("m", base_url=model_server.url))
+    result, store, _ = await drive(database, OllamaAgent("m", base_url=model_server.url))
 
     (attempt,) = list_attempts(store, result.run_id)
     assert attempt.usage is not None
@@ -146,27 +149,27 @@ async def test_ollama_counters_and_done_reason_are_read(tmp_path: Path, model_se
 
 
 async def test_ollama_cached_prompt_without_prompt_eval_count_is_trusted(
-    tmp_path: Path, model_server: Any
+    database: str | Path, model_server: Any
 ) -> None:
     # Ollama leaves prompt_eval_count out when the prompt came from its cache.
     model_server.answer(ollama_chat({"content": "hi"}, eval_count=7))
 
-    result, store, _ = await drive(tmp_path, OllamaAgent("m", base_url=model_server.url))
+    result, store, _ = await drive(database, OllamaAgent("m", base_url=model_server.url))
 
     (attempt,) = list_attempts(store, result.run_id)
     assert attempt.usage is not None and attempt.charged_tokens == 7
 
 
-async def test_ollama_negative_counter_is_flagged(tmp_path: Path, model_server: Any) -> None:
+async def test_ollama_negative_counter_is_flagged(database: str | Path, model_server: Any) -> None:
     model_server.answer(ollama_chat({"content": "hi"}, prompt_eval_count=-1, eval_count=7))
 
-    result, store, _ = await drive(tmp_path, OllamaAgent("m", base_url=model_server.url))
+    result, store, _ = await drive(database, OllamaAgent("m", base_url=model_server.url))
 
     (attempt,) = list_attempts(store, result.run_id)
     assert attempt.usage is None and "prompt_eval_count = -1" in attempt.note
 
 
-async def test_ollama_length_cut_is_never_acted_on(tmp_path: Path, model_server: Any) -> None:
+async def test_ollama_length_cut_is_never_acted_on(database: str | Path, model_server: Any) -> None:
     cut = {
         "content": "",
         "tool_calls": [{"function": {"name": "echo", "arguments": {"text": "h"}}}],
@@ -174,7 +177,7 @@ async def test_ollama_length_cut_is_never_acted_on(tmp_path: Path, model_server:
     model_server.answer(ollama_chat(cut, done_reason="length", prompt_eval_count=3, eval_count=4))
     model_server.answer(ollama_chat({"content": "done"}, prompt_eval_count=3, eval_count=1))
 
-    result, store, tool = await drive(tmp_path, OllamaAgent("m", base_url=model_server.url))
+    result, store, tool = await drive(database, OllamaAgent("m", base_url=model_server.url))
 
     assert result.status is RunStatus.COMPLETED
     assert tool.calls == []

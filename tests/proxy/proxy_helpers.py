@@ -58,7 +58,7 @@ class ProxySetup:
 
     root: Path
     config_path: Path
-    database: Path
+    database: Path | str  # a file, or a postgresql:// URL
     upstream_log: Path
     stderr_path: Path
     document: dict[str, Any]
@@ -168,7 +168,7 @@ async def build_setup(
     return ProxySetup(
         root=root,
         config_path=config_path,
-        database=conf / "proxy.db",
+        database=document["database"] if document["database"] != "proxy.db" else conf / "proxy.db",
         upstream_log=log,
         stderr_path=root / "proxy.stderr",
         document=document,
@@ -260,7 +260,7 @@ class RawHost:
         return await self.send_request("tools/call", {"name": tool, "arguments": arguments})
 
 
-def proxy_pid_from_lease(database: Path) -> int:
+def proxy_pid_from_lease(database: Path | str) -> int:
     """The pid of the proxy process executing a call, read from its run's lease owner."""
     with open_store(database, read_only=True) as store:
         for run in store.list_runs(limit=100):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from proxy_helpers import build_setup, host, text_of
@@ -12,8 +13,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 async def test_a_timed_out_write_has_an_unknown_outcome_and_blocks_other_writes_to_the_tool(
     tmp_path: Path,
+    on_backend: dict[str, Any],
 ) -> None:
-    setup = await build_setup(tmp_path)
+    setup = await build_setup(tmp_path, **on_backend)
     slow = {"note": "slow", "seconds": 4}
     async with host(setup) as session:
         first = await session.call_tool("up_write_note", slow)
@@ -38,8 +40,10 @@ async def test_a_timed_out_write_has_an_unknown_outcome_and_blocks_other_writes_
     assert with_kind.kind == "unknown_outcome"
 
 
-async def test_no_more_than_max_pending_approvals_wait_at_once(tmp_path: Path) -> None:
-    setup = await build_setup(tmp_path, max_pending=1, hold="100ms")
+async def test_no_more_than_max_pending_approvals_wait_at_once(
+    tmp_path: Path, on_backend: dict[str, Any]
+) -> None:
+    setup = await build_setup(tmp_path, **on_backend, max_pending=1, hold="100ms")
     async with host(setup) as session:
         first = await session.call_tool("up_send_mail", {"to": "a@x.y", "body": "1"})
         second = await session.call_tool("up_send_mail", {"to": "b@x.y", "body": "2"})
@@ -54,10 +58,12 @@ async def test_no_more_than_max_pending_approvals_wait_at_once(tmp_path: Path) -
     assert len(setup.waiting_commands()) == 1
 
 
-async def test_a_duplicate_is_only_a_duplicate_within_the_repeat_window(tmp_path: Path) -> None:
+async def test_a_duplicate_is_only_a_duplicate_within_the_repeat_window(
+    tmp_path: Path, on_backend: dict[str, Any]
+) -> None:
     import anyio
 
-    setup = await build_setup(tmp_path, repeat_window="2s")
+    setup = await build_setup(tmp_path, **on_backend, repeat_window="2s")
     async with host(setup) as session:
         first = await session.call_tool("up_write_note", {"note": "w"})
         second = await session.call_tool("up_write_note", {"note": "w"})
@@ -69,15 +75,19 @@ async def test_a_duplicate_is_only_a_duplicate_within_the_repeat_window(tmp_path
     assert setup.executions() == ["write_note w", "write_note w"]
 
 
-async def test_read_only_calls_are_never_duplicates(tmp_path: Path) -> None:
-    setup = await build_setup(tmp_path)
+async def test_read_only_calls_are_never_duplicates(
+    tmp_path: Path, on_backend: dict[str, Any]
+) -> None:
+    setup = await build_setup(tmp_path, **on_backend)
     async with host(setup) as session:
         answers = [await session.call_tool("up_echo", {"text": "again"}) for _ in range(3)]
     assert [text_of(answer) for answer in answers] == ["again"] * 3
 
 
-async def test_the_same_arguments_in_another_key_order_are_the_same_call(tmp_path: Path) -> None:
-    setup = await build_setup(tmp_path)
+async def test_the_same_arguments_in_another_key_order_are_the_same_call(
+    tmp_path: Path, on_backend: dict[str, Any]
+) -> None:
+    setup = await build_setup(tmp_path, **on_backend)
     async with host(setup) as session:
         first = await session.call_tool("up_send_mail", {"to": "o@x.y", "body": "b"})
         second = await session.call_tool("up_send_mail", {"body": "b", "to": "o@x.y"})
@@ -88,8 +98,9 @@ async def test_the_same_arguments_in_another_key_order_are_the_same_call(tmp_pat
 
 async def test_a_server_dying_mid_call_leaves_an_unknown_outcome_and_the_proxy_serving(
     tmp_path: Path,
+    on_backend: dict[str, Any],
 ) -> None:
-    setup = await build_setup(tmp_path)
+    setup = await build_setup(tmp_path, **on_backend)
     async with host(setup) as session:
         crashed = await session.call_tool("up_crash", {"target": "prod"})
         assert text_of(crashed).startswith("UNKNOWN_OUTCOME: ")
@@ -105,8 +116,9 @@ async def test_a_server_dying_mid_call_leaves_an_unknown_outcome_and_the_proxy_s
 
 async def test_an_unknown_outcome_approved_runs_the_call_again_exactly_once(
     tmp_path: Path,
+    on_backend: dict[str, Any],
 ) -> None:
-    setup = await build_setup(tmp_path)
+    setup = await build_setup(tmp_path, **on_backend)
     arguments = {"note": "retry", "first_seconds": 3}
     async with host(setup) as session:
         first = await session.call_tool("up_write_note", arguments)

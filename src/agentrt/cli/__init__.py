@@ -49,7 +49,8 @@ _COMMANDS: Final = {
     "database",
     envvar="AGENTRT_DB",
     metavar="PATH",
-    help="The database of runs, approvals and events (or AGENTRT_DB). It is never created here.",
+    help="The database of runs, approvals and events: a file, or a postgresql:// URL "
+    "(or AGENTRT_DB). It is never created here.",
 )
 @click.option("--json", "json_lines", is_flag=True, help="Print JSON Lines instead of text.")
 @click.pass_context

@@ -499,9 +499,12 @@ def verify(settings: Settings, from_seq: int | None, to_seq: int | None, head: s
             }
         )
     elif problem is None:
-        checks = (
-            "" if not whole else "; nothing lost since its anchor; every row matches its events"
+        lost = (
+            "nothing lost since its anchor"
+            if anchored is None or anchored.anchor_seq is not None
+            else "no head anchor on PostgreSQL (a restored older backup is not detected)"
         )
+        checks = "" if not whole else f"; {lost}; every row matches its events"
         output.line(
             f"intact: {report.checked} events checked, head {report.head_seq}:{report.head_hash}"
             + checks

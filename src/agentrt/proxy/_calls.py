@@ -23,7 +23,6 @@ import os
 import secrets
 import shlex
 import socket
-import sqlite3
 import sys
 import time
 import uuid
@@ -48,7 +47,7 @@ from ..policy import (
     default_presentation,
 )
 from ..sanitize import sanitize
-from ..store import ApprovalRecord, ApprovalStatus, RunStatus, StepStatus, Store
+from ..store import ApprovalRecord, ApprovalStatus, Connection, RunStatus, StepStatus, Store
 from ..telemetry import trace_context_metadata
 from ..tools import SideEffect, Tool, ToolCall, ToolResult, ToolSpec
 from ._answers import Answer
@@ -452,14 +451,14 @@ class Calls:
         for `handle` to act on."""
         settled: list[bool] = []
 
-        def admit(connection: sqlite3.Connection) -> tuple[bool, Verdict]:
+        def admit(connection: Connection) -> tuple[bool, Verdict]:
             verdict = decide(connection)
             # A row left by a run that never started keeps its own id: that one
             # is begun the ordinary way, under the row's id.
             new = verdict.action is Action.NEW and verdict.row is not None
             return new and verdict.row is not None and verdict.row.run_id == run_id, verdict
 
-        def on_end(connection: sqlite3.Connection, status: RunStatus) -> None:
+        def on_end(connection: Connection, status: RunStatus) -> None:
             if status is RunStatus.COMPLETED:
                 self.index.settle_in(connection, run_id, Settled.RESULT)
                 settled.append(True)

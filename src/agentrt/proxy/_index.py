@@ -6,7 +6,10 @@ name and the canonical arguments) to those runs, so a host's blind retry
 finds the earlier run instead of acting twice.  A row is *held* by the proxy
 process handling it (renewed while it works); a hold that lapsed means that
 process died.  Every decision is taken inside one `BEGIN IMMEDIATE`
-transaction, so two proxies on one database never both start the same call.
+transaction (on PostgreSQL, one holding the store's write lock), so two
+proxies on one database — on one machine or many — never both start the
+same call.  Holds are judged on the store's write clock (the server's, on
+PostgreSQL).
 
 A new call's row is written in the same transaction as its run and first
 step (`decide_in` inside `Gate.start_and_step`), and its settlement in the
@@ -25,7 +28,6 @@ not grow with the number of earlier identical calls.
 from __future__ import annotations
 
 import enum
-import sqlite3
 import threading
 import time
 from collections.abc import Sequence
@@ -37,6 +39,7 @@ from ..errors import RunNotFound
 from ..store import (
     ApprovalRecord,
     ApprovalStatus,
+    Connection,
     RunRecord,
     RunStatus,
     Store,
@@ -162,7 +165,7 @@ class Verdict:
     approval: ApprovalRecord | None = None
 
 
-def _row(record: sqlite3.Row) -> CallRow:
+def _row(record: Any) -> CallRow:
     return CallRow(
         run_id=record["run_id"],
         session=record["session"],
@@ -214,12 +217,10 @@ class CallIndex:
 
     # -- reads ---------------------------------------------------------------
 
-    def _rows(
-        self, connection: sqlite3.Connection, sql: str, parameters: Sequence[Any]
-    ) -> list[CallRow]:
+    def _rows(self, connection: Connection, sql: str, parameters: Sequence[Any]) -> list[CallRow]:
         return [_row(record) for record in connection.execute(sql, parameters).fetchall()]
 
-    def _one(self, connection: sqlite3.Connection, run_id: str) -> CallRow:
+    def _one(self, connection: Connection, run_id: str) -> CallRow:
         return self._rows(connection, "SELECT * FROM proxy_calls WHERE run_id = ?", (run_id,))[0]
 
     def _run(self, run_id: str) -> RunRecord | None:
@@ -292,7 +293,7 @@ class CallIndex:
 
     def decide_in(
         self,
-        connection: sqlite3.Connection,
+        connection: Connection,
         *,
         run_id: str,
         key: str,
@@ -304,8 +305,9 @@ class CallIndex:
         token: str,
     ) -> Verdict:
         """`decide` inside the caller's write transaction (the gate's, when the
-        proxy starts the run in the same commit)."""
-        now = time.time()
+        proxy starts the run in the same commit).  Holds are judged on the store's
+        write clock (the server's, on PostgreSQL)."""
+        now = self.store.write_time(time.time())
         open_rows: list[tuple[CallRow, RunRecord | None]] = []
         for row in self._rows(connection, _UNSETTLED_OF_KEY, (self.session, key)):
             run = self._run(row.run_id)
@@ -363,7 +365,7 @@ class CallIndex:
         self._track(run_id, token)
         return Verdict(Action.NEW, self._one(connection, run_id))
 
-    def _pending_count(self, connection: sqlite3.Connection) -> int:
+    def _pending_count(self, connection: Connection) -> int:
         count = 0
         for row in self._rows(
             connection,
@@ -375,9 +377,7 @@ class CallIndex:
                 count += 1
         return count
 
-    def _settle_from_run(
-        self, connection: sqlite3.Connection, row: CallRow, run: RunRecord
-    ) -> CallRow:
+    def _settle_from_run(self, connection: Connection, row: CallRow, run: RunRecord) -> CallRow:
         steps = self.store.last_steps(row.run_id, 1)
         kind = steps[0].observation_kind if steps else None
         outcome = outcome_of_ended_run(run, kind)
@@ -398,7 +398,7 @@ class CallIndex:
         with self._live_lock:
             self._live.add((run_id, self._holder(token)))
 
-    def _hold(self, connection: sqlite3.Connection, run_id: str, now: float, token: str) -> CallRow:
+    def _hold(self, connection: Connection, run_id: str, now: float, token: str) -> CallRow:
         connection.execute(
             "UPDATE proxy_calls SET holder = ?, held_until = ? WHERE run_id = ?",
             (self._holder(token), now + self.hold_ttl, run_id),
@@ -411,14 +411,14 @@ class CallIndex:
     def try_hold(self, run_id: str, token: str) -> bool:
         """Hold a call (to run its approved request) unless a live holder has it,
         this process's other calls included: only one of them may resume it."""
-        now = time.time()
         with self.store.transaction() as connection:
+            now = self.store.write_time(time.time())
             cursor = connection.execute(
                 "UPDATE proxy_calls SET holder = ?, held_until = ? WHERE run_id = ? AND settled = 0"
                 " AND (holder IS NULL OR held_until <= ?)",
                 (self._holder(token), now + self.hold_ttl, run_id, now),
             )
-            held = cursor.rowcount == 1
+            held = bool(cursor.rowcount == 1)
         if held:
             self._track(run_id, token)
         return held
@@ -441,8 +441,8 @@ class CallIndex:
             live = sorted(self._live)
         if not live:
             return
-        now = time.time()
         with self.store.transaction() as connection:
+            now = self.store.write_time(time.time())
             connection.executemany(
                 "UPDATE proxy_calls SET held_until = ?"
                 " WHERE run_id = ? AND holder = ? AND settled = 0",
@@ -459,12 +459,12 @@ class CallIndex:
         with self.store.transaction() as connection:
             return self.settle_in(connection, run_id, outcome)
 
-    def settle_in(self, connection: sqlite3.Connection, run_id: str, outcome: Settled) -> CallRow:
+    def settle_in(self, connection: Connection, run_id: str, outcome: Settled) -> CallRow:
         """`settle` inside the caller's write transaction (the one recording the result)."""
         connection.execute(
             "UPDATE proxy_calls SET settled = 1, outcome = ?, settled_at = ?, holder = NULL,"
             " held_until = NULL WHERE run_id = ?",
-            (outcome, time.time(), run_id),
+            (outcome, self.store.write_time(time.time()), run_id),
         )
         return self._one(connection, run_id)
 

@@ -44,6 +44,7 @@ from ..mcp import (
 )
 from ..policy import ClassPolicy, DefaultPolicy, Outcome
 from ..sanitize import sanitize
+from ..store import is_postgres_url
 from ..tools import SideEffect
 from ._conditions import Condition, compile_when
 from ._forward import DEFAULT_MAX_RESULT_BYTES, MIN_MAX_RESULT_BYTES
@@ -189,7 +190,9 @@ class ProxyConfig:
     """
 
     path: Path
-    database: Path
+    # A file (SQLite), or a `postgresql://` URL: several proxies may share one
+    # PostgreSQL database (docs/postgresql.md).
+    database: Path | str
     session: str
     servers: list[UpstreamConfig]
     policy: ClassPolicy = field(default_factory=DefaultPolicy)
@@ -204,10 +207,12 @@ class ProxyConfig:
 
     def protected_paths(self) -> list[Path]:
         """The files a server must never be pointed at: whoever writes them governs the proxy."""
-        paths = [self.path, self.database]
+        paths = [self.path]
+        if isinstance(self.database, Path):
+            paths.append(self.database)
+            paths += [Path(f"{self.database}{suffix}") for suffix in ("-wal", "-shm", "-journal")]
         if self.inbox is not None and self.inbox.token_file is not None:
             paths.append(self.inbox.token_file)  # whoever reads it can decide approvals
-        paths += [Path(f"{self.database}{suffix}") for suffix in ("-wal", "-shm", "-journal")]
         for upstream in self.servers:
             paths.append(upstream.manifest_path)
             if upstream.rules_path is not None:
@@ -296,7 +301,11 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
     session = reader.string(top["session"], "session")
     if not SESSION_PATTERN.match(session):
         raise reader.fail("session", "must be 1 to 64 letters, digits, '_' or '-'")
-    database = reader.path_field(top["database"], "database")
+    database: Path | str
+    if is_postgres_url(top["database"]):
+        database = top["database"]
+    else:
+        database = reader.path_field(top["database"], "database")
 
     raw_servers = top["servers"]
     if not isinstance(raw_servers, list) or not raw_servers:

@@ -24,7 +24,7 @@ from typing import IO, TYPE_CHECKING, Any, Final
 from ..errors import AgentrtError
 from ..export import Follower
 from ..sanitize import sanitize
-from ..store import Event, Store, open_store
+from ..store import Event, Store, is_postgres_url, open_store
 from ._spans import SpanKind, SpanRecord, TraceBuilder
 
 if TYPE_CHECKING:
@@ -111,7 +111,10 @@ class TraceExporter:
         log: IO[str] | None = None,
         poll_seconds: float = _POLL_SECONDS,
     ) -> None:
-        self.database = Path(database)
+        # A postgresql:// URL stays text (a Path would fold its "//").
+        self.database: str | Path = (
+            database if isinstance(database, str) and is_postgres_url(database) else Path(database)
+        )
         self.settings = settings
         self.builder = TraceBuilder(content=settings.content, side_effects=side_effects)
         self.log = log if log is not None else sys.stderr

@@ -1,0 +1,377 @@
+"""The store's PostgreSQL backend: a connection with the surface the store's SQL uses.
+
+The gate, the proxy's call index, the approvals and the accounting write their
+SQL once, in SQLite's dialect (`?` placeholders, rows read by index and by
+name).  `PostgresConnection` gives them that surface over psycopg 3, so the
+SQL is shared and the dialect differences live here: placeholders, column
+types in migrations, the schema version, the write lock and the clock.
+
+Writers serialise on one advisory transaction lock (`WRITE_LOCK`), taken at
+the start of every write transaction, as SQLite's `BEGIN IMMEDIATE` takes
+its write lock: the chain head is read and extended under it, and every
+check-then-write decision (a lease, a compare-and-set, the call index's
+rules) sees every earlier commit, whichever host made it.  Times that judge
+a lease or a hold are the database server's (`clock_timestamp()`, read in the
+same statement that took the lock), so hosts whose clocks disagree still
+agree on who holds what.
+
+Credentials come only from libpq's environment (`PGPASSWORD`, a pgpass file,
+a service): a URL holding a password is refused, so no password is ever
+written into an event, a log or an error.  This module imports psycopg; the
+store imports this module only for a `postgresql://` URL.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Final
+
+import psycopg
+import psycopg.conninfo
+import psycopg.errors
+import psycopg.rows
+
+from .errors import StoreBusy, StoreConflict, StoreError, UnsafeDatabase
+from .sanitize import sanitize
+
+__all__ = [
+    "WRITE_LOCK",
+    "PostgresConnection",
+    "connect",
+    "redacted",
+]
+
+# The key of the advisory lock every write transaction takes first (any
+# 64-bit number nothing else in the database uses: "agentrt" in ASCII).
+WRITE_LOCK: Final = 0x6167656E747274
+
+# PostgreSQL's REAL and INTEGER are 4 bytes: an epoch time in a REAL would lose
+# its seconds, so the shared migrations' types are widened here.
+_WIDER_TYPES: Final = (
+    (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
+    (re.compile(r"\bINTEGER\b"), "BIGINT"),
+)
+
+
+def redacted(url: str) -> str:
+    """The URL as it may be shown: user, host, port and database, never a password."""
+    try:
+        parts = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "postgresql://(a URL that does not parse)"
+    user = f"{parts['user']}@" if parts.get("user") else ""
+    host = str(parts.get("host") or "")
+    port = f":{parts['port']}" if parts.get("port") else ""
+    return f"postgresql://{user}{host}{port}/{parts.get('dbname') or ''}"
+
+
+def _parameters(url: str) -> dict[str, Any]:
+    try:
+        parts = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        raise StoreError(
+            f"database URL {redacted(url)} does not parse as a PostgreSQL connection URL"
+        ) from None
+    if parts.get("password"):
+        raise StoreError(
+            f"database URL {redacted(url)} holds a password; agentrt never takes one from a "
+            "URL (it would be shown and logged): give it through PGPASSWORD, a pgpass file "
+            "or a libpq service instead"
+        )
+    return parts
+
+
+@functools.lru_cache(maxsize=1024)
+def _translate(sql: str) -> str:
+    """SQLite's `?` placeholders as psycopg's `%s` (and a literal `%` doubled), outside
+    quoted text; only for a statement with parameters (one without is sent as it is)."""
+    out: list[str] = []
+    quote: str | None = None
+    for character in sql:
+        if quote is not None:
+            if character == quote:
+                quote = None
+            out.append("%%" if character == "%" else character)
+        elif character in ("'", '"'):
+            quote = character
+            out.append(character)
+        elif character == "?":
+            out.append("%s")
+        elif character == "%":
+            out.append("%%")
+        else:
+            out.append(character)
+    return "".join(out)
+
+
+def widen_types(statement: str) -> str:
+    """A shared migration's statement with PostgreSQL's 8-byte types."""
+    for pattern, replacement in _WIDER_TYPES:
+        statement = pattern.sub(replacement, statement)
+    return statement
+
+
+class Row(tuple[Any, ...]):
+    """A result row readable by index and by column name, as `sqlite3.Row` is."""
+
+    __slots__ = ()
+    _index: dict[str, int]
+
+    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+        if isinstance(key, str):
+            return tuple.__getitem__(self, self._index[key])
+        return tuple.__getitem__(self, key)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+
+@functools.lru_cache(maxsize=256)
+def _row_class(names: tuple[str, ...]) -> type[Row]:
+    return type("Row", (Row,), {"__slots__": (), "_index": {n: i for i, n in enumerate(names)}})
+
+
+def _row_factory(cursor: Any) -> Any:
+    description = cursor.description
+    if description is None:
+        return tuple
+    row_class = _row_class(tuple(column.name for column in description))
+    return row_class
+
+
+class Cursor:
+    """The part of `sqlite3.Cursor` the store's SQL uses: rows, iteration, rowcount."""
+
+    __slots__ = ("_cursor",)
+
+    def __init__(self, cursor: psycopg.ClientCursor[Any]) -> None:
+        self._cursor = cursor
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+    def fetchone(self) -> Any:
+        if self._cursor.description is None:
+            return None
+        return self._cursor.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        if self._cursor.description is None:
+            return []
+        return self._cursor.fetchall()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.fetchall())
+
+
+class PostgresConnection:
+    """One psycopg connection in autocommit mode (the store sends BEGIN and COMMIT itself),
+    with `sqlite3.Connection`'s `execute`, `executemany`, `in_transaction` and `close`.
+
+    A unique-key violation is raised as `StoreConflict`, a lock wait past the
+    deadline as `StoreBusy`, any other database error as `StoreError`, each
+    naming the database by its redacted URL.
+    """
+
+    def __init__(self, connection: psycopg.Connection[Any], label: str) -> None:
+        self._connection = connection
+        self.label = label
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ()) -> Cursor:
+        if sql == "COMMIT" and self._failed():
+            # PostgreSQL answers COMMIT of a failed transaction by rolling it back,
+            # silently: say so instead of letting a caller believe it was written.
+            self.rollback_quietly()
+            raise StoreError(
+                f"database {self.label} rolled back a transaction after an error in it; "
+                "nothing of it was written"
+            )
+        cursor = self._connection.cursor()
+        try:
+            if parameters:
+                cursor.execute(_translate(sql), tuple(parameters))
+            else:
+                cursor.execute(sql)
+        except psycopg.Error as exc:
+            raise self._mapped(exc) from None
+        return Cursor(cursor)  # type: ignore[arg-type]
+
+    def _failed(self) -> bool:
+        return self._connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        for parameters in rows:
+            self.execute(sql, parameters)
+
+    def _mapped(self, exc: psycopg.Error) -> StoreError:
+        detail = sanitize(
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        )
+        if isinstance(exc, psycopg.errors.IntegrityError):
+            return StoreConflict(f"database {self.label} refused a write: {detail}")
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            return StoreBusy(
+                f"database {self.label} stayed locked by another writer; nothing was written"
+            )
+        return StoreError(f"database {self.label}: {detail}")
+
+    def begin_write(self) -> float:
+        """Start a write transaction holding the write lock; return the server's time then."""
+        self.execute("BEGIN")
+        try:
+            row = self.execute(
+                "SELECT pg_advisory_xact_lock(?), EXTRACT(EPOCH FROM clock_timestamp())::float8",
+                (WRITE_LOCK,),
+            ).fetchone()
+        except BaseException:
+            self.rollback_quietly()
+            raise
+        return float(row[1])
+
+    def rollback_quietly(self) -> None:
+        if self.in_transaction:
+            try:
+                self._connection.execute("ROLLBACK")
+            except psycopg.Error:
+                return
+
+    def close(self) -> None:
+        self._connection.close()
+
+
+def connect(url: str, *, read_only: bool, lock_timeout_s: float) -> PostgresConnection:
+    """Connect to the database at `url` (credentials from libpq's environment only)."""
+    parameters = _parameters(url)
+    label = redacted(url)
+    try:
+        connection = psycopg.connect(
+            **parameters,
+            autocommit=True,
+            cursor_factory=psycopg.ClientCursor,
+            row_factory=_row_factory,
+            application_name="agentrt",
+        )
+    except psycopg.OperationalError as exc:
+        # libpq's message names host, port and user, never the password.
+        detail = sanitize(str(exc).strip().splitlines()[0] if str(exc).strip() else "no answer")
+        raise StoreError(f"database {label} cannot be reached: {detail}") from None
+    adapter = PostgresConnection(connection, label)
+    try:
+        adapter.execute(f"SET lock_timeout = '{int(lock_timeout_s * 1000)}ms'")
+        adapter.execute("SET TIME ZONE 'UTC'")
+        if read_only:
+            adapter.execute("SET default_transaction_read_only = on")
+    except BaseException:
+        connection.close()
+        raise
+    return adapter
+
+
+# -- the schema ---------------------------------------------------------------
+
+# Created before the shared migrations; holds the core schema's version (SQLite
+# keeps it in `PRAGMA user_version`).
+_VERSION_TABLE: Final = "agentrt_schema"
+
+# What PostgreSQL adds to the shared schema, forward-only like it: events can
+# be appended, never changed or removed, whoever asks (even the tables' owner,
+# who could only drop the trigger on purpose).
+POSTGRES_MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+    (
+        """
+        CREATE FUNCTION agentrt_events_append_only() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            RAISE EXCEPTION 'agentrt events are append-only: % on events refused', TG_OP
+                USING ERRCODE = 'insufficient_privilege';
+        END
+        $$
+        """,
+        "CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON events"
+        " FOR EACH ROW EXECUTE FUNCTION agentrt_events_append_only()",
+        "CREATE TRIGGER events_never_truncated BEFORE TRUNCATE ON events"
+        " FOR EACH STATEMENT EXECUTE FUNCTION agentrt_events_append_only()",
+    ),
+)
+_POSTGRES_EXTENSION: Final = "postgresql"
+
+
+def read_version(connection: PostgresConnection) -> int | None:
+    """The core schema version, None when the database holds no agentrt schema."""
+    exists = connection.execute("SELECT to_regclass(?)", (_VERSION_TABLE,)).fetchone()
+    if exists[0] is None:
+        return None
+    row = connection.execute(f"SELECT version FROM {_VERSION_TABLE}").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def extras_current(connection: PostgresConnection) -> bool:
+    """Whether PostgreSQL's own additions (the append-only trigger) are this build's."""
+    row = connection.execute(
+        "SELECT version FROM extensions WHERE name = ?", (_POSTGRES_EXTENSION,)
+    ).fetchone()
+    return row is not None and int(row[0]) == len(POSTGRES_MIGRATIONS)
+
+
+def check_contents(connection: PostgresConnection, version: int | None) -> None:
+    """Refuse a database that holds tables but not the agentrt schema."""
+    if version is not None:
+        return
+    row = connection.execute(
+        "SELECT COUNT(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema()"
+    ).fetchone()
+    if int(row[0]) > 0:
+        raise StoreError(
+            f"{connection.label} holds tables but not the agentrt schema; agentrt will not "
+            "write into it: give it a database of its own"
+        )
+
+
+def migrate(connection: PostgresConnection, core_migrations: Sequence[str], split: Any) -> None:
+    """Bring the schema to this build's version, under the write lock (several processes
+    may start at once); a database from a newer build is refused."""
+    connection.begin_write()
+    try:
+        connection.execute(f"CREATE TABLE IF NOT EXISTS {_VERSION_TABLE} (version BIGINT NOT NULL)")
+        version = read_version(connection) or 0
+        if version > len(core_migrations):
+            raise UnsafeDatabase(
+                f"database {connection.label} is from a newer build of agentrt (schema "
+                f"{version}, this build knows {len(core_migrations)}); upgrade agentrt to open it"
+            )
+        for script in core_migrations[version:]:
+            for statement in split(script):
+                connection.execute(widen_types(statement))
+        if version < len(core_migrations):
+            connection.execute(f"DELETE FROM {_VERSION_TABLE}")
+            connection.execute(
+                f"INSERT INTO {_VERSION_TABLE} (version) VALUES (?)", (len(core_migrations),)
+            )
+        row = connection.execute(
+            "SELECT version FROM extensions WHERE name = ?", (_POSTGRES_EXTENSION,)
+        ).fetchone()
+        done = 0 if row is None else int(row[0])
+        if done > len(POSTGRES_MIGRATIONS):
+            raise UnsafeDatabase(
+                f"database {connection.label} has PostgreSQL schema {done} from a newer build"
+            )
+        for statements in POSTGRES_MIGRATIONS[done:]:
+            for statement in statements:
+                connection.execute(statement)
+        if done < len(POSTGRES_MIGRATIONS):
+            connection.execute(
+                "INSERT INTO extensions (name, version) VALUES (?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET version = excluded.version",
+                (_POSTGRES_EXTENSION, len(POSTGRES_MIGRATIONS)),
+            )
+        connection.execute("COMMIT")
+    except BaseException:
+        connection.rollback_quietly()
+        raise

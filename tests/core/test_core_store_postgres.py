@@ -1,0 +1,275 @@
+"""The store's guarantees on a real PostgreSQL server: one chain for many writers, leases
+on the server's clock, events nobody can rewrite, the schema refusals, no password shown."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from agentrt import Decision, Gate, RunLeased, RunStateError, SideEffect, StoreError, open_store
+from agentrt.cli import cli
+from agentrt.errors import UnsafeDatabase
+from agentrt.proxy._index import CallIndex
+from agentrt.store import SCHEMA_VERSION
+
+from .helpers import RecordingTool
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def url(postgres_server: Any) -> str:
+    return str(postgres_server.database())
+
+
+def _superuser(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True)
+
+
+async def _one_event(url: str) -> tuple[Gate, str]:
+    gate = Gate(open_store(url), [RecordingTool("read", SideEffect.READ_ONLY)])
+    run_id = await gate.start("one run")
+    return gate, run_id
+
+
+async def test_events_refuse_update_delete_and_truncate_even_from_their_owner(url: str) -> None:
+    import psycopg
+
+    gate, run_id = await _one_event(url)
+    with _superuser(url) as owner:
+        for statement in (
+            "UPDATE events SET payload = '{}' WHERE seq = 1",
+            "DELETE FROM events WHERE seq = 1",
+            "TRUNCATE events",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
+                owner.execute(statement)
+    assert [event.type for event in gate.store.list_events(run_id)] == ["run_started"]
+    assert gate.store.verify_chain().ok
+    gate.store.close()
+
+
+# The grants docs/postgresql.md gives the proxies' role (the tables' owner is another role).
+_PROXY_GRANTS = """
+GRANT CONNECT ON DATABASE {database} TO {role};
+GRANT USAGE, CREATE ON SCHEMA public TO {role};
+GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO {role};
+REVOKE UPDATE, DELETE, TRUNCATE ON events FROM {role};
+"""
+
+
+async def test_the_proxies_role_works_but_cannot_rewrite_events(
+    url: str, postgres_server: Any
+) -> None:
+    import psycopg
+
+    gate, _ = await _one_event(url)  # the owner created and migrated the schema
+    gate.store.close()
+    role = "proxies_" + uuid.uuid4().hex[:8]
+    database = url.rsplit("/", 1)[1]
+    postgres_server.admin(f"CREATE ROLE {role} LOGIN")
+    with _superuser(url) as owner:
+        for statement in _PROXY_GRANTS.format(database=database, role=role).split(";"):
+            if statement.strip():
+                owner.execute(statement)
+    as_proxies = postgres_server.url(database, user=role)
+    gate = Gate(open_store(as_proxies), [RecordingTool("read", SideEffect.READ_ONLY)])
+    # The proxy's own tables (its call index) it creates itself, and owns.
+    CallIndex(gate.store, "session", "holder", 2.0)
+    run_id = await gate.start("run by the proxies' role")
+    outcome = await gate.step(run_id, Decision.tool_call("read", '{"path": "a"}'))
+    assert outcome.observation is not None and outcome.observation.kind == "result"
+    gate.store.close()
+    with psycopg.connect(as_proxies, autocommit=True) as proxies:
+        for statement in (
+            "UPDATE events SET payload = '{}' WHERE seq = 1",
+            "DELETE FROM events WHERE seq = 1",
+            "ALTER TABLE events DISABLE TRIGGER events_append_only",
+            "DROP TRIGGER events_append_only ON events",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                proxies.execute(statement)
+    with open_store(url, read_only=True) as store:
+        report = store.verify_chain()
+        assert report.ok and report.checked == report.head_seq
+        assert "tool_finished" in [event.type for event in store.list_events(run_id)]
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        "postgresql://agentrt:{secret}@{host}/{db}",
+        "postgresql://agentrt@{host}/{db}?password={secret}",
+    ],
+)
+def test_a_url_holding_a_password_is_refused_and_the_password_never_shown(
+    url: str, form: str
+) -> None:
+    host, db = url.removeprefix("postgresql://agentrt@").rsplit("/", 1)
+    secret = "s3cret-" + uuid.uuid4().hex[:6]
+    with_password = form.format(secret=secret, host=host, db=db)
+    with pytest.raises(StoreError, match="holds a password") as refused:
+        open_store(with_password)
+    assert secret not in str(refused.value)
+    assert "PGPASSWORD, a pgpass file or a libpq service" in str(refused.value)
+    result = CliRunner().invoke(cli, ["--db", with_password, "verify"])
+    assert result.exit_code == 2 and "holds a password" in result.output
+    assert secret not in result.output
+
+
+def test_many_writers_on_two_stores_append_one_chain(url: str) -> None:
+    stores = [open_store(url), open_store(url)]
+    failures: list[BaseException] = []
+
+    def append(store: Any, name: str) -> None:
+        try:
+            for index in range(40):
+                with store.transaction() as connection:
+                    store.append_event(connection, name, "probe", {"index": index})
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [
+        threading.Thread(target=append, args=(stores[number % 2], f"writer-{number}"))
+        for number in range(6)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    report = stores[0].verify_chain()
+    assert report.ok and report.checked == 240 and report.head_seq == 240
+    for store in stores:
+        store.close()
+
+
+async def test_a_lease_is_judged_on_the_database_clock_not_the_hosts(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read = RecordingTool("read", SideEffect.READ_ONLY)
+    first = Gate(open_store(url), [read], lease_ttl=30.0)
+    run_id = await first.start("leased by the first host")
+    await first.step(run_id, Decision.tool_call("read", '{"path": "a"}'))
+    # A second host whose clock runs an hour ahead would see the lease as lapsed.
+    second = Gate(open_store(url), [read], lease_ttl=30.0)
+    import agentrt.gate
+
+    real_time = agentrt.gate.time.time
+    monkeypatch.setattr(agentrt.gate.time, "time", lambda: real_time() + 3600.0)
+    with pytest.raises(RunLeased):
+        await second.step(run_id, Decision.tool_call("read", '{"path": "b"}'))
+    monkeypatch.undo()
+    assert [step.args for step in first.store.list_steps(run_id)] == ['{"path": "a"}']
+    first.store.close()
+    second.store.close()
+
+
+async def test_a_run_started_twice_under_one_id_is_refused_and_the_chain_kept(url: str) -> None:
+    gate, run_id = await _one_event(url)
+    with pytest.raises(RunStateError, match="already exists"):
+        await gate.start("again", run_id=run_id)
+    run_id_after = await gate.start("another")
+    assert gate.store.verify_chain().ok and gate.store.verify_chain().checked == 2
+    assert gate.store.get_run(run_id_after).goal == "another"
+    gate.store.close()
+
+
+def test_a_database_from_a_newer_build_is_refused(url: str) -> None:
+    open_store(url).close()
+    with _superuser(url) as owner:
+        owner.execute("UPDATE agentrt_schema SET version = 99")
+    with pytest.raises(UnsafeDatabase, match="newer build of agentrt"):
+        open_store(url)
+
+
+def test_a_database_holding_other_tables_is_refused(url: str) -> None:
+    with _superuser(url) as owner:
+        owner.execute("CREATE TABLE accounts (id INTEGER)")
+    with pytest.raises(StoreError, match="holds tables but not the agentrt schema"):
+        open_store(url)
+    with _superuser(url) as owner:
+        assert owner.execute("SELECT to_regclass('events')").fetchone()[0] is None
+
+
+def test_processes_starting_at_once_migrate_the_schema_once(url: str) -> None:
+    failures: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            open_store(url).close()
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    with _superuser(url) as owner:
+        assert owner.execute("SELECT version FROM agentrt_schema").fetchall() == [(SCHEMA_VERSION,)]
+        assert owner.execute(
+            "SELECT version FROM extensions WHERE name = 'postgresql'"
+        ).fetchall() == [(1,)]
+
+
+def test_a_database_that_does_not_exist_yet_is_not_created_for_reading(url: str) -> None:
+    with pytest.raises(StoreError, match="holds no agentrt schema"):
+        open_store(url, read_only=True)
+    with _superuser(url) as owner:
+        assert owner.execute("SELECT to_regclass('agentrt_schema')").fetchone()[0] is None
+
+
+async def test_a_read_only_store_never_writes(url: str) -> None:
+    gate, run_id = await _one_event(url)
+    gate.store.close()
+    with open_store(url, read_only=True) as store:
+        with pytest.raises(StoreError, match="read-only"), store.transaction():
+            pass
+        assert store.get_run(run_id).goal == "one run"
+
+
+async def test_verify_on_postgresql_names_an_event_its_owner_rewrote(url: str) -> None:
+    gate, run_id = await _one_event(url)
+    await gate.step(run_id, Decision.tool_call("read", '{"path": "a"}'))
+    gate.store.close()
+    intact = CliRunner().invoke(cli, ["--db", url, "verify"])
+    assert intact.exit_code == 0 and "intact" in intact.output
+    # Only the tables' owner can, and only by switching the trigger off on purpose.
+    with _superuser(url) as owner:
+        owner.execute("ALTER TABLE events DISABLE TRIGGER events_append_only")
+        owner.execute('UPDATE events SET payload = \'{"goal":"forged"}\' WHERE seq = 1')
+        owner.execute("ALTER TABLE events ENABLE TRIGGER events_append_only")
+    broken = CliRunner().invoke(cli, ["--db", url, "verify"])
+    assert broken.exit_code == 1
+    assert "event 1 does not match its hash" in broken.output
+
+
+def test_an_unreachable_server_is_one_sentence_naming_the_database(tmp_path: Path) -> None:
+    url = f"postgresql://agentrt@{str(tmp_path).replace('/', '%2F')}/nowhere"
+    with pytest.raises(
+        StoreError, match=r"^database postgresql://agentrt@/.*/nowhere cannot be reached"
+    ):
+        open_store(url)
+
+
+def test_psycopg_is_imported_only_for_a_postgresql_url(tmp_path: Path) -> None:
+    probe = (
+        "import sys, agentrt, agentrt.proxy, agentrt.cli, agentrt.telemetry\n"
+        f"agentrt.open_store({str(tmp_path / 'runs.db')!r}).close()\n"
+        "print('psycopg' in sys.modules)\n"
+    )
+    finished = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert finished.stdout.strip() == "False"

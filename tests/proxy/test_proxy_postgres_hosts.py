@@ -1,0 +1,165 @@
+"""Many machines, one queue and one trail: four proxy processes, each with its own upstream
+and its own host, on one PostgreSQL database and one session.
+
+Each proxy stands for a machine: its own configuration directory, its own
+upstream server (and log of what that server executed), its own host
+client.  Only the database is shared, as it would be across hosts.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from proxy_helpers import (
+    AGENTRT,
+    RULES,
+    ProxySetup,
+    RawHost,
+    build_setup,
+    host,
+    proxy_pid_from_lease,
+    text_of,
+    until,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(120)]
+
+_SLOW_RULES: dict[str, Any] = {
+    **RULES,
+    "write_note": {"side_effect": "local_mutation", "timeout": "30s"},
+}
+
+
+async def _machines(root: Path, url: str, count: int = 4) -> list[ProxySetup]:
+    return [
+        await build_setup(root / f"machine-{number}", rules=_SLOW_RULES, database=url)
+        for number in range(count)
+    ]
+
+
+def _executions(machines: list[ProxySetup]) -> list[str]:
+    return [line for machine in machines for line in machine.executions()]
+
+
+def _started(machines: list[ProxySetup]) -> list[str]:
+    return [line for machine in machines for line in machine.started()]
+
+
+def _verify(url: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(AGENTRT), "--db", url, "verify"], capture_output=True, text=True, cwd=cwd,
+        check=False, timeout=60,
+    )  # fmt: skip
+
+
+async def test_the_same_write_sent_to_four_proxies_at_once_runs_once(
+    tmp_path: Path, postgres_server: Any
+) -> None:
+    url = postgres_server.database()
+    machines = await _machines(tmp_path, url)
+    arguments = {"note": "once across machines", "seconds": 1.5}
+    answers: list[str] = []
+    async with AsyncExitStack() as stack:
+        sessions = [await stack.enter_async_context(host(machine)) for machine in machines]
+
+        async def call(session: Any) -> None:
+            answers.append(text_of(await session.call_tool("up_write_note", arguments)))
+
+        async with anyio.create_task_group() as group:
+            for session in sessions:
+                group.start_soon(call, session)
+        retries = [
+            text_of(await session.call_tool("up_write_note", arguments)) for session in sessions
+        ]
+    assert sorted(answer.split(":")[0] for answer in answers) == [
+        "IN_PROGRESS", "IN_PROGRESS", "IN_PROGRESS", "noted once across machines",
+    ]  # fmt: skip
+    assert all(retry.startswith("DUPLICATE: ") for retry in retries), retries
+    assert _executions(machines) == ["write_note once across machines"]
+    verified = _verify(url, tmp_path)
+    assert verified.returncode == 0 and "intact" in verified.stdout
+
+
+async def test_an_approval_granted_on_another_machine_is_collected_by_whichever_proxy_is_called(
+    tmp_path: Path, postgres_server: Any
+) -> None:
+    url = postgres_server.database()
+    machines = await _machines(tmp_path, url)
+    arguments = {"to": "team@example.org", "body": "deploy"}
+    async with AsyncExitStack() as stack:
+        sessions = [await stack.enter_async_context(host(machine)) for machine in machines]
+        asked = text_of(await sessions[0].call_tool("up_send_mail", arguments))
+        assert asked.startswith("PENDING_APPROVAL: ")
+        # Asked again through another machine: the same waiting call, not a second one.
+        again = text_of(await sessions[1].call_tool("up_send_mail", arguments))
+        assert again.startswith("PENDING_APPROVAL: ")
+        # The operator approves on a machine of their own: another process, another
+        # working directory, only the database URL in common.
+        operator = tmp_path / "operator"
+        operator.mkdir()
+        approved = subprocess.run(
+            [*machines[0].operator_command("approve")[:1], "--db", url,
+             *machines[0].operator_command("approve")[3:], "--yes"],
+            capture_output=True, text=True, cwd=operator, check=False, timeout=60,
+        )  # fmt: skip
+        assert approved.returncode == 0, approved.stdout + approved.stderr
+        collected = text_of(await sessions[2].call_tool("up_send_mail", arguments))
+        assert collected == "sent to team@example.org"
+        third = [
+            text_of(await sessions[number].call_tool("up_send_mail", arguments))
+            for number in (0, 3)
+        ]
+    assert all(answer.startswith("DUPLICATE: ") for answer in third), third
+    # It ran once, on the machine whose proxy collected it.
+    assert [machine.executions() for machine in machines] == [
+        [], [], ["send_mail team@example.org"], [],
+    ]  # fmt: skip
+    assert len({command for machine in machines for command in machine.waiting_commands()}) == 1
+    verified = _verify(url, operator)
+    assert verified.returncode == 0 and "intact" in verified.stdout
+
+
+async def test_proxies_killed_at_random_never_run_a_call_twice(
+    tmp_path: Path, postgres_server: Any
+) -> None:
+    url = postgres_server.database()
+    machines = await _machines(tmp_path, url)
+    arguments = {"note": "survives kills", "seconds": 3}
+    chosen = random.Random(os.getpid())
+    async with AsyncExitStack() as stack:
+        raws = [await stack.enter_async_context(RawHost.start(machine)) for machine in machines]
+        for raw in raws:
+            await raw.call("up_write_note", arguments)
+        await until(lambda: len(_started(machines)) == 1)
+        # The proxy executing the call dies, and with it one or two others at random.
+        executing = proxy_pid_from_lease(url)
+        victims = {executing} | {
+            raw.process.pid for raw in chosen.sample(raws, chosen.randint(1, 2))
+        }
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        for raw in raws:
+            if raw.process.pid in victims:
+                await raw.process.wait()
+    # Holds and leases (2s) lapse with the dead; every machine's proxy is started
+    # afresh and asked again: nothing runs a second time without an approval.
+    await anyio.sleep(2.5)
+    async with AsyncExitStack() as stack:
+        sessions = [await stack.enter_async_context(host(machine)) for machine in machines]
+        answers = [
+            text_of(await session.call_tool("up_write_note", arguments)) for session in sessions
+        ]
+    assert len(_started(machines)) == 1, _started(machines)
+    # The call may have taken effect: each proxy says so and waits for an approval.
+    assert all(answer.startswith("INTERRUPTED: ") for answer in answers), answers
+    assert len({command for machine in machines for command in machine.waiting_commands()}) == 1
+    verified = _verify(url, tmp_path)
+    assert verified.returncode == 0 and "intact" in verified.stdout
