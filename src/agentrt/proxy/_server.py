@@ -216,8 +216,9 @@ class Proxy:
         self.offered = offered if offered is not None else Offered()
         # Each served tool's server, for the operator's client_requests rule of its call.
         self.server_of: dict[str, UpstreamConfig] = {tool.spec.name: up for tool, up in tools}
-        # Host sessions subscribed to each resource URI (notifications/resources/updated).
-        self.subscribers: dict[str, set[Any]] = {}
+        # Hosts subscribed to each resource URI (notifications/resources/updated): by the
+        # host's MCP session id over HTTP (one stdio host), its latest session object.
+        self.subscribers: dict[str, dict[str, Any]] = {}
         self.store = store
         self.log = log
         owner = new_owner()
@@ -408,15 +409,22 @@ class Proxy:
         self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
     ) -> types.EmptyResult:
         uri = str(params.uri)
-        await self._forward_subscription("resources/subscribe", uri)
-        self.subscribers.setdefault(uri, set()).add(ctx.session)
+        # Subscribed first: a server may send the first update before it answers.
+        subscribed = self.subscribers.setdefault(uri, {})
+        key = _host_key(ctx)
+        subscribed[key] = ctx.session
+        try:
+            await self._forward_subscription("resources/subscribe", uri)
+        except MCPError:
+            subscribed.pop(key, None)
+            raise
         return types.EmptyResult()
 
     async def _unsubscribe(
         self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
     ) -> types.EmptyResult:
         uri = str(params.uri)
-        self.subscribers.get(uri, set()).discard(ctx.session)
+        self.subscribers.get(uri, {}).pop(_host_key(ctx), None)
         if not self.subscribers.get(uri):
             self.subscribers.pop(uri, None)
             await self._forward_subscription("resources/unsubscribe", uri)
@@ -439,11 +447,11 @@ class Proxy:
         uri = params.get("uri")
         if method != "notifications/resources/updated" or not isinstance(uri, str):
             return
-        for session in list(self.subscribers.get(uri, ())):
+        for key, session in list(self.subscribers.get(uri, {}).items()):
             try:
                 await session.send_resource_updated(uri)
             except Exception:
-                self.subscribers.get(uri, set()).discard(session)  # that host went away
+                self.subscribers.get(uri, {}).pop(key, None)  # that host went away
 
     async def _complete(
         self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
@@ -686,6 +694,13 @@ class Proxy:
                 with anyio.CancelScope(shield=True):
                     await self.in_flight.wait()
                 work.cancel_scope.cancel()
+
+
+def _host_key(ctx: ServerRequestContext[Any]) -> str:
+    """Which host a request came from: its MCP session id over HTTP; stdio has one host."""
+    headers = getattr(ctx.request, "headers", None)
+    session_id = headers.get("mcp-session-id") if headers is not None else None
+    return str(session_id) if session_id else "stdio"
 
 
 def _offer_result(answer: Answer) -> dict[str, Any]:

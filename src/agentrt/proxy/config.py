@@ -485,7 +485,9 @@ def _resource_rules(reader: _Reader, raw: Any, where: str) -> tuple[tuple[str, O
         rule = reader.object(item, place, _RESOURCE_RULE_FIELDS)
         if "uri" not in rule or "outcome" not in rule:
             raise reader.fail(place, 'needs "uri" (a glob) and "outcome"')
-        outcome = _POLICY_OUTCOMES.get(rule["outcome"])
+        outcome = (
+            _POLICY_OUTCOMES.get(rule["outcome"]) if isinstance(rule["outcome"], str) else None
+        )
         if outcome is None:
             raise reader.fail(f"{place} outcome", 'must be "allow", "require_approval" or "deny"')
         rules.append((reader.string(rule["uri"], f"{place} uri"), outcome))
