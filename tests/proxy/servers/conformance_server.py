@@ -25,9 +25,7 @@ import mcp_types as types
 from mcp.server.lowlevel import Server
 
 # A 1x1 red PNG and a tiny WAV header, as the scenarios ask for "a minimal test image/audio".
-PNG = (
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
-)
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 WAV = "UklGRiQAAABXQVZFZm10IBAAAAABAAEAQB8AAEAfAAABAAgAZGF0YQAAAAA="
 _EMPTY: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -51,7 +49,9 @@ _TOOLS = [
         name="test_embedded_resource", description="Returns a resource.", input_schema=_EMPTY
     ),
     types.Tool(
-        name="test_multiple_content_types", description="Returns mixed content.", input_schema=_EMPTY
+        name="test_multiple_content_types",
+        description="Returns mixed content.",
+        input_schema=_EMPTY,
     ),
     types.Tool(
         name="test_tool_with_logging", description="Logs while it runs.", input_schema=_EMPTY
@@ -93,7 +93,9 @@ _TOOLS = [
         description="Asks the user to visit a URL.",
         input_schema=_EMPTY,
     ),
-    types.Tool(name="test_roots", description="Asks the client for its roots.", input_schema=_EMPTY),
+    types.Tool(
+        name="test_roots", description="Asks the client for its roots.", input_schema=_EMPTY
+    ),
     types.Tool(
         name="json_schema_2020_12_tool",
         description="Tool with JSON Schema 2020-12 features",
@@ -121,7 +123,11 @@ _SEP1034: dict[str, Any] = {
         "name": {"type": "string", "default": "John Doe"},
         "age": {"type": "integer", "default": 30},
         "score": {"type": "number", "default": 95.5},
-        "status": {"type": "string", "enum": ["active", "inactive", "pending"], "default": "active"},
+        "status": {
+            "type": "string",
+            "enum": ["active", "inactive", "pending"],
+            "default": "active",
+        },
         "verified": {"type": "boolean", "default": True},
     },
 }
@@ -199,7 +205,11 @@ async def _call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Cal
             ]
         )
     if name == "test_tool_with_logging":
-        for message in ("Tool execution started", "Tool processing data", "Tool execution completed"):
+        for message in (
+            "Tool execution started",
+            "Tool processing data",
+            "Tool execution completed",
+        ):
             await ctx.session.send_log_message(
                 "info", message, logger="conformance", related_request_id=ctx.request_id
             )
@@ -319,9 +329,13 @@ async def _get_prompt(ctx: Any, params: types.GetPromptRequestParams) -> types.G
     arguments = params.arguments or {}
     _note(f"prompts/get {params.name} {json.dumps(arguments, sort_keys=True)}")
     if params.name == "test_simple_prompt":
-        messages = [types.PromptMessage(role="user", content=_text("This is a simple prompt for testing."))]
+        messages = [
+            types.PromptMessage(role="user", content=_text("This is a simple prompt for testing."))
+        ]
     elif params.name == "test_prompt_with_arguments":
-        text = f"Prompt with arguments: arg1='{arguments.get('arg1')}', arg2='{arguments.get('arg2')}'"
+        text = (
+            f"Prompt with arguments: arg1='{arguments.get('arg1')}', arg2='{arguments.get('arg2')}'"
+        )
         messages = [types.PromptMessage(role="user", content=_text(text))]
     elif params.name == "test_prompt_with_embedded_resource":
         uri = str(arguments.get("resourceUri", "test://example-resource"))
@@ -336,7 +350,8 @@ async def _get_prompt(ctx: Any, params: types.GetPromptRequestParams) -> types.G
     elif params.name == "test_prompt_with_image":
         messages = [
             types.PromptMessage(
-                role="user", content=types.ImageContent(type="image", data=PNG, mime_type="image/png")
+                role="user",
+                content=types.ImageContent(type="image", data=PNG, mime_type="image/png"),
             ),
             types.PromptMessage(role="user", content=_text("Please analyze the image above.")),
         ]
@@ -396,7 +411,9 @@ async def _list_templates(ctx: Any, params: Any) -> types.ListResourceTemplatesR
     )
 
 
-async def _read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+async def _read_resource(
+    ctx: Any, params: types.ReadResourceRequestParams
+) -> types.ReadResourceResult:
     uri = str(params.uri)
     _note(f"resources/read {uri}")
     contents: list[types.TextResourceContents | types.BlobResourceContents]
