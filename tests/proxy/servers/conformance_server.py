@@ -25,7 +25,10 @@ import mcp_types as types
 from mcp.server.lowlevel import Server
 
 # A 1x1 red PNG and a tiny WAV header, as the scenarios ask for "a minimal test image/audio".
-PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8"
+    "z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
 WAV = "UklGRiQAAABXQVZFZm10IBAAAAABAAEAQB8AAEAfAAABAAgAZGF0YQAAAAA="
 _EMPTY: dict[str, Any] = {"type": "object", "properties": {}}
 
