@@ -165,10 +165,30 @@ async def _load_upstreams(
         name = upstream.server.name
         if offers.prompts or offers.resources or offers.resource_templates:
             offered.upstreams[name] = server_tools[0].upstream
-        for raw in offers.prompts:
-            offered.prompts.setdefault(str(raw["name"]), (_plain(raw), name))
-        offered.resources.extend((_plain(raw), name) for raw in offers.resources)
-        offered.templates.extend((_plain(raw), name) for raw in offers.resource_templates)
+        sections = (
+            (offers.prompts, types.Prompt, "prompt"),
+            (offers.resources, types.Resource, "resource"),
+            (offers.resource_templates, types.ResourceTemplate, "resource template"),
+        )
+        for listed, model, noun in sections:
+            for raw in listed:
+                plain = _plain(raw)
+                try:
+                    # What the SDK cannot list to the host is refused alone, not the whole list.
+                    model.model_validate(plain)
+                except ValueError as exc:
+                    offer_lines[position].append(
+                        f"{sanitize(name)}: refused {noun} "
+                        f"{sanitize(str(raw.get('name', '')))}: the host could not be sent it "
+                        f"({sanitize(str(exc).splitlines()[0])})"
+                    )
+                    continue
+                if noun == "prompt":
+                    offered.prompts.setdefault(str(raw["name"]), (plain, name))
+                elif noun == "resource":
+                    offered.resources.append((plain, name))
+                else:
+                    offered.templates.append((plain, name))
 
     # Together, so the host waits for the slowest server, not for the sum of them.
     async with anyio.create_task_group() as group:
@@ -216,6 +236,10 @@ class Proxy:
         self.offered = offered if offered is not None else Offered()
         # Each served tool's server, for the operator's client_requests rule of its call.
         self.server_of: dict[str, UpstreamConfig] = {tool.spec.name: up for tool, up in tools}
+        # Each loaded server's session, for the requests that are not calls (logging/setLevel).
+        self.upstreams = {
+            up.server.name: tool.upstream for tool, up in tools if isinstance(tool, ServerTool)
+        }
         # Hosts subscribed to each resource URI (notifications/resources/updated): by the
         # host's MCP session id over HTTP (one stdio host), its latest session object.
         self.subscribers: dict[str, dict[str, Any]] = {}
@@ -348,7 +372,7 @@ class Proxy:
     ) -> types.EmptyResult:
         # One level for the process: the servers' logging is forwarded from then on.
         self.log_level = str(params.level)
-        for upstream in {id(up): up for up in self.offered.upstreams.values()}.values():
+        for upstream in self.upstreams.values():
             capabilities = upstream.connection.capabilities
             if isinstance(capabilities, dict) and "logging" in capabilities:
                 # Each server then filters at the source too; one that refuses changes nothing.
