@@ -31,7 +31,7 @@ from mcp.shared.exceptions import MCPError
 from proxy_helpers import AGENTRT, text_of, write_private
 
 from agentrt.canonical import canonical_json
-from agentrt.mcp import Manifest, Server, pin
+from agentrt.mcp import Manifest, OperatorFileError, Server, pin
 from agentrt.mcp._connection import connect
 from agentrt.mcp._offers import load_offers
 from agentrt.proxy.config import ConfigError, load_config
@@ -497,3 +497,23 @@ def test_a_bad_prompts_resource_rules_or_client_requests_field_is_refused_naming
     del document["servers"][0][field]
     write_private(path, json.dumps(document))
     assert load_config(str(path)).servers[0].forwards("elicitation") == "refuse"
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda pins: pins.update({"extra": 1}), 'the unknown field "extra"'),
+        (lambda pins: pins.update({"key": "another"}), "pinned under another key"),
+        (lambda pins: pins.pop("shape_hash"), 'has no "shape_hash"'),
+    ],
+)
+def test_a_hand_edited_prompt_pin_is_refused_naming_it(
+    running: Running, change: Any, named: str
+) -> None:
+    document = json.loads(running.manifest.to_json())
+    change(document["prompts"]["test_simple_prompt"])
+    with pytest.raises(OperatorFileError) as refused:
+        Manifest.from_json(json.dumps(document), source="conf.manifest.json")
+    assert named in str(refused.value) and "test_simple_prompt" in str(refused.value)
+    # The untouched manifest still reads, prompts and all.
+    assert Manifest.from_json(running.manifest.to_json()).prompts == running.manifest.prompts
