@@ -517,3 +517,60 @@ def test_a_hand_edited_prompt_pin_is_refused_naming_it(
     assert named in str(refused.value) and "test_simple_prompt" in str(refused.value)
     # The untouched manifest still reads, prompts and all.
     assert Manifest.from_json(running.manifest.to_json()).prompts == running.manifest.prompts
+
+
+async def test_a_request_after_the_host_stopped_waiting_is_refused_and_recorded(
+    running: Running,
+) -> None:
+    asked: list[str] = []
+
+    async def on_elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={})
+
+    async with host(running.url, elicitation_callback=on_elicit) as session:
+        with anyio.move_on_after(0.5):
+            await session.call_tool("test_elicitation_later", {"seconds": 1.5})
+        # The call goes on upstream; its server asks once the host has gone.
+        with anyio.fail_after(20):
+            while True:
+                runs = [
+                    event
+                    for event in running.events()
+                    if event.type == "client_request"
+                    and (event.payload.get("params") or {}).get("message") == "Still there?"
+                ]
+                if runs:
+                    break
+                await anyio.sleep(0.1)
+        served = await session.call_tool("test_simple_text", {})
+    assert asked == []
+    assert runs[-1].payload["forwarded"] is False
+    assert "no longer waited for" in runs[-1].payload["reason"]
+    assert not served.is_error
+
+
+async def test_a_request_during_two_calls_to_one_stdio_server_is_refused(
+    running: Running,
+) -> None:
+    asked: list[str] = []
+
+    async def on_elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={})
+
+    results: dict[str, Any] = {}
+    async with host(running.url, elicitation_callback=on_elicit) as session:
+
+        async def call(label: str, arguments: dict[str, Any]) -> None:
+            results[label] = await session.call_tool("test_elicitation_later", arguments)
+
+        async with anyio.create_task_group() as group:
+            # The quiet call is still in flight when the other one's server asks.
+            group.start_soon(call, "quiet", {"seconds": 3, "ask": False})
+            group.start_soon(call, "asking", {"seconds": 1})
+    # Nothing on a stdio wire says which call asked, so the question never reaches the host.
+    assert asked == []
+    assert results["asking"].is_error
+    assert "does not answer elicitation/create" in text_of(results["asking"])
+    assert not results["quiet"].is_error

@@ -100,6 +100,14 @@ _TOOLS = [
         name="test_roots", description="Asks the client for its roots.", input_schema=_EMPTY
     ),
     types.Tool(
+        name="test_elicitation_later",
+        description="Waits, then asks the user for input (not a suite scenario).",
+        input_schema={
+            "type": "object",
+            "properties": {"seconds": {"type": "number"}, "ask": {"type": "boolean"}},
+        },
+    ),
+    types.Tool(
         name="json_schema_2020_12_tool",
         description="Tool with JSON Schema 2020-12 features",
         input_schema={
@@ -281,6 +289,19 @@ async def _call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Cal
                 },
             )
             return types.CallToolResult(content=[_text(f"URL elicitation: {json.dumps(answer)}")])
+        if name == "test_elicitation_later":
+            await anyio.sleep(float(arguments.get("seconds", 1)))
+            if arguments.get("ask") is False:
+                return types.CallToolResult(content=[_text("Later: asked nothing")])
+            answer = await _ask(
+                ctx,
+                "elicitation/create",
+                {
+                    "message": "Still there?",
+                    "requestedSchema": {"type": "object", "properties": {}},
+                },
+            )
+            return types.CallToolResult(content=[_text(f"Later: {json.dumps(answer)}")])
         if name == "test_roots":
             answer = await _ask(ctx, "roots/list", {})
             return types.CallToolResult(content=[_text(f"Roots: {json.dumps(answer)}")])
