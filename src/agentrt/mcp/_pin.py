@@ -7,7 +7,7 @@ from typing import Any
 
 import anyio
 
-from ._connection import Connection
+from ._connection import Connection, ProtocolViolation, ServerErrorResponse
 from ._errors import PinError
 from ._manifest import Manifest, PinnedOffer, PinnedTool, pin_offer, pin_raw_tool
 from ._phase import Phase
@@ -54,13 +54,20 @@ LISTINGS: dict[str, tuple[str, str, str]] = {
 
 async def _list_offers(connection: Connection, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
     """Each section the server's capabilities announce, pinned; an unannounced one is an
-    empty pin (the server offers none), so the manifest says it was looked at."""
+    empty pin (the server offers none), so the manifest says it was looked at; one whose
+    listing the server refuses is left out (not pinned)."""
     capabilities = connection.capabilities if isinstance(connection.capabilities, dict) else {}
     offers: dict[str, dict[str, PinnedOffer]] = {}
     for section, (capability, method, key) in LISTINGS.items():
         pins: dict[str, PinnedOffer] = {}
         if capability in capabilities:
-            for raw in await connection.list_all(method, key, timeout=timeout):
+            try:
+                listed = await connection.list_all(method, key, timeout=timeout)
+            except (ServerErrorResponse, ProtocolViolation):
+                # A server that announces a section it cannot list still pins its tools;
+                # the section stays unpinned, so nothing of it is offered (load says so).
+                continue
+            for raw in listed:
                 pinned = pin_offer(section, raw) if isinstance(raw, dict) else None
                 if pinned is not None:
                     pins[pinned.key] = pinned
