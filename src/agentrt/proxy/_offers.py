@@ -138,6 +138,13 @@ class Offered:
     tools: dict[str, tuple[str, str]] = field(default_factory=dict)
     upstreams: dict[str, Upstream] = field(default_factory=dict)
 
+    def offers_anything(self, server: str) -> bool:
+        """Whether `server` has a prompt, a resource or a template offered to the host."""
+        return any(
+            entry[1] == server
+            for entry in [*self.prompts.values(), *self.resources, *self.templates]
+        )
+
     def drop(self, server: str) -> None:
         """Offer nothing of `server` (its gate tools could not be named)."""
         self.prompts = {name: entry for name, entry in self.prompts.items() if entry[1] != server}

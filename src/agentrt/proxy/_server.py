@@ -36,7 +36,7 @@ from ..errors import AgentrtError, RunNotFound, StoreError
 from ..gate import Gate, Limits
 from ..mcp import Connection, Report, load, read_manifest
 from ..mcp._connection import UPSTREAM_ASK, UPSTREAM_LOG
-from ..mcp._offers import load_offers
+from ..mcp._offers import Offers, load_offers
 from ..mcp._tool import UPSTREAM_PROGRESS, ServerTool
 from ..sanitize import sanitize
 from ..store import ApprovalStatus, Store, open_store
@@ -141,7 +141,7 @@ async def _load_upstreams(
                 "sandbox, so it runs with every file and network this user can reach",
             )
 
-    offer_lines: list[list[str]] = [[] for _ in config.servers]
+    offer_results: list[Offers | None] = [None] * len(config.servers)
 
     async def load_one(position: int, upstream: UpstreamConfig) -> None:
         try:
@@ -155,46 +155,26 @@ async def _load_upstreams(
         server_tools = [tool for tool in loaded if isinstance(tool, ServerTool)]
         if offered is None or report.connection is None or not server_tools:
             return
-        offers = await load_offers(
+        offer_results[position] = await load_offers(
             report.connection,
             manifest,
             prompts=upstream.prompts,
             timeout=upstream.server.connect_timeout,
         )
-        offer_lines[position] = offers.lines
-        name = upstream.server.name
-        if offers.prompts or offers.resources or offers.resource_templates:
-            offered.upstreams[name] = server_tools[0].upstream
-        sections = (
-            (offers.prompts, types.Prompt, "prompt"),
-            (offers.resources, types.Resource, "resource"),
-            (offers.resource_templates, types.ResourceTemplate, "resource template"),
-        )
-        for listed, model, noun in sections:
-            for raw in listed:
-                plain = _plain(raw)
-                try:
-                    # What the SDK cannot list to the host is refused alone, not the whole list.
-                    model.model_validate(plain)
-                except ValueError as exc:
-                    offer_lines[position].append(
-                        f"{sanitize(name)}: refused {noun} "
-                        f"{sanitize(str(raw.get('name', '')))}: the host could not be sent it "
-                        f"({sanitize(str(exc).splitlines()[0])})"
-                    )
-                    continue
-                if noun == "prompt":
-                    offered.prompts.setdefault(str(raw["name"]), (plain, name))
-                elif noun == "resource":
-                    offered.resources.append((plain, name))
-                else:
-                    offered.templates.append((plain, name))
+        offered.upstreams[upstream.server.name] = server_tools[0].upstream
 
     # Together, so the host waits for the slowest server, not for the sum of them.
     async with anyio.create_task_group() as group:
         for position, upstream in enumerate(config.servers):
             group.start_soon(load_one, position, upstream)
-    for upstream, outcome in zip(config.servers, outcomes, strict=True):
+    # In the configuration's order, so a name two servers offer goes to the first listed.
+    offer_lines: list[list[str]] = []
+    for upstream, offers in zip(config.servers, offer_results, strict=True):
+        if offered is None or offers is None:
+            offer_lines.append([])
+        else:
+            offer_lines.append(_take_offers(offered, upstream.server.name, offers))
+    for position, (upstream, outcome) in enumerate(zip(config.servers, outcomes, strict=True)):
         name = sanitize(upstream.server.name)
         if not isinstance(outcome, tuple):
             _log(log, f"agentrt proxy: server {name} did not load: {sanitize(str(outcome))}")
@@ -202,7 +182,7 @@ async def _load_upstreams(
         loaded, report = outcome
         if report.connection is not None:
             connections.append(report.connection)
-        for line in str(report).splitlines() + offer_lines[config.servers.index(upstream)]:
+        for line in str(report).splitlines() + offer_lines[position]:
             _log(log, f"agentrt proxy: {line}")
         for tool in loaded:
             holder = taken.get(tool.spec.name)
@@ -281,7 +261,7 @@ class Proxy:
         for position, upstream in enumerate(config.servers):
             name = upstream.server.name
             offering = self.offered.upstreams.get(name)
-            if offering is None:
+            if offering is None or not self.offered.offers_anything(name):
                 continue
             get_name = hidden_name("prompt", name, position)
             read_name = hidden_name("resource", name, position)
@@ -718,6 +698,44 @@ class Proxy:
                 with anyio.CancelScope(shield=True):
                     await self.in_flight.wait()
                 work.cancel_scope.cancel()
+
+
+def _take_offers(offered: Offered, name: str, offers: Offers) -> list[str]:
+    """Add one server's checked prompts, resources and templates to `offered`; the lines
+    to log (its refusals, and what the SDK could not list or another server took first)."""
+    lines = list(offers.lines)
+    sections = (
+        (offers.prompts, types.Prompt, "prompt"),
+        (offers.resources, types.Resource, "resource"),
+        (offers.resource_templates, types.ResourceTemplate, "resource template"),
+    )
+    for listed, model, noun in sections:
+        for raw in listed:
+            plain = _plain(raw)
+            shown = sanitize(str(raw.get("name", "")))
+            try:
+                # What the SDK cannot list to the host is refused alone, not the whole list.
+                model.model_validate(plain)
+            except ValueError as exc:
+                lines.append(
+                    f"{sanitize(name)}: refused {noun} {shown}: the host could not be sent it "
+                    f"({sanitize(str(exc).splitlines()[0])})"
+                )
+                continue
+            if noun == "prompt":
+                holder = offered.prompts.get(str(raw["name"]))
+                if holder is not None:
+                    lines.append(
+                        f"{sanitize(name)}: refused prompt {shown}: the name is already "
+                        f'offered by server "{sanitize(holder[1])}"'
+                    )
+                    continue
+                offered.prompts[str(raw["name"])] = (plain, name)
+            elif noun == "resource":
+                offered.resources.append((plain, name))
+            else:
+                offered.templates.append((plain, name))
+    return lines
 
 
 def _host_key(ctx: ServerRequestContext[Any]) -> str:
