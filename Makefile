@@ -8,6 +8,7 @@ DEV_STAMP     := $(VENV)/.dev-installed
 RUN_STAMP     := $(VENV)/.installed
 TEST_SERVERS  := tests/npm/node_modules/.installed
 INSPECTOR     := tests/npm-inspector/node_modules/.installed
+CONFORMANCE   := tests/npm-conformance/node_modules/.installed
 DEMO_SERVER   := examples/filesystem/node_modules/.installed
 
 .PHONY: test demo bench lint typecheck pytest clean system-test
@@ -38,6 +39,11 @@ $(INSPECTOR): tests/npm-inspector/package-lock.json
 	cd tests/npm-inspector && $(NPM) install --ignore-scripts
 	touch $@
 
+# The official MCP conformance suite (tests/proxy/test_proxy_conformance.py).
+$(CONFORMANCE): tests/npm-conformance/package-lock.json
+	cd tests/npm-conformance && $(NPM) ci --ignore-scripts
+	touch $@
+
 $(DEMO_SERVER): examples/filesystem/package-lock.json
 	cd examples/filesystem && $(NPM) ci --ignore-scripts
 	touch $@
@@ -54,7 +60,7 @@ typecheck: $(DEV_STAMP)
 system-test:
 	tools/debian-packages $(TEST_PACKAGES)
 
-pytest: system-test $(DEV_STAMP) $(TEST_SERVERS) $(INSPECTOR) $(DEMO_SERVER)
+pytest: system-test $(DEV_STAMP) $(TEST_SERVERS) $(INSPECTOR) $(CONFORMANCE) $(DEMO_SERVER)
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest
@@ -68,4 +74,4 @@ bench: $(DEV_STAMP) $(TEST_SERVERS)
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) tests/npm/node_modules tests/npm-inspector/node_modules examples/filesystem/node_modules
+	rm -rf $(VENV) tests/npm/node_modules tests/npm-inspector/node_modules tests/npm-conformance/node_modules examples/filesystem/node_modules

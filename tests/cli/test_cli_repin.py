@@ -194,3 +194,22 @@ def test_a_description_holding_the_diff_markers_cannot_pass_added_words_off_as_r
     assert "{+ \\+}[\\-Then" in line, line
     assert "it.\\-]{\\+" in line, line
     assert setup.pinned_description() == spoof
+
+
+def test_repin_over_a_manifest_from_before_prompts_adds_the_prompt_and_resource_pins(
+    setup: Setup,
+) -> None:
+    document = json.loads(setup.manifest.read_text())
+    for section in ("prompts", "resources", "resource_templates"):
+        del document[section]
+    setup.manifest.write_text(json.dumps(document))
+    os.chmod(setup.manifest, 0o600)
+    result = setup.pin("--yes")
+    assert result.exit_code == 0, result.output
+    # This server offers no prompts or resources: the new pin says so, and is written.
+    assert '  added prompts "prompts":' in result.output
+    assert "the server offers none" in result.output
+    assert "0 prompts, 0 resources, 0 resource templates pinned" in result.output
+    assert json.loads(setup.manifest.read_text())["prompts"] == {}
+    again = setup.pin()
+    assert "unchanged since it was pinned" in again.output

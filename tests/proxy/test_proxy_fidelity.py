@@ -251,7 +251,9 @@ async def test_the_everything_servers_image_tool_returns_an_image_block_over_htt
     assert "image" in kinds, kinds
     image = next(block for block in result.content if block.type == "image")
     assert image.mime_type == "image/png" and len(image.data) > 100
-    assert resources.resources == []
+    # The resources are offered as pinned (issue 20); before, the list was empty.
+    pinned = json.loads((setup.config_path.parent / "ev.manifest.json").read_text())["resources"]
+    assert {str(resource.uri) for resource in resources.resources} == set(pinned)
 
 
 async def test_http_on_a_port_in_use_says_one_sentence_and_exits_1(setup: ProxySetup) -> None:
@@ -315,7 +317,7 @@ async def test_a_long_running_operation_with_a_progress_token_delivers_the_upstr
     assert [(progress, total) for progress, total, _ in notes] == [(1, 3), (2, 3), (3, 3)]
 
 
-async def test_the_typescript_client_reads_text_lists_empty_resources_and_gets_progress(
+async def test_the_typescript_client_reads_text_lists_the_pinned_resources_and_gets_progress(
     tmp_path: Path,
 ) -> None:
     setup = await everything_with_progress(tmp_path)
@@ -337,7 +339,10 @@ async def test_the_typescript_client_reads_text_lists_empty_resources_and_gets_p
     )  # fmt: skip
     assert finished.returncode == 0, finished.stderr
     seen = json.loads(finished.stdout)
-    assert seen["resources"] == [] and seen["prompts"] == []
+    # The resources and prompts are offered as pinned (issue 20); before, both lists were empty.
+    pinned = json.loads((setup.config_path.parent / "ev.manifest.json").read_text())
+    assert {resource["uri"] for resource in seen["resources"]} == set(pinned["resources"])
+    assert {prompt["name"] for prompt in seen["prompts"]} == set(pinned["prompts"])
     echo, image, slow = seen["results"]
     assert echo["content"] == [{"type": "text", "text": "Echo: plain text"}]
     assert any(block["type"] == "image" for block in image["content"])

@@ -40,6 +40,8 @@ class ToolChange:
     tool: str
     kind: str
     lines: list[str] = field(default_factory=list)
+    what: str = "tool"
+    """What changed: `tool`, or a `prompt`, `resource` or `resource template`."""
 
 
 def manifest_changes(
@@ -62,6 +64,45 @@ def manifest_changes(
             lines = _changed_lines(before, after)
             if lines:
                 changes.append(ToolChange(name, "changed", lines))
+    if only is None:
+        changes += _offer_changes(old, new)
+    return changes
+
+
+_OFFER_NOUNS: Final = {
+    "prompts": "prompt",
+    "resources": "resource",
+    "resource_templates": "resource template",
+}
+
+
+def _offer_changes(old: Manifest, new: Manifest) -> list[ToolChange]:
+    """Prompts, resources and templates that differ; a manifest from before they were pinned
+    counts as pinning none, so a re-pin over it adds them (and asks for the review)."""
+    changes: list[ToolChange] = []
+    for section, noun in _OFFER_NOUNS.items():
+        before_pins, after_pins = old.offers(section), new.offers(section)
+        if before_pins is None and after_pins is not None and not after_pins:
+            # Newly looked at and empty: still written, so the manifest says so.
+            changes.append(ToolChange(section, "added", ["the server offers none"], noun + "s"))
+            continue
+        before_all, after_all = before_pins or {}, after_pins or {}
+        for key in sorted(set(before_all) | set(after_all)):
+            before, after = before_all.get(key), after_all.get(key)
+            if before is None and after is not None:
+                lines = [f"description: {sanitize(after.description)}"]
+                changes.append(ToolChange(key, "added", lines, noun))
+            elif after is None:
+                changes.append(ToolChange(key, "removed", ["no longer offered"], noun))
+            elif before is not None and before != after:
+                lines = []
+                if before.description != after.description:
+                    lines.append(f"description: {word_diff(before.description, after.description)}")
+                if before.shape_hash != after.shape_hash:
+                    lines.append("arguments changed" if noun == "prompt" else "listing changed")
+                if before.name != after.name:
+                    lines.append(f"name: {sanitize(before.name)} -> {sanitize(after.name)}")
+                changes.append(ToolChange(key, "changed", lines, noun))
     return changes
 
 

@@ -106,6 +106,16 @@ def _print_manifest(output: Output, manifest: Manifest, manifest_path: Path) -> 
         f'server "{sanitize(manifest.server)}": {len(tools)} tools pinned to '
         f"{sanitize(str(manifest_path))} (the hints are the server's claims; they classify nothing)"
     )
+    offered = [
+        f"{len(pins)} {section.replace('_', ' ')}"
+        for section in ("prompts", "resources", "resource_templates")
+        if (pins := manifest.offers(section)) is not None
+    ]
+    output.line(
+        f'server "{sanitize(manifest.server)}": '
+        + (", ".join(offered) + " pinned" if offered else "no prompts or resources pinned")
+        + " (each offered to the host only while it matches its pin)"
+    )
     if tools:
         output.table(
             ["TOOL", "HINTS", "DESCRIPTION"],
@@ -140,13 +150,14 @@ def _print_changes(output: Output, server: str, changes: list[ToolChange]) -> No
                     "record": "pin_change",
                     "server": server,
                     "tool": change.tool,
+                    "what": change.what,
                     "kind": change.kind,
                     "lines": change.lines,
                 }
             )
         return
     for change in changes:
-        output.line(f'  {change.kind} tool "{sanitize(change.tool)}":')
+        output.line(f'  {change.kind} {change.what} "{sanitize(change.tool)}":')
         for line in change.lines:
             output.line(f"    {line}")
 

@@ -11,9 +11,15 @@ A stdio server that dies is started again on the next call to one of its
 tools and held to its pins again (a changed tool is refused); an HTTP
 session is not re-established.
 
-Out of scope: resources, prompts, sampling, elicitation, the server side of
-MCP, HTTP reconnection, input-required round trips, and `tools/list_changed`
-(ignored until the next load, or the next restart).
+`pin` also pins a server's prompts, resources and resource templates (a
+description hash and a shape hash each); the proxy holds them to those pins
+and forwards them.  A server's sampling, elicitation and roots requests are
+refused unless a caller sets `UPSTREAM_ASK` and the `Server` advertises the
+capability (`client_capabilities`).
+
+Out of scope: the server side of MCP, HTTP reconnection, input-required
+round trips, and `tools/list_changed` (ignored until the next load, or the
+next restart).
 """
 
 from ._connection import (

@@ -35,8 +35,14 @@ The interface the pin/load code builds on:
   stderr when that is kept.
 
 Server-to-client requests are answered with an error (`ping` with `{}`);
-nothing answers sampling, elicitation or roots on the operator's behalf.
-Notifications from the server are ignored.
+nothing answers sampling, elicitation or roots on the operator's behalf.  A
+caller that does answer them (the proxy, under the operator's rule) sets
+`UPSTREAM_ASK` around its `call_tool`, and the server's request made while
+that call is the only one in flight (or, over HTTP, on that call's own
+stream) is handed to it; any other is refused.  `request()` sends any other
+client request (prompts, resources, completion, logging) and returns its
+result as parsed; `list_all()` pages a listing.  Notifications other than
+progress and logging go to `on_notification` when set, else are dropped.
 """
 
 from __future__ import annotations
@@ -63,7 +69,15 @@ from ._connection_errors import (
     ServerErrorResponse,
 )
 from ._http import MAX_RESPONSE_BODY_BYTES, open_http
-from ._jsonrpc import Incoming, encode_notification, encode_request
+from ._jsonrpc import (
+    METHOD_NOT_FOUND,
+    Incoming,
+    IncomingKind,
+    answer_server_request,
+    encode_answer,
+    encode_notification,
+    encode_request,
+)
 from ._server import Server
 from ._stdio import start_stdio
 
@@ -71,6 +85,8 @@ __all__ = [
     "MAX_RESPONSE_BODY_BYTES",
     "MAX_TOOLS",
     "MAX_TOOL_PAGES",
+    "UPSTREAM_ASK",
+    "AskRefused",
     "CallTimeout",
     "Connection",
     "ConnectionClosed",
@@ -127,6 +143,26 @@ UPSTREAM_LOG: contextvars.ContextVar[Callable[[str, str | None, Any], Awaitable[
 logger, data as parsed); it is called from whichever request reads the message."""
 """Called with `progress`, `total` and `message` for each `notifications/progress` of a call."""
 
+Ask = Callable[[str, Any], Awaitable[Any]]
+"""Answers a server's request (`method`, `params` as parsed) with its result, or raises
+`AskRefused`."""
+
+UPSTREAM_ASK: contextvars.ContextVar[Ask | None] = contextvars.ContextVar(
+    "UPSTREAM_ASK", default=None
+)
+"""Set by a caller that answers the server's sampling, elicitation or roots requests made
+during its `call_tool` (the proxy, when the operator's rule forwards them)."""
+
+
+class AskRefused(Exception):
+    """A server's request is refused: `code` and the one-sentence `message` go back to it."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 # How long one progress callback may hold the reader (a slow host must not stall the server).
 _PROGRESS_CALLBACK_SECONDS: Final = 1.0
 
@@ -165,6 +201,9 @@ class Connection:
         self._transport = transport
         self._progress: dict[str, Progress] = {}
         self._next_progress = 0
+        # The askers of the calls in flight that answer the server's own requests.
+        self._askers: list[Ask] = []
+        self.on_notification: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
         transport.listener = self._notified
         self._closing: anyio.Event | None = None
         self._live = False  # the handshake of the current transport completed
@@ -276,10 +315,15 @@ class Connection:
             self._progress[token] = progress
             meta = f',"_meta":{{"progressToken":{canonical_json(token)}}}'
         params = f'{{"name":{canonical_json(name)},"arguments":{arguments_json}{meta}}}'
+        asker = UPSTREAM_ASK.get()
+        if asker is not None:
+            self._askers.append(asker)
         try:
             result = await self._request("tools/call", params, limit=timeout)
         finally:
             self._progress.pop(token, None)
+            if asker is not None:
+                self._askers.remove(asker)
         if not isinstance(result, dict):
             raise ProtocolViolation(
                 self.server.name,
@@ -288,14 +332,62 @@ class Connection:
             )
         return result
 
+    async def request(
+        self,
+        method: str,
+        params: Any = None,
+        *,
+        timeout: float,  # noqa: ASYNC109 - the request's own bound, like call_tool's
+    ) -> Any:
+        """Send one client request (`prompts/get`, `resources/read`, ...) and return its
+        `result` as parsed from the server's bytes; `params` is plain JSON or None.
+
+        After `timeout` seconds it is cancelled and `CallTimeout` raised; a
+        JSON-RPC error raises `ServerErrorResponse`."""
+        params_json = None if params is None else canonical_json(params)
+        return await self._request(method, params_json, limit=timeout)
+
+    async def list_all(self, method: str, key: str, *, timeout: float) -> list[Any]:  # noqa: ASYNC109
+        """Every element of a paged listing (`prompts/list` → `prompts`), bounded like
+        `list_tools`: at most `MAX_TOOL_PAGES` pages and `MAX_TOOLS` elements, no
+        repeated cursor.  Refused whole (`ProtocolViolation`) when malformed."""
+        elements: list[Any] = []
+        cursors: set[str] = set()
+        cursor: str | None = None
+        with anyio.fail_after(timeout):
+            for page in range(MAX_TOOL_PAGES):
+                params = None if cursor is None else {"cursor": cursor}
+                result = await self.request(method, params, timeout=timeout)
+                where = f'the {method} of server "{self._name()}" is refused: page {page + 1}'
+                if not isinstance(result, dict) or not isinstance(result.get(key), list):
+                    raise ProtocolViolation(self.server.name, f'{where} has no "{key}" array')
+                elements.extend(result[key])
+                if len(elements) > MAX_TOOLS:
+                    raise ProtocolViolation(
+                        self.server.name, f"{where}: more than {MAX_TOOLS} elements"
+                    )
+                next_cursor = result.get("nextCursor")
+                if next_cursor is None or next_cursor == "":
+                    return elements
+                if not isinstance(next_cursor, str) or next_cursor in cursors:
+                    raise ProtocolViolation(
+                        self.server.name, f"{where} has a bad or repeated cursor"
+                    )
+                cursors.add(next_cursor)
+                cursor = next_cursor
+        raise ProtocolViolation(
+            self.server.name,
+            f'the {method} of server "{self._name()}" has more than {MAX_TOOL_PAGES} pages',
+        )
+
     # -- the handshake ---------------------------------------------------------
 
     async def _handshake(self) -> None:
         params = canonical_json(
             {
                 "protocolVersion": LATEST_HANDSHAKE_VERSION,
-                # No sampling, roots or elicitation: nothing answers for the operator.
-                "capabilities": {},
+                # No sampling, roots or elicitation unless a caller answers them.
+                "capabilities": dict(self.server.client_capabilities or {}),
                 "clientInfo": _CLIENT_INFO,
             }
         )
@@ -398,13 +490,24 @@ class Connection:
 
     async def _notified(self, message: Incoming) -> None:
         """A server's notification: progress goes to the call that asked for it; the rest
-        is dropped (a listener that raised would hand the server a way to kill the session)."""
+        is dropped (a listener that raised would hand the server a way to kill the session).
+        A server's request is answered here."""
+        if message.kind is IncomingKind.REQUEST:
+            await self._answer_request(message)
+            return
         if not isinstance(message.params, dict):
             return
         if message.method == "notifications/message":
             await self._logged(message.params)
             return
         if message.method != "notifications/progress":
+            notified = self.on_notification
+            if notified is not None and message.method is not None:
+                with (
+                    anyio.move_on_after(_PROGRESS_CALLBACK_SECONDS),
+                    contextlib.suppress(Exception),
+                ):
+                    await notified(message.method, message.params)
             return
         token = message.params.get("progressToken")
         listener = self._progress.get(token) if isinstance(token, str) else None
@@ -421,6 +524,38 @@ class Connection:
                 else None,
                 text if isinstance(text, str) else None,
             )
+
+    async def _answer_request(self, message: Incoming) -> None:
+        """Answer the server's request: ping at once; sampling, elicitation or roots through
+        the asker of the one call it can belong to, if any; anything else refused."""
+        if message.method == "ping":
+            await self._transport.send(answer_server_request(message))
+            return
+        asker: Ask | None = None
+        if len(self._askers) == 1:
+            asker = self._askers[0]
+        elif self.server.endpoint is not None and UPSTREAM_ASK.get() in self._askers:
+            # Over HTTP the request arrived on the stream of the call this task is reading.
+            asker = UPSTREAM_ASK.get()
+        if asker is None:
+            await self._transport.send(answer_server_request(message))
+            return
+        try:
+            answer = encode_answer(
+                message.server_request_id, result=await asker(message.method or "", message.params)
+            )
+        except AskRefused as refused:
+            answer = encode_answer(
+                message.server_request_id,
+                error={"code": refused.code, "message": refused.message},
+            )
+        except Exception:
+            answer = encode_answer(
+                message.server_request_id,
+                error={"code": METHOD_NOT_FOUND, "message": "the request could not be answered"},
+            )
+        with contextlib.suppress(MCPConnectionError):
+            await self._transport.send(answer)
 
     async def _logged(self, params: dict[str, Any]) -> None:
         listener = UPSTREAM_LOG.get()

@@ -169,7 +169,10 @@ class HttpTransport:
                 async for data in _sse_data(response, self.server):
                     incoming = read_message(data)
                     if incoming.kind is IncomingKind.REQUEST:
-                        await self.send(answer_server_request(incoming))
+                        if self.listener is not None:
+                            await self.listener(incoming)  # the connection answers it
+                        else:
+                            await self.send(answer_server_request(incoming))
                         continue
                     if incoming.kind is IncomingKind.NOTIFICATION and self.listener is not None:
                         await self.listener(incoming)

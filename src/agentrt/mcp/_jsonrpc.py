@@ -24,6 +24,7 @@ __all__ = [
     "IncomingKind",
     "OverlongMessage",
     "answer_server_request",
+    "encode_answer",
     "encode_notification",
     "encode_request",
     "one_line",
@@ -63,7 +64,7 @@ class Incoming:
     server_request_id: Any = None
     problem: str = ""
     params: Any = None
-    """A notification's `params` as parsed (progress is handed to whoever asked for it)."""
+    """A notification's or a server request's `params` as parsed."""
 
 
 def one_line(json_text: str) -> str:
@@ -106,6 +107,14 @@ def answer_server_request(message: Incoming) -> bytes:
     return f'{{"jsonrpc":"2.0","id":{echoed_id},"error":{canonical_json(error)}}}'.encode()
 
 
+def encode_answer(server_request_id: Any, result: Any = None, error: Any = None) -> bytes:
+    """The answer to a server's request: `result` (a JSON value) or `error` (code, message)."""
+    echoed_id = canonical_json(server_request_id)
+    if error is not None:
+        return f'{{"jsonrpc":"2.0","id":{echoed_id},"error":{canonical_json(error)}}}'.encode()
+    return f'{{"jsonrpc":"2.0","id":{echoed_id},"result":{canonical_json(result)}}}'.encode()
+
+
 def read_message(data: bytes) -> Incoming:
     """Classify one message from a server; never raises.
 
@@ -130,7 +139,12 @@ def read_message(data: bytes) -> Incoming:
             server_id = value["id"]
             if not isinstance(server_id, (str, int)) or isinstance(server_id, bool):
                 return Incoming(IncomingKind.INVALID, problem="a request id is not a string or int")
-            return Incoming(IncomingKind.REQUEST, method=method, server_request_id=server_id)
+            return Incoming(
+                IncomingKind.REQUEST,
+                method=method,
+                server_request_id=server_id,
+                params=value.get("params"),
+            )
         return Incoming(IncomingKind.NOTIFICATION, method=method, params=value.get("params"))
     request_id = value.get("id")
     if type(request_id) is not int:

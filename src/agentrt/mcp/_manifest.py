@@ -11,7 +11,15 @@ from ..canonical import JSONBoundaryError, canonical_bytes, canonical_json, pars
 from ..sanitize import sanitize
 from ._errors import OperatorFileError
 
-__all__ = ["Manifest", "PinnedTool", "description_hash", "pin_raw_tool", "schema_text"]
+__all__ = [
+    "Manifest",
+    "PinnedOffer",
+    "PinnedTool",
+    "description_hash",
+    "pin_offer",
+    "pin_raw_tool",
+    "schema_text",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +40,53 @@ class PinnedTool:
     annotations: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PinnedOffer:
+    """One prompt, resource or resource template as the server listed it when pinned.
+
+    `key` is the prompt's name, the resource's `uri` or the template's
+    `uriTemplate`.  `description_hash` is the SHA-256 hex of the description's
+    canonical JSON; `shape_hash` of the rest that a host relies on: a
+    prompt's `arguments`, a resource's or template's listing without its
+    description.  Both come from the bytes the server sent, literals kept.
+    """
+
+    key: str
+    name: str
+    description: str
+    description_hash: str
+    shape_hash: str
+
+
+_OFFER_FIELDS: Final = ("description", "description_hash", "key", "name", "shape_hash")
+# Manifest sections for what a server offers besides tools; absent in manifests from before them.
+OFFER_SECTIONS: Final = ("prompts", "resources", "resource_templates")
+_OFFER_KEYS: Final = {"prompts": "name", "resources": "uri", "resource_templates": "uriTemplate"}
+
+
+def offer_shape(section: str, raw: Mapping[str, Any]) -> str:
+    """The canonical JSON text a `shape_hash` is taken of, for one listed element."""
+    if section == "prompts":
+        return canonical_json(raw.get("arguments", []))
+    return canonical_json({key: value for key, value in raw.items() if key != "description"})
+
+
+def pin_offer(section: str, raw: Mapping[str, Any]) -> PinnedOffer | None:
+    """Pin one listed prompt, resource or template; None when it has no usable key."""
+    key = raw.get(_OFFER_KEYS[section])
+    if not isinstance(key, str) or not key:
+        return None
+    name = raw.get("name", key)
+    description = raw.get("description", "")
+    return PinnedOffer(
+        key=key,
+        name=name if isinstance(name, str) else canonical_json(name),
+        description=description if isinstance(description, str) else canonical_json(description),
+        description_hash=description_hash(raw),
+        shape_hash=sha256_hex(offer_shape(section, raw).encode("utf-8")),
+    )
+
+
 _TIMESTAMP_FORMAT: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
 _MANIFEST_FIELDS: Final = ("pinned_at", "server", "tools")
 _TOOL_FIELDS: Final = (
@@ -46,11 +101,21 @@ _TOOL_FIELDS: Final = (
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
-    """The pins of one server's tools, keyed by the server's own tool names."""
+    """The pins of one server's tools, keyed by the server's own tool names, and of its
+    prompts, resources and resource templates (None: not pinned, as in a manifest
+    written before they were; then none of them is offered)."""
 
     server: str
     pinned_at: datetime
     tools: dict[str, PinnedTool] = field(default_factory=dict)
+    prompts: dict[str, PinnedOffer] | None = None
+    resources: dict[str, PinnedOffer] | None = None
+    resource_templates: dict[str, PinnedOffer] | None = None
+
+    def offers(self, section: str) -> dict[str, PinnedOffer] | None:
+        """The pins of one section: `"prompts"`, `"resources"` or `"resource_templates"`."""
+        pins: dict[str, PinnedOffer] | None = getattr(self, section)
+        return pins
 
     def to_json(self) -> str:
         """The manifest file: indented JSON, sorted keys, snake_case, every literal kept.
@@ -72,6 +137,19 @@ class Manifest:
                 for name, tool in self.tools.items()
             },
         }
+        for section in OFFER_SECTIONS:
+            pins = self.offers(section)
+            if pins is not None:
+                document[section] = {
+                    key: {
+                        "key": offer.key,
+                        "name": offer.name,
+                        "description": offer.description,
+                        "description_hash": offer.description_hash,
+                        "shape_hash": offer.shape_hash,
+                    }
+                    for key, offer in pins.items()
+                }
         return _indented(document, "") + "\n"
 
     @classmethod
@@ -81,7 +159,7 @@ class Manifest:
             document = parse_json(data)
         except JSONBoundaryError as exc:
             raise OperatorFileError(f"{source} is not usable JSON: {sanitize(str(exc))}") from None
-        _expect_fields(document, _MANIFEST_FIELDS, source)
+        _expect_fields(document, _MANIFEST_FIELDS, source, optional=OFFER_SECTIONS)
         server, stamp, tools = document["server"], document["pinned_at"], document["tools"]
         if not isinstance(server, str) or not server:
             raise OperatorFileError(f'{source}: "server" must be a non-empty string')
@@ -93,11 +171,33 @@ class Manifest:
             ) from None
         if not isinstance(tools, dict):
             raise OperatorFileError(f'{source}: "tools" must be an object of tool name to pin')
+        offers = {
+            section: _pinned_offers(section, document[section], source)
+            for section in OFFER_SECTIONS
+            if section in document
+        }
         return cls(
             server=server,
             pinned_at=pinned_at,
             tools={name: _pinned_tool(name, entry, source) for name, entry in tools.items()},
+            **offers,
         )
+
+
+def _pinned_offers(section: str, entries: Any, source: str) -> dict[str, PinnedOffer]:
+    if not isinstance(entries, dict):
+        raise OperatorFileError(f'{source}: "{section}" must be an object')
+    pins: dict[str, PinnedOffer] = {}
+    for key, entry in entries.items():
+        where = f'{source}: {section} "{sanitize(key)}"'
+        _expect_fields(entry, _OFFER_FIELDS, where)
+        for field_name in _OFFER_FIELDS:
+            if not isinstance(entry[field_name], str):
+                raise OperatorFileError(f'{where}: "{field_name}" must be a string')
+        if entry["key"] != key:
+            raise OperatorFileError(f"{where} is pinned under another key")
+        pins[key] = PinnedOffer(**{name: entry[name] for name in _OFFER_FIELDS})
+    return pins
 
 
 def _pinned_tool(name: str, entry: Any, source: str) -> PinnedTool:
@@ -127,11 +227,13 @@ def _pinned_tool(name: str, entry: Any, source: str) -> PinnedTool:
     )
 
 
-def _expect_fields(document: Any, fields: tuple[str, ...], where: str) -> None:
+def _expect_fields(
+    document: Any, fields: tuple[str, ...], where: str, optional: tuple[str, ...] = ()
+) -> None:
     if not isinstance(document, dict):
         raise OperatorFileError(f"{where} must be a JSON object")
     for key in document:
-        if key not in fields:
+        if key not in fields and key not in optional:
             raise OperatorFileError(f'{where} has the unknown field "{sanitize(key)}"')
     for key in fields:
         if key not in document:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
@@ -30,7 +30,9 @@ class Server:
     connection, which uses it and closes it with the connection (never a
     shared client); it follows redirects only if that client says so.  Durations are float seconds.
     `sandbox`, for a stdio server, confines it with bubblewrap; a server with a
-    sandbox is never started without one.
+    sandbox is never started without one.  `client_capabilities` are what the
+    handshake advertises (default none): set `sampling`, `elicitation` or `roots`
+    only when a caller answers them (`UPSTREAM_ASK`); anything else is refused.
     """
 
     name: str
@@ -44,6 +46,7 @@ class Server:
     default_timeout: float | None = None
     max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES
     sandbox: Sandbox | None = None
+    client_capabilities: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.name:

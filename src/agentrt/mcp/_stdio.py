@@ -369,7 +369,10 @@ class StdioTransport:
             return
         message = read_message(line)
         if message.kind is IncomingKind.REQUEST:
-            await self.send(answer_server_request(message))
+            if self.listener is not None:
+                await self.listener(message)  # the connection answers it
+            else:
+                await self.send(answer_server_request(message))
         elif message.kind in (IncomingKind.RESPONSE, IncomingKind.BAD_RESPONSE):
             assert message.request_id is not None
             pending = self._pending.get(message.request_id)

@@ -93,6 +93,12 @@ class ServerTool:
         return self._spec
 
     @property
+    def upstream(self) -> Upstream:
+        """The server's shared session (restarted when it died), for a caller that sends the
+        server other requests (the proxy's prompts and resources)."""
+        return self._upstream
+
+    @property
     def server_tool_name(self) -> str:
         """The tool's name on its server (the spec carries the final, prefixed name)."""
         return self._tool

@@ -17,6 +17,7 @@ that), so other changing calls to the tool wait for a person.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import os
@@ -54,15 +55,30 @@ from ._answers import Answer
 from ._conditions import ToolConditions, conditions_by_tool, policy_id
 from ._forward import Forwarded, forwardable
 from ._index import EXECUTED, Action, CallIndex, CallRow, Settled, Verdict, call_key
+from ._offers import resource_outcome
 from .config import ProxyConfig
 
-__all__ = ["UNKNOWN_OUTCOME", "Calls", "ProxyPolicy", "WatchedTool", "new_owner", "proxy_policy"]
+__all__ = [
+    "CALL_RUN",
+    "UNKNOWN_OUTCOME",
+    "Calls",
+    "ProxyPolicy",
+    "WatchedTool",
+    "new_owner",
+    "proxy_policy",
+]
 
 UNKNOWN_OUTCOME: Final = "unknown_outcome"
 _POLL_SECONDS: Final = 0.2
 _PROGRESS_SECONDS: Final = 1.0
 
 Progress = Callable[[float, str], Awaitable[None]]
+
+CALL_RUN: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "CALL_RUN", default=None
+)
+"""Set by the proxy around one host call: `WatchedTool` appends the run id the moment the
+gate hands it the request, so a server's request during the call is recorded in that run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +141,9 @@ class WatchedTool:
 
     async def call(self, call: ToolCall) -> ToolResult:
         self._sent.add(call.run_id)
+        runs = CALL_RUN.get()
+        if runs is not None:
+            runs.append(call.run_id)
         try:
             result = await self._inner.call(call)
         except anyio.get_cancelled_exc_class():
@@ -172,8 +191,11 @@ class ProxyPolicy:
         *,
         tool_outcomes: Mapping[str, Outcome] | None = None,
         fixed: Mapping[str, Mapping[str, str]] | None = None,
+        resource_rules: Mapping[str, tuple[tuple[str, Outcome], ...]] | None = None,
     ) -> None:
         self.inner = inner
+        # A server's `resource_rules`, by the name of its resources/read gate tool.
+        self.resource_rules = dict(resource_rules or {})
         self.store = store
         # The operator's "when" lists, by final tool name, decided before the class policy.
         self.conditions = conditions or {}
@@ -235,6 +257,10 @@ class ProxyPolicy:
 
     async def _by_rule_or_class(self, request: ToolRequest, run: RunView) -> PolicyDecision:
         outcome = self.tool_outcomes.get(request.spec.name)
+        uri_rules = self.resource_rules.get(request.spec.name)
+        if uri_rules:
+            uri = request.arguments.get("uri") if isinstance(request.arguments, dict) else None
+            outcome = resource_outcome(uri_rules, uri if isinstance(uri, str) else "")
         if outcome is None:
             return await self.inner.evaluate(request, run)
         name = request.spec.name

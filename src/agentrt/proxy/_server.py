@@ -29,23 +29,26 @@ import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server as LowLevelServer
-from mcp.shared.exceptions import MCPDeprecationWarning
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
 from ..canonical import canonical_json
 from ..errors import AgentrtError, RunNotFound, StoreError
 from ..gate import Gate, Limits
 from ..mcp import Connection, Report, load, read_manifest
-from ..mcp._connection import UPSTREAM_LOG
+from ..mcp._connection import UPSTREAM_ASK, UPSTREAM_LOG
+from ..mcp._offers import Offers, load_offers
 from ..mcp._tool import UPSTREAM_PROGRESS, ServerTool
 from ..sanitize import sanitize
 from ..store import ApprovalStatus, Store, open_store
 from ..telemetry import TraceExporter, settings_from, start_exporter
 from ..tools import SideEffect, Tool
 from ._answers import Answer, bounded
-from ._calls import Calls, WatchedTool, new_owner, proxy_policy
+from ._calls import CALL_RUN, Calls, WatchedTool, new_owner, proxy_policy
+from ._client_requests import asker_for
 from ._forward import Forwarded
 from ._http import is_loopback, listen, serve_http, split_http
 from ._index import CallIndex, CallRow, Settled
+from ._offers import Offered, OfferTool, hidden_name
 from ._stdio import StdioWire, stdio_wire
 from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
 
@@ -117,11 +120,15 @@ Loaded = tuple[Tool, UpstreamConfig]
 
 
 async def _load_upstreams(
-    config: ProxyConfig, log: IO[str], servers_of: dict[str, str] | None = None
+    config: ProxyConfig,
+    log: IO[str],
+    servers_of: dict[str, str] | None = None,
+    offered: Offered | None = None,
 ) -> tuple[list[Loaded], list[Connection]]:
     """Load every upstream; one that fails is reported and left out, the others serve.
 
-    `servers_of`, when given, is filled with each served tool's server name."""
+    `servers_of`, when given, is filled with each served tool's server name;
+    `offered` with the prompts, resources and templates that passed their pins."""
     tools: list[Loaded] = []
     connections: list[Connection] = []
     taken: dict[str, str] = {STATUS_TOOL: "the proxy itself"}
@@ -134,18 +141,40 @@ async def _load_upstreams(
                 "sandbox, so it runs with every file and network this user can reach",
             )
 
+    offer_results: list[Offers | None] = [None] * len(config.servers)
+
     async def load_one(position: int, upstream: UpstreamConfig) -> None:
         try:
             manifest = read_manifest(upstream.manifest_path)
-            outcomes[position] = await load(upstream.server, manifest, upstream.rules)
+            outcome = await load(upstream.server, manifest, upstream.rules)
+            outcomes[position] = outcome
         except (AgentrtError, OSError, ValueError) as exc:
             outcomes[position] = exc
+            return
+        loaded, report = outcome
+        server_tools = [tool for tool in loaded if isinstance(tool, ServerTool)]
+        if offered is None or report.connection is None or not server_tools:
+            return
+        offer_results[position] = await load_offers(
+            report.connection,
+            manifest,
+            prompts=upstream.prompts,
+            timeout=upstream.server.connect_timeout,
+        )
+        offered.upstreams[upstream.server.name] = server_tools[0].upstream
 
     # Together, so the host waits for the slowest server, not for the sum of them.
     async with anyio.create_task_group() as group:
         for position, upstream in enumerate(config.servers):
             group.start_soon(load_one, position, upstream)
-    for upstream, outcome in zip(config.servers, outcomes, strict=True):
+    # In the configuration's order, so a name two servers offer goes to the first listed.
+    offer_lines: list[list[str]] = []
+    for upstream, offers in zip(config.servers, offer_results, strict=True):
+        if offered is None or offers is None:
+            offer_lines.append([])
+        else:
+            offer_lines.append(_take_offers(offered, upstream.server.name, offers))
+    for position, (upstream, outcome) in enumerate(zip(config.servers, outcomes, strict=True)):
         name = sanitize(upstream.server.name)
         if not isinstance(outcome, tuple):
             _log(log, f"agentrt proxy: server {name} did not load: {sanitize(str(outcome))}")
@@ -153,7 +182,7 @@ async def _load_upstreams(
         loaded, report = outcome
         if report.connection is not None:
             connections.append(report.connection)
-        for line in str(report).splitlines():
+        for line in str(report).splitlines() + offer_lines[position]:
             _log(log, f"agentrt proxy: {line}")
         for tool in loaded:
             holder = taken.get(tool.spec.name)
@@ -176,9 +205,24 @@ class Proxy:
     """The proxy's state for one process: store, index, gate and the host-facing server."""
 
     def __init__(
-        self, config: ProxyConfig, store: Store, tools: list[Loaded], log: IO[str]
+        self,
+        config: ProxyConfig,
+        store: Store,
+        tools: list[Loaded],
+        log: IO[str],
+        offered: Offered | None = None,
     ) -> None:
         self.config = config
+        self.offered = offered if offered is not None else Offered()
+        # Each served tool's server, for the operator's client_requests rule of its call.
+        self.server_of: dict[str, UpstreamConfig] = {tool.spec.name: up for tool, up in tools}
+        # Each loaded server's session, for the requests that are not calls (logging/setLevel).
+        self.upstreams = {
+            up.server.name: tool.upstream for tool, up in tools if isinstance(tool, ServerTool)
+        }
+        # Hosts subscribed to each resource URI (notifications/resources/updated): by the
+        # host's MCP session id over HTTP (one stdio host), its latest session object.
+        self.subscribers: dict[str, dict[str, Any]] = {}
         self.store = store
         self.log = log
         owner = new_owner()
@@ -209,8 +253,42 @@ class Proxy:
                     max_result_bytes=upstream.max_result_bytes if as_sent else None,
                 )
             )
+        # prompts/get and resources/read of each server that offers them: read-only gate tools
+        # the host never sees, so each one is recorded and decided like a call.
+        self.hidden: set[str] = set()
+        resource_rules: dict[str, Any] = {}
+        taken = {tool.spec.name for tool in watched}
+        for position, upstream in enumerate(config.servers):
+            name = upstream.server.name
+            offering = self.offered.upstreams.get(name)
+            if offering is None or not self.offered.offers_anything(name):
+                continue
+            get_name = hidden_name("prompt", name, position)
+            read_name = hidden_name("resource", name, position)
+            if get_name in taken or read_name in taken:
+                _log(log, f"agentrt proxy: server {sanitize(name)}: its prompts and resources "
+                     "are not offered: a tool already has the proxy's name for them")  # fmt: skip
+                self.offered.drop(name)
+                continue
+            self.offered.tools[name] = (get_name, read_name)
+            for tool_name, method in ((get_name, "prompts/get"), (read_name, "resources/read")):
+                watched.append(
+                    OfferTool(
+                        name=tool_name,
+                        method=method,
+                        server=name,
+                        upstream=offering,
+                        timeout=upstream.server.default_timeout or 60.0,
+                        max_result_bytes=upstream.max_result_bytes,
+                        forwarded=forwarded,
+                    )
+                )
+                self.hidden.add(tool_name)
+            resource_rules[read_name] = upstream.resource_rules
+            offering.connection.on_notification = self._upstream_notified
         # Conditions, each rule's `outcome` and `fixed` values, and the policy's identity.
         self.policy = proxy_policy(config, store)
+        self.policy.resource_rules = resource_rules
         self.gate = Gate(
             store,
             watched,
@@ -257,10 +335,15 @@ class Proxy:
             ),
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
-            # Hosts ask for these whatever the capabilities say; the answer is "none".
-            on_list_resources=_no_resources,
-            on_list_resource_templates=_no_resource_templates,
-            on_list_prompts=_no_prompts,
+            # Hosts ask for these whatever the capabilities say; with nothing pinned, "none".
+            on_list_resources=self._list_resources,
+            on_list_resource_templates=self._list_resource_templates,
+            on_read_resource=self._read_resource,
+            on_subscribe_resource=self._subscribe,
+            on_unsubscribe_resource=self._unsubscribe,
+            on_list_prompts=self._list_prompts,
+            on_get_prompt=self._get_prompt,
+            on_completion=self._complete,
             on_set_logging_level=self._set_logging_level,
         )
 
@@ -269,7 +352,135 @@ class Proxy:
     ) -> types.EmptyResult:
         # One level for the process: the servers' logging is forwarded from then on.
         self.log_level = str(params.level)
+        for upstream in self.upstreams.values():
+            capabilities = upstream.connection.capabilities
+            if isinstance(capabilities, dict) and "logging" in capabilities:
+                # Each server then filters at the source too; one that refuses changes nothing.
+                with contextlib.suppress(Exception):
+                    await upstream.connection.request(
+                        "logging/setLevel", {"level": self.log_level}, timeout=5.0
+                    )
         return types.EmptyResult()
+
+    # -- prompts, resources, completion ----------------------------------------
+
+    async def _list_prompts(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        return types.ListPromptsResult(
+            prompts=[types.Prompt.model_validate(raw) for raw, _ in self.offered.prompts.values()]
+        )
+
+    async def _list_resources(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        return types.ListResourcesResult(
+            resources=[types.Resource.model_validate(raw) for raw, _ in self.offered.resources]
+        )
+
+    async def _list_resource_templates(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(
+            resource_templates=[
+                types.ResourceTemplate.model_validate(raw) for raw, _ in self.offered.templates
+            ]
+        )
+
+    async def _get_prompt(
+        self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult:
+        entry = self.offered.prompts.get(params.name)
+        if entry is None:
+            raise MCPError(-32602, f"there is no prompt {bounded(params.name, 80)}")
+        arguments: dict[str, Any] = {"name": params.name}
+        if params.arguments is not None:
+            arguments["arguments"] = dict(params.arguments)
+        answer = await self._gated(ctx, self.offered.tools[entry[1]][0], arguments, params.meta)
+        return types.GetPromptResult.model_validate(_offer_result(answer))
+
+    async def _read_resource(
+        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        server = self.offered.server_of_uri(uri)
+        if server is None or server not in self.offered.tools:
+            raise MCPError(-32002, f"there is no resource {bounded(uri, 200)}")
+        answer = await self._gated(ctx, self.offered.tools[server][1], {"uri": uri}, params.meta)
+        return types.ReadResourceResult.model_validate(_offer_result(answer))
+
+    async def _subscribe(
+        self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
+        uri = str(params.uri)
+        # Subscribed first: a server may send the first update before it answers.
+        subscribed = self.subscribers.setdefault(uri, {})
+        key = _host_key(ctx)
+        subscribed[key] = ctx.session
+        try:
+            await self._forward_subscription("resources/subscribe", uri)
+        except MCPError:
+            subscribed.pop(key, None)
+            raise
+        return types.EmptyResult()
+
+    async def _unsubscribe(
+        self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        uri = str(params.uri)
+        self.subscribers.get(uri, {}).pop(_host_key(ctx), None)
+        if not self.subscribers.get(uri):
+            self.subscribers.pop(uri, None)
+            await self._forward_subscription("resources/unsubscribe", uri)
+        return types.EmptyResult()
+
+    async def _forward_subscription(self, method: str, uri: str) -> None:
+        server = self.offered.server_of_uri(uri)
+        upstream = self.offered.upstreams.get(server) if server is not None else None
+        if upstream is None:
+            raise MCPError(-32002, f"there is no resource {bounded(uri, 200)}")
+        try:
+            await upstream.ready()
+            await upstream.connection.request(method, {"uri": uri}, timeout=10.0)
+        except Exception as exc:
+            raise MCPError(-32603, f"{method} failed: {bounded(str(exc), 300)}") from None
+
+    async def _upstream_notified(self, method: str, params: dict[str, Any]) -> None:
+        """A server's notification other than progress and logging: a resource update goes
+        to the host sessions subscribed to it; the rest is dropped."""
+        uri = params.get("uri")
+        if method != "notifications/resources/updated" or not isinstance(uri, str):
+            return
+        for key, session in list(self.subscribers.get(uri, {}).items()):
+            try:
+                await session.send_resource_updated(uri)
+            except Exception:
+                self.subscribers.get(uri, {}).pop(key, None)  # that host went away
+
+    async def _complete(
+        self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
+    ) -> types.CompleteResult:
+        ref = params.ref
+        if isinstance(ref, types.PromptReference):
+            entry = self.offered.prompts.get(ref.name)
+            server = entry[1] if entry is not None else None
+        else:
+            server = self.offered.server_of_uri(ref.uri)
+        upstream = self.offered.upstreams.get(server) if server is not None else None
+        capabilities = upstream.connection.capabilities if upstream is not None else None
+        if (
+            upstream is None
+            or not isinstance(capabilities, dict)
+            or "completions" not in (capabilities)
+        ):
+            return types.CompleteResult(completion=types.Completion(values=[]))
+        request = params.model_dump(by_alias=True, mode="json", exclude_none=True)
+        try:
+            await upstream.ready()
+            result = await upstream.connection.request("completion/complete", request, timeout=10.0)
+            return types.CompleteResult.model_validate(_plain(result))
+        except Exception as exc:
+            raise MCPError(-32603, f"completion failed: {bounded(str(exc), 300)}") from None
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -288,6 +499,7 @@ class Proxy:
                 ),
             )
             for spec in self.calls.specs
+            if spec.name not in self.hidden
         ]
         tools.append(
             types.Tool(
@@ -304,8 +516,11 @@ class Proxy:
     ) -> types.CallToolResult:
         if params.name == STATUS_TOOL:
             answer = await self.status(params.arguments)
+        elif params.name in self.hidden:
+            # The proxy's own names for prompts/get and resources/read are not tools.
+            answer = Answer.invalid(params.name, "there is no tool with this name")
         else:
-            answer = await self._gated_call(ctx, params)
+            answer = await self._gated(ctx, params.name, params.arguments, params.meta)
         result = (
             types.CallToolResult.model_validate(answer.result_object)
             if answer.result_object is not None
@@ -323,15 +538,19 @@ class Proxy:
             result.is_error = True
         return result
 
-    async def _gated_call(
-        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    async def _gated(
+        self,
+        ctx: ServerRequestContext[Any],
+        tool: str,
+        arguments: dict[str, Any] | None,
+        request_meta: Any,
     ) -> Answer:
         if self.calls.closing.is_set() or self.work is None:
             return Answer.unrecorded()
         done = anyio.Event()
         box: list[Answer] = []
         host_waiting = True
-        meta = params.meta or {}
+        meta = request_meta or {}
         wants_progress = meta.get("progress_token", meta.get("progressToken")) is not None
 
         async def progress(elapsed: float, message: str) -> None:
@@ -364,15 +583,22 @@ class Proxy:
                     logger=bounded(logger, 100) if logger is not None else None,
                 )
 
+        runs: list[str] = []
+        upstream = self.server_of.get(tool)
+
+        def still_waiting() -> bool:
+            return host_waiting
+
         async def work() -> None:
             UPSTREAM_PROGRESS.set(upstream_progress if wants_progress else None)
             UPSTREAM_LOG.set(upstream_log)
+            CALL_RUN.set(runs)
+            if upstream is not None:
+                UPSTREAM_ASK.set(asker_for(upstream, ctx, self.store, runs, still_waiting))
             try:
-                box.append(
-                    await self.calls.handle(params.name, params.arguments, progress, params.meta)
-                )
+                box.append(await self.calls.handle(tool, arguments, progress, request_meta))
             except Exception as exc:
-                _log(self.log, f"agentrt proxy: a call to {sanitize(params.name)} failed: "
+                _log(self.log, f"agentrt proxy: a call to {sanitize(tool)} failed: "
                      f"{sanitize(str(exc))}")  # fmt: skip
                 box.append(Answer.unavailable("the gate could not complete this call."))
             finally:
@@ -474,22 +700,57 @@ class Proxy:
                 work.cancel_scope.cancel()
 
 
-async def _no_resources(
-    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-) -> types.ListResourcesResult:
-    return types.ListResourcesResult(resources=[])
+def _take_offers(offered: Offered, name: str, offers: Offers) -> list[str]:
+    """Add one server's checked prompts, resources and templates to `offered`; the lines
+    to log (its refusals, and what the SDK could not list or another server took first)."""
+    lines = list(offers.lines)
+    sections = (
+        (offers.prompts, types.Prompt, "prompt"),
+        (offers.resources, types.Resource, "resource"),
+        (offers.resource_templates, types.ResourceTemplate, "resource template"),
+    )
+    for listed, model, noun in sections:
+        for raw in listed:
+            plain = _plain(raw)
+            shown = sanitize(str(raw.get("name", "")))
+            try:
+                # What the SDK cannot list to the host is refused alone, not the whole list.
+                model.model_validate(plain)
+            except ValueError as exc:
+                lines.append(
+                    f"{sanitize(name)}: refused {noun} {shown}: the host could not be sent it "
+                    f"({sanitize(str(exc).splitlines()[0])})"
+                )
+                continue
+            if noun == "prompt":
+                holder = offered.prompts.get(str(raw["name"]))
+                if holder is not None:
+                    lines.append(
+                        f"{sanitize(name)}: refused prompt {shown}: the name is already "
+                        f'offered by server "{sanitize(holder[1])}"'
+                    )
+                    continue
+                offered.prompts[str(raw["name"])] = (plain, name)
+            elif noun == "resource":
+                offered.resources.append((plain, name))
+            else:
+                offered.templates.append((plain, name))
+    return lines
 
 
-async def _no_resource_templates(
-    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-) -> types.ListResourceTemplatesResult:
-    return types.ListResourceTemplatesResult(resource_templates=[])
+def _host_key(ctx: ServerRequestContext[Any]) -> str:
+    """Which host a request came from: its MCP session id over HTTP; stdio has one host."""
+    headers = getattr(ctx.request, "headers", None)
+    session_id = headers.get("mcp-session-id") if headers is not None else None
+    return str(session_id) if session_id else "stdio"
 
 
-async def _no_prompts(
-    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-) -> types.ListPromptsResult:
-    return types.ListPromptsResult(prompts=[])
+def _offer_result(answer: Answer) -> dict[str, Any]:
+    """A prompt's or resource's result as forwarded, or the gate's refusal as an error."""
+    if answer.result_object is not None:
+        return answer.result_object
+    # DENIED, PENDING_APPROVAL, TOOL_ERROR, ...: the same prose a tool call gets, as an error.
+    raise MCPError(-32603, answer.text)
 
 
 def _what_ran(row: CallRow | None) -> str:
@@ -640,7 +901,8 @@ async def _serve_config(
         signals.start_soon(_watch_signals, stopping.set, stream)
         try:
             servers_of: dict[str, str] = {}
-            tools, connections = await _load_upstreams(config, stream, servers_of)
+            offered = Offered()
+            tools, connections = await _load_upstreams(config, stream, servers_of, offered)
             telemetry = start_exporter(
                 config.database,
                 settings_from(
@@ -651,7 +913,7 @@ async def _serve_config(
                 side_effects={tool.spec.name: str(tool.spec.side_effect) for tool, _ in tools},
                 log=stream,
             )  # fmt: skip
-            proxy = Proxy(config, store, tools, stream)
+            proxy = Proxy(config, store, tools, stream, offered)
             server = proxy.server()
             async with (
                 proxy.running(),

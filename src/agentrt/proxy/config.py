@@ -112,8 +112,18 @@ _SERVER_FIELDS: Final = frozenset(
         "headers",
         "max_result_bytes",
         "results",
+        "prompts",
+        "resource_rules",
+        "client_requests",
     }
 )
+_CLIENT_REQUESTS: Final = {
+    # kind: (the capability advertised upstream when forwarded, the answers allowed)
+    "elicitation": ("elicitation", frozenset({"forward", "refuse", "forward_url"})),
+    "sampling": ("sampling", frozenset({"forward", "refuse"})),
+    "roots": ("roots", frozenset({"forward", "refuse"})),
+}
+_RESOURCE_RULE_FIELDS: Final = frozenset({"uri", "outcome"})
 # Rule fields only the proxy reads; the rest of a rule is checked as a rules file is.
 _PROXY_RULE_FIELDS: Final = frozenset({"repeat_window", "outcome"})
 _RESULT_MODES: Final = frozenset({"as_sent", "flattened"})
@@ -160,6 +170,16 @@ class UpstreamConfig:
     tool_rules: dict[str, ToolRule] = field(default_factory=dict)
     # Each tool's compiled "when" list, keyed like `rules` (by the server's tool name).
     conditions: dict[str, tuple[Condition, ...]] = field(default_factory=dict)
+    # The prompts the server may offer: None is every pinned one; () is none.
+    prompts: tuple[str, ...] | None = None
+    # (URI glob, outcome) in order; the first that matches a resources/read decides it.
+    resource_rules: tuple[tuple[str, Outcome], ...] = ()
+    # "elicitation" / "sampling" / "roots" → "forward" | "refuse" | "forward_url".
+    client_requests: dict[str, str] = field(default_factory=dict)
+
+    def forwards(self, kind: str) -> str:
+        """What the operator's rule says for one kind of server request (default refuse)."""
+        return self.client_requests.get(kind, "refuse")
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,6 +412,11 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
         options["http_client_factory"] = _client_sending(dict(headers))
     if "sandbox" in entry:
         options["sandbox"] = _sandbox(reader, entry["sandbox"], f"{where} sandbox")
+    client_requests = _client_requests(reader, entry.get("client_requests", {}), where)
+    # The server learns of a capability only when the operator forwards it.
+    options["client_capabilities"] = {
+        _CLIENT_REQUESTS[kind][0]: {} for kind, rule in client_requests.items() if rule != "refuse"
+    }
     try:
         server = Server(name=name, command=command, endpoint=endpoint, **options)
     except ValueError as exc:
@@ -444,7 +469,52 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
         results=str(results),
         tool_rules=tool_rules,
         conditions=conditions,
+        prompts=_prompts(reader, entry.get("prompts", "all"), where),
+        resource_rules=_resource_rules(reader, entry.get("resource_rules", []), where),
+        client_requests=client_requests,
     )
+
+
+def _prompts(reader: _Reader, raw: Any, where: str) -> tuple[str, ...] | None:
+    if raw == "all":
+        return None
+    if raw == "none":
+        return ()
+    if isinstance(raw, list):
+        return tuple(reader.strings(raw, f"{where} prompts"))
+    raise reader.fail(f"{where} prompts", 'must be "all", "none" or a list of prompt names')
+
+
+def _resource_rules(reader: _Reader, raw: Any, where: str) -> tuple[tuple[str, Outcome], ...]:
+    if not isinstance(raw, list):
+        raise reader.fail(f"{where} resource_rules", "must be a list of {uri, outcome} objects")
+    rules: list[tuple[str, Outcome]] = []
+    for position, item in enumerate(raw):
+        place = f"{where} resource_rules[{position}]"
+        rule = reader.object(item, place, _RESOURCE_RULE_FIELDS)
+        if "uri" not in rule or "outcome" not in rule:
+            raise reader.fail(place, 'needs "uri" (a glob) and "outcome"')
+        outcome = (
+            _POLICY_OUTCOMES.get(rule["outcome"]) if isinstance(rule["outcome"], str) else None
+        )
+        if outcome is None:
+            raise reader.fail(f"{place} outcome", 'must be "allow", "require_approval" or "deny"')
+        rules.append((reader.string(rule["uri"], f"{place} uri"), outcome))
+    return tuple(rules)
+
+
+def _client_requests(reader: _Reader, raw: Any, where: str) -> dict[str, str]:
+    entry = reader.object(raw, f"{where} client_requests", frozenset(_CLIENT_REQUESTS))
+    chosen: dict[str, str] = {}
+    for kind, value in entry.items():
+        allowed = _CLIENT_REQUESTS[kind][1]
+        if value not in allowed:
+            raise reader.fail(
+                f"{where} client_requests.{kind}",
+                "must be one of " + ", ".join(f'"{word}"' for word in sorted(allowed)),
+            )
+        chosen[kind] = str(value)
+    return chosen
 
 
 def _proxy_rule_fields(

@@ -1,0 +1,139 @@
+"""A server's sampling, elicitation and roots requests, under the operator's rule.
+
+Per server, `"client_requests": {"elicitation": "forward" | "refuse" |
+"forward_url", "sampling": ..., "roots": ...}` (default refuse).  A
+forwarded request goes to the host only while the call that caused it is
+in flight and its host is still waiting, and only if that host advertised
+the capability; a URL-mode elicitation only under `"forward_url"`.  The
+server's request and the host's answer (or the refusal) are recorded as
+events of that call's run, bounded.  Nothing here touches an approval: an
+answer from the host is data for the server, never a decision of the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from typing import Any, Final
+
+from mcp.server.context import ServerRequestContext
+
+from ..canonical import canonical_json
+from ..mcp._connection import Ask, AskRefused
+from ..store import Store
+from .config import UpstreamConfig
+
+__all__ = ["CLIENT_REQUEST_ANSWERED", "CLIENT_REQUEST_EVENT", "asker_for"]
+
+CLIENT_REQUEST_EVENT: Final = "client_request"
+CLIENT_REQUEST_ANSWERED: Final = "client_request_answered"
+# How much of a request's params or an answer's content an event keeps.
+_RECORDED_BYTES: Final = 4096
+_KINDS: Final = {
+    "sampling/createMessage": "sampling",
+    "elicitation/create": "elicitation",
+    "roots/list": "roots",
+}
+_REFUSED: Final = -32601
+
+
+def _bounded_json(value: Any) -> Any:
+    """A JSON value as recorded: as sent when small, else its first bytes as text."""
+    text = canonical_json(value)
+    if len(text.encode("utf-8")) <= _RECORDED_BYTES:
+        return value
+    return {"truncated": text.encode("utf-8")[:_RECORDED_BYTES].decode("utf-8", "ignore")}
+
+
+def _host_has(ctx: ServerRequestContext[Any], kind: str) -> bool:
+    capabilities = ctx.session.client_capabilities
+    return capabilities is not None and getattr(capabilities, kind, None) is not None
+
+
+def asker_for(
+    upstream: UpstreamConfig,
+    ctx: ServerRequestContext[Any],
+    store: Store,
+    runs: list[str],
+    waiting: Callable[[], bool],
+) -> Ask:
+    """The answerer of `upstream`'s requests during one host call (`ctx`); `runs` receives
+    the call's run id once the gate sends it, `waiting` says whether the host still waits."""
+    server = upstream.server.name
+
+    async def record(type_: str, payload: dict[str, Any]) -> None:
+        if not runs:
+            return
+        run_id = runs[-1]
+
+        def append(connection: sqlite3.Connection) -> None:
+            store.append_event(connection, run_id, type_, payload)
+
+        await store.write(append)
+
+    async def refuse(method: str, params: Any, reason: str) -> None:
+        await record(
+            CLIENT_REQUEST_EVENT,
+            {
+                "server": server,
+                "method": method,
+                "params": _bounded_json(params),
+                "forwarded": False,
+                "reason": reason,
+            },
+        )
+        raise AskRefused(_REFUSED, reason)
+
+    async def ask(method: str, params: Any) -> Any:
+        kind = _KINDS.get(method)
+        if kind is None:
+            raise AskRefused(_REFUSED, f"this client does not answer {method} requests")
+        rule = upstream.forwards(kind)
+        if rule == "refuse":
+            await refuse(method, params, f"the operator's rule refuses {kind} requests")
+        url_mode = (
+            kind == "elicitation" and isinstance(params, dict) and params.get("mode") == "url"
+        )
+        if url_mode and rule != "forward_url":
+            await refuse(method, params, "the operator's rule refuses URL-mode elicitation")
+        if not runs or not waiting():
+            await refuse(method, params, "the call that caused the request is no longer waited for")
+        if not _host_has(ctx, kind):
+            await refuse(method, params, f"the host did not advertise the {kind} capability")
+        await record(
+            CLIENT_REQUEST_EVENT,
+            {
+                "server": server,
+                "method": method,
+                "params": _bounded_json(params),
+                "forwarded": True,
+            },
+        )
+        try:
+            # Raw, on the call's own channel: the SDK's typed models would drop fields the
+            # server sent (an elicitation's legacy enumNames).  SDK 2.3 has no public raw
+            # send for a request's channel, hence the private attribute.
+            answer = await ctx.session._request_outbound.send_raw_request(
+                # Parsed with literals kept (Decimal); the SDK's writer wants plain JSON.
+                method,
+                json.loads(canonical_json(params)) if isinstance(params, dict) else None,
+                None,
+            )
+        except Exception as exc:
+            await record(
+                CLIENT_REQUEST_ANSWERED,
+                {"server": server, "method": method, "error": str(exc)[:_RECORDED_BYTES]},
+            )
+            raise AskRefused(_REFUSED, "the host did not answer the request") from None
+        recorded: dict[str, Any] = {"server": server, "method": method}
+        if kind == "elicitation":
+            recorded["action"] = answer.get("action")
+            # The form's fields, as the user filled them (bounded).
+            recorded["content"] = _bounded_json(answer.get("content"))
+        else:
+            recorded["answer"] = _bounded_json(answer)
+        await record(CLIENT_REQUEST_ANSWERED, recorded)
+        return answer
+
+    return ask

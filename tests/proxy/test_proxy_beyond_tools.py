@@ -1,0 +1,576 @@
+"""Prompts, resources, completion, logging and a server's own requests through the proxy.
+
+One proxy for the module, over streamable HTTP, in front of the conformance
+server (a real MCP server over stdio, tests/proxy/servers/conformance_server.py);
+each test connects its own host, the official Python SDK's ClientSession.
+The conformance server notes each prompts/get, resources/read, subscribe and
+logging/setLevel it receives in a log, so a test sees what reached it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from proxy_helpers import AGENTRT, text_of, write_private
+
+from agentrt.canonical import canonical_json
+from agentrt.mcp import Manifest, OperatorFileError, Server, pin
+from agentrt.mcp._connection import connect
+from agentrt.mcp._offers import load_offers
+from agentrt.proxy.config import ConfigError, load_config
+from agentrt.store import Event, open_store
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+CONFORMANCE = Path(__file__).parent / "servers" / "conformance_server.py"
+
+
+def conformance_server(log: Path, name: str = "conf") -> Server:
+    return Server(
+        name=name,
+        command=[sys.executable, str(CONFORMANCE)],
+        env=[f"CONFORMANCE_LOG={log}"],
+        connect_timeout=20.0,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class Running:
+    url: str
+    root: Path
+    database: Path
+    upstream_log: Path
+    stderr: Path
+    manifest: Manifest
+
+    def upstream_lines(self) -> list[str]:
+        if not self.upstream_log.exists():
+            return []
+        return self.upstream_log.read_text().splitlines()
+
+    def events(self) -> list[Event]:
+        with open_store(self.database, create=False) as store:
+            return store.events_after(0, limit=100_000)
+
+    def run_events(self, run_id: str) -> list[Event]:
+        return [event for event in self.events() if event.run_id == run_id]
+
+    def last_run_of(self, tool: str) -> str:
+        runs = [
+            event.run_id
+            for event in self.events()
+            if event.type == "step_recorded" and event.payload.get("tool") == tool
+        ]
+        assert runs, f"no run of {tool}"
+        return runs[-1]
+
+
+def _rules(manifest: Manifest) -> dict[str, Any]:
+    # Every tool read-only under its own name, as the issue's check configures it.
+    return {
+        name: {"side_effect": "read_only", "rename": name, "allow_hint_mismatch": True}
+        for name in manifest.tools
+    }
+
+
+def proxy_document(manifest: Manifest, log: Path, **server: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": "conf",
+        "command": [sys.executable, str(CONFORMANCE)],
+        "env": [f"CONFORMANCE_LOG={log}"],
+        "default_timeout": "20s",
+        "manifest": "conf.manifest.json",
+        "rules": _rules(manifest),
+    }
+    entry.update(server)
+    return {"database": "proxy.db", "session": "beyond", "hold": "300ms", "servers": [entry]}
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    root = tmp_path_factory.mktemp("beyond")
+    conf = root / "conf"
+    log = root / "upstream.log"
+    manifest = anyio.run(pin, conformance_server(root / "pin.log"))
+    write_private(conf / "conf.manifest.json", manifest.to_json())
+    document = proxy_document(
+        manifest,
+        log,
+        prompts=[name for name in manifest.prompts or {} if name != "test_prompt_with_image"],
+        resource_rules=[{"uri": "test://secret-*", "outcome": "deny"}],
+        max_result_bytes=2048,
+        client_requests={"elicitation": "forward", "sampling": "forward"},
+    )
+    write_private(conf / "proxy.json", json.dumps(document))
+    port = free_port()
+    stderr = root / "proxy.stderr"
+    with stderr.open("a") as errlog:
+        process = subprocess.Popen(
+            [str(AGENTRT), "proxy", "--config", str(conf / "proxy.json"),
+             "--http", f"127.0.0.1:{port}"],
+            stdin=subprocess.DEVNULL, stderr=errlog, cwd=root,
+            env={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")},
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while "serving streamable HTTP" not in stderr.read_text():
+            assert process.poll() is None, stderr.read_text()
+            assert time.monotonic() < deadline, stderr.read_text()
+            time.sleep(0.05)
+        yield Running(
+            f"http://127.0.0.1:{port}/mcp", root, conf / "proxy.db", log, stderr, manifest
+        )
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+@asynccontextmanager
+async def host(url: str, **callbacks: Any) -> AsyncIterator[ClientSession]:
+    async with (
+        streamable_http_client(url) as (read_stream, write_stream),
+        ClientSession(read_stream, write_stream, **callbacks) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+def _sha256(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+
+
+def _as_received(result: Any) -> dict[str, Any]:
+    """A result as the host got it on the wire, without the defaults its model fills in."""
+    dumped: dict[str, Any] = result.model_dump(by_alias=True, mode="json", exclude_unset=True)
+    return dumped
+
+
+# -- prompts -----------------------------------------------------------------
+
+
+async def test_prompts_are_listed_as_pinned_and_limited_to_the_operators_list(
+    running: Running,
+) -> None:
+    async with host(running.url) as session:
+        listed = await session.list_prompts()
+    pinned = set(running.manifest.prompts or {})
+    assert "test_prompt_with_image" in pinned
+    assert {prompt.name for prompt in listed.prompts} == pinned - {"test_prompt_with_image"}
+
+
+async def test_a_prompt_get_is_forwarded_and_recorded_with_its_arguments_size_and_hash(
+    running: Running,
+) -> None:
+    async with host(running.url) as session:
+        result = await session.get_prompt(
+            "test_prompt_with_arguments", {"arg1": "hello", "arg2": "world"}
+        )
+    text = result.messages[0].content
+    assert isinstance(text, types.TextContent)
+    assert text.text == "Prompt with arguments: arg1='hello', arg2='world'"
+    run_id = running.last_run_of("prompt--conf")
+    events = running.run_events(run_id)
+    step = next(event for event in events if event.type == "step_recorded")
+    assert json.loads(step.payload["args"]) == {
+        "name": "test_prompt_with_arguments",
+        "arguments": {"arg1": "hello", "arg2": "world"},
+    }
+    finished = next(event for event in events if event.type == "tool_finished")
+    recorded = json.loads(finished.payload["content"])
+    forwarded = _as_received(result)
+    assert recorded["sha256"] == _sha256(forwarded)
+    assert recorded["bytes"] == len(canonical_json(forwarded).encode("utf-8"))
+    assert f"sha256 {recorded['sha256']}" in finished.payload["summary"]
+
+
+async def test_a_prompt_outside_the_operators_list_is_refused_and_never_reaches_the_server(
+    running: Running,
+) -> None:
+    async with host(running.url) as session:
+        with pytest.raises(MCPError, match="there is no prompt"):
+            await session.get_prompt("test_prompt_with_image")
+        # The refusal harmed nothing: the next prompt is served.
+        simple = await session.get_prompt("test_simple_prompt")
+    assert simple.messages
+    assert not any("test_prompt_with_image" in line for line in running.upstream_lines())
+
+
+async def test_the_proxys_own_names_for_prompts_and_resources_are_not_tools(
+    running: Running,
+) -> None:
+    async with host(running.url) as session:
+        listed = await session.list_tools()
+        refused = await session.call_tool("resource--conf", {"uri": "test://static-text"})
+        served = await session.call_tool("test_simple_text", {})
+    assert not {"prompt--conf", "resource--conf"} & {tool.name for tool in listed.tools}
+    assert refused.is_error and "no tool with this name" in text_of(refused)
+    assert not served.is_error
+    assert not any("resources/read test://static-text" in line for line in running.upstream_lines())
+
+
+# -- resources ---------------------------------------------------------------
+
+
+async def test_resources_and_templates_are_listed_as_pinned(running: Running) -> None:
+    async with host(running.url) as session:
+        resources = await session.list_resources()
+        templates = await session.list_resource_templates()
+    assert {str(item.uri) for item in resources.resources} == set(running.manifest.resources or {})
+    assert [item.uri_template for item in templates.resource_templates] == [
+        "test://template/{id}/data"
+    ]
+
+
+async def test_a_resource_read_is_recorded_as_a_read_only_call_with_its_uri_size_and_hash(
+    running: Running,
+) -> None:
+    async with host(running.url) as session:
+        result = await session.read_resource("test://template/7/data")
+    content = result.contents[0]
+    assert isinstance(content, types.TextResourceContents) and '"id": "7"' in content.text
+    run_id = running.last_run_of("resource--conf")
+    events = running.run_events(run_id)
+    step = next(event for event in events if event.type == "step_recorded")
+    assert json.loads(step.payload["args"]) == {"uri": "test://template/7/data"}
+    decided = next(event for event in events if event.type == "policy_decided")
+    assert decided.payload["outcome"] == "allow" and "read_only" in decided.payload["reason"]
+    finished = next(event for event in events if event.type == "tool_finished")
+    forwarded = _as_received(result)
+    assert json.loads(finished.payload["content"])["sha256"] == _sha256(forwarded)
+
+
+async def test_a_resource_rule_denies_a_uri_pattern_and_the_server_is_never_asked(
+    running: Running,
+) -> None:
+    async with host(running.url) as session:
+        with pytest.raises(MCPError, match="DENIED"):
+            await session.read_resource("test://secret-resource")
+        allowed = await session.read_resource("test://static-text")
+    assert allowed.contents
+    assert not any("secret-resource" in line for line in running.upstream_lines())
+    run_id = running.last_run_of("resource--conf")
+    assert any(
+        event.type == "step_recorded" and "static-text" in event.payload["args"]
+        for event in running.run_events(run_id)
+    )
+    denied = [
+        event
+        for event in running.events()
+        if event.type == "policy_decided" and event.payload.get("outcome") == "deny"
+    ]
+    assert denied, "the denial is in the audit log"
+
+
+async def test_a_resource_over_max_result_bytes_is_refused_whole(running: Running) -> None:
+    async with host(running.url) as session:
+        with pytest.raises(MCPError, match="max_result_bytes"):
+            await session.read_resource("test://large-resource")
+        small = await session.read_resource("test://static-binary")
+    assert isinstance(small.contents[0], types.BlobResourceContents)
+
+
+async def test_subscribe_is_forwarded_and_the_servers_update_reaches_the_host(
+    running: Running,
+) -> None:
+    updates: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updates.append(str(message.params.uri))
+
+    async with host(running.url, message_handler=on_message) as session:
+        await session.subscribe_resource("test://watched-resource")
+        with anyio.fail_after(10):
+            while not updates:
+                await anyio.sleep(0.05)
+        await session.unsubscribe_resource("test://watched-resource")
+    assert updates == ["test://watched-resource"]
+    lines = running.upstream_lines()
+    assert "resources/subscribe test://watched-resource" in lines
+    assert "resources/unsubscribe test://watched-resource" in lines
+
+
+# -- completion and logging --------------------------------------------------
+
+
+async def test_completion_is_forwarded_to_the_server_of_the_prompt(running: Running) -> None:
+    async with host(running.url) as session:
+        result = await session.complete(
+            types.PromptReference(type="ref/prompt", name="test_prompt_with_arguments"),
+            {"name": "arg1", "value": "par"},
+        )
+    assert result.completion.values == ["paris", "park", "party"]
+
+
+async def test_set_level_is_forwarded_to_the_upstream(running: Running) -> None:
+    async with host(running.url) as session:
+        await session.set_logging_level("warning")
+    assert "logging/setLevel warning" in running.upstream_lines()
+
+
+# -- the server's own requests -----------------------------------------------
+
+
+def _client_request_events(running: Running, run_id: str) -> list[Event]:
+    return [
+        event for event in running.run_events(run_id) if event.type.startswith("client_request")
+    ]
+
+
+async def test_an_elicitation_is_forwarded_during_its_call_and_recorded_in_its_run(
+    running: Running,
+) -> None:
+    asked: list[str] = []
+
+    async def on_elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"username": "ada", "email": "a@b"})
+
+    async with host(running.url, elicitation_callback=on_elicit) as session:
+        result = await session.call_tool("test_elicitation", {"message": "Who are you?"})
+    assert asked == ["Who are you?"]
+    assert not result.is_error and "ada" in text_of(result)
+    run_id = running.last_run_of("test_elicitation")
+    request, answer = _client_request_events(running, run_id)
+    assert request.payload["method"] == "elicitation/create" and request.payload["forwarded"]
+    assert request.payload["params"]["message"] == "Who are you?"
+    assert answer.payload["action"] == "accept"
+    assert answer.payload["content"] == {"username": "ada", "email": "a@b"}
+    # An answer is data for the server, never a decision: the run asked no approval.
+    assert not any(event.type.startswith("approval") for event in running.run_events(run_id))
+
+
+async def test_a_sampling_request_is_forwarded_and_its_answer_recorded(running: Running) -> None:
+    async def on_sample(context: Any, params: Any) -> types.CreateMessageResult:
+        return types.CreateMessageResult(
+            role="assistant",
+            content=types.TextContent(type="text", text="a sampled answer"),
+            model="test-model",
+        )
+
+    async with host(running.url, sampling_callback=on_sample) as session:
+        result = await session.call_tool("test_sampling", {"prompt": "Say something"})
+    assert "a sampled answer" in text_of(result)
+    request, answer = _client_request_events(running, running.last_run_of("test_sampling"))
+    assert request.payload["method"] == "sampling/createMessage"
+    assert answer.payload["answer"]["content"]["text"] == "a sampled answer"
+
+
+async def test_roots_are_refused_by_default_and_the_refusal_recorded(running: Running) -> None:
+    asked: list[bool] = []
+
+    async def on_roots(context: Any) -> types.ListRootsResult:
+        asked.append(True)
+        return types.ListRootsResult(roots=[])
+
+    async with host(running.url, list_roots_callback=on_roots) as session:
+        result = await session.call_tool("test_roots", {})
+        after = await session.call_tool("test_simple_text", {})
+    assert asked == []
+    assert result.is_error and "refuses roots requests" in text_of(result)
+    assert not after.is_error
+    (request,) = _client_request_events(running, running.last_run_of("test_roots"))
+    assert request.payload["forwarded"] is False
+
+
+async def test_a_url_elicitation_is_refused_unless_the_rule_says_forward_url(
+    running: Running,
+) -> None:
+    asked: list[Any] = []
+
+    async def on_elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params)
+        return types.ElicitResult(action="accept")
+
+    async with host(running.url, elicitation_callback=on_elicit) as session:
+        result = await session.call_tool("test_elicitation_url", {})
+    assert asked == []
+    assert result.is_error and "URL-mode elicitation" in text_of(result)
+    (request,) = _client_request_events(running, running.last_run_of("test_elicitation_url"))
+    assert request.payload["params"]["url"] == "https://example.com/sign-in"
+    assert request.payload["forwarded"] is False
+
+
+async def test_a_host_without_the_capability_is_never_asked(running: Running) -> None:
+    async with host(running.url) as session:
+        result = await session.call_tool("test_elicitation", {"message": "Anyone?"})
+    assert result.is_error and "did not advertise the elicitation capability" in text_of(result)
+    (request,) = _client_request_events(running, running.last_run_of("test_elicitation"))
+    assert request.payload["forwarded"] is False
+
+
+# -- pins at load ------------------------------------------------------------
+
+
+def _changed(manifest: Manifest, **changes: str) -> Manifest:
+    document = json.loads(manifest.to_json())
+    for key, value in changes.items():
+        document["prompts"]["test_prompt_with_arguments"][key] = value
+    return Manifest.from_json(json.dumps(document))
+
+
+async def test_a_prompt_whose_description_or_arguments_changed_is_refused_and_reported(
+    running: Running, tmp_path: Path
+) -> None:
+    server = conformance_server(tmp_path / "log")
+    for field, reason in (("description_hash", "description"), ("shape_hash", "arguments")):
+        connection = await connect(server)
+        try:
+            offers = await load_offers(
+                connection, _changed(running.manifest, **{field: "0" * 64}), timeout=10
+            )
+        finally:
+            await connection.aclose()
+        names = {prompt["name"] for prompt in offers.prompts}
+        assert "test_prompt_with_arguments" not in names
+        assert "test_simple_prompt" in names  # the others still load
+        assert any(
+            f"refused prompts test_prompt_with_arguments: its {reason} changed" in line
+            for line in offers.lines
+        ), offers.lines
+
+
+async def test_a_manifest_without_prompts_loads_and_says_it_pins_none(
+    running: Running, tmp_path: Path
+) -> None:
+    document = json.loads(running.manifest.to_json())
+    for section in ("prompts", "resources", "resource_templates"):
+        del document[section]
+    old = Manifest.from_json(json.dumps(document))
+    assert old.prompts is None and old.tools == running.manifest.tools
+    connection = await connect(conformance_server(tmp_path / "log"))
+    try:
+        offers = await load_offers(connection, old, timeout=10)
+    finally:
+        await connection.aclose()
+    assert offers.prompts == [] and offers.resources == []
+    assert any("pins no prompts" in line for line in offers.lines)
+
+
+# -- configuration refusals ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("prompts", "some", "prompts"),
+        ("client_requests", {"elicitation": "always"}, "client_requests.elicitation"),
+        ("client_requests", {"telepathy": "forward"}, "telepathy"),
+        ("resource_rules", [{"uri": "test://*"}], "resource_rules[0]"),
+        ("resource_rules", [{"uri": "test://*", "outcome": "maybe"}], "resource_rules[0] outcome"),
+    ],
+)
+def test_a_bad_prompts_resource_rules_or_client_requests_field_is_refused_naming_it(
+    running: Running, tmp_path: Path, field: str, value: Any, named: str
+) -> None:
+    write_private(tmp_path / "conf.manifest.json", running.manifest.to_json())
+    document = proxy_document(running.manifest, tmp_path / "log", **{field: value})
+    path = write_private(tmp_path / "proxy.json", json.dumps(document))
+    with pytest.raises(ConfigError) as refused:
+        load_config(str(path))
+    message = str(refused.value)
+    assert named in message and "\n" not in message
+    # The same file with the field left out loads.
+    del document["servers"][0][field]
+    write_private(path, json.dumps(document))
+    assert load_config(str(path)).servers[0].forwards("elicitation") == "refuse"
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda pins: pins.update({"extra": 1}), 'the unknown field "extra"'),
+        (lambda pins: pins.update({"key": "another"}), "pinned under another key"),
+        (lambda pins: pins.pop("shape_hash"), 'has no "shape_hash"'),
+    ],
+)
+def test_a_hand_edited_prompt_pin_is_refused_naming_it(
+    running: Running, change: Any, named: str
+) -> None:
+    document = json.loads(running.manifest.to_json())
+    change(document["prompts"]["test_simple_prompt"])
+    with pytest.raises(OperatorFileError) as refused:
+        Manifest.from_json(json.dumps(document), source="conf.manifest.json")
+    assert named in str(refused.value) and "test_simple_prompt" in str(refused.value)
+    # The untouched manifest still reads, prompts and all.
+    assert Manifest.from_json(running.manifest.to_json()).prompts == running.manifest.prompts
+
+
+async def test_a_request_after_the_host_stopped_waiting_is_refused_and_recorded(
+    running: Running,
+) -> None:
+    asked: list[str] = []
+
+    async def on_elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={})
+
+    async with host(running.url, elicitation_callback=on_elicit) as session:
+        with anyio.move_on_after(0.5):
+            await session.call_tool("test_elicitation_later", {"seconds": 1.5})
+        # The call goes on upstream; its server asks once the host has gone.
+        with anyio.fail_after(20):
+            while True:
+                runs = [
+                    event
+                    for event in running.events()
+                    if event.type == "client_request"
+                    and (event.payload.get("params") or {}).get("message") == "Still there?"
+                ]
+                if runs:
+                    break
+                await anyio.sleep(0.1)
+        served = await session.call_tool("test_simple_text", {})
+    assert asked == []
+    assert runs[-1].payload["forwarded"] is False
+    assert "no longer waited for" in runs[-1].payload["reason"]
+    assert not served.is_error
+
+
+async def test_a_request_during_two_calls_to_one_stdio_server_is_refused(
+    running: Running,
+) -> None:
+    asked: list[str] = []
+
+    async def on_elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={})
+
+    results: dict[str, Any] = {}
+    async with host(running.url, elicitation_callback=on_elicit) as session:
+
+        async def call(label: str, arguments: dict[str, Any]) -> None:
+            results[label] = await session.call_tool("test_elicitation_later", arguments)
+
+        async with anyio.create_task_group() as group:
+            # The quiet call is still in flight when the other one's server asks.
+            group.start_soon(call, "quiet", {"seconds": 3, "ask": False})
+            group.start_soon(call, "asking", {"seconds": 1})
+    # Nothing on a stdio wire says which call asked, so the question never reaches the host.
+    assert asked == []
+    assert results["asking"].is_error
+    assert "does not answer elicitation/create" in text_of(results["asking"])
+    assert not results["quiet"].is_error
