@@ -155,8 +155,8 @@ def test_verify_finds_the_first_altered_event(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_live_lease_refuses_another_process(tmp_path: Path) -> None:
-    db = tmp_path / "runs.db"
+async def test_live_lease_refuses_another_process(database: str | Path) -> None:
+    db = database
     slow = RecordingTool("write", SideEffect.LOCAL_MUTATION, delay=0.5)
     first = Gate(open_store(db), [slow], lease_ttl=5)
     second = Gate(open_store(db), [slow], lease_ttl=5)
@@ -191,7 +191,7 @@ CRASHING_PROGRAM = textwrap.dedent(
 )
 
 
-def _crash_mid_tool(db: Path, name: str, effect: str) -> None:
+def _crash_mid_tool(db: str | Path, name: str, effect: str) -> None:
     program = CRASHING_PROGRAM.format(name=name, effect=effect)
     child = subprocess.Popen(
         [sys.executable, "-c", program, str(db)], stdout=subprocess.PIPE, cwd=REPO
@@ -204,8 +204,8 @@ def _crash_mid_tool(db: Path, name: str, effect: str) -> None:
 
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
-async def test_crash_mid_mutation_pauses_on_interrupted_side_effect(tmp_path: Path) -> None:
-    db = tmp_path / "runs.db"
+async def test_crash_mid_mutation_pauses_on_interrupted_side_effect(database: str | Path) -> None:
+    db = database
     _crash_mid_tool(db, "write", "LOCAL_MUTATION")
     write = RecordingTool("write", SideEffect.LOCAL_MUTATION, schema={"type": "object"})
     gate = Gate(open_store(db), [write], policy=approval_policy())
@@ -231,8 +231,10 @@ async def test_crash_mid_mutation_pauses_on_interrupted_side_effect(tmp_path: Pa
 
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
-async def test_crash_mid_read_marks_the_step_interrupted_and_continues(tmp_path: Path) -> None:
-    db = tmp_path / "runs.db"
+async def test_crash_mid_read_marks_the_step_interrupted_and_continues(
+    database: str | Path,
+) -> None:
+    db = database
     _crash_mid_tool(db, "read", "READ_ONLY")
     read = RecordingTool("read", SideEffect.READ_ONLY, schema={"type": "object"})
     gate = Gate(open_store(db), [read])
@@ -245,8 +247,8 @@ async def test_crash_mid_read_marks_the_step_interrupted_and_continues(tmp_path:
 
 
 @pytest.mark.anyio
-async def test_a_call_longer_than_its_lease_keeps_the_lease_renewed(tmp_path: Path) -> None:
-    db = tmp_path / "runs.db"
+async def test_a_call_longer_than_its_lease_keeps_the_lease_renewed(database: str | Path) -> None:
+    db = database
     slow = RecordingTool("write", SideEffect.LOCAL_MUTATION, delay=1.5, timeout=5.0)
     first = Gate(open_store(db), [slow], lease_ttl=0.6)
     second = Gate(open_store(db), [slow], lease_ttl=0.6)
@@ -274,8 +276,10 @@ def test_database_owned_by_another_user_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_another_gate_cannot_end_or_step_a_run_held_by_a_live_lease(tmp_path: Path) -> None:
-    db = tmp_path / "runs.db"
+async def test_another_gate_cannot_end_or_step_a_run_held_by_a_live_lease(
+    database: str | Path,
+) -> None:
+    db = database
     slow = RecordingTool("write", SideEffect.LOCAL_MUTATION, delay=0.6)
     first = Gate(open_store(db), [slow], lease_ttl=5)
     second = Gate(open_store(db), [slow], lease_ttl=5)
@@ -293,7 +297,7 @@ async def test_another_gate_cannot_end_or_step_a_run_held_by_a_live_lease(tmp_pa
 
 
 @pytest.mark.anyio
-async def test_resume_takes_its_lease_after_a_slow_policy_not_before(tmp_path: Path) -> None:
+async def test_resume_takes_its_lease_after_a_slow_policy_not_before(database: str | Path) -> None:
     import time as clock
 
     from agentrt import PolicyDecision
@@ -303,7 +307,7 @@ async def test_resume_takes_its_lease_after_a_slow_policy_not_before(tmp_path: P
             await anyio.sleep(0.8)
             return PolicyDecision.require_approval("write", {}, {})
 
-    db = tmp_path / "runs.db"
+    db = database
     seen: list[float] = []
 
     class Watching(RecordingTool):
@@ -323,8 +327,8 @@ async def test_resume_takes_its_lease_after_a_slow_policy_not_before(tmp_path: P
 
 
 @pytest.mark.anyio
-async def test_a_gate_can_take_back_its_own_expired_lease(tmp_path: Path) -> None:
-    db = tmp_path / "runs.db"
+async def test_a_gate_can_take_back_its_own_expired_lease(database: str | Path) -> None:
+    db = database
     read = RecordingTool("read", SideEffect.READ_ONLY)
     gate = Gate(open_store(db), [read], lease_ttl=5)
     run_id = await gate.start("x")
