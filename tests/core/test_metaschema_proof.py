@@ -204,3 +204,24 @@ def test_the_proof_handles_every_keyword_the_metaschema_constrains() -> None:
         document = REGISTRY.contents(uri)
         assert set(document) <= structural, uri
         assert document["type"] == ["object", "boolean"]
+
+
+def test_a_dangling_reference_is_still_refused_when_the_schema_compiles() -> None:
+    # The validator of a schema without references is built at its first check;
+    # one with references is built at once, so a dangling one is refused at load.
+    with pytest.raises(SchemaError, match="does not resolve inside the document"):
+        compile_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}})
+    referring = compile_schema(
+        {
+            "type": "object",
+            "properties": {"a": {"$ref": "#/$defs/text"}},
+            "$defs": {"text": {"type": "string"}},
+        }
+    )
+    assert referring.first_error({"a": "fine"}) is None
+    assert referring.first_error({"a": 1}) == "1 is not of type 'string' at /a"
+    plain = compile_schema(
+        parse_json('{"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}}')
+    )
+    assert plain.first_error(parse_json('{"n": 3.0}')) is None
+    assert plain.first_error({"n": 4}) == "4 is greater than the maximum of 3 at /n"
