@@ -54,6 +54,13 @@ def rss_kib(pid: int) -> dict[str, int]:
     return values
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU a process has used (its threads, not its children), from /proc."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def children_of(pid: int) -> list[int]:
     """Direct children of a process, from /proc."""
     found = []

@@ -28,6 +28,7 @@ from _common import (
     HERE,
     PYTHON,
     Result,
+    cpu_seconds,
     find_descendant,
     log,
     private_file,
@@ -52,6 +53,9 @@ class Target:
     name: str
     tool: str
     open: Callable[[], AbstractAsyncContextManager[ClientSession]]
+    # A word of the serving process's command line, to read its CPU time: CPU per call
+    # holds up on a shared machine where calls per second move with everyone's load.
+    process: str
 
 
 def _free_port() -> int:
@@ -196,11 +200,12 @@ def _targets(config: Path, root: Path, peers: dict[str, Peer]) -> list[Target]:
     command = server_command(1)
     agentrt_port = _free_port()
     targets = [
-        Target("direct", "noop_0000", lambda: raw_session(command)),
+        Target("direct", "noop_0000", lambda: raw_session(command), "bench_server.py"),
         Target(
             "agentrt-stdio",
             "bench_noop_0000",
             lambda: stdio_session(_proxy_command(config), cwd=root),
+            "agentrt.proxy",
         ),
         Target(
             "agentrt-http",
@@ -210,6 +215,7 @@ def _targets(config: Path, root: Path, peers: dict[str, Peer]) -> list[Target]:
                 agentrt_port,
                 "/mcp",
             ),
+            "agentrt.proxy",
         ),
     ]
     peer = peers.get("mcp-proxy")
@@ -218,13 +224,20 @@ def _targets(config: Path, root: Path, peers: dict[str, Peer]) -> list[Target]:
         mcp_proxy = [str(peer.bin / "mcp-proxy"), "--port", str(port), "--host", "127.0.0.1",
                      "--", *command]  # fmt: skip
         targets.append(
-            Target("mcp-proxy-http", "noop_0000", lambda: http_session(mcp_proxy, port, "/mcp"))
+            Target(
+                "mcp-proxy-http",
+                "noop_0000",
+                lambda: http_session(mcp_proxy, port, "/mcp"),
+                "mcp-proxy",
+            )
         )
     peer = peers.get("fastmcp")
     if peer is not None and peer.python is not None:
         fastmcp = [str(peer.python), str(HERE / "fastmcp_proxy.py"),
                    _fastmcp_config({"bench": command})]  # fmt: skip
-        targets.append(Target("fastmcp-stdio", "noop_0000", lambda: stdio_session(fastmcp)))
+        targets.append(
+            Target("fastmcp-stdio", "noop_0000", lambda: stdio_session(fastmcp), "fastmcp_proxy.py")
+        )
     return targets
 
 
@@ -278,14 +291,24 @@ async def _concurrent(target: Target, per_worker: int) -> dict[str, Any]:
             for step in range(per_worker):
                 latencies.append(await _call(session, target.tool, worker_index * 1000 + step))
 
+        pid = find_descendant(os.getpid(), target.process)
+        cpu_before = cpu_seconds(pid) if pid is not None else None
         began = time.perf_counter()
         async with anyio.create_task_group() as group:
             for worker_index in range(CONCURRENCY):
                 group.start_soon(worker, worker_index)
         wall = time.perf_counter() - began
+        cpu = cpu_seconds(pid) - cpu_before if pid is not None and cpu_before is not None else None
     total = CONCURRENCY * per_worker
     log(f"proxy: {target.name} done")
-    return {"calls": total, "wall_s": wall, "throughput": total / wall, **summary(latencies)}
+    return {
+        "calls": total,
+        "wall_s": wall,
+        "throughput": total / wall,
+        # The serving process's own CPU (its upstream is a child, not counted).
+        "cpu_s_per_call": cpu / total if cpu is not None else None,
+        **summary(latencies),
+    }
 
 
 async def _proxy_latency(quick: bool, peers: dict[str, Peer], root: Path) -> Result:

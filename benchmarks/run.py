@@ -194,10 +194,13 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
                 f"{value:.2f}x", "", "<= 1.0x", _verdict(value, 1.0), "",
             ])  # fmt: skip
         for name, values in latency["concurrent"].items():
+            cpu = values.get("cpu_s_per_call")
             rows.append([
                 f"4 8 concurrent calls through {name}: throughput vs direct",
                 f"{values.get('throughput_ratio_to_direct', float('nan')):.3f}x",
-                f"p50 {ms(values['p50'])}", "", "", f"{values['throughput']:.0f} calls/s",
+                f"p50 {ms(values['p50'])}", "", "",
+                f"{values['throughput']:.0f} calls/s"
+                + (f", own CPU {ms(cpu)} a call" if cpu is not None else ""),
             ])  # fmt: skip
         for name, problem in latency["problems"].items():
             rows.append([f"4 {name}", "not measured", "", "", "", problem[:80]])

@@ -15,7 +15,7 @@ import functools
 import re
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Final
@@ -29,6 +29,7 @@ from referencing import Registry
 from referencing.exceptions import NoSuchResource
 
 from .errors import SchemaError
+from .metaschema import DIALECT, proves_valid
 from .sanitize import sanitize
 
 __all__ = ["WELL_KNOWN_DRAFTS", "CompiledSchema", "check_self_contained", "compile_schema"]
@@ -287,13 +288,21 @@ class CompiledSchema:
     """A compiled input schema; `first_error` validates one parsed instance."""
 
     schema: Mapping[str, Any]
-    _validator: Any
+    _draft_class: type[Any]
+    # The jsonschema validator, built at the first check unless compiling needed it: a
+    # server's thousand tools then cost their checks at load, not a thousand validators.
+    _built: list[Any] = field(default_factory=list, compare=False, repr=False)
+
+    def _validator(self) -> Any:
+        if not self._built:
+            self._built.append(self._draft_class(self.schema, registry=_REGISTRY))
+        return self._built[0]
 
     def first_error(self, instance: Any) -> str | None:
         """Return one sentence describing the first violation, or None when valid."""
         token = _regex_deadline.set(time.monotonic() + _REGEX_BUDGET_SECONDS)
         try:
-            error = jsonschema.exceptions.best_match(self._validator.iter_errors(instance))
+            error = jsonschema.exceptions.best_match(self._validator().iter_errors(instance))
         except _PatternTimeout as timeout:
             return sanitize(
                 f"the pattern {timeout.pattern!r} took too long to check; the value is refused"
@@ -319,26 +328,32 @@ def compile_schema(schema: Mapping[str, Any]) -> CompiledSchema:
         raise SchemaError("the input schema is not a JSON object")
     check_self_contained(schema)
     validator_class = _validator_class(schema)
-    try:
-        validator_class.check_schema(schema)
-    except jsonschema.exceptions.SchemaError as exc:
-        raise SchemaError(f"the schema does not compile: {sanitize(exc.message)}") from None
-    except Exception as exc:
-        raise SchemaError(f"the schema does not compile: {type(exc).__name__}") from None
+    dialect = schema.get("$schema")
+    in_2020_12 = dialect is None or (isinstance(dialect, str) and dialect.rstrip("#") == DIALECT)
+    # The proof only ever skips the check; every refusal comes from jsonschema's own walk.
+    if not (in_2020_12 and proves_valid(schema)):
+        try:
+            validator_class.check_schema(schema)
+        except jsonschema.exceptions.SchemaError as exc:
+            raise SchemaError(f"the schema does not compile: {sanitize(exc.message)}") from None
+        except Exception as exc:
+            raise SchemaError(f"the schema does not compile: {type(exc).__name__}") from None
     _check_patterns(schema)
-    validator = validator_class(schema, registry=_REGISTRY)
+    compiled = CompiledSchema(schema=schema, _draft_class=validator_class)
+    references = [
+        node["$ref"] for _, node in _walk(dict(schema)) if isinstance(node.get("$ref"), str)
+    ]
+    if not references:
+        return compiled
     # jsonschema resolves references lazily; resolve each one now so a
     # dangling reference is refused at registration, not at the first call.
-    resolver = validator._resolver
-    for _, node in _walk(dict(schema)):
-        for keyword in _REF_KEYWORDS:
-            reference = node.get(keyword)
-            if isinstance(reference, str) and keyword == "$ref":
-                try:
-                    resolver.lookup(reference)
-                except Exception:
-                    raise SchemaError(
-                        f"the schema does not compile: $ref {sanitize(repr(reference))} "
-                        "does not resolve inside the document"
-                    ) from None
-    return CompiledSchema(schema=schema, _validator=validator)
+    resolver = compiled._validator()._resolver
+    for reference in references:
+        try:
+            resolver.lookup(reference)
+        except Exception:
+            raise SchemaError(
+                f"the schema does not compile: $ref {sanitize(repr(reference))} "
+                "does not resolve inside the document"
+            ) from None
+    return compiled
