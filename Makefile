@@ -61,7 +61,9 @@ system-test:
 	tools/debian-packages $(TEST_PACKAGES)
 
 pytest: system-test $(DEV_STAMP) $(TEST_SERVERS) $(INSPECTOR) $(CONFORMANCE) $(DEMO_SERVER)
-	$(BIN)/pytest -q
+	# Two workers (most tests wait on a subprocess); a file stays on one worker,
+	# so its module-scoped servers start once.
+	$(BIN)/pytest -q -n 2 --dist loadfile
 
 test: lint typecheck pytest
 
