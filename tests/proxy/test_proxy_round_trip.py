@@ -5,12 +5,19 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 from proxy_helpers import ProxySetup, build_setup, host, text_of, write_private
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+async def setup(tmp_path: Path, on_backend: dict[str, Any]) -> ProxySetup:
+    """Each test once with the proxy's store in SQLite and once in PostgreSQL."""
+    return await build_setup(tmp_path, **on_backend)
 
 
 async def test_the_host_sees_only_loaded_tools_and_one_gate_status(setup: ProxySetup) -> None:
@@ -213,7 +220,7 @@ async def test_arguments_outside_the_schema_are_invalid_and_nothing_runs(
 async def test_a_tampered_approval_never_runs_and_the_model_learns_no_run_id(
     setup: ProxySetup,
 ) -> None:
-    import sqlite3
+    from agentrt.store import open_store
 
     arguments = {"to": "boss@example.org", "body": "raise"}
     async with host(setup) as session:
@@ -221,13 +228,11 @@ async def test_a_tampered_approval_never_runs_and_the_model_learns_no_run_id(
         run_id, approval_id = setup.waiting_commands()[-1]
         setup.approve_latest()
         # Someone with write access to the database swaps the approved request.
-        connection = sqlite3.connect(setup.database)
-        with connection:
+        with open_store(setup.database) as store, store.transaction() as connection:
             connection.execute(
                 "UPDATE approvals SET args = ? WHERE approval_id = ?",
                 ('{"body":"raise","to":"attacker@example.org"}', approval_id),
             )
-        connection.close()
         answer = await session.call_tool("up_send_mail", arguments)
     assert text_of(answer).startswith("UNAVAILABLE: ")
     assert run_id not in text_of(answer)
