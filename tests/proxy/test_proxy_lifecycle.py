@@ -11,7 +11,6 @@ import anyio
 import pytest
 from proxy_helpers import (
     RULES,
-    ProxySetup,
     RawHost,
     build_setup,
     host,
@@ -40,9 +39,9 @@ def result_text(response: dict[str, Any]) -> str:
 
 
 async def test_a_crash_mid_call_answers_interrupted_and_runs_again_only_when_approved(
-    tmp_path: Path,
+    tmp_path: Path, on_backend: dict[str, Any]
 ) -> None:
-    setup = await build_setup(tmp_path, rules=SLOW_RULES)
+    setup = await build_setup(tmp_path, rules=SLOW_RULES, **on_backend)
     arguments = {"note": "migrate", "seconds": 3}
     async with RawHost.start(setup) as raw:
         await raw.call("up_write_note", arguments)
@@ -68,8 +67,9 @@ async def test_a_crash_mid_call_answers_interrupted_and_runs_again_only_when_app
 
 
 async def test_a_restarted_proxy_collects_an_approval_granted_while_it_was_gone(
-    setup: ProxySetup,
+    tmp_path: Path, on_backend: dict[str, Any]
 ) -> None:
+    setup = await build_setup(tmp_path, **on_backend)
     arguments = {"to": "later@example.org", "body": "x"}
     async with host(setup) as session:
         first = await session.call_tool("up_send_mail", arguments)
@@ -139,8 +139,10 @@ async def test_a_call_after_shutdown_began_is_not_taken(tmp_path: Path) -> None:
     assert run_statuses(setup.database) == [RunStatus.COMPLETED]
 
 
-async def test_two_proxies_on_one_database_run_an_identical_call_once(tmp_path: Path) -> None:
-    setup = await build_setup(tmp_path, rules=SLOW_RULES)
+async def test_two_proxies_on_one_database_run_an_identical_call_once(
+    tmp_path: Path, on_backend: dict[str, Any]
+) -> None:
+    setup = await build_setup(tmp_path, rules=SLOW_RULES, **on_backend)
     arguments = {"note": "once", "seconds": 1.5}
     answers: list[str] = []
     async with host(setup) as first, host(setup) as second:
