@@ -163,6 +163,13 @@ async def build_setup(
             }
         ],
     }
+    if os.environ.get("AGENTRT_TEST_STORE") == "postgresql" and "database" not in overrides:
+        # The whole proxy suite on PostgreSQL, by hand (see docs/postgresql.md).
+        from _postgres import server
+
+        running = server()
+        assert running is not None, "AGENTRT_TEST_STORE=postgresql needs PostgreSQL installed"
+        document["database"] = running.database()
     document.update(overrides)
     config_path = write_private(conf / "proxy.json", json.dumps(document))
     return ProxySetup(
