@@ -718,6 +718,7 @@ async def test_a_state_offered_with_another_call_or_without_its_answer_is_refuse
     assert isinstance(replayed, types.CallToolResult) and replayed.is_error
     assert "unknown or has expired" in text_of(replayed)
     request, answered_event = _client_request_events(running, run_id)
+    assert request.payload["forwarded"] is True
     assert answered_event.payload["content"] == {"username": "eve", "email": "e@v"}
     assert running.last_run_of("test_elicitation") == run_id
 
@@ -741,7 +742,8 @@ async def test_a_suspended_call_that_times_out_expires_its_state(running: Runnin
     assert isinstance(late, types.CallToolResult) and late.is_error
     assert "unknown or has expired" in text_of(late)
     request, unanswered = _client_request_events(running, run_id)
-    assert "error" in unanswered.payload
+    assert request.payload["forwarded"] is True
+    assert unanswered.payload["error"] == "the call ended unanswered"
     assert running.upstream_lines().count("tools/call test_elicitation_sep1330_enums") == 1
 
 
