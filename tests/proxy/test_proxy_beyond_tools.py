@@ -40,6 +40,8 @@ from agentrt.store import Event, open_store
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
 CONFORMANCE = Path(__file__).parent / "servers" / "conformance_server.py"
+# A second server, asking in its results as the 2026-07-28 revision does.
+INPUT_REQUIRED = Path(__file__).parent / "servers" / "input_required_server.py"
 
 
 def conformance_server(log: Path, name: str = "conf") -> Server:
@@ -65,6 +67,10 @@ class Running:
     upstream_log: Path
     stderr: Path
     manifest: Manifest
+    asking_log: Path
+
+    def asking_lines(self) -> list[str]:
+        return self.asking_log.read_text().splitlines() if self.asking_log.exists() else []
 
     def upstream_lines(self) -> list[str]:
         if not self.upstream_log.exists():
@@ -126,6 +132,20 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     )
     # A short bound for one asking tool, so a suspended call's state can be seen to expire.
     document["servers"][0]["rules"]["test_elicitation_sep1330_enums"]["timeout"] = "2s"
+    asking_log = root / "asking.log"
+    asking = Server(name="asking", command=[sys.executable, str(INPUT_REQUIRED)])
+    write_private(conf / "asking.manifest.json", anyio.run(pin, asking).to_json())
+    document["servers"].append(
+        {
+            "name": "asking",
+            "command": [sys.executable, str(INPUT_REQUIRED)],
+            "env": [f"INPUT_REQUIRED_LOG={asking_log}"],
+            "default_timeout": "20s",
+            "manifest": "asking.manifest.json",
+            "rules": {"ask_name": {"side_effect": "read_only", "rename": "ask_name"}},
+            "client_requests": {"elicitation": "forward"},
+        }
+    )
     write_private(conf / "proxy.json", json.dumps(document))
     port = free_port()
     stderr = root / "proxy.stderr"
@@ -143,8 +163,9 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
             assert time.monotonic() < deadline, stderr.read_text()
             time.sleep(0.05)
         yield Running(
-            f"http://127.0.0.1:{port}/mcp", root, conf / "proxy.db", log, stderr, manifest
-        )
+            f"http://127.0.0.1:{port}/mcp", root, conf / "proxy.db", log, stderr, manifest,
+            asking_log,
+        )  # fmt: skip
     finally:
         process.terminate()
         process.wait(timeout=20)
@@ -771,3 +792,70 @@ async def test_a_stateless_host_is_never_handed_what_the_rule_refuses(running: R
     assert uncapable.is_error and "did not advertise the elicitation capability" in text_of(
         uncapable
     )
+
+
+# -- a server that asks in its result (the 2026-07-28 revision's way) ----------
+
+
+async def test_a_servers_input_required_result_is_answered_by_a_2025_host(
+    running: Running,
+) -> None:
+    asked: list[str] = []
+
+    async def on_elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"username": "ada"})
+
+    before = len(running.asking_lines())
+    async with host(running.url, elicitation_callback=on_elicit) as session:
+        result = await session.call_tool("ask_name", {})
+    assert asked == ["What is your name?"]
+    assert not result.is_error and text_of(result) == "Hello, ada (accept)"
+    # One gate run; the server saw its call and the retry carrying the answer and its state.
+    assert running.asking_lines()[before:] == [
+        "tools/call ask_name first",
+        "tools/call ask_name answered",
+    ]
+    request, answer = _client_request_events(running, running.last_run_of("ask_name"))
+    assert request.payload["server"] == "asking" and request.payload["forwarded"]
+    assert answer.payload["content"] == {"username": "ada"}
+
+
+async def test_a_servers_input_required_result_reaches_a_stateless_host_as_its_own(
+    running: Running,
+) -> None:
+    asked: list[str] = []
+
+    async def on_elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"username": "grace"})
+
+    before = len(running.asking_lines())
+    runs_before = len(_runs_of(running, "ask_name"))
+    async with stateless_host(running.url, elicitation_callback=on_elicit) as client:
+        result = await client.call_tool("ask_name", {})
+    assert asked == ["What is your name?"]
+    assert not result.is_error and text_of(result) == "Hello, grace (accept)"
+    assert running.asking_lines()[before:] == [
+        "tools/call ask_name first",
+        "tools/call ask_name answered",
+    ]
+    assert len(_runs_of(running, "ask_name")) == runs_before + 1
+    request, answer = _client_request_events(running, running.last_run_of("ask_name"))
+    assert request.payload["params"]["message"] == "What is your name?"
+    assert answer.payload["content"] == {"username": "grace"}
+
+
+async def test_a_servers_input_required_result_no_host_can_answer_stays_a_tool_error(
+    running: Running,
+) -> None:
+    before = len(running.asking_lines())
+    async with host(running.url) as session:
+        result = await session.call_tool("ask_name", {})
+        served = await session.call_tool("test_simple_text", {})
+    assert result.is_error and "asked for input that was refused or never given" in text_of(result)
+    # Not retried: the server saw the one call.
+    assert running.asking_lines()[before:] == ["tools/call ask_name first"]
+    (request,) = _client_request_events(running, running.last_run_of("ask_name"))
+    assert "did not advertise the elicitation capability" in request.payload["reason"]
+    assert not served.is_error
