@@ -39,6 +39,8 @@ _KINDS: Final = {
     "roots/list": "roots",
 }
 _REFUSED: Final = -32601
+# Recorded when the call ends (or its timeout passes) before the host answers.
+_UNANSWERED: Final = "the call ended unanswered"
 
 
 def _bounded_json(value: Any) -> Any:
@@ -125,7 +127,7 @@ def asker_for(
                 # No channel to a stateless host: the question rides its call's result.
                 answer = await call.ask(method, plain, timeout)
                 if answer is None:
-                    raise RuntimeError("the call ended or its host did not retry in time")
+                    raise RuntimeError(_UNANSWERED)
             else:
                 # Raw, on the call's own channel: the SDK's typed models would drop fields the
                 # server sent (an elicitation's legacy enumNames).  SDK 2.3 has no public raw
@@ -136,7 +138,7 @@ def asker_for(
             with anyio.CancelScope(shield=True):
                 await record(
                     CLIENT_REQUEST_ANSWERED,
-                    {"server": server, "method": method, "error": "the call ended unanswered"},
+                    {"server": server, "method": method, "error": _UNANSWERED},
                 )
             raise
         except Exception as exc:

@@ -666,15 +666,15 @@ class Proxy:
                 UPSTREAM_ASK.set(
                     asker_for(upstream, call, self.store, runs, self.timeouts.get(tool, 60.0))
                 )
+            answer = Answer.unavailable("the gate could not complete this call.")
             try:
                 answer = await self.calls.handle(tool, arguments, progress, request_meta)
             except Exception as exc:
                 _log(self.log, f"agentrt proxy: a call to {sanitize(tool)} failed: "
                      f"{sanitize(str(exc))}")  # fmt: skip
-                answer = Answer.unavailable("the gate could not complete this call.")
             finally:
                 self.in_flight.leave()
-            call.finish(answer)
+                call.finish(answer)
 
         self.in_flight.enter()
         self.work.start_soon(work)
