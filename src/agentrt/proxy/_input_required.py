@@ -39,6 +39,15 @@ def is_stateless(protocol_version: str | None) -> bool:
     return protocol_version in MODERN_PROTOCOL_VERSIONS
 
 
+def _arguments_key(arguments: dict[str, Any] | None) -> str | None:
+    """The arguments as canonical JSON, or None for ones that have none (an infinity the
+    gate refuses as invalid): such a call never has a state to match."""
+    try:
+        return canonical_json(arguments or {})
+    except (TypeError, ValueError):
+        return None
+
+
 @dataclass
 class Question:
     """A server's request posted for the host, and the host's answer once it retries."""
@@ -64,7 +73,7 @@ class HostCall:
     def __init__(self, ctx: Any, tool: str, arguments: dict[str, Any] | None) -> None:
         self.ctx = ctx
         self.tool = tool
-        self.arguments = canonical_json(arguments or {})
+        self.arguments = _arguments_key(arguments)
         # True while a host request waits on this call (not while it is suspended).
         self.waiting = False
         self._answer: Answer | None = None
@@ -173,7 +182,8 @@ class Suspended:
         if issued is None:
             return _UNKNOWN_STATE
         call, question = issued.call, issued.question
-        if call.tool != tool or call.arguments != canonical_json(arguments or {}):
+        key = _arguments_key(arguments)
+        if call.tool != tool or key is None or call.arguments != key:
             # A state is bound to its call; offered with another, it is left for its own.
             return (
                 "This requestState was issued for another call; retry the call it was issued "
