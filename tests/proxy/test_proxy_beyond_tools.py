@@ -657,7 +657,7 @@ async def _accept(context: Any, params: Any) -> types.ElicitResult:
     return types.ElicitResult(action="accept", content={"username": "ada", "email": "a@b"})
 
 
-async def test_a_retry_with_an_unknown_state_is_refused_and_runs_nothing(
+async def test_a_retry_with_an_unknown_or_no_state_is_refused_and_runs_nothing(
     running: Running,
 ) -> None:
     calls_before = running.upstream_lines().count("tools/call test_simple_text")
@@ -670,9 +670,17 @@ async def test_a_retry_with_an_unknown_state_is_refused_and_runs_nothing(
             input_responses={"elicitation-1": types.ElicitResult(action="accept", content={})},
             allow_input_required=True,
         )
+        stateless_answers = await client.session.call_tool(
+            "test_simple_text",
+            {},
+            input_responses={"elicitation-1": types.ElicitResult(action="accept", content={})},
+            allow_input_required=True,
+        )
         served = await client.call_tool("test_simple_text", {})
     assert isinstance(forged, types.CallToolResult) and forged.is_error
     assert "unknown or has expired" in text_of(forged)
+    assert isinstance(stateless_answers, types.CallToolResult) and stateless_answers.is_error
+    assert "without the requestState" in text_of(stateless_answers)
     # Only the honest neighbour ran, and only its run was written.
     assert running.upstream_lines().count("tools/call test_simple_text") == calls_before + 1
     assert not served.is_error
