@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
-from mcp import ClientSession
+from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from proxy_helpers import AGENTRT, text_of, write_private
@@ -40,6 +40,8 @@ from agentrt.store import Event, open_store
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
 CONFORMANCE = Path(__file__).parent / "servers" / "conformance_server.py"
+# A second server, asking in its results as the 2026-07-28 revision does.
+INPUT_REQUIRED = Path(__file__).parent / "servers" / "input_required_server.py"
 
 
 def conformance_server(log: Path, name: str = "conf") -> Server:
@@ -65,6 +67,10 @@ class Running:
     upstream_log: Path
     stderr: Path
     manifest: Manifest
+    asking_log: Path
+
+    def asking_lines(self) -> list[str]:
+        return self.asking_log.read_text().splitlines() if self.asking_log.exists() else []
 
     def upstream_lines(self) -> list[str]:
         if not self.upstream_log.exists():
@@ -124,6 +130,22 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         max_result_bytes=2048,
         client_requests={"elicitation": "forward", "sampling": "forward"},
     )
+    # A short bound for one asking tool, so a suspended call's state can be seen to expire.
+    document["servers"][0]["rules"]["test_elicitation_sep1330_enums"]["timeout"] = "2s"
+    asking_log = root / "asking.log"
+    asking = Server(name="asking", command=[sys.executable, str(INPUT_REQUIRED)])
+    write_private(conf / "asking.manifest.json", anyio.run(pin, asking).to_json())
+    document["servers"].append(
+        {
+            "name": "asking",
+            "command": [sys.executable, str(INPUT_REQUIRED)],
+            "env": [f"INPUT_REQUIRED_LOG={asking_log}"],
+            "default_timeout": "20s",
+            "manifest": "asking.manifest.json",
+            "rules": {"ask_name": {"side_effect": "read_only", "rename": "ask_name"}},
+            "client_requests": {"elicitation": "forward"},
+        }
+    )
     write_private(conf / "proxy.json", json.dumps(document))
     port = free_port()
     stderr = root / "proxy.stderr"
@@ -141,8 +163,9 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
             assert time.monotonic() < deadline, stderr.read_text()
             time.sleep(0.05)
         yield Running(
-            f"http://127.0.0.1:{port}/mcp", root, conf / "proxy.db", log, stderr, manifest
-        )
+            f"http://127.0.0.1:{port}/mcp", root, conf / "proxy.db", log, stderr, manifest,
+            asking_log,
+        )  # fmt: skip
     finally:
         process.terminate()
         process.wait(timeout=20)
@@ -574,3 +597,274 @@ async def test_a_request_during_two_calls_to_one_stdio_server_is_refused(
     assert results["asking"].is_error
     assert "does not answer elicitation/create" in text_of(results["asking"])
     assert not results["quiet"].is_error
+
+
+# -- a host on the 2026-07-28 revision: input-required results ---------------
+
+
+@asynccontextmanager
+async def stateless_host(url: str, **callbacks: Any) -> AsyncIterator[Client]:
+    async with Client(url, mode="2026-07-28", cache=None, **callbacks) as client:
+        yield client
+
+
+def _runs_of(running: Running, tool: str) -> list[str]:
+    return [
+        event.run_id
+        for event in running.events()
+        if event.type == "step_recorded" and event.payload.get("tool") == tool
+    ]
+
+
+async def test_a_stateless_host_answers_an_elicitation_through_an_input_required_result(
+    running: Running,
+) -> None:
+    asked: list[str] = []
+
+    async def on_elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"username": "ada", "email": "a@b"})
+
+    before = running.upstream_lines().count("tools/call test_elicitation")
+    runs_before = len(_runs_of(running, "test_elicitation"))
+    async with stateless_host(running.url, elicitation_callback=on_elicit) as client:
+        result = await client.call_tool("test_elicitation", {"message": "Who, statelessly?"})
+        assert client.protocol_version == "2026-07-28"
+    assert asked == ["Who, statelessly?"]
+    assert not result.is_error and "ada" in text_of(result)
+    # The retry resumed the suspended call: one upstream call, one run.
+    assert running.upstream_lines().count("tools/call test_elicitation") == before + 1
+    assert len(_runs_of(running, "test_elicitation")) == runs_before + 1
+    run_id = running.last_run_of("test_elicitation")
+    request, answer = _client_request_events(running, run_id)
+    assert request.payload["forwarded"] and request.payload["params"]["message"] == (
+        "Who, statelessly?"
+    )
+    assert answer.payload["action"] == "accept"
+    assert answer.payload["content"] == {"username": "ada", "email": "a@b"}
+    assert not any(event.type.startswith("approval") for event in running.run_events(run_id))
+
+
+async def _suspended(client: Client, tool: str, arguments: dict[str, Any]) -> Any:
+    """The input-required result a stateless host's call gets, left unanswered."""
+    result = await client.session.call_tool(tool, arguments, allow_input_required=True)
+    assert isinstance(result, types.InputRequiredResult), result
+    assert result.request_state and result.input_requests
+    return result
+
+
+async def _accept(context: Any, params: Any) -> types.ElicitResult:
+    return types.ElicitResult(action="accept", content={"username": "ada", "email": "a@b"})
+
+
+async def test_a_retry_with_an_unknown_or_no_state_is_refused_and_runs_nothing(
+    running: Running,
+) -> None:
+    calls_before = running.upstream_lines().count("tools/call test_simple_text")
+    events_before = len(running.events())
+    async with stateless_host(running.url, elicitation_callback=_accept) as client:
+        forged = await client.session.call_tool(
+            "test_simple_text",
+            {},
+            request_state="a-state-this-proxy-never-issued",
+            input_responses={"elicitation-1": types.ElicitResult(action="accept", content={})},
+            allow_input_required=True,
+        )
+        stateless_answers = await client.session.call_tool(
+            "test_simple_text",
+            {},
+            input_responses={"elicitation-1": types.ElicitResult(action="accept", content={})},
+            allow_input_required=True,
+        )
+        served = await client.call_tool("test_simple_text", {})
+    assert isinstance(forged, types.CallToolResult) and forged.is_error
+    assert "unknown or has expired" in text_of(forged)
+    assert isinstance(stateless_answers, types.CallToolResult) and stateless_answers.is_error
+    assert "without the requestState" in text_of(stateless_answers)
+    # Only the honest neighbour ran, and only its run was written.
+    assert running.upstream_lines().count("tools/call test_simple_text") == calls_before + 1
+    assert not served.is_error
+    new_runs = {event.run_id for event in running.events()[events_before:]}
+    assert new_runs == {running.last_run_of("test_simple_text")}
+
+
+async def test_a_state_offered_with_another_call_or_without_its_answer_is_refused_and_kept(
+    running: Running,
+) -> None:
+    async with stateless_host(running.url, elicitation_callback=_accept) as client:
+        question = await _suspended(client, "test_elicitation", {"message": "Whose state?"})
+        (key,) = question.input_requests
+        assert question.input_requests[key].params.message == "Whose state?"
+        run_id = running.last_run_of("test_elicitation")
+        simple_before = running.upstream_lines().count("tools/call test_simple_text")
+        answer = types.ElicitResult(action="accept", content={"username": "eve", "email": "e@v"})
+        foreign = await client.session.call_tool(
+            "test_simple_text",
+            {},
+            request_state=question.request_state,
+            input_responses={key: answer},
+            allow_input_required=True,
+        )
+        other_arguments = await client.session.call_tool(
+            "test_elicitation",
+            {"message": "Someone else's"},
+            request_state=question.request_state,
+            input_responses={key: answer},
+            allow_input_required=True,
+        )
+        unanswered = await client.session.call_tool(
+            "test_elicitation",
+            {"message": "Whose state?"},
+            request_state=question.request_state,
+            input_responses={},
+            allow_input_required=True,
+        )
+        assert running.upstream_lines().count("tools/call test_simple_text") == simple_before
+        # Nothing reached the suspended call: its run holds only the server's request.
+        assert [e.type for e in _client_request_events(running, run_id)] == ["client_request"]
+        # The state still resumes its own call, once.
+        answered = await client.session.call_tool(
+            "test_elicitation",
+            {"message": "Whose state?"},
+            request_state=question.request_state,
+            input_responses={key: answer},
+            allow_input_required=True,
+        )
+        replayed = await client.session.call_tool(
+            "test_elicitation",
+            {"message": "Whose state?"},
+            request_state=question.request_state,
+            input_responses={key: answer},
+            allow_input_required=True,
+        )
+    for refused in (foreign, other_arguments):
+        assert isinstance(refused, types.CallToolResult) and refused.is_error
+        assert "issued for another call" in text_of(refused)
+    assert isinstance(unanswered, types.CallToolResult) and unanswered.is_error
+    assert f"no answer to the input request '{key}'" in text_of(unanswered)
+    assert isinstance(answered, types.CallToolResult) and not answered.is_error
+    assert "eve" in text_of(answered)
+    assert isinstance(replayed, types.CallToolResult) and replayed.is_error
+    assert "unknown or has expired" in text_of(replayed)
+    request, answered_event = _client_request_events(running, run_id)
+    assert request.payload["forwarded"] is True
+    assert answered_event.payload["content"] == {"username": "eve", "email": "e@v"}
+    assert running.last_run_of("test_elicitation") == run_id
+
+
+async def test_a_suspended_call_that_times_out_expires_its_state(running: Running) -> None:
+    async with stateless_host(running.url, elicitation_callback=_accept) as client:
+        question = await _suspended(client, "test_elicitation_sep1330_enums", {})
+        (key,) = question.input_requests
+        run_id = running.last_run_of("test_elicitation_sep1330_enums")
+        # Past the tool's 2 s bound: the upstream call ended without the host's answer.
+        with anyio.fail_after(20):
+            while not any(e.type == "client_request_answered" for e in running.run_events(run_id)):
+                await anyio.sleep(0.1)
+        late = await client.session.call_tool(
+            "test_elicitation_sep1330_enums",
+            {},
+            request_state=question.request_state,
+            input_responses={key: types.ElicitResult(action="accept", content={})},
+            allow_input_required=True,
+        )
+    assert isinstance(late, types.CallToolResult) and late.is_error
+    assert "unknown or has expired" in text_of(late)
+    request, unanswered = _client_request_events(running, run_id)
+    assert request.payload["forwarded"] is True
+    assert unanswered.payload["error"] == "the call ended unanswered"
+    assert running.upstream_lines().count("tools/call test_elicitation_sep1330_enums") == 1
+
+
+async def test_a_stateless_host_is_never_handed_what_the_rule_refuses(running: Running) -> None:
+    asked: list[Any] = []
+
+    async def on_elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params)
+        return types.ElicitResult(action="accept", content={})
+
+    async def on_roots(context: Any) -> types.ListRootsResult:
+        asked.append("roots")
+        return types.ListRootsResult(roots=[])
+
+    async with stateless_host(
+        running.url, elicitation_callback=on_elicit, list_roots_callback=on_roots
+    ) as client:
+        url_mode = await client.call_tool("test_elicitation_url", {})
+        roots = await client.call_tool("test_roots", {})
+    async with stateless_host(running.url) as without_capability:
+        uncapable = await without_capability.call_tool("test_elicitation", {"message": "Hm?"})
+    assert asked == []
+    assert url_mode.is_error and "URL-mode elicitation" in text_of(url_mode)
+    assert roots.is_error and "refuses roots requests" in text_of(roots)
+    assert uncapable.is_error and "did not advertise the elicitation capability" in text_of(
+        uncapable
+    )
+
+
+# -- a server that asks in its result (the 2026-07-28 revision's way) ----------
+
+
+async def test_a_servers_input_required_result_is_answered_by_a_2025_host(
+    running: Running,
+) -> None:
+    asked: list[str] = []
+
+    async def on_elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"username": "ada"})
+
+    before = len(running.asking_lines())
+    async with host(running.url, elicitation_callback=on_elicit) as session:
+        result = await session.call_tool("ask_name", {})
+    assert asked == ["What is your name?"]
+    assert not result.is_error and text_of(result) == "Hello, ada (accept)"
+    # One gate run; the server saw its call and the retry carrying the answer and its state.
+    assert running.asking_lines()[before:] == [
+        "tools/call ask_name first",
+        "tools/call ask_name answered",
+    ]
+    request, answer = _client_request_events(running, running.last_run_of("ask_name"))
+    assert request.payload["server"] == "asking" and request.payload["forwarded"]
+    assert answer.payload["content"] == {"username": "ada"}
+
+
+async def test_a_servers_input_required_result_reaches_a_stateless_host_as_its_own(
+    running: Running,
+) -> None:
+    asked: list[str] = []
+
+    async def on_elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"username": "grace"})
+
+    before = len(running.asking_lines())
+    runs_before = len(_runs_of(running, "ask_name"))
+    async with stateless_host(running.url, elicitation_callback=on_elicit) as client:
+        result = await client.call_tool("ask_name", {})
+    assert asked == ["What is your name?"]
+    assert not result.is_error and text_of(result) == "Hello, grace (accept)"
+    assert running.asking_lines()[before:] == [
+        "tools/call ask_name first",
+        "tools/call ask_name answered",
+    ]
+    assert len(_runs_of(running, "ask_name")) == runs_before + 1
+    request, answer = _client_request_events(running, running.last_run_of("ask_name"))
+    assert request.payload["params"]["message"] == "What is your name?"
+    assert answer.payload["content"] == {"username": "grace"}
+
+
+async def test_a_servers_input_required_result_no_host_can_answer_stays_a_tool_error(
+    running: Running,
+) -> None:
+    before = len(running.asking_lines())
+    async with host(running.url) as session:
+        result = await session.call_tool("ask_name", {})
+        served = await session.call_tool("test_simple_text", {})
+    assert result.is_error
+    assert "asked for more input, which was refused or never given" in text_of(result)
+    # Not retried: the server saw the one call.
+    assert running.asking_lines()[before:] == ["tools/call ask_name first"]
+    (request,) = _client_request_events(running, running.last_run_of("ask_name"))
+    assert "did not advertise the elicitation capability" in request.payload["reason"]
+    assert not served.is_error

@@ -18,8 +18,8 @@ refused unless a caller sets `UPSTREAM_ASK` and the `Server` advertises the
 capability (`client_capabilities`).
 
 Out of scope: the server side of MCP, HTTP reconnection, input-required
-round trips, and `tools/list_changed` (ignored until the next load, or the
-next restart).
+round trips unless a caller sets `UPSTREAM_ASK` (the proxy), and
+`tools/list_changed` (ignored until the next load, or the next restart).
 """
 
 from ._connection import (

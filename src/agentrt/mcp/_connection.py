@@ -39,7 +39,12 @@ nothing answers sampling, elicitation or roots on the operator's behalf.  A
 caller that does answer them (the proxy, under the operator's rule) sets
 `UPSTREAM_ASK` around its `call_tool`, and the server's request made while
 that call is the only one in flight (or, over HTTP, on that call's own
-stream) is handed to it; any other is refused.  `request()` sends any other
+stream) is handed to it; any other is refused.  A call whose server answers
+with an input-required result (the 2026-07-28 revision's way of asking) has
+each of its requests handed to that caller the same way, and is retried with
+the answers and the server's `requestState` (at most `MAX_INPUT_ROUNDS`
+rounds, within the call's timeout); refused or unanswered, the
+input-required result is returned as it came.  `request()` sends any other
 client request (prompts, resources, completion, logging) and returns its
 result as parsed; `list_all()` pages a listing.  Notifications other than
 progress and logging go to `on_notification` when set, else are dropped.
@@ -161,6 +166,14 @@ class AskRefused(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+# How many input-required rounds one call may take, as the official SDK's client allows.
+MAX_INPUT_ROUNDS: Final = 10
+
+
+def _input_required(result: Any) -> bool:
+    return isinstance(result, dict) and result.get("resultType") == "input_required"
 
 
 # How long one progress callback may hold the reader (a slow host must not stall the server).
@@ -318,8 +331,21 @@ class Connection:
         asker = UPSTREAM_ASK.get()
         if asker is not None:
             self._askers.append(asker)
+        deadline = anyio.current_time() + timeout
         try:
             result = await self._request("tools/call", params, limit=timeout)
+            for _round in range(MAX_INPUT_ROUNDS):
+                if asker is None or not _input_required(result):
+                    break
+                # The server asks in its result (the 2026-07-28 revision): each request goes
+                # to the asker as if sent alone; the call is retried with the answers.
+                retry = await self._answered(asker, result, deadline)
+                if retry is None:
+                    break  # refused or unanswered: the input-required result stands
+                remaining = max(deadline - anyio.current_time(), 0.001)
+                result = await self._request(
+                    "tools/call", params[:-1] + "," + retry[1:], limit=remaining
+                )
         finally:
             self._progress.pop(token, None)
             if asker is not None:
@@ -331,6 +357,29 @@ class Connection:
                 "with a result that is not an object",
             )
         return result
+
+    async def _answered(self, asker: Ask, result: dict[str, Any], deadline: float) -> str | None:
+        """The `inputResponses` and `requestState` members (as JSON object text) answering
+        an input-required `result`, or None when one of its requests is refused or the
+        call's deadline passes first."""
+        requests = result.get("inputRequests")
+        responses: dict[str, Any] = {}
+        if requests is not None and not isinstance(requests, dict):
+            return None
+        with anyio.move_on_after(max(deadline - anyio.current_time(), 0.0)):
+            for key, request in (requests or {}).items():
+                method = request.get("method") if isinstance(request, dict) else None
+                if not isinstance(method, str):
+                    return None
+                try:
+                    responses[key] = await asker(method, request.get("params"))
+                except AskRefused:
+                    return None
+            retry: dict[str, Any] = {"inputResponses": responses}
+            if "requestState" in result:
+                retry["requestState"] = result["requestState"]  # the server's own, verbatim
+            return canonical_json(retry)
+        return None
 
     async def request(
         self,

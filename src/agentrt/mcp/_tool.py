@@ -205,7 +205,8 @@ def map_result(server: str, tool: str, result: Any, max_content_bytes: int) -> T
         raise ServerToolError(f"{where} returned a result that is not a JSON object")
     if result.get("resultType") == "input_required":
         raise ServerToolError(
-            f"{where} asked for more input, which is not supported; the call did not complete"
+            f"{where} asked for more input, which was refused or never given; "
+            "the call did not complete"
         )
     blocks = result.get("content")
     text = _join_blocks(blocks if isinstance(blocks, list) else [])

@@ -6,22 +6,25 @@ forwarded request goes to the host only while the call that caused it is
 in flight and its host is still waiting, and only if that host advertised
 the capability; a URL-mode elicitation only under `"forward_url"`.  The
 server's request and the host's answer (or the refusal) are recorded as
-events of that call's run, bounded.  Nothing here touches an approval: an
-answer from the host is data for the server, never a decision of the gate.
+events of that call's run, bounded.  A host on the 2026-07-28 revision is
+asked through an input-required result of its call (`_input_required`).
+Nothing here touches an approval: an answer from the host is data for the
+server, never a decision of the gate.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
 from typing import Any, Final
 
+import anyio
 from mcp.server.context import ServerRequestContext
 
 from ..canonical import canonical_json
 from ..mcp._connection import Ask, AskRefused
 from ..store import Store
+from ._input_required import HostCall, is_stateless
 from .config import UpstreamConfig
 
 __all__ = ["CLIENT_REQUEST_ANSWERED", "CLIENT_REQUEST_EVENT", "asker_for"]
@@ -36,6 +39,8 @@ _KINDS: Final = {
     "roots/list": "roots",
 }
 _REFUSED: Final = -32601
+# Recorded when the call ends (or its timeout passes) before the host answers.
+_UNANSWERED: Final = "the call ended unanswered"
 
 
 def _bounded_json(value: Any) -> Any:
@@ -53,13 +58,13 @@ def _host_has(ctx: ServerRequestContext[Any], kind: str) -> bool:
 
 def asker_for(
     upstream: UpstreamConfig,
-    ctx: ServerRequestContext[Any],
+    call: HostCall,
     store: Store,
     runs: list[str],
-    waiting: Callable[[], bool],
+    timeout: float,
 ) -> Ask:
-    """The answerer of `upstream`'s requests during one host call (`ctx`); `runs` receives
-    the call's run id once the gate sends it, `waiting` says whether the host still waits."""
+    """The answerer of `upstream`'s requests during one host call (`call`, whose `ctx` is the
+    host request waiting on it); `runs` receives the call's run id once the gate sends it."""
     server = upstream.server.name
 
     async def record(type_: str, payload: dict[str, Any]) -> None:
@@ -97,10 +102,15 @@ def asker_for(
         )
         if url_mode and rule != "forward_url":
             await refuse(method, params, "the operator's rule refuses URL-mode elicitation")
-        if not runs or not waiting():
+        if not runs or not call.waiting:
             await refuse(method, params, "the call that caused the request is no longer waited for")
+        ctx: ServerRequestContext[Any] = call.ctx
         if not _host_has(ctx, kind):
             await refuse(method, params, f"the host did not advertise the {kind} capability")
+        stateless = is_stateless(ctx.protocol_version)
+        if stateless and call.asking:
+            # One question per round: the host answers the first before it sees another.
+            await refuse(method, params, "the host is already asked another question for this call")
         await record(
             CLIENT_REQUEST_EVENT,
             {
@@ -110,16 +120,27 @@ def asker_for(
                 "forwarded": True,
             },
         )
+        # Parsed with literals kept (Decimal); the SDK's writer wants plain JSON.
+        plain = json.loads(canonical_json(params)) if isinstance(params, dict) else None
         try:
-            # Raw, on the call's own channel: the SDK's typed models would drop fields the
-            # server sent (an elicitation's legacy enumNames).  SDK 2.3 has no public raw
-            # send for a request's channel, hence the private attribute.
-            answer = await ctx.session._request_outbound.send_raw_request(
-                # Parsed with literals kept (Decimal); the SDK's writer wants plain JSON.
-                method,
-                json.loads(canonical_json(params)) if isinstance(params, dict) else None,
-                None,
-            )
+            if stateless:
+                # No channel to a stateless host: the question rides its call's result.
+                answer = await call.ask(method, plain, timeout)
+                if answer is None:
+                    raise RuntimeError(_UNANSWERED)
+            else:
+                # Raw, on the call's own channel: the SDK's typed models would drop fields the
+                # server sent (an elicitation's legacy enumNames).  SDK 2.3 has no public raw
+                # send for a request's channel, hence the private attribute.
+                answer = await ctx.session._request_outbound.send_raw_request(method, plain, None)
+        except anyio.get_cancelled_exc_class():
+            # The call ended (its timeout) while the host was still asked: said in its run.
+            with anyio.CancelScope(shield=True):
+                await record(
+                    CLIENT_REQUEST_ANSWERED,
+                    {"server": server, "method": method, "error": _UNANSWERED},
+                )
+            raise
         except Exception as exc:
             await record(
                 CLIENT_REQUEST_ANSWERED,

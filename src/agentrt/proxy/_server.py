@@ -21,7 +21,7 @@ import sys
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import IO, Any, Final
+from typing import IO, Any, Final, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -48,6 +48,7 @@ from ._client_requests import asker_for
 from ._forward import Forwarded
 from ._http import is_loopback, listen, serve_http, split_http
 from ._index import CallIndex, CallRow, Settled
+from ._input_required import HostCall, Question, Suspended
 from ._offers import Offered, OfferTool, hidden_name
 from ._stdio import StdioWire, stdio_wire
 from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
@@ -72,6 +73,9 @@ _STATUS_DESCRIPTION: Final = (
 )
 
 Scope = Callable[[], Awaitable[None]]
+# What one round of a host's call ends in: the gate's answer, or a server's question.
+_Round = Answer | Question
+_T = TypeVar("_T")
 
 _LOG_LEVELS: Final = (
     "debug",
@@ -216,6 +220,10 @@ class Proxy:
         self.offered = offered if offered is not None else Offered()
         # Each served tool's server, for the operator's client_requests rule of its call.
         self.server_of: dict[str, UpstreamConfig] = {tool.spec.name: up for tool, up in tools}
+        # How long a suspended call waits for a stateless host's answer: the call's timeout.
+        self.timeouts = {tool.spec.name: tool.spec.timeout for tool, _ in tools}
+        # The request states issued to stateless hosts, each naming a suspended call.
+        self.suspended = Suspended()
         # Each loaded server's session, for the requests that are not calls (logging/setLevel).
         self.upstreams = {
             up.server.name: tool.upstream for tool, up in tools if isinstance(tool, ServerTool)
@@ -334,7 +342,9 @@ class Proxy:
                 "Read each answer's first word; follow what it says."
             ),
             on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
+            # A raw input-required result: the SDK's typed requests would drop what the
+            # server sent (an elicitation's legacy enumNames).
+            on_call_tool=self._call_tool,  # type: ignore[arg-type]
             # Hosts ask for these whatever the capabilities say; with nothing pinned, "none".
             on_list_resources=self._list_resources,
             on_list_resource_templates=self._list_resource_templates,
@@ -513,14 +523,57 @@ class Proxy:
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
-        if params.name == STATUS_TOOL:
-            answer = await self.status(params.arguments)
+    ) -> types.CallToolResult | dict[str, Any]:
+        raw = ctx.params or {}
+        call: HostCall | None = None
+        outcome: _Round
+        if raw.get("requestState") is not None or raw.get("inputResponses") is not None:
+            # A retry answering a server's question resumes the call its state names; it
+            # never starts one.
+            resumed = self._resume(params.name, params.arguments, raw)
+            if isinstance(resumed, HostCall):
+                call, resumed.ctx = resumed, ctx
+            else:
+                outcome = resumed
+        elif params.name == STATUS_TOOL:
+            outcome = await self.status(params.arguments)
         elif params.name in self.hidden:
             # The proxy's own names for prompts/get and resources/read are not tools.
-            answer = Answer.invalid(params.name, "there is no tool with this name")
+            outcome = Answer.invalid(params.name, "there is no tool with this name")
         else:
-            answer = await self._gated(ctx, params.name, params.arguments, params.meta)
+            started = self._start(ctx, params.name, params.arguments, params.meta)
+            if isinstance(started, HostCall):
+                call = started
+            else:
+                outcome = started
+        if call is not None:
+            outcome = await self._attended(call, call.next_round)
+            if isinstance(outcome, Question):
+                return self._input_required(call, outcome)
+        assert isinstance(outcome, Answer)
+        return self._tool_result(params.name, outcome)
+
+    def _resume(self, tool: str, arguments: dict[str, Any] | None, raw: Any) -> HostCall | Answer:
+        """The suspended call a retry's state names, its answer delivered; else the refusal."""
+        state = raw.get("requestState")
+        if state is None:
+            return Answer("inputResponses without the requestState they answer resume "
+                          "nothing; nothing was run.", True)  # fmt: skip
+        resumed = self.suspended.resume(state, tool, arguments, raw.get("inputResponses"))
+        if isinstance(resumed, str):
+            return Answer(resumed, True)
+        return resumed
+
+    def _input_required(self, call: HostCall, question: Question) -> dict[str, Any]:
+        """The host's call answered with the server's question and the state of its retry."""
+        state = self.suspended.issue(call, question, self.timeouts.get(call.tool, 60.0))
+        return {
+            "resultType": "input_required",
+            "inputRequests": {question.key: question.wire()},
+            "requestState": state,
+        }
+
+    def _tool_result(self, name: str, answer: Answer) -> types.CallToolResult:
         result = (
             types.CallToolResult.model_validate(answer.result_object)
             if answer.result_object is not None
@@ -529,10 +582,7 @@ class Proxy:
                 is_error=answer.is_error,
             )
         )
-        if (
-            self.listed.get(params.name, (None, None))[1] is not None
-            and result.structured_content is None
-        ):
+        if self.listed.get(name, (None, None))[1] is not None and result.structured_content is None:
             # Both official clients refuse a success without the structured content an
             # outputSchema promises; the gate's own prose (PENDING_APPROVAL, …) has none.
             result.is_error = True
@@ -545,39 +595,61 @@ class Proxy:
         arguments: dict[str, Any] | None,
         request_meta: Any,
     ) -> Answer:
+        """A prompt's get or a resource's read: its server is never asked anything."""
+        call = self._start(ctx, tool, arguments, request_meta)
+        if isinstance(call, Answer):
+            return call
+        return await self._attended(call, call.answer)
+
+    async def _attended(self, call: HostCall, wait: Callable[[], Awaitable[_T]]) -> _T:
+        """Wait for `call`'s next round with the host request of `call.ctx` waiting on it;
+        a host that goes away (or is handed a question) no longer waits."""
+        call.waiting = True
+        try:
+            return await wait()
+        finally:
+            call.waiting = False
+
+    def _start(
+        self,
+        ctx: ServerRequestContext[Any],
+        tool: str,
+        arguments: dict[str, Any] | None,
+        request_meta: Any,
+    ) -> HostCall | Answer:
+        """Hand the call to the gate in a task the proxy owns; its answer arrives on the
+        returned `HostCall`."""
         if self.calls.closing.is_set() or self.work is None:
             return Answer.unrecorded()
-        done = anyio.Event()
-        box: list[Answer] = []
-        host_waiting = True
+        call = HostCall(ctx, tool, arguments)
         meta = request_meta or {}
         wants_progress = meta.get("progress_token", meta.get("progressToken")) is not None
 
         async def progress(elapsed: float, message: str) -> None:
-            if not host_waiting:
+            if not call.waiting:
                 return
             # A host that went away must not break the call it left behind.
             with contextlib.suppress(Exception):
-                await ctx.session.report_progress(elapsed, None, message)
+                await call.ctx.session.report_progress(elapsed, None, message)
 
         async def upstream_progress(value: float, total: float | None, text: str | None) -> None:
             # The server's progress for this call, under the host's own token.
-            if host_waiting and wants_progress:
+            if call.waiting and wants_progress:
                 with contextlib.suppress(Exception):
-                    await ctx.session.report_progress(
+                    await call.ctx.session.report_progress(
                         value, total, sanitize(text)[:500] if text is not None else None
                     )
 
         async def upstream_log(level: str, logger: str | None, data: Any) -> None:
             # Only at or above the level the host set; sanitized, like any server text.
             wanted = self.log_level
-            if not host_waiting or wanted is None or level not in _LOG_LEVELS:
+            if not call.waiting or wanted is None or level not in _LOG_LEVELS:
                 return
             if _LOG_LEVELS.index(level) < _LOG_LEVELS.index(wanted):
                 return
             text = data if isinstance(data, str) else canonical_json(data)
             with contextlib.suppress(Exception):
-                await ctx.session.send_log_message(
+                await call.ctx.session.send_log_message(
                     level,  # type: ignore[arg-type]
                     bounded(text, 2000),
                     logger=bounded(logger, 100) if logger is not None else None,
@@ -586,32 +658,27 @@ class Proxy:
         runs: list[str] = []
         upstream = self.server_of.get(tool)
 
-        def still_waiting() -> bool:
-            return host_waiting
-
         async def work() -> None:
             UPSTREAM_PROGRESS.set(upstream_progress if wants_progress else None)
             UPSTREAM_LOG.set(upstream_log)
             CALL_RUN.set(runs)
             if upstream is not None:
-                UPSTREAM_ASK.set(asker_for(upstream, ctx, self.store, runs, still_waiting))
+                UPSTREAM_ASK.set(
+                    asker_for(upstream, call, self.store, runs, self.timeouts.get(tool, 60.0))
+                )
+            answer = Answer.unavailable("the gate could not complete this call.")
             try:
-                box.append(await self.calls.handle(tool, arguments, progress, request_meta))
+                answer = await self.calls.handle(tool, arguments, progress, request_meta)
             except Exception as exc:
                 _log(self.log, f"agentrt proxy: a call to {sanitize(tool)} failed: "
                      f"{sanitize(str(exc))}")  # fmt: skip
-                box.append(Answer.unavailable("the gate could not complete this call."))
             finally:
                 self.in_flight.leave()
-                done.set()
+                call.finish(answer)
 
         self.in_flight.enter()
         self.work.start_soon(work)
-        try:
-            await done.wait()
-        finally:
-            host_waiting = False
-        return box[0]
+        return call
 
     # -- gate_status ---------------------------------------------------------
 

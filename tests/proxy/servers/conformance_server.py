@@ -189,6 +189,7 @@ async def _list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
 async def _call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
     arguments = params.arguments or {}
     name = params.name
+    _note(f"tools/call {name}")
     if name == "test_simple_text":
         return types.CallToolResult(content=[_text("This is a simple text response for testing.")])
     if name == "test_image_content":
