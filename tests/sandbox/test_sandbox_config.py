@@ -132,3 +132,27 @@ def test_check_says_whether_each_server_is_sandboxed(tmp_path: Path, sandboxed: 
         )
     record = json.loads(records.stdout.splitlines()[0])
     assert record["record"] == "check" and record["sandboxed"] is sandboxed
+
+
+@pytest.mark.parametrize(
+    "host_file", [".cursor/mcp.json", ".claude.json", ".config/Claude/claude_desktop_config.json"]
+)
+def test_a_sandbox_write_path_holding_a_hosts_mcp_configuration_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host_file: str
+) -> None:
+    home = tmp_path / "home"
+    (home / host_file).parent.mkdir(parents=True)
+    (home / host_file).write_text('{"mcpServers": {}}')
+    before = (home / host_file).read_bytes()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    with pytest.raises(ConfigError) as caught:
+        load_config(_config(tmp_path, {"write": [str(home)]}))
+    assert f'server "fs" has a sandbox write path {home}, which holds {home / host_file}' in str(
+        caught.value
+    )
+    assert (home / host_file).read_bytes() == before
+    # Reading the home is not writing it, and a work directory beside it is fine.
+    work = home / "work"
+    work.mkdir()
+    assert load_config(_config(tmp_path, {"read": [str(home)], "write": [str(work)]})).servers

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from .._hostfiles import application_support, config_home, vscode_user
 from ..sanitize import sanitize
 from ._app import CommandError
 
@@ -53,21 +54,6 @@ class HostFile:
     typed: bool = False
 
 
-def _config_home() -> Path:
-    configured = os.environ.get("XDG_CONFIG_HOME")
-    return Path(configured) if configured else Path.home() / ".config"
-
-
-def _application_support() -> Path:
-    return Path.home() / "Library" / "Application Support"
-
-
-def _vscode_user() -> Path:
-    if sys.platform == "darwin":
-        return _application_support() / "Code" / "User"
-    return _config_home() / "Code" / "User"
-
-
 def locate(source: str) -> HostFile:
     """The file a host named by `source` reads, or the file at the path `source`.
 
@@ -75,7 +61,7 @@ def locate(source: str) -> HostFile:
     """
     home = Path.home()
     if source == "claude-desktop":
-        folder = _application_support() if sys.platform == "darwin" else _config_home()
+        folder = application_support() if sys.platform == "darwin" else config_home()
         return HostFile(source, folder / "Claude" / "claude_desktop_config.json", ("mcpServers",))
     if source == "claude-code":
         # The project's own file when there is one, else the user's.
@@ -88,10 +74,10 @@ def locate(source: str) -> HostFile:
         workspace = Path.cwd() / ".vscode" / "mcp.json"
         if workspace.exists():
             return HostFile(source, workspace, ("servers",), typed=True)
-        user = _vscode_user() / "mcp.json"
+        user = vscode_user() / "mcp.json"
         if user.exists():
             return HostFile(source, user, ("servers",), typed=True)
-        return HostFile(source, _vscode_user() / "settings.json", ("mcp", "servers"), typed=True)
+        return HostFile(source, vscode_user() / "settings.json", ("mcp", "servers"), typed=True)
     path = Path(source).expanduser()
     if not path.is_file():
         raise CommandError(

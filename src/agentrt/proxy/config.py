@@ -31,6 +31,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Final
 
+from .._hostfiles import host_configuration_files
 from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..errors import AgentrtError
 from ..mcp import (
@@ -679,6 +680,19 @@ def _refuse_binds_that_reach_the_operators_files(
     config: ProxyConfig, server: Server, protected: list[str]
 ) -> None:
     assert server.sandbox is not None
+    # The files that exist are named first; one that does not yet could still be created.
+    files = sorted(host_configuration_files(), key=lambda path: not path.exists())
+    hosts = [os.path.abspath(path) for path in files]
+    for bound in server.sandbox.write:
+        for form in {os.path.abspath(bound), os.path.realpath(bound)}:
+            for path in hosts:
+                if _names_or_holds(form, path):
+                    raise ConfigError(
+                        f'{config.path}: server "{sanitize(server.name)}" has a sandbox '
+                        f"write path {sanitize(bound)}, which holds {sanitize(path)}, where a "
+                        "host keeps its MCP servers; a server that can write it can take the "
+                        "proxy out of the host"
+                    )
     for kind, paths in (("read", server.sandbox.read), ("write", server.sandbox.write)):
         for bound in paths:
             for form in {os.path.abspath(bound), os.path.realpath(bound)}:
