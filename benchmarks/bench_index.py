@@ -55,11 +55,12 @@ def lookups(histories: tuple[int, ...], samples: int) -> dict[int, list[float]]:
             for number in range(samples):
                 for index, history in zip(indexes, histories, strict=True):
                     started = time.perf_counter()
-                    verdict = index.decide(
-                        run_id=f"{SESSION}.s{number:08d}", key=key, tool=TOOL, mutating=False,
-                        repeat_window=600.0, may_need_approval=False, max_pending=5,
-                        token=f"t{number}",
-                    )  # fmt: skip
+                    with index.store.transaction() as connection:
+                        verdict = index.decide_in(
+                            connection, run_id=f"{SESSION}.s{number:08d}", key=key, tool=TOOL,
+                            mutating=False, repeat_window=600.0, may_need_approval=False,
+                            max_pending=5, token=f"t{number}",
+                        )  # fmt: skip
                     timings[history].append(time.perf_counter() - started)
                     assert verdict.row is not None
                     index.settle(verdict.row.run_id, Settled.RESULT)

@@ -32,6 +32,7 @@ __all__ = [
     "canonical_bytes",
     "canonical_json",
     "parse_json",
+    "plain_json",
     "sha256_hex",
 ]
 
@@ -239,6 +240,14 @@ def canonical_json(value: Any) -> str:
 def canonical_bytes(value: Any) -> bytes:
     """`canonical_json` as UTF-8 bytes, the form every hash is taken over."""
     return canonical_json(value).encode("utf-8")
+
+
+def plain_json(value: Any) -> Any:
+    """A parsed JSON value (Decimal numbers) as plain Python (floats), for libraries
+    such as the MCP SDK's models that do not take Decimals."""
+    import json
+
+    return json.loads(canonical_json(value))
 
 
 def sha256_hex(data: bytes) -> str:

@@ -108,12 +108,7 @@ def _type(value: Any) -> bool:
     # anyOf: one of the simple types, or a non-empty array of distinct ones.
     if _string(value):
         return value in _SIMPLE_TYPES
-    return (
-        _array(value)
-        and len(value) >= 1
-        and all(_string(item) and item in _SIMPLE_TYPES for item in value)
-        and len(set(value)) == len(value)
-    )
+    return _string_array(value) and len(value) >= 1 and set(value) <= _SIMPLE_TYPES
 
 
 def _uri(value: Any) -> bool:

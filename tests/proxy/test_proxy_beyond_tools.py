@@ -653,6 +653,20 @@ async def _suspended(client: Client, tool: str, arguments: dict[str, Any]) -> An
     return result
 
 
+async def _retry(
+    client: Client,
+    tool: str,
+    arguments: dict[str, Any],
+    responses: dict[str, Any],
+    state: str | None = None,
+) -> Any:
+    """A stateless host's retry of a call with its answers (and the proxy's state)."""
+    extra: dict[str, Any] = {} if state is None else {"request_state": state}
+    return await client.session.call_tool(
+        tool, arguments, input_responses=responses, allow_input_required=True, **extra
+    )
+
+
 async def _accept(context: Any, params: Any) -> types.ElicitResult:
     return types.ElicitResult(action="accept", content={"username": "ada", "email": "a@b"})
 
@@ -663,18 +677,18 @@ async def test_a_retry_with_an_unknown_or_no_state_is_refused_and_runs_nothing(
     calls_before = running.upstream_lines().count("tools/call test_simple_text")
     events_before = len(running.events())
     async with stateless_host(running.url, elicitation_callback=_accept) as client:
-        forged = await client.session.call_tool(
+        forged = await _retry(
+            client,
             "test_simple_text",
             {},
-            request_state="a-state-this-proxy-never-issued",
-            input_responses={"elicitation-1": types.ElicitResult(action="accept", content={})},
-            allow_input_required=True,
+            {"elicitation-1": types.ElicitResult(action="accept", content={})},
+            "a-state-this-proxy-never-issued",
         )
-        stateless_answers = await client.session.call_tool(
+        stateless_answers = await _retry(
+            client,
             "test_simple_text",
             {},
-            input_responses={"elicitation-1": types.ElicitResult(action="accept", content={})},
-            allow_input_required=True,
+            {"elicitation-1": types.ElicitResult(action="accept", content={})},
         )
         served = await client.call_tool("test_simple_text", {})
     assert isinstance(forged, types.CallToolResult) and forged.is_error
@@ -698,44 +712,36 @@ async def test_a_state_offered_with_another_call_or_without_its_answer_is_refuse
         run_id = running.last_run_of("test_elicitation")
         simple_before = running.upstream_lines().count("tools/call test_simple_text")
         answer = types.ElicitResult(action="accept", content={"username": "eve", "email": "e@v"})
-        foreign = await client.session.call_tool(
-            "test_simple_text",
-            {},
-            request_state=question.request_state,
-            input_responses={key: answer},
-            allow_input_required=True,
+        foreign = await _retry(
+            client, "test_simple_text", {}, {key: answer}, question.request_state
         )
-        other_arguments = await client.session.call_tool(
+        other_arguments = await _retry(
+            client,
             "test_elicitation",
             {"message": "Someone else's"},
-            request_state=question.request_state,
-            input_responses={key: answer},
-            allow_input_required=True,
+            {key: answer},
+            question.request_state,
         )
-        unanswered = await client.session.call_tool(
-            "test_elicitation",
-            {"message": "Whose state?"},
-            request_state=question.request_state,
-            input_responses={},
-            allow_input_required=True,
+        unanswered = await _retry(
+            client, "test_elicitation", {"message": "Whose state?"}, {}, question.request_state
         )
         assert running.upstream_lines().count("tools/call test_simple_text") == simple_before
         # Nothing reached the suspended call: its run holds only the server's request.
         assert [e.type for e in _client_request_events(running, run_id)] == ["client_request"]
         # The state still resumes its own call, once.
-        answered = await client.session.call_tool(
+        answered = await _retry(
+            client,
             "test_elicitation",
             {"message": "Whose state?"},
-            request_state=question.request_state,
-            input_responses={key: answer},
-            allow_input_required=True,
+            {key: answer},
+            question.request_state,
         )
-        replayed = await client.session.call_tool(
+        replayed = await _retry(
+            client,
             "test_elicitation",
             {"message": "Whose state?"},
-            request_state=question.request_state,
-            input_responses={key: answer},
-            allow_input_required=True,
+            {key: answer},
+            question.request_state,
         )
     for refused in (foreign, other_arguments):
         assert isinstance(refused, types.CallToolResult) and refused.is_error
@@ -761,12 +767,12 @@ async def test_a_suspended_call_that_times_out_expires_its_state(running: Runnin
         with anyio.fail_after(20):
             while not any(e.type == "client_request_answered" for e in running.run_events(run_id)):
                 await anyio.sleep(0.1)
-        late = await client.session.call_tool(
+        late = await _retry(
+            client,
             "test_elicitation_sep1330_enums",
             {},
-            request_state=question.request_state,
-            input_responses={key: types.ElicitResult(action="accept", content={})},
-            allow_input_required=True,
+            {key: types.ElicitResult(action="accept", content={})},
+            question.request_state,
         )
     assert isinstance(late, types.CallToolResult) and late.is_error
     assert "unknown or has expired" in text_of(late)

@@ -55,7 +55,7 @@ from ._answers import Answer
 from ._conditions import ToolConditions, conditions_by_tool, policy_id
 from ._forward import Forwarded, forwardable
 from ._index import EXECUTED, Action, CallIndex, CallRow, Settled, Verdict, call_key
-from ._offers import resource_outcome
+from ._offers import resource_outcome, uri_of
 from .config import ProxyConfig
 
 __all__ = [
@@ -191,11 +191,11 @@ class ProxyPolicy:
         *,
         tool_outcomes: Mapping[str, Outcome] | None = None,
         fixed: Mapping[str, Mapping[str, str]] | None = None,
-        resource_rules: Mapping[str, tuple[tuple[str, Outcome], ...]] | None = None,
     ) -> None:
         self.inner = inner
-        # A server's `resource_rules`, by the name of its resources/read gate tool.
-        self.resource_rules = dict(resource_rules or {})
+        # A server's `resource_rules`, by the name of its resources/read gate tool
+        # (set by the server once its offers are loaded).
+        self.resource_rules: dict[str, tuple[tuple[str, Outcome], ...]] = {}
         self.store = store
         # The operator's "when" lists, by final tool name, decided before the class policy.
         self.conditions = conditions or {}
@@ -259,8 +259,8 @@ class ProxyPolicy:
         outcome = self.tool_outcomes.get(request.spec.name)
         uri_rules = self.resource_rules.get(request.spec.name)
         if uri_rules:
-            uri = request.arguments.get("uri") if isinstance(request.arguments, dict) else None
-            outcome = resource_outcome(uri_rules, uri if isinstance(uri, str) else "")
+            arguments = request.arguments if isinstance(request.arguments, dict) else {}
+            outcome = resource_outcome(uri_rules, uri_of(arguments))
         if outcome is None:
             return await self.inner.evaluate(request, run)
         name = request.spec.name

@@ -14,15 +14,15 @@ server, never a decision of the gate.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from typing import Any, Final
 
 import anyio
 from mcp.server.context import ServerRequestContext
 
-from ..canonical import canonical_json
+from ..canonical import canonical_bytes, plain_json
 from ..mcp._connection import Ask, AskRefused
+from ..mcp._jsonrpc import METHOD_NOT_FOUND
 from ..store import Store
 from ._input_required import HostCall, is_stateless
 from .config import UpstreamConfig
@@ -38,17 +38,16 @@ _KINDS: Final = {
     "elicitation/create": "elicitation",
     "roots/list": "roots",
 }
-_REFUSED: Final = -32601
 # Recorded when the call ends (or its timeout passes) before the host answers.
 _UNANSWERED: Final = "the call ended unanswered"
 
 
 def _bounded_json(value: Any) -> Any:
     """A JSON value as recorded: as sent when small, else its first bytes as text."""
-    text = canonical_json(value)
-    if len(text.encode("utf-8")) <= _RECORDED_BYTES:
+    data = canonical_bytes(value)
+    if len(data) <= _RECORDED_BYTES:
         return value
-    return {"truncated": text.encode("utf-8")[:_RECORDED_BYTES].decode("utf-8", "ignore")}
+    return {"truncated": data[:_RECORDED_BYTES].decode("utf-8", "ignore")}
 
 
 def _host_has(ctx: ServerRequestContext[Any], kind: str) -> bool:
@@ -88,12 +87,12 @@ def asker_for(
                 "reason": reason,
             },
         )
-        raise AskRefused(_REFUSED, reason)
+        raise AskRefused(METHOD_NOT_FOUND, reason)
 
     async def ask(method: str, params: Any) -> Any:
         kind = _KINDS.get(method)
         if kind is None:
-            raise AskRefused(_REFUSED, f"this client does not answer {method} requests")
+            raise AskRefused(METHOD_NOT_FOUND, f"this client does not answer {method} requests")
         rule = upstream.forwards(kind)
         if rule == "refuse":
             await refuse(method, params, f"the operator's rule refuses {kind} requests")
@@ -121,7 +120,7 @@ def asker_for(
             },
         )
         # Parsed with literals kept (Decimal); the SDK's writer wants plain JSON.
-        plain = json.loads(canonical_json(params)) if isinstance(params, dict) else None
+        plain = plain_json(params) if isinstance(params, dict) else None
         try:
             if stateless:
                 # No channel to a stateless host: the question rides its call's result.
@@ -146,7 +145,7 @@ def asker_for(
                 CLIENT_REQUEST_ANSWERED,
                 {"server": server, "method": method, "error": str(exc)[:_RECORDED_BYTES]},
             )
-            raise AskRefused(_REFUSED, "the host did not answer the request") from None
+            raise AskRefused(METHOD_NOT_FOUND, "the host did not answer the request") from None
         recorded: dict[str, Any] = {"server": server, "method": method}
         if kind == "elicitation":
             recorded["action"] = answer.get("action")

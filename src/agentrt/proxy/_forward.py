@@ -11,12 +11,11 @@ the object forwarded, so the record and the answer are tied.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..canonical import canonical_json
+from ..canonical import canonical_json, plain_json
 
 __all__ = ["DEFAULT_MAX_RESULT_BYTES", "MIN_MAX_RESULT_BYTES", "Forwarded", "forwardable"]
 
@@ -46,11 +45,6 @@ def _size(value: Any) -> int:
     return len(canonical_json(value).encode("utf-8"))
 
 
-def _plain(value: Any) -> Any:
-    """Parsed JSON (Decimal numbers) as plain Python the SDK's models accept."""
-    return json.loads(canonical_json(value))
-
-
 def _cut_text(text: str, budget: int) -> str:
     """The longest prefix of `text` whose JSON string form fits in `budget` bytes."""
     low, high = 0, len(text)
@@ -72,11 +66,11 @@ def forwardable(raw: Mapping[str, Any], max_bytes: int) -> Forwarded:
     naming what was left out ends the content.
     """
     blocks = raw.get("content")
-    content: list[Any] = [_plain(block) for block in blocks] if isinstance(blocks, list) else []
+    content: list[Any] = [plain_json(block) for block in blocks] if isinstance(blocks, list) else []
     result: dict[str, Any] = {"content": content, "isError": False}
     structured = raw.get("structuredContent")
     if structured is not None:
-        result["structuredContent"] = _plain(structured)
+        result["structuredContent"] = plain_json(structured)
     if _size(result) <= max_bytes:
         return _sealed(result)
 

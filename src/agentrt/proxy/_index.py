@@ -261,36 +261,6 @@ class CallIndex:
 
     # -- the decision --------------------------------------------------------
 
-    def decide(
-        self,
-        *,
-        run_id: str,
-        key: str,
-        tool: str,
-        mutating: bool,
-        repeat_window: float,
-        may_need_approval: bool,
-        max_pending: int,
-        token: str,
-    ) -> Verdict:
-        """Apply the seven rules to a call, atomically; `new` and `take_over` hold the row.
-
-        A read-only call has no repeat rule: a run of it in flight under a
-        live hold does not stop an identical one, which gets a run of its own.
-        """
-        with self.store.transaction() as connection:
-            return self.decide_in(
-                connection,
-                run_id=run_id,
-                key=key,
-                tool=tool,
-                mutating=mutating,
-                repeat_window=repeat_window,
-                may_need_approval=may_need_approval,
-                max_pending=max_pending,
-                token=token,
-            )
-
     def decide_in(
         self,
         connection: Connection,
@@ -304,9 +274,14 @@ class CallIndex:
         max_pending: int,
         token: str,
     ) -> Verdict:
-        """`decide` inside the caller's write transaction (the gate's, when the
-        proxy starts the run in the same commit).  Holds are judged on the store's
-        write clock (the server's, on PostgreSQL)."""
+        """Apply the seven rules to a call inside the caller's write transaction (the
+        gate's, when the proxy starts the run in the same commit); `new` and
+        `take_over` hold the row.  Holds are judged on the store's write clock (the
+        server's, on PostgreSQL).
+
+        A read-only call has no repeat rule: a run of it in flight under a
+        live hold does not stop an identical one, which gets a run of its own.
+        """
         now = self.store.write_time(time.time())
         open_rows: list[tuple[CallRow, RunRecord | None]] = []
         for row in self._rows(connection, _UNSETTLED_OF_KEY, (self.session, key)):
@@ -460,7 +435,8 @@ class CallIndex:
             return self.settle_in(connection, run_id, outcome)
 
     def settle_in(self, connection: Connection, run_id: str, outcome: Settled) -> CallRow:
-        """`settle` inside the caller's write transaction (the one recording the result)."""
+        """Settle the call of `run_id` inside the caller's write transaction (the one
+        recording the result)."""
         connection.execute(
             "UPDATE proxy_calls SET settled = 1, outcome = ?, settled_at = ?, holder = NULL,"
             " held_until = NULL WHERE run_id = ?",

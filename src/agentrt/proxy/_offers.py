@@ -15,13 +15,18 @@ resource or half a prompt reads as a whole one.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ..canonical import JSONBoundaryError, canonical_json, parse_json
+from ..canonical import (
+    JSONBoundaryError,
+    canonical_bytes,
+    canonical_json,
+    parse_json,
+    plain_json,
+    sha256_hex,
+)
 from ..mcp._errors import ServerToolError
 from ..mcp._upstream import RestartFailed, Upstream
 from ..policy import Outcome
@@ -52,10 +57,6 @@ def hidden_name(kind: str, server: str, position: int) -> str:
     """The gate's name for a server's `prompts/get` or `resources/read` (never listed)."""
     name = f"{kind}--{server}"
     return name if TOOL_NAME_PATTERN.match(name) else f"{kind}--{position}"
-
-
-def _plain(value: Any) -> Any:
-    return json.loads(canonical_json(value))
 
 
 class OfferTool:
@@ -100,7 +101,7 @@ class OfferTool:
         try:
             await self._upstream.ready()
             result = await self._upstream.connection.request(
-                self._method, _plain(params), timeout=self._spec.timeout
+                self._method, plain_json(params), timeout=self._spec.timeout
             )
         except RestartFailed as exc:
             raise ServerToolError(f"{where} was not sent: {sanitize(str(exc))}") from None
@@ -108,15 +109,15 @@ class OfferTool:
             raise ServerToolError(f"{where} failed: {sanitize(str(exc))}") from None
         if not isinstance(result, dict):
             raise ServerToolError(f"{where} returned a result that is not a JSON object")
-        text = canonical_json(result)
-        size = len(text.encode("utf-8"))
+        data = canonical_bytes(result)
+        size = len(data)
         if size > self._max_result_bytes:
             raise ServerToolError(
                 f"{where} returned {size} bytes, more than the server's max_result_bytes "
                 f"({self._max_result_bytes}); nothing was forwarded"
             )
-        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        forwarded = Forwarded(_plain(result), size, digest)
+        digest = sha256_hex(data)
+        forwarded = Forwarded(plain_json(result), size, digest)
         self._forwarded[call.run_id] = forwarded
         subject = params.get("name") if self._method == "prompts/get" else params.get("uri")
         summary = f"{sanitize(self._server)} {self._method} {sanitize(str(subject))[:200]}: "

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import json
 import signal
 import socket
 import sys
@@ -31,13 +30,14 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server as LowLevelServer
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
-from ..canonical import canonical_json
+from ..canonical import canonical_json, plain_json
 from ..errors import AgentrtError, RunNotFound, StoreError
 from ..gate import Gate, Limits
 from ..mcp import Connection, Report, load, read_manifest
 from ..mcp._connection import UPSTREAM_ASK, UPSTREAM_LOG
 from ..mcp._offers import Offers, load_offers
 from ..mcp._tool import UPSTREAM_PROGRESS, ServerTool
+from ..policy import Outcome
 from ..sanitize import sanitize
 from ..store import ApprovalStatus, Store, open_store
 from ..telemetry import TraceExporter, settings_from, start_exporter
@@ -51,7 +51,13 @@ from ._index import CallIndex, CallRow, Settled
 from ._input_required import HostCall, Question, Suspended
 from ._offers import Offered, OfferTool, hidden_name
 from ._stdio import StdioWire, stdio_wire
-from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
+from .config import (
+    DEFAULT_SERVER_TIMEOUT,
+    ConfigError,
+    ProxyConfig,
+    UpstreamConfig,
+    load_config,
+)
 
 __all__ = ["STATUS_TOOL", "serve", "serve_config"]
 
@@ -108,11 +114,6 @@ class _InFlight:
         while self.count:
             self.idle = anyio.Event()
             await self.idle.wait()
-
-
-def _plain(value: Any) -> Any:
-    """A parsed JSON value (Decimal numbers) as plain Python the SDK's models accept."""
-    return json.loads(canonical_json(value))
 
 
 def _log(stream: IO[str], line: str) -> None:
@@ -250,7 +251,7 @@ class Proxy:
             if extra is not None and extra.repeat_window is not None:
                 repeat_windows[name] = extra.repeat_window
             if isinstance(tool, ServerTool):
-                schema = _plain(tool.output_schema) if as_sent and tool.output_schema else None
+                schema = plain_json(tool.output_schema) if as_sent and tool.output_schema else None
                 self.listed[name] = (tool.title, schema)
             watched.append(
                 WatchedTool(
@@ -264,7 +265,7 @@ class Proxy:
         # prompts/get and resources/read of each server that offers them: read-only gate tools
         # the host never sees, so each one is recorded and decided like a call.
         self.hidden: set[str] = set()
-        resource_rules: dict[str, Any] = {}
+        resource_rules: dict[str, tuple[tuple[str, Outcome], ...]] = {}
         taken = {tool.spec.name for tool in watched}
         for position, upstream in enumerate(config.servers):
             name = upstream.server.name
@@ -286,7 +287,7 @@ class Proxy:
                         method=method,
                         server=name,
                         upstream=offering,
-                        timeout=upstream.server.default_timeout or 60.0,
+                        timeout=upstream.server.default_timeout or DEFAULT_SERVER_TIMEOUT,
                         max_result_bytes=upstream.max_result_bytes,
                         forwarded=forwarded,
                     )
@@ -488,7 +489,7 @@ class Proxy:
         try:
             await upstream.ready()
             result = await upstream.connection.request("completion/complete", request, timeout=10.0)
-            return types.CompleteResult.model_validate(_plain(result))
+            return types.CompleteResult.model_validate(plain_json(result))
         except Exception as exc:
             raise MCPError(-32603, f"completion failed: {bounded(str(exc), 300)}") from None
 
@@ -501,7 +502,7 @@ class Proxy:
                 name=spec.name,
                 title=self.listed.get(spec.name, (None, None))[0],
                 description=spec.description,
-                input_schema=_plain(spec.input_schema),
+                input_schema=plain_json(spec.input_schema),
                 output_schema=self.listed.get(spec.name, (None, None))[1],
                 annotations=types.ToolAnnotations(
                     read_only_hint=spec.side_effect is SideEffect.READ_ONLY,
@@ -566,7 +567,9 @@ class Proxy:
 
     def _input_required(self, call: HostCall, question: Question) -> dict[str, Any]:
         """The host's call answered with the server's question and the state of its retry."""
-        state = self.suspended.issue(call, question, self.timeouts.get(call.tool, 60.0))
+        state = self.suspended.issue(
+            call, question, self.timeouts.get(call.tool, DEFAULT_SERVER_TIMEOUT)
+        )
         return {
             "resultType": "input_required",
             "inputRequests": {question.key: question.wire()},
@@ -664,7 +667,13 @@ class Proxy:
             CALL_RUN.set(runs)
             if upstream is not None:
                 UPSTREAM_ASK.set(
-                    asker_for(upstream, call, self.store, runs, self.timeouts.get(tool, 60.0))
+                    asker_for(
+                        upstream,
+                        call,
+                        self.store,
+                        runs,
+                        self.timeouts.get(tool, DEFAULT_SERVER_TIMEOUT),
+                    )
                 )
             answer = Answer.unavailable("the gate could not complete this call.")
             try:
@@ -778,7 +787,7 @@ def _take_offers(offered: Offered, name: str, offers: Offers) -> list[str]:
     )
     for listed, model, noun in sections:
         for raw in listed:
-            plain = _plain(raw)
+            plain = plain_json(raw)
             shown = sanitize(str(raw.get("name", "")))
             try:
                 # What the SDK cannot list to the host is refused alone, not the whole list.
