@@ -20,6 +20,7 @@ import sys
 import time
 import traceback
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from _common import HERE, REPO, Result, log, ms, ratio, table
@@ -238,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated benchmarks",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peer proxies")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS,
+        help=f"where the JSON goes (default {RESULTS.relative_to(REPO)})",
+    )
     options = parser.parse_args(argv)
     selected = {name.strip() for name in options.only.split(",") if name.strip()}
     began = time.perf_counter()
@@ -270,11 +277,11 @@ def main(argv: list[str] | None = None) -> int:
     results["machine"]["load_average_end"] = os.getloadavg()
     results["seconds"] = time.perf_counter() - began
 
-    RESULTS.mkdir(exist_ok=True)
+    options.results.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = RESULTS / f"bench-{stamp}.json"
+    path = options.results / f"bench-{stamp}.json"
     path.write_text(json.dumps(results, indent=1, default=str))
-    (RESULTS / "latest.json").write_text(json.dumps(results, indent=1, default=str))
+    (options.results / "latest.json").write_text(json.dumps(results, indent=1, default=str))
 
     info = results["machine"]
     print(
@@ -293,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, problem in peers.items():
         if problem:
             print(f"peer {name}: {problem}")
-    print(f"\nall results: {path.relative_to(REPO)} ({results['seconds']:.0f} s)")
+    shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    print(f"\nall results: {shown} ({results['seconds']:.0f} s)")
     return 1 if failed else 0
 
 

@@ -96,15 +96,13 @@ def answer_server_request(message: Incoming) -> bytes:
     Nothing answers sampling, elicitation or roots on the operator's behalf:
     this client advertises none of those capabilities and refuses them here.
     """
-    echoed_id = canonical_json(message.server_request_id)
     if message.method == "ping":
-        return f'{{"jsonrpc":"2.0","id":{echoed_id},"result":{{}}}}'.encode()
+        return encode_answer(message.server_request_id, result={})
     method = message.method if message.method is not None else ""
-    error = {
-        "code": METHOD_NOT_FOUND,
-        "message": f"this client does not answer {method} requests",
-    }
-    return f'{{"jsonrpc":"2.0","id":{echoed_id},"error":{canonical_json(error)}}}'.encode()
+    refusal = f"this client does not answer {method} requests"
+    return encode_answer(
+        message.server_request_id, error={"code": METHOD_NOT_FOUND, "message": refusal}
+    )
 
 
 def encode_answer(server_request_id: Any, result: Any = None, error: Any = None) -> bytes:

@@ -61,7 +61,8 @@ class PinnedOffer:
 _OFFER_FIELDS: Final = ("description", "description_hash", "key", "name", "shape_hash")
 # Manifest sections for what a server offers besides tools; absent in manifests from before them.
 OFFER_SECTIONS: Final = ("prompts", "resources", "resource_templates")
-_OFFER_KEYS: Final = {"prompts": "name", "resources": "uri", "resource_templates": "uriTemplate"}
+# The field that names a listed element of each section.
+OFFER_KEYS: Final = {"prompts": "name", "resources": "uri", "resource_templates": "uriTemplate"}
 
 
 def offer_shape(section: str, raw: Mapping[str, Any]) -> str:
@@ -71,9 +72,13 @@ def offer_shape(section: str, raw: Mapping[str, Any]) -> str:
     return canonical_json({key: value for key, value in raw.items() if key != "description"})
 
 
+def shape_hash(section: str, raw: Mapping[str, Any]) -> str:
+    return sha256_hex(offer_shape(section, raw).encode("utf-8"))
+
+
 def pin_offer(section: str, raw: Mapping[str, Any]) -> PinnedOffer | None:
     """Pin one listed prompt, resource or template; None when it has no usable key."""
-    key = raw.get(_OFFER_KEYS[section])
+    key = raw.get(OFFER_KEYS[section])
     if not isinstance(key, str) or not key:
         return None
     name = raw.get("name", key)
@@ -83,7 +88,7 @@ def pin_offer(section: str, raw: Mapping[str, Any]) -> PinnedOffer | None:
         name=name if isinstance(name, str) else canonical_json(name),
         description=description if isinstance(description, str) else canonical_json(description),
         description_hash=description_hash(raw),
-        shape_hash=sha256_hex(offer_shape(section, raw).encode("utf-8")),
+        shape_hash=shape_hash(section, raw),
     )
 
 

@@ -14,10 +14,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..canonical import sha256_hex
 from ..sanitize import sanitize
 from ._connection import Connection
-from ._manifest import OFFER_SECTIONS, Manifest, description_hash, offer_shape
+from ._manifest import OFFER_KEYS, OFFER_SECTIONS, Manifest, description_hash, shape_hash
 from ._pin import LISTINGS
 
 __all__ = ["Offers", "load_offers"]
@@ -67,7 +66,7 @@ async def load_offers(
         kept: list[dict[str, Any]] = getattr(offers, section)
         seen: set[str] = set()
         for raw in listed:
-            name = raw.get(_KEY[section]) if isinstance(raw, dict) else None
+            name = raw.get(OFFER_KEYS[section]) if isinstance(raw, dict) else None
             if not isinstance(name, str) or not isinstance(raw, dict):
                 offers.lines.append(f"{server}: refused a {label} entry without a usable key")
                 continue
@@ -89,7 +88,7 @@ async def load_offers(
                     "pinned; review it and pin again"
                 )
                 continue
-            if sha256_hex(offer_shape(section, raw).encode("utf-8")) != pinned.shape_hash:
+            if shape_hash(section, raw) != pinned.shape_hash:
                 what = "arguments" if section == "prompts" else "listing"
                 offers.lines.append(
                     f"{server}: refused {label} {shown}: its {what} changed since it was "
@@ -101,6 +100,3 @@ async def load_offers(
                 continue
             kept.append(raw)
     return offers
-
-
-_KEY = {"prompts": "name", "resources": "uri", "resource_templates": "uriTemplate"}

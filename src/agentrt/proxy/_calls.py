@@ -510,25 +510,35 @@ class Calls:
             return verdict
         assert verdict.row is not None
         answer = await self._holding(
-            verdict.row, call, self._conclude(verdict.row, call, outcome, settled=bool(settled))
+            verdict.row,
+            call,
+            self._conclude(verdict.row, call, outcome, settled=bool(settled)),
+            settled=bool(settled),
         )
         return answer if answer is not None else Answer.in_progress(call.spec.name)
 
     async def _holding(
-        self, row: CallRow, call: _Call, work: Awaitable[Answer | None]
+        self, row: CallRow, call: _Call, work: Awaitable[Answer | None], *, settled: bool = False
     ) -> Answer | None:
         """Run `work` on a call this process holds; whatever happens, the hold ends with it
-        (the heartbeat would otherwise keep a failed call IN_PROGRESS for ever)."""
+        (the heartbeat would otherwise keep a failed call IN_PROGRESS for ever).  A call
+        `settled` by its result's commit had its hold cleared there, so it is only
+        forgotten: a release would be a third transaction that changes nothing."""
+        failed = False
         try:
             return await work
         except Exception as exc:
             # Anything the gate or the store raised, whatever its type: what
             # matters is whether the request had reached the server.
+            failed = True
             return await self._failed(row.run_id, call, exc)
         finally:
             self.sent.discard(row.run_id)
             self.forwarded.pop(row.run_id, None)
-            await self._release_quietly(row.run_id, call.token)
+            if settled and not failed:
+                self.index.forget(row.run_id, call.token)
+            else:
+                await self._release_quietly(row.run_id, call.token)
 
     async def _failed(self, run_id: str, call: _Call, exc: Exception) -> Answer:
         tool = call.spec.name

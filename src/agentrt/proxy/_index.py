@@ -409,6 +409,12 @@ class CallIndex:
                 (run_id, self._holder(token)),
             )
 
+    def forget(self, run_id: str, token: str) -> None:
+        """Stop renewing the hold of a call whose result's own commit settled its row
+        (which cleared the hold with it): nothing is left to write."""
+        with self._live_lock:
+            self._live.discard((run_id, self._holder(token)))
+
     def renew_holds(self) -> None:
         """Extend the holds of the calls this process is working on; called a few
         times per hold period."""
