@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import anyio.to_thread
 
-from .canonical import canonical_bytes, canonical_json, parse_json, sha256_hex
+from .canonical import canonical_bytes, canonical_json, json_string, parse_json, sha256_hex
 from .errors import RunNotFound, StoreBusy, StoreConflict, StoreError, UnsafeDatabase
 from .sanitize import sanitize
 
@@ -137,6 +137,11 @@ class ApprovalStatus(enum.StrEnum):
     EXPIRED = "expired"
     SUPERSEDED = "superseded"
     USED = "used"
+
+
+# A stored status to its member by one dict lookup (an enum's own call costs more).
+_RUN_STATUSES: Final = {status.value: status for status in RunStatus}
+_STEP_STATUSES: Final = {status.value: status for status in StepStatus}
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,9 +247,19 @@ def is_postgres_url(target: object) -> bool:
     return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
 
 
+# The text of the current second, kept: `utc_now` runs several times a step.
+_utc_second: tuple[int, str] = (-1, "")
+
+
 def utc_now() -> str:
-    """The current UTC time as ISO 8601 with microseconds."""
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """The current UTC time as ISO 8601 with microseconds (`2026-12-01T16:41:50.521022Z`)."""
+    global _utc_second
+    second, micros = divmod(time.time_ns() // 1_000, 1_000_000)
+    cached = _utc_second
+    if cached[0] != second:
+        cached = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+        _utc_second = cached  # one tuple, replaced whole: safe across threads
+    return f"{cached[1]}.{micros:06d}Z"
 
 
 def epoch_to_iso(epoch: float) -> str:
@@ -282,12 +297,12 @@ def event_hash(
     is parsed or re-encoded to hash it.
     """
     envelope = (
-        '{"created_at":' + canonical_json(created_at)
+        '{"created_at":' + json_string(created_at)
         + ',"payload":' + payload_text
-        + ',"prev_hash":' + canonical_json(prev_hash)
-        + ',"run_id":' + canonical_json(run_id)
+        + ',"prev_hash":' + json_string(prev_hash)
+        + ',"run_id":' + json_string(run_id)
         + ',"seq":' + str(seq)
-        + ',"type":' + canonical_json(type_)
+        + ',"type":' + json_string(type_)
         + "}"
     )  # fmt: skip
     return sha256_hex(envelope.encode("utf-8"))
@@ -429,11 +444,22 @@ def _tighten_sidecars(path: Path) -> None:
             os.chmod(sidecar, 0o600)
 
 
+def _run_status(value: str) -> RunStatus:
+    status = _RUN_STATUSES.get(value)
+    return status if status is not None else RunStatus(value)
+
+
+def _step_status(value: str) -> StepStatus:
+    status = _STEP_STATUSES.get(value)
+    return status if status is not None else StepStatus(value)
+
+
 def _row_to_run(row: Any) -> RunRecord:
+    metadata = row["metadata"]
     return RunRecord(
         run_id=row["run_id"],
         goal=row["goal"],
-        status=RunStatus(row["status"]),
+        status=_run_status(row["status"]),
         reason=row["reason"],
         result=row["result"],
         created_at=row["created_at"],
@@ -442,7 +468,7 @@ def _row_to_run(row: Any) -> RunRecord:
         consecutive_failures=row["consecutive_failures"],
         lease_owner=row["lease_owner"],
         lease_expires_at=row["lease_expires_at"],
-        metadata=json.loads(row["metadata"]),
+        metadata={} if metadata == "{}" else json.loads(metadata),
         deadline_at=row["deadline_at"],
     )
 
@@ -453,7 +479,7 @@ def _row_to_step(row: Any) -> StepRecord:
         step=row["step"],
         tool=row["tool"],
         args=row["args"],
-        status=StepStatus(row["status"]),
+        status=_step_status(row["status"]),
         observation_kind=row["observation_kind"],
         content=row["content"],
         summary=row["summary"],
@@ -1179,35 +1205,45 @@ class Store:
 class _Unit:
     """One caller's `Store.write`: the function, then its outcome once its batch settled."""
 
-    __slots__ = ("_done", "_event", "_loop", "args", "error", "function", "value")
+    __slots__ = ("_done", "_future", "_loop", "args", "error", "function", "value")
 
     def __init__(self, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self.function = function
         self.args = args
         self.value: Any = None
         self.error: BaseException | None = None
-        # On asyncio the writer wakes the caller's loop directly (no thread per
-        # waiter); on another backend the caller waits in a worker thread.
+        # On asyncio the writer wakes the caller's loop directly, through a bare
+        # future (no thread per waiter, no event object between them); on another
+        # backend the caller waits in a worker thread.
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
-        self._event = anyio.Event() if self._loop is not None else None
-        self._done = threading.Event() if self._loop is None else None
+        if self._loop is not None:
+            self._future: asyncio.Future[None] | None = self._loop.create_future()
+            self._done: threading.Event | None = None
+        else:
+            self._future = None
+            self._done = threading.Event()
 
     def release(self) -> None:
         """Called by the writer once the unit's outcome is final and durable."""
         if self._done is not None:
             self._done.set()
-        if self._loop is not None and self._event is not None:
+        elif self._loop is not None:
             with contextlib.suppress(RuntimeError):  # the caller's loop already closed
-                self._loop.call_soon_threadsafe(self._event.set)
+                self._loop.call_soon_threadsafe(_resolve, self._future)
 
     async def settled(self) -> None:
-        if self._event is not None:
-            await self._event.wait()
+        if self._future is not None:
+            await self._future
         elif self._done is not None:
             await anyio.to_thread.run_sync(self._done.wait)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 # Enough to share one fsync among many callers, few enough that one batch's
