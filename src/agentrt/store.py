@@ -974,6 +974,20 @@ class Store:
             raise RunNotFound(f"no run {sanitize(run_id)} in {sanitize(self.path)}")
         return _row_to_run(row), row["lease_token"]
 
+    def read_run_step(
+        self, connection: Connection, run_id: str, step: int
+    ) -> tuple[RunRecord, str | None, str, str] | None:
+        """Inside a write: the run, its lease token, and one of its steps' status and start
+        time, in one read; None if there is no such step."""
+        row = connection.execute(
+            "SELECT runs.*, steps.status AS step_status, steps.started_at AS step_started_at"
+            " FROM runs JOIN steps USING (run_id) WHERE run_id = ? AND steps.step = ?",
+            (run_id, step),
+        ).fetchone()
+        if row is None:
+            return None
+        return _row_to_run(row), row["lease_token"], row["step_status"], row["step_started_at"]
+
     def list_runs(self, limit: int = 50, offset: int = 0) -> list[RunRecord]:
         """Runs newest first, those waiting for an approval in front."""
         rows = self._query(
@@ -1230,7 +1244,7 @@ class _Unit:
         """Called by the writer once the unit's outcome is final and durable."""
         if self._done is not None:
             self._done.set()
-        elif self._loop is not None:
+        elif self._loop is not None and self._future is not None:
             with contextlib.suppress(RuntimeError):  # the caller's loop already closed
                 self._loop.call_soon_threadsafe(_resolve, self._future)
 
