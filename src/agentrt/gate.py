@@ -17,7 +17,6 @@ recorded raises `ResultNotRecorded` rather than being lost.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import socket
@@ -786,18 +785,36 @@ class Gate:
         observation_kind: str | None,
         content: str | None,
         summary: str | None,
-        finished: str | None = None,
     ) -> None:
         connection.execute(
             "UPDATE steps SET status = ?, observation_kind = ?, content = ?, summary = ?,"
             " finished_at = ? WHERE run_id = ? AND step = ?",
-            (str(status), observation_kind, content, summary, finished or utc_now(), run_id,
-             step),
-        )  # fmt: skip
+            (str(status), observation_kind, content, summary, utc_now(), run_id, step),
+        )
         if status is StepStatus.DENIED:
             self.store.append_event(
                 connection, run_id, "step_denied", {"step": step, "reason": content or ""}
             )
+
+    def _finish_step(
+        self,
+        connection: Connection,
+        run_id: str,
+        step: int,
+        status: StepStatus,
+        observation_kind: str,
+        content: str,
+        summary: str | None,
+        finished: str,
+    ) -> str | None:
+        """Set an executing step's outcome; its start time, or None if it was not executing."""
+        row = connection.execute(
+            "UPDATE steps SET status = ?, observation_kind = ?, content = ?, summary = ?,"
+            " finished_at = ? WHERE run_id = ? AND step = ? AND status = 'executing'"
+            " RETURNING started_at",
+            (str(status), observation_kind, content, summary, finished, run_id, step),
+        ).fetchone()
+        return None if row is None else str(row[0])
 
     def _request_approval(
         self,
@@ -984,52 +1001,47 @@ class Gate:
         """
         finished = utc_now()
         run_result: str | None = None
-        holder = self.store.read_run_step(connection, run_id, step)
-        if holder is None or holder[1] != token or holder[2] != StepStatus.EXECUTING:
-            # Another gate took the run over (and decided what this step is) while
-            # the tool ran: only the holder of the acquisition that started a call
-            # records its result.
-            raise LeaseLost(
-                f"run {sanitize(run_id)} was taken over while step {step} ran; "
-                "its result belongs to nobody now"
-            )
-        before, _, _, started_at = holder
         if error is not None:
             raw_content = (
                 result.content if result is not None and isinstance(result.content, str) else ""
             )
             step_status, kind, content = StepStatus.FAILED, "tool_error", error
             summary = raw_content[:_MAX_ERROR_CHARS] or None
-            failures = before.consecutive_failures + 1
-            self._set_step(connection, run_id, step, step_status, kind, content, summary,
-                           finished)  # fmt: skip
-            connection.execute(
-                "UPDATE runs SET consecutive_failures = consecutive_failures + 1,"
-                " updated_at = ? WHERE run_id = ?",
-                (finished, run_id),
+        else:
+            assert result is not None
+            step_status, kind, content = StepStatus.SUCCEEDED, "result", result.content
+            summary = result.summary
+        # Each update names what it expects (the lease acquisition that started
+        # the call, the step still executing) and returns the row it left: a
+        # miss means another gate took the run over (and decided what this step
+        # is) while the tool ran, and only the holder of the acquisition that
+        # started a call records its result.  The unit then rolls back whole.
+        run = self.store.count_result(
+            connection, run_id, token, failed=error is not None, at=finished
+        )
+        started_at = (
+            None
+            if run is None
+            else self._finish_step(connection, run_id, step, step_status, kind, content,
+                                   summary, finished)
+        )  # fmt: skip
+        if run is None or started_at is None:
+            raise LeaseLost(
+                f"run {sanitize(run_id)} was taken over while step {step} ran; "
+                "its result belongs to nobody now"
             )
+        if error is not None:
             self.store.append_event(
                 connection, run_id, "tool_error",
                 {"step": step, "tool": spec.name, "error": error},
             )  # fmt: skip
         else:
             assert result is not None
-            step_status, kind, content = StepStatus.SUCCEEDED, "result", result.content
-            summary, failures = result.summary, 0
-            self._set_step(connection, run_id, step, step_status, kind, content, summary,
-                           finished)  # fmt: skip
-            connection.execute(
-                "UPDATE runs SET consecutive_failures = 0, updated_at = ? WHERE run_id = ?",
-                (finished, run_id),
-            )
             self.store.append_event(
                 connection, run_id, "tool_finished",
                 {"step": step, "tool": spec.name, "content": result.content,
                  "summary": result.summary},
             )  # fmt: skip
-        # The row as the two updates above left it: nothing else writes it while
-        # this transaction holds the write lock.
-        run = dataclasses.replace(before, consecutive_failures=failures, updated_at=finished)
         status = run.status
         if status is RunStatus.RUNNING and error is None and spec.terminal:
             assert result is not None

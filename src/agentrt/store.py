@@ -974,19 +974,19 @@ class Store:
             raise RunNotFound(f"no run {sanitize(run_id)} in {sanitize(self.path)}")
         return _row_to_run(row), row["lease_token"]
 
-    def read_run_step(
-        self, connection: Connection, run_id: str, step: int
-    ) -> tuple[RunRecord, str | None, str, str] | None:
-        """Inside a write: the run, its lease token, and one of its steps' status and start
-        time, in one read; None if there is no such step."""
+    def count_result(
+        self, connection: Connection, run_id: str, token: str, *, failed: bool, at: str
+    ) -> RunRecord | None:
+        """Inside a write: count a step's result on the run (its failure streak, its
+        update time), compared and set on the lease token that started the call;
+        the row as this left it, or None if the run is no longer under `token`."""
+        streak = "consecutive_failures + 1" if failed else "0"
         row = connection.execute(
-            "SELECT runs.*, steps.status AS step_status, steps.started_at AS step_started_at"
-            " FROM runs JOIN steps USING (run_id) WHERE run_id = ? AND steps.step = ?",
-            (run_id, step),
+            f"UPDATE runs SET consecutive_failures = {streak}, updated_at = ?"
+            " WHERE run_id = ? AND lease_token = ? RETURNING *",
+            (at, run_id, token),
         ).fetchone()
-        if row is None:
-            return None
-        return _row_to_run(row), row["lease_token"], row["step_status"], row["step_started_at"]
+        return None if row is None else _row_to_run(row)
 
     def list_runs(self, limit: int = 50, offset: int = 0) -> list[RunRecord]:
         """Runs newest first, those waiting for an approval in front."""
