@@ -224,11 +224,14 @@ class Gate:
         *,
         take_over: bool = False,
         current_token: object = _UNREAD,
+        recording: tuple[int, str] | None = None,
     ) -> str:
         """Inside a write transaction: take (or extend) the run's lease; return its token.
 
         `run` is the row as read in this transaction; `current_token` its lease
         token, read with it (`_take_running`) or, by default, read here.
+        `recording` is `(step_count, updated_at)` of a step being recorded, set
+        by the same update.
 
         The token stays while this gate keeps holding the lease; a lease taken
         anew (or `take_over`, after a process died) gets a fresh one.  Leases are
@@ -250,12 +253,21 @@ class Gate:
         held = self._lease_tokens.get(run.run_id)
         if take_over or held is None or (run.lease_owner, current_token) != (self.owner, held):
             held = uuid.uuid4().hex
-        cursor = connection.execute(
-            "UPDATE runs SET lease_owner = ?, lease_expires_at = ?, lease_token = ?"
-            " WHERE run_id = ?"
-            " AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
-            (self.owner, now + self.lease_ttl, held, run.run_id, self.owner, now),
-        )
+        if recording is None:
+            cursor = connection.execute(
+                "UPDATE runs SET lease_owner = ?, lease_expires_at = ?, lease_token = ?"
+                " WHERE run_id = ?"
+                " AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
+                (self.owner, now + self.lease_ttl, held, run.run_id, self.owner, now),
+            )
+        else:
+            cursor = connection.execute(
+                "UPDATE runs SET lease_owner = ?, lease_expires_at = ?, lease_token = ?,"
+                " step_count = ?, updated_at = ? WHERE run_id = ?"
+                " AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
+                (self.owner, now + self.lease_ttl, held, *recording, run.run_id, self.owner,
+                 now),
+            )  # fmt: skip
         if cursor.rowcount != 1:
             raise RunStateError(f"run {sanitize(run.run_id)} was taken by another process")
         self._lease_tokens[run.run_id] = held
@@ -637,12 +649,20 @@ class Gate:
         return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="invalid")
 
     def _take_running(
-        self, connection: Connection, run_id: str, decided_on: RunRecord | None = None
+        self,
+        connection: Connection,
+        run_id: str,
+        decided_on: RunRecord | None = None,
+        *,
+        recording: tuple[int, str] | None = None,
     ) -> RunRecord:
         """Inside a write transaction: the run, still running, with this gate's lease on it.
 
         `decided_on` is the view the caller decided with: if the run has moved
         since (another step recorded), `_StaleView` has the caller decide again.
+        `recording` is `(step, started_at)` of the step the caller records: the
+        lease's update also counts it on the run.  The row returned is as read,
+        before that update.
         """
         fresh, token = self.store.read_run(connection, run_id)
         if fresh.status is not RunStatus.RUNNING:
@@ -652,7 +672,12 @@ class Gate:
             decided_on.consecutive_failures,
         ):
             raise _StaleView(run_id)
-        self._acquire_lease(connection, fresh, time.time(), current_token=token)
+        if recording is not None and fresh.step_count + 1 != recording[0]:
+            # Another step was recorded while the policy decided this one.
+            raise RunStateError(f"run {sanitize(run_id)} moved on while its policy decided")
+        self._acquire_lease(
+            connection, fresh, time.time(), current_token=token, recording=recording
+        )
         return fresh
 
     def _check_running(
@@ -729,11 +754,8 @@ class Gate:
         """The request, its policy decision, and (if allowed) the `executing` mark: one commit."""
         started = utc_now()
         approval: ApprovalRecord | None = None
-        fresh = self._take_running(connection, run.run_id, run)
+        self._take_running(connection, run.run_id, run, recording=(step_number, started))
         token = self._lease_tokens[run.run_id]
-        if fresh.step_count + 1 != step_number:
-            # Another step was recorded while the policy decided this one.
-            raise RunStateError(f"run {sanitize(run.run_id)} moved on while its policy decided")
         allowed = decided.outcome is Outcome.ALLOW
         # An allowed step goes straight to `executing` (its `tool_started` event
         # below): `recorded` would be visible to nobody, inside this transaction.
@@ -743,10 +765,6 @@ class Gate:
             (run.run_id, step_number, name, args,
              "executing" if allowed else "recorded", started),
         )  # fmt: skip
-        connection.execute(
-            "UPDATE runs SET step_count = ?, updated_at = ? WHERE run_id = ?",
-            (step_number, started, run.run_id),
-        )
         self.store.append_event(
             connection, run.run_id, "step_recorded",
             {"step": step_number, "tool": name, "args": args},
