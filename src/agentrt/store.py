@@ -1294,11 +1294,9 @@ class _Writer:
             units = [first]
             # Whatever queued while the last batch committed joins this one:
             # nobody waits for a timer, and under load every fsync is shared.
-            while len(units) < _MAX_BATCH:
-                try:
-                    unit = self._queue.get_nowait()
-                except queue.Empty:
-                    break
+            # (This thread is the queue's only reader: not empty means a get succeeds.)
+            while len(units) < _MAX_BATCH and not self._queue.empty():
+                unit = self._queue.get_nowait()
                 if unit is None:
                     stopping = True
                     break
@@ -1397,7 +1395,11 @@ _ANCHOR_BYTES: Final = 128
 
 
 def _anchor_record(seq: int, digest: str) -> bytes:
-    return json.dumps({"seq": seq, "hash": digest}).ljust(_ANCHOR_BYTES).encode("ascii")
+    # json.dumps({"seq": seq, "hash": digest}) for an int and a hex digest, by hand
+    # (written after every commit).
+    if not (type(seq) is int and len(digest) == 64 and digest.isalnum() and digest.isascii()):
+        return json.dumps({"seq": seq, "hash": digest}).ljust(_ANCHOR_BYTES).encode("ascii")
+    return f'{{"seq": {seq}, "hash": "{digest}"}}'.ljust(_ANCHOR_BYTES).encode("ascii")
 
 
 class _AnchorFile:
@@ -1416,6 +1418,9 @@ class _AnchorFile:
         self.path = path
         self._descriptor: int | None = None
         self._inode: tuple[int, int] | None = None
+        # The record this object last wrote and its seq: a file still holding
+        # exactly those bytes need not be parsed again.
+        self._written: tuple[bytes, int] | None = None
 
     def _open(self) -> int:
         try:
@@ -1442,10 +1447,18 @@ class _AnchorFile:
         (several processes may share the database)."""
         try:
             descriptor = self._open()
-            current = _parse_anchor(os.pread(descriptor, 4096, 0), self.path)
-            if current is not None and current[0] >= seq:
+            data = os.pread(descriptor, 4096, 0)
+            written = self._written
+            if written is not None and data == written[0]:
+                current_seq: int | None = written[1]
+            else:
+                current = _parse_anchor(data, self.path)
+                current_seq = None if current is None else current[0]
+            if current_seq is not None and current_seq >= seq:
                 return
-            os.pwrite(descriptor, _anchor_record(seq, digest), 0)
+            record = _anchor_record(seq, digest)
+            os.pwrite(descriptor, record, 0)
+            self._written = (record, seq)
         except (OSError, StoreError):
             return  # the anchor only lags: less to compare with, never a false refusal
 
@@ -1454,6 +1467,7 @@ class _AnchorFile:
             with contextlib.suppress(OSError):
                 os.close(self._descriptor)
         self._descriptor = self._inode = None
+        self._written = None
 
 
 def _split_sql(script: str) -> list[str]:
