@@ -596,8 +596,12 @@ class Store:
             raise StoreError(f"database {sanitize(self.path)} is open read-only")
         unit = _Unit(function, args)
         self._writer_thread().submit(unit)
+        future = unit._future
         with anyio.CancelScope(shield=True):
-            await unit.settled()
+            if future is not None:
+                await future  # (what `settled` awaits, one coroutine frame fewer)
+            else:
+                await unit.settled()
         if unit.error is not None:
             raise unit.error
         return unit.value  # type: ignore[no-any-return]
