@@ -595,9 +595,11 @@ class Store:
         if self.read_only:
             raise StoreError(f"database {sanitize(self.path)} is open read-only")
         unit = _Unit(function, args)
-        self._writer_thread().submit(unit)
         future = unit._future
         with anyio.CancelScope(shield=True):
+            # Submitted last, just before this task yields: the writer wakes needing
+            # the interpreter lock, and the loop lets go of it only once it waits.
+            self._writer_thread().submit(unit)
             if future is not None:
                 await future  # (what `settled` awaits, one coroutine frame fewer)
             else:
@@ -1317,7 +1319,7 @@ class _Writer:
                     if unit.error is None:
                         unit.error, unit.value = exc, None
             self.batches += 1
-            for unit in units:
+            for unit in units:  # last: each wakes a caller, who wants the lock next
                 unit.release()
 
 
