@@ -19,6 +19,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
+from hashlib import sha256 as _sha256
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Final
 
@@ -31,6 +32,7 @@ __all__ = [
     "JSONBoundaryError",
     "canonical_bytes",
     "canonical_json",
+    "json_string",
     "parse_json",
     "plain_json",
     "sha256_hex",
@@ -190,6 +192,44 @@ def _number_literal(number: int | Decimal | float) -> str:
 
 
 def _encode(value: Any, out: list[str]) -> None:
+    # The common kinds first, by exact type (a payload the runtime built itself is
+    # all dicts, lists, strings and ints); anything else, subclasses included, takes
+    # the general path below, which decides every case exactly as before.
+    kind = type(value)
+    if kind is str:
+        out.append(_encode_string(value))
+    elif kind is dict:
+        if not value:
+            out.append("{}")
+            return
+        separator = "{"
+        for key in sorted(value):
+            if type(key) is not str and not isinstance(key, str):
+                raise TypeError(f"object keys must be strings, not {type(key).__name__}")
+            out.append(separator)
+            separator = ","
+            out.append(_encode_string(key))
+            out.append(":")
+            item = value[key]
+            if type(item) is str:
+                out.append(_encode_string(item))
+            else:
+                _encode(item, out)
+        out.append("}")
+    elif kind is int:
+        out.append(int.__repr__(value))
+    elif kind is list:
+        separator = "["
+        for item in value:
+            out.append(separator)
+            separator = ","
+            _encode(item, out)
+        out.append("]" if separator == "," else "[]")
+    else:
+        _encode_other(value, out)
+
+
+def _encode_other(value: Any, out: list[str]) -> None:
     if isinstance(value, str):
         out.append(_encode_string(value))
     elif value is None:
@@ -237,6 +277,11 @@ def canonical_json(value: Any) -> str:
     return "".join(out)
 
 
+def json_string(text: str) -> str:
+    """`canonical_json` of a string, without the dispatch: the quoted, escaped text."""
+    return _encode_string(text)
+
+
 def canonical_bytes(value: Any) -> bytes:
     """`canonical_json` as UTF-8 bytes, the form every hash is taken over."""
     return canonical_json(value).encode("utf-8")
@@ -252,6 +297,4 @@ def plain_json(value: Any) -> Any:
 
 def sha256_hex(data: bytes) -> str:
     """SHA-256 of `data`, lowercase hex."""
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest()
+    return _sha256(data).hexdigest()

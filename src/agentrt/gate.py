@@ -224,11 +224,14 @@ class Gate:
         *,
         take_over: bool = False,
         current_token: object = _UNREAD,
+        recording: tuple[int, str] | None = None,
     ) -> str:
         """Inside a write transaction: take (or extend) the run's lease; return its token.
 
         `run` is the row as read in this transaction; `current_token` its lease
         token, read with it (`_take_running`) or, by default, read here.
+        `recording` is `(step_count, updated_at)` of a step being recorded, set
+        by the same update.
 
         The token stays while this gate keeps holding the lease; a lease taken
         anew (or `take_over`, after a process died) gets a fresh one.  Leases are
@@ -250,12 +253,21 @@ class Gate:
         held = self._lease_tokens.get(run.run_id)
         if take_over or held is None or (run.lease_owner, current_token) != (self.owner, held):
             held = uuid.uuid4().hex
-        cursor = connection.execute(
-            "UPDATE runs SET lease_owner = ?, lease_expires_at = ?, lease_token = ?"
-            " WHERE run_id = ?"
-            " AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
-            (self.owner, now + self.lease_ttl, held, run.run_id, self.owner, now),
-        )
+        if recording is None:
+            cursor = connection.execute(
+                "UPDATE runs SET lease_owner = ?, lease_expires_at = ?, lease_token = ?"
+                " WHERE run_id = ?"
+                " AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
+                (self.owner, now + self.lease_ttl, held, run.run_id, self.owner, now),
+            )
+        else:
+            cursor = connection.execute(
+                "UPDATE runs SET lease_owner = ?, lease_expires_at = ?, lease_token = ?,"
+                " step_count = ?, updated_at = ? WHERE run_id = ?"
+                " AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
+                (self.owner, now + self.lease_ttl, held, *recording, run.run_id, self.owner,
+                 now),
+            )  # fmt: skip
         if cursor.rowcount != 1:
             raise RunStateError(f"run {sanitize(run.run_id)} was taken by another process")
         self._lease_tokens[run.run_id] = held
@@ -575,7 +587,9 @@ class Gate:
 
         request = ToolRequest(registered.spec, args, arguments, run_id, step_number)
         decision_made = await self._evaluate(request, run)
-        return await self._apply_decision(run, step_number, registered, request, decision_made)
+        return await self._apply_decision(
+            run, step_number, registered, request, decision_made, view.recent
+        )
 
     def _check_request(
         self, tool_name: str, args: str
@@ -635,12 +649,20 @@ class Gate:
         return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="invalid")
 
     def _take_running(
-        self, connection: Connection, run_id: str, decided_on: RunRecord | None = None
+        self,
+        connection: Connection,
+        run_id: str,
+        decided_on: RunRecord | None = None,
+        *,
+        recording: tuple[int, str] | None = None,
     ) -> RunRecord:
         """Inside a write transaction: the run, still running, with this gate's lease on it.
 
         `decided_on` is the view the caller decided with: if the run has moved
         since (another step recorded), `_StaleView` has the caller decide again.
+        `recording` is `(step, started_at)` of the step the caller records: the
+        lease's update also counts it on the run.  The row returned is as read,
+        before that update.
         """
         fresh, token = self.store.read_run(connection, run_id)
         if fresh.status is not RunStatus.RUNNING:
@@ -650,7 +672,12 @@ class Gate:
             decided_on.consecutive_failures,
         ):
             raise _StaleView(run_id)
-        self._acquire_lease(connection, fresh, time.time(), current_token=token)
+        if recording is not None and fresh.step_count + 1 != recording[0]:
+            # Another step was recorded while the policy decided this one.
+            raise RunStateError(f"run {sanitize(run_id)} moved on while its policy decided")
+        self._acquire_lease(
+            connection, fresh, time.time(), current_token=token, recording=recording
+        )
         return fresh
 
     def _check_running(
@@ -668,6 +695,7 @@ class Gate:
         registered: _Registered,
         request: ToolRequest,
         decided: PolicyDecision,
+        recent: tuple[StepRecord, ...],
     ) -> StepOutcome:
         now = time.time()
         name, args = registered.spec.name, request.args
@@ -676,7 +704,7 @@ class Gate:
         )
         self._notify()
         return await self._carry_out(
-            run.run_id, step_number, registered, args, decided, approval, token
+            run.run_id, step_number, registered, args, decided, approval, token, recent=recent
         )
 
     async def _carry_out(
@@ -689,8 +717,13 @@ class Gate:
         approval: ApprovalRecord | None,
         token: str,
         on_end: Callable[[Connection, RunStatus], None] | None = None,
+        *,
+        recent: tuple[StepRecord, ...] | None = None,
     ) -> StepOutcome:
-        """What follows a recorded step: its observation, its approval, or its call."""
+        """What follows a recorded step: its observation, its approval, or its call.
+
+        `recent` is the run's last steps before this one, as the step was decided
+        on them (the view's), or None when unknown."""
         name = registered.spec.name
         if decided.outcome is Outcome.DENY:
             observation = Observation(
@@ -704,7 +737,9 @@ class Gate:
                 run_id, RunStatus.WAITING_FOR_APPROVAL, approval=approval,
                 reason="waiting_for_approval",
             )  # fmt: skip
-        return await self._execute(run_id, step_number, registered, args, token, on_end)
+        return await self._execute(
+            run_id, step_number, registered, args, token, on_end, recent=recent
+        )
 
     def _record_step(
         self,
@@ -719,20 +754,17 @@ class Gate:
         """The request, its policy decision, and (if allowed) the `executing` mark: one commit."""
         started = utc_now()
         approval: ApprovalRecord | None = None
-        fresh = self._take_running(connection, run.run_id, run)
+        self._take_running(connection, run.run_id, run, recording=(step_number, started))
         token = self._lease_tokens[run.run_id]
-        if fresh.step_count + 1 != step_number:
-            # Another step was recorded while the policy decided this one.
-            raise RunStateError(f"run {sanitize(run.run_id)} moved on while its policy decided")
+        allowed = decided.outcome is Outcome.ALLOW
+        # An allowed step goes straight to `executing` (its `tool_started` event
+        # below): `recorded` would be visible to nobody, inside this transaction.
         connection.execute(
             "INSERT INTO steps (run_id, step, tool, args, status, started_at)"
-            " VALUES (?, ?, ?, ?, 'recorded', ?)",
-            (run.run_id, step_number, name, args, started),
-        )
-        connection.execute(
-            "UPDATE runs SET step_count = ?, updated_at = ? WHERE run_id = ?",
-            (step_number, started, run.run_id),
-        )
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (run.run_id, step_number, name, args,
+             "executing" if allowed else "recorded", started),
+        )  # fmt: skip
         self.store.append_event(
             connection, run.run_id, "step_recorded",
             {"step": step_number, "tool": name, "args": args},
@@ -757,7 +789,9 @@ class Gate:
                 connection, run.run_id, step_number, name, args, decided, now
             )
         else:
-            self._mark_executing(connection, run.run_id, step_number, name)
+            self.store.append_event(
+                connection, run.run_id, "tool_started", {"step": step_number, "tool": name}
+            )
         return approval, token
 
     def _set_step(
@@ -779,6 +813,26 @@ class Gate:
             self.store.append_event(
                 connection, run_id, "step_denied", {"step": step, "reason": content or ""}
             )
+
+    def _finish_step(
+        self,
+        connection: Connection,
+        run_id: str,
+        step: int,
+        status: StepStatus,
+        observation_kind: str,
+        content: str,
+        summary: str | None,
+        finished: str,
+    ) -> str | None:
+        """Set an executing step's outcome; its start time, or None if it was not executing."""
+        row = connection.execute(
+            "UPDATE steps SET status = ?, observation_kind = ?, content = ?, summary = ?,"
+            " finished_at = ? WHERE run_id = ? AND step = ? AND status = 'executing'"
+            " RETURNING started_at",
+            (str(status), observation_kind, content, summary, finished, run_id, step),
+        ).fetchone()
+        return None if row is None else str(row[0])
 
     def _request_approval(
         self,
@@ -846,6 +900,8 @@ class Gate:
         args: str,
         token: str,
         on_end: Callable[[Connection, RunStatus], None] | None = None,
+        *,
+        recent: tuple[StepRecord, ...] | None = None,
     ) -> StepOutcome:
         spec = registered.spec
         call = ToolCall(args=args, tool=spec.name, run_id=run_id, step=step)
@@ -855,9 +911,13 @@ class Gate:
             if spec.timeout <= self.lease_ttl / 2:
                 # The lease was taken for lease_ttl just before this call, and
                 # the call ends at its timeout with half the lease left: no
-                # renewal can be missed, so no heartbeat task is needed.
-                with anyio.fail_after(spec.timeout):
+                # renewal can be missed, so no heartbeat task is needed.  (What
+                # `anyio.fail_after` does, without its two generator layers.)
+                scope = anyio.CancelScope(deadline=anyio.current_time() + spec.timeout)
+                with scope:
                     result = await registered.tool.call(call)
+                if scope.cancelled_caught and anyio.current_time() >= scope.deadline:
+                    raise TimeoutError
             else:
                 result = await self._call_with_heartbeat(registered.tool, call, run_id)
         except TimeoutError:
@@ -874,7 +934,9 @@ class Gate:
                     parse_json(result.content)
                 except JSONBoundaryError as exc:
                     error = f"the tool {spec.name} returned content that is not valid JSON: {exc}"
-        return await self._record_result(run_id, step, spec, args, result, error, token, on_end)
+        return await self._record_result(
+            run_id, step, spec, args, result, error, token, on_end, recent
+        )
 
     async def _call_with_heartbeat(self, tool: Tool, call: ToolCall, run_id: str) -> ToolResult:
         """Call a tool that may outlast its lease, renewing the lease until it returns."""
@@ -904,6 +966,7 @@ class Gate:
         error: str | None,
         token: str,
         on_end: Callable[[Connection, RunStatus], None] | None = None,
+        recent: tuple[StepRecord, ...] | None = None,
     ) -> StepOutcome:
         """Record what the tool returned; the tool was called, so this fact is never lost.
 
@@ -914,8 +977,9 @@ class Gate:
         """
         try:
             status, run_result, view = await self.store.write(
-                self._write_result, run_id, step, spec, result, error, token, on_end
-            )
+                self._write_result, run_id, step, spec, args, result, error, token, on_end,
+                recent,
+            )  # fmt: skip
         except Exception as exc:
             if isinstance(exc, StoreBusy):
                 # The database stayed locked for the whole busy deadline; a
@@ -940,57 +1004,62 @@ class Gate:
         run_id: str,
         step: int,
         spec: ToolSpec,
+        args: str,
         result: ToolResult | None,
         error: str | None,
         token: str,
         on_end: Callable[[Connection, RunStatus], None] | None = None,
+        recent: tuple[StepRecord, ...] | None = None,
     ) -> tuple[RunStatus, str | None, _RunView | None]:
         """Record the result; return the run's status, its result if it ended, and its
-        view for the next step (read here, in the same transaction)."""
+        view for the next step (from what this transaction read and wrote).
+
+        `recent` is the run's last steps before this one as the step was decided
+        on them; with it the view's steps need no read.
+        """
         finished = utc_now()
         run_result: str | None = None
-        holder = connection.execute(
-            "SELECT runs.lease_token, steps.status FROM runs JOIN steps USING (run_id)"
-            " WHERE run_id = ? AND steps.step = ?",
-            (run_id, step),
-        ).fetchone()
-        if holder is None or holder[0] != token or holder[1] != StepStatus.EXECUTING:
-            # Another gate took the run over (and decided what this step is) while
-            # the tool ran: only the holder of the acquisition that started a call
-            # records its result.
+        if error is not None:
+            raw_content = (
+                result.content if result is not None and isinstance(result.content, str) else ""
+            )
+            step_status, kind, content = StepStatus.FAILED, "tool_error", error
+            summary = raw_content[:_MAX_ERROR_CHARS] or None
+        else:
+            assert result is not None
+            step_status, kind, content = StepStatus.SUCCEEDED, "result", result.content
+            summary = result.summary
+        # Each update names what it expects (the lease acquisition that started
+        # the call, the step still executing) and returns the row it left: a
+        # miss means another gate took the run over (and decided what this step
+        # is) while the tool ran, and only the holder of the acquisition that
+        # started a call records its result.  The unit then rolls back whole.
+        run = self.store.count_result(
+            connection, run_id, token, failed=error is not None, at=finished
+        )
+        started_at = (
+            None
+            if run is None
+            else self._finish_step(connection, run_id, step, step_status, kind, content,
+                                   summary, finished)
+        )  # fmt: skip
+        if run is None or started_at is None:
             raise LeaseLost(
                 f"run {sanitize(run_id)} was taken over while step {step} ran; "
                 "its result belongs to nobody now"
             )
         if error is not None:
-            raw_content = (
-                result.content if result is not None and isinstance(result.content, str) else ""
-            )
-            self._set_step(connection, run_id, step, StepStatus.FAILED, "tool_error", error,
-                           raw_content[:_MAX_ERROR_CHARS] or None)  # fmt: skip
-            connection.execute(
-                "UPDATE runs SET consecutive_failures = consecutive_failures + 1,"
-                " updated_at = ? WHERE run_id = ?",
-                (finished, run_id),
-            )
             self.store.append_event(
                 connection, run_id, "tool_error",
                 {"step": step, "tool": spec.name, "error": error},
             )  # fmt: skip
         else:
             assert result is not None
-            self._set_step(connection, run_id, step, StepStatus.SUCCEEDED, "result",
-                           result.content, result.summary)  # fmt: skip
-            connection.execute(
-                "UPDATE runs SET consecutive_failures = 0, updated_at = ? WHERE run_id = ?",
-                (finished, run_id),
-            )
             self.store.append_event(
                 connection, run_id, "tool_finished",
                 {"step": step, "tool": spec.name, "content": result.content,
                  "summary": result.summary},
             )  # fmt: skip
-        run = self.store.get_run(run_id)
         status = run.status
         if status is RunStatus.RUNNING and error is None and spec.terminal:
             assert result is not None
@@ -999,8 +1068,32 @@ class Gate:
             status = RunStatus.COMPLETED
         if on_end is not None:
             on_end(connection, status)
-        view = _RunView(run, self._recent_steps(run)) if status is RunStatus.RUNNING else None
-        return status, run_result, view
+        if status is not RunStatus.RUNNING:
+            return status, run_result, None
+        this_step = StepRecord(run_id, step, spec.name, args, step_status, kind, content,
+                               summary, started_at, finished)  # fmt: skip
+        return status, run_result, _RunView(run, self._steps_after(run, recent, this_step))
+
+    def _steps_after(
+        self, run: RunRecord, recent: tuple[StepRecord, ...] | None, this_step: StepRecord
+    ) -> tuple[StepRecord, ...]:
+        """The last steps loop detection looks at, once `this_step` was recorded.
+
+        From the steps the step was decided on when they were the full window
+        before it (the view was checked against the row when the step was
+        recorded, and a finished step's row does not change), else read.
+        """
+        window = self.limits.loop_window
+        if window <= 0 or run.step_count < window:
+            return ()
+        if (
+            recent is not None
+            and len(recent) == window
+            and recent[-1].step == this_step.step - 1
+            and run.step_count == this_step.step
+        ):
+            return (*recent[1:], this_step)
+        return self._recent_steps(run)
 
     async def _finish(
         self,

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import anyio.to_thread
 
-from .canonical import canonical_bytes, canonical_json, parse_json, sha256_hex
+from .canonical import canonical_bytes, canonical_json, json_string, parse_json, sha256_hex
 from .errors import RunNotFound, StoreBusy, StoreConflict, StoreError, UnsafeDatabase
 from .sanitize import sanitize
 
@@ -137,6 +137,11 @@ class ApprovalStatus(enum.StrEnum):
     EXPIRED = "expired"
     SUPERSEDED = "superseded"
     USED = "used"
+
+
+# A stored status to its member by one dict lookup (an enum's own call costs more).
+_RUN_STATUSES: Final = {status.value: status for status in RunStatus}
+_STEP_STATUSES: Final = {status.value: status for status in StepStatus}
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,9 +247,19 @@ def is_postgres_url(target: object) -> bool:
     return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
 
 
+# The text of the current second, kept: `utc_now` runs several times a step.
+_utc_second: tuple[int, str] = (-1, "")
+
+
 def utc_now() -> str:
-    """The current UTC time as ISO 8601 with microseconds."""
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """The current UTC time as ISO 8601 with microseconds (`2026-12-01T16:41:50.521022Z`)."""
+    global _utc_second
+    second, micros = divmod(time.time_ns() // 1_000, 1_000_000)
+    cached = _utc_second
+    if cached[0] != second:
+        cached = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+        _utc_second = cached  # one tuple, replaced whole: safe across threads
+    return f"{cached[1]}.{micros:06d}Z"
 
 
 def epoch_to_iso(epoch: float) -> str:
@@ -282,12 +297,12 @@ def event_hash(
     is parsed or re-encoded to hash it.
     """
     envelope = (
-        '{"created_at":' + canonical_json(created_at)
+        '{"created_at":' + json_string(created_at)
         + ',"payload":' + payload_text
-        + ',"prev_hash":' + canonical_json(prev_hash)
-        + ',"run_id":' + canonical_json(run_id)
+        + ',"prev_hash":' + json_string(prev_hash)
+        + ',"run_id":' + json_string(run_id)
         + ',"seq":' + str(seq)
-        + ',"type":' + canonical_json(type_)
+        + ',"type":' + json_string(type_)
         + "}"
     )  # fmt: skip
     return sha256_hex(envelope.encode("utf-8"))
@@ -429,11 +444,22 @@ def _tighten_sidecars(path: Path) -> None:
             os.chmod(sidecar, 0o600)
 
 
+def _run_status(value: str) -> RunStatus:
+    status = _RUN_STATUSES.get(value)
+    return status if status is not None else RunStatus(value)
+
+
+def _step_status(value: str) -> StepStatus:
+    status = _STEP_STATUSES.get(value)
+    return status if status is not None else StepStatus(value)
+
+
 def _row_to_run(row: Any) -> RunRecord:
+    metadata = row["metadata"]
     return RunRecord(
         run_id=row["run_id"],
         goal=row["goal"],
-        status=RunStatus(row["status"]),
+        status=_run_status(row["status"]),
         reason=row["reason"],
         result=row["result"],
         created_at=row["created_at"],
@@ -442,7 +468,7 @@ def _row_to_run(row: Any) -> RunRecord:
         consecutive_failures=row["consecutive_failures"],
         lease_owner=row["lease_owner"],
         lease_expires_at=row["lease_expires_at"],
-        metadata=json.loads(row["metadata"]),
+        metadata={} if metadata == "{}" else json.loads(metadata),
         deadline_at=row["deadline_at"],
     )
 
@@ -453,7 +479,7 @@ def _row_to_step(row: Any) -> StepRecord:
         step=row["step"],
         tool=row["tool"],
         args=row["args"],
-        status=StepStatus(row["status"]),
+        status=_step_status(row["status"]),
         observation_kind=row["observation_kind"],
         content=row["content"],
         summary=row["summary"],
@@ -569,9 +595,15 @@ class Store:
         if self.read_only:
             raise StoreError(f"database {sanitize(self.path)} is open read-only")
         unit = _Unit(function, args)
-        self._writer_thread().submit(unit)
+        future = unit._future
         with anyio.CancelScope(shield=True):
-            await unit.settled()
+            # Submitted last, just before this task yields: the writer wakes needing
+            # the interpreter lock, and the loop lets go of it only once it waits.
+            self._writer_thread().submit(unit)
+            if future is not None:
+                await future  # (what `settled` awaits, one coroutine frame fewer)
+            else:
+                await unit.settled()
         if unit.error is not None:
             raise unit.error
         return unit.value  # type: ignore[no-any-return]
@@ -948,6 +980,20 @@ class Store:
             raise RunNotFound(f"no run {sanitize(run_id)} in {sanitize(self.path)}")
         return _row_to_run(row), row["lease_token"]
 
+    def count_result(
+        self, connection: Connection, run_id: str, token: str, *, failed: bool, at: str
+    ) -> RunRecord | None:
+        """Inside a write: count a step's result on the run (its failure streak, its
+        update time), compared and set on the lease token that started the call;
+        the row as this left it, or None if the run is no longer under `token`."""
+        streak = "consecutive_failures + 1" if failed else "0"
+        row = connection.execute(
+            f"UPDATE runs SET consecutive_failures = {streak}, updated_at = ?"
+            " WHERE run_id = ? AND lease_token = ? RETURNING *",
+            (at, run_id, token),
+        ).fetchone()
+        return None if row is None else _row_to_run(row)
+
     def list_runs(self, limit: int = 50, offset: int = 0) -> list[RunRecord]:
         """Runs newest first, those waiting for an approval in front."""
         rows = self._query(
@@ -1179,35 +1225,45 @@ class Store:
 class _Unit:
     """One caller's `Store.write`: the function, then its outcome once its batch settled."""
 
-    __slots__ = ("_done", "_event", "_loop", "args", "error", "function", "value")
+    __slots__ = ("_done", "_future", "_loop", "args", "error", "function", "value")
 
     def __init__(self, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self.function = function
         self.args = args
         self.value: Any = None
         self.error: BaseException | None = None
-        # On asyncio the writer wakes the caller's loop directly (no thread per
-        # waiter); on another backend the caller waits in a worker thread.
+        # On asyncio the writer wakes the caller's loop directly, through a bare
+        # future (no thread per waiter, no event object between them); on another
+        # backend the caller waits in a worker thread.
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
-        self._event = anyio.Event() if self._loop is not None else None
-        self._done = threading.Event() if self._loop is None else None
+        if self._loop is not None:
+            self._future: asyncio.Future[None] | None = self._loop.create_future()
+            self._done: threading.Event | None = None
+        else:
+            self._future = None
+            self._done = threading.Event()
 
     def release(self) -> None:
         """Called by the writer once the unit's outcome is final and durable."""
         if self._done is not None:
             self._done.set()
-        if self._loop is not None and self._event is not None:
+        elif self._loop is not None and self._future is not None:
             with contextlib.suppress(RuntimeError):  # the caller's loop already closed
-                self._loop.call_soon_threadsafe(self._event.set)
+                self._loop.call_soon_threadsafe(_resolve, self._future)
 
     async def settled(self) -> None:
-        if self._event is not None:
-            await self._event.wait()
+        if self._future is not None:
+            await self._future
         elif self._done is not None:
             await anyio.to_thread.run_sync(self._done.wait)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 # Enough to share one fsync among many callers, few enough that one batch's
@@ -1244,11 +1300,9 @@ class _Writer:
             units = [first]
             # Whatever queued while the last batch committed joins this one:
             # nobody waits for a timer, and under load every fsync is shared.
-            while len(units) < _MAX_BATCH:
-                try:
-                    unit = self._queue.get_nowait()
-                except queue.Empty:
-                    break
+            # (This thread is the queue's only reader: not empty means a get succeeds.)
+            while len(units) < _MAX_BATCH and not self._queue.empty():
+                unit = self._queue.get_nowait()
                 if unit is None:
                     stopping = True
                     break
@@ -1265,7 +1319,7 @@ class _Writer:
                     if unit.error is None:
                         unit.error, unit.value = exc, None
             self.batches += 1
-            for unit in units:
+            for unit in units:  # last: each wakes a caller, who wants the lock next
                 unit.release()
 
 
@@ -1347,7 +1401,11 @@ _ANCHOR_BYTES: Final = 128
 
 
 def _anchor_record(seq: int, digest: str) -> bytes:
-    return json.dumps({"seq": seq, "hash": digest}).ljust(_ANCHOR_BYTES).encode("ascii")
+    # json.dumps({"seq": seq, "hash": digest}) for an int and a hex digest, by hand
+    # (written after every commit).
+    if not (type(seq) is int and len(digest) == 64 and digest.isalnum() and digest.isascii()):
+        return json.dumps({"seq": seq, "hash": digest}).ljust(_ANCHOR_BYTES).encode("ascii")
+    return f'{{"seq": {seq}, "hash": "{digest}"}}'.ljust(_ANCHOR_BYTES).encode("ascii")
 
 
 class _AnchorFile:
@@ -1366,6 +1424,9 @@ class _AnchorFile:
         self.path = path
         self._descriptor: int | None = None
         self._inode: tuple[int, int] | None = None
+        # The record this object last wrote and its seq: a file still holding
+        # exactly those bytes need not be parsed again.
+        self._written: tuple[bytes, int] | None = None
 
     def _open(self) -> int:
         try:
@@ -1392,10 +1453,18 @@ class _AnchorFile:
         (several processes may share the database)."""
         try:
             descriptor = self._open()
-            current = _parse_anchor(os.pread(descriptor, 4096, 0), self.path)
-            if current is not None and current[0] >= seq:
+            data = os.pread(descriptor, 4096, 0)
+            written = self._written
+            if written is not None and data == written[0]:
+                current_seq: int | None = written[1]
+            else:
+                current = _parse_anchor(data, self.path)
+                current_seq = None if current is None else current[0]
+            if current_seq is not None and current_seq >= seq:
                 return
-            os.pwrite(descriptor, _anchor_record(seq, digest), 0)
+            record = _anchor_record(seq, digest)
+            os.pwrite(descriptor, record, 0)
+            self._written = (record, seq)
         except (OSError, StoreError):
             return  # the anchor only lags: less to compare with, never a false refusal
 
@@ -1404,6 +1473,7 @@ class _AnchorFile:
             with contextlib.suppress(OSError):
                 os.close(self._descriptor)
         self._descriptor = self._inode = None
+        self._written = None
 
 
 def _split_sql(script: str) -> list[str]:

@@ -195,6 +195,41 @@ async def test_loop_detection_ends_a_run_repeating_itself(db: Path) -> None:
     assert len(read.calls) == 3
 
 
+async def test_the_view_a_result_leaves_is_what_a_fresh_read_of_the_run_gives(db: Path) -> None:
+    # The next step's view (the run and its last steps) is built from what the
+    # result's transaction wrote, not read again: it must equal a fresh read,
+    # field for field, through successes, a tool error and an invalid step.
+    read = RecordingTool("read", SideEffect.READ_ONLY, content='{"text":"x"}')
+    broken = RecordingTool("broken", SideEffect.READ_ONLY, error=RuntimeError("no"))
+    gate = Gate(open_store(db), [read, broken], limits=Limits(loop_window=3))
+    run_id = await gate.start("views")
+    decisions = [Decision.tool_call("read", f'{{"path": "{index}"}}') for index in range(4)] + [
+        Decision.tool_call("broken", '{"path": "b"}'),
+        Decision.tool_call("read", '{"path": 7}'),  # invalid: leaves no view
+        Decision.tool_call("read", '{"path": "after"}'),
+        Decision.tool_call("read", '{"path": "same"}'),
+        Decision.tool_call("read", '{"path": "same"}'),
+    ]
+    compared = 0
+    for decision in decisions:
+        outcome = await gate.step(run_id, decision)
+        assert outcome.status is RunStatus.RUNNING
+        view = gate._views.get(run_id)
+        if outcome.reason == "invalid":
+            assert view is None
+            continue
+        assert view is not None
+        fresh = await gate.store.run(gate._read_view, run_id)
+        assert view == fresh
+        compared += 1
+    assert compared == len(decisions) - 1
+    # The derived window still ends a run repeating itself.
+    outcome = await gate.step(run_id, Decision.tool_call("read", '{"path": "same"}'))
+    assert outcome.status is RunStatus.RUNNING
+    outcome = await gate.step(run_id, Decision.tool_call("read", '{"path": "same"}'))
+    assert (outcome.status, outcome.reason) == (RunStatus.FAILED, "loop_detected")
+
+
 async def test_deadline_ends_the_run(db: Path) -> None:
     # The deadline is wide enough for a slow machine to reach the first call
     # (opening the store and committing the run take fsyncs), and the call

@@ -246,6 +246,40 @@ async def test_a_late_result_is_not_recorded_over_a_run_taken_over_mid_call(
     assert store.verify_chain().ok and store.verify_state().ok
 
 
+async def test_a_result_for_a_step_no_longer_executing_writes_nothing_under_the_same_lease(
+    database: str | Path,
+) -> None:
+    # The result's first update (the run, compared on the lease token) succeeds
+    # here; its second (the step, compared on `executing`) does not: the whole
+    # unit rolls back, so the run row keeps what it held, not half a result.
+    store = open_store(database)
+    tool = _Hook("write", timeout=5.0)
+    gate = Gate(store, [tool], policy=_ALLOW_ALL, lease_ttl=30.0)
+    run_id = await gate.start("the step was decided elsewhere while the tool ran")
+    before: dict[str, object] = {}
+
+    async def decide_the_step_elsewhere() -> None:
+        raw = raw_connect(database)
+        raw.execute(
+            "UPDATE steps SET status = 'interrupted' WHERE run_id = ? AND step = 1", (run_id,)
+        )
+        raw.close()
+        run = store.get_run(run_id)
+        before["row"] = (run.consecutive_failures, run.updated_at, run.step_count)
+        before["events"] = store.count_events(run_id)
+
+    tool.during = decide_the_step_elsewhere
+    with pytest.raises(ResultNotRecorded) as refused:
+        await gate.step(run_id, Decision.tool_call("write", "{}"))
+    assert isinstance(refused.value.cause, LeaseLost)
+    run = store.get_run(run_id)
+    assert (run.consecutive_failures, run.updated_at, run.step_count) == before["row"]
+    assert store.count_events(run_id) == before["events"]
+    step = store.get_step(run_id, 1)
+    assert step is not None and step.status is StepStatus.INTERRUPTED and step.content is None
+    assert store.verify_chain().ok
+
+
 async def test_a_gate_retaking_its_own_lapsed_lease_refuses_the_old_calls_result(
     database: str | Path,
 ) -> None:

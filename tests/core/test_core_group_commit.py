@@ -266,6 +266,27 @@ async def test_the_anchor_rewritten_in_place_follows_a_file_put_over_it(tmp_path
 
 
 @pytest.mark.anyio
+async def test_the_anchor_keeps_a_later_head_another_writer_put_in_place(tmp_path: Path) -> None:
+    # The store remembers the record it last wrote, so it need not parse the file
+    # again while it still holds those bytes; a record another process wrote in
+    # place (same file, later seq) differs, is read, and is not moved back.
+    db = tmp_path / "runs.db"
+    store = open_store(db)
+    first = await store.write(_note, store, "one")
+    anchor = Path(f"{db}.anchor")
+    later = {"seq": first + 2, "hash": "f" * 64}
+    with anchor.open("r+b") as handle:
+        handle.write(json.dumps(later).ljust(128).encode("ascii"))
+    assert await store.write(_note, store, "two") == first + 1
+    assert json.loads(anchor.read_text()) == later
+    assert await store.write(_note, store, "three") == first + 2
+    assert json.loads(anchor.read_text()) == later
+    fourth = await store.write(_note, store, "four")
+    assert json.loads(anchor.read_text()) == {"seq": fourth, "hash": store.head()[1]}
+    store.close()
+
+
+@pytest.mark.anyio
 async def test_a_failing_write_alone_in_its_batch_leaves_nothing(database: str | Path) -> None:
     store = open_store(database)
     kept = await store.write(_note, store, "kept")
