@@ -1,11 +1,13 @@
-"""Over streamable HTTP the proxy chooses per request how to answer a call.
+"""Over streamable HTTP the proxy chooses per request how to answer it.
 
-A `tools/call` that can send nothing else to its host is answered in one
-`application/json` body; one with a `progressToken`, or during which the
-server may ask the host something the host declared it answers, on a
-`text/event-stream` that carries those first.  One proxy for the module, over
-HTTP, in front of the conformance server (a real MCP server over stdio);
-hosts are httpx2 for the raw headers and the SDK's ClientSession.
+A request whose response is the first thing the server has for it is
+answered in one `application/json` body; one that sends progress (under the
+host's `progressToken`), log lines or a request to the host (an elicitation)
+first is answered on a `text/event-stream` carrying those, the response
+last.  One proxy for the module, over HTTP, in front of the conformance
+server (a real MCP server over stdio); hosts are httpx2 for the raw headers
+and the SDK's ClientSession.  The logging test sets the proxy's level for
+the process (2025 hosts get the lines on their standalone stream), so it runs last.
 """
 
 from __future__ import annotations
@@ -33,8 +35,6 @@ from proxy_helpers import AGENTRT, text_of, write_private
 
 from agentrt.mcp import Server, pin
 from agentrt.proxy._http import listen
-from agentrt.proxy._streamable import QuietCalls
-from agentrt.proxy.config import UpstreamConfig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -113,12 +113,17 @@ class RawHost:
         return {"accept": ACCEPT, "content-type": "application/json",
                 "mcp-session-id": self.session_id, "mcp-protocol-version": PROTOCOL}  # fmt: skip
 
-    async def call(self, name: str, meta: dict[str, Any] | None = None) -> httpx2.Response:
-        params: dict[str, Any] = {"name": name, "arguments": {}}
+    async def call(
+        self, name: str, meta: dict[str, Any] | None = None, **arguments: Any
+    ) -> httpx2.Response:
+        params: dict[str, Any] = {"name": name, "arguments": arguments}
         if meta is not None:
             params["_meta"] = meta
+        return await self.request("tools/call", params)
+
+    async def request(self, method: str, params: dict[str, Any]) -> httpx2.Response:
         self.next_id += 1
-        body = {"jsonrpc": "2.0", "id": self.next_id, "method": "tools/call", "params": params}
+        body = {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}
         return await self.client.post(self.url, json=body, headers=self.headers())
 
 
@@ -205,11 +210,11 @@ async def test_a_call_whose_server_asks_a_capable_host_is_streamed_and_the_reque
     answers: list[tuple[str, str]] = []
     async with sdk_host(running.url, answers, elicitation_callback=on_elicit) as session:
         asking = await session.call_tool("test_elicitation", {"message": "Who are you?"})
-        # The proxy's own tool asks no one: answered alone even for a host that can be asked.
-        own = await session.call_tool("gate_status", {})
+        # The same host and server, a call that asks nothing: one JSON body.
+        plain = await session.call_tool("test_simple_text", {})
     assert asked == ["Who are you?"]
     assert not asking.is_error and "ada" in text_of(asking)
-    assert not own.is_error
+    assert not plain.is_error
     calls = [kind for method, kind in answers if method == "tools/call"]
     assert calls[0].startswith("text/event-stream") and calls[1] == "application/json"
 
@@ -222,31 +227,20 @@ async def test_a_host_that_cannot_answer_is_never_asked_and_gets_json(running: R
     assert [kind for method, kind in answers if method == "tools/call"] == ["application/json"]
 
 
-def test_only_a_call_that_can_send_nothing_else_is_answered_alone() -> None:
-    def upstream(**client_requests: str) -> UpstreamConfig:
-        server = Server(name="conf", command=[sys.executable, str(CONFORMANCE)])
-        return UpstreamConfig(server, Path("conf.manifest.json"), {},
-                              client_requests=client_requests)  # fmt: skip
+@pytest.mark.slow
+async def test_a_call_silent_for_15_seconds_is_streamed_with_keep_alives(running: Running) -> None:
+    # Nothing for the host for 16 s: the answer becomes an event stream kept alive by a
+    # comment, as the SDK's streams are, so a host reading with an idle timeout still sees bytes.
+    async with raw_host(running.url) as host:
+        answer = await host.call("test_elicitation_later", seconds=16, ask=False)
+    assert answer.headers["content-type"].startswith("text/event-stream")
+    assert ": ping" in answer.text
+    (result,) = _sse_messages(answer.text)
+    assert result["id"] == host.next_id and "asked nothing" in text_of_raw(result)
 
-    asking, refusing = upstream(elicitation="forward"), upstream(sampling="refuse")
-    level: list[str | None] = [None]
-    quiet = QuietCalls({"ask": asking, "plain": refusing}, lambda: level[0])
 
-    def call(name: str, **meta: Any) -> types.JSONRPCRequest:
-        params: dict[str, Any] = {"name": name, "arguments": {}}
-        if meta:
-            params["_meta"] = meta
-        return types.JSONRPCRequest(jsonrpc="2.0", id=1, method="tools/call", params=params)
-
-    capable = {"elicitation": {}}
-    assert quiet.answer_alone(call("plain"), capable)
-    assert quiet.answer_alone(call("ask"), {})  # the host cannot be asked
-    assert not quiet.answer_alone(call("ask"), capable)
-    assert not quiet.answer_alone(call("plain", progressToken=0), {})
-    listing = types.JSONRPCRequest(jsonrpc="2.0", id=2, method="tools/list", params={})
-    assert not quiet.answer_alone(listing, {})
-    level[0] = "debug"  # a host set a logging level: server logs may be due to it
-    assert not quiet.answer_alone(call("plain"), {})
+def text_of_raw(message: dict[str, Any]) -> str:
+    return "".join(block.get("text", "") for block in message["result"]["content"])
 
 
 async def test_the_listener_turns_nagle_off_on_every_connection_it_accepts() -> None:
@@ -267,3 +261,24 @@ async def test_the_listener_turns_nagle_off_on_every_connection_it_accepts() -> 
         writer.close()
     finally:
         server.close()
+
+
+async def test_a_calls_log_lines_reach_the_host_on_its_own_stream_while_the_call_gets_json(
+    running: Running,
+) -> None:
+    lines: list[str] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        lines.append(str(params.data))
+
+    answers: list[tuple[str, str]] = []
+    async with sdk_host(running.url, answers, logging_callback=on_log) as session:
+        await session.set_logging_level("info")
+        result = await session.call_tool("test_tool_with_logging", {})
+        # Forwarded on the host's standalone GET stream, which may deliver after the result.
+        with anyio.fail_after(20):
+            while len(lines) < 3:
+                await anyio.sleep(0.05)
+    assert not result.is_error
+    assert lines == ["Tool execution started", "Tool processing data", "Tool execution completed"]
+    assert [kind for method, kind in answers if method == "tools/call"] == ["application/json"]

@@ -26,7 +26,7 @@ from mcp.server.lowlevel import Server as LowLevelServer
 
 from ..sanitize import sanitize
 from ._host_messages import Refusal, screen
-from ._streamable import QuietCalls, streamable_http_app
+from ._streamable import streamable_http_app
 from .config import ConfigError
 
 __all__ = ["allowed_host_names", "is_loopback", "serve_http", "split_http"]
@@ -193,17 +193,16 @@ async def serve_http(
     log: IO[str],
     stopping: anyio.Event,
     listener: socket.socket,
-    quiet: QuietCalls,
 ) -> None:
     """Serve streamable HTTP on `listener` (from `listen`) until `stopping` is set;
-    calls in flight then finish.  `quiet` says which calls are answered in one JSON body."""
+    calls in flight then finish."""
     import uvicorn
     from mcp.server.transport_security import TransportSecuritySettings
 
     # The SDK knows only three loopback names (and turns its check off for
     # every other address); the listener's own guard below covers them all.
     security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    app: Any = ScreenBodies(streamable_http_app(server, quiet, security), log)
+    app: Any = ScreenBodies(streamable_http_app(server, security), log)
     if token is not None:
         app = RequireToken(app, token)
     if is_loopback(host):

@@ -51,7 +51,6 @@ from ._index import CallIndex, CallRow, Settled
 from ._input_required import HostCall, Question, Suspended
 from ._offers import Offered, OfferTool, hidden_name
 from ._stdio import StdioWire, stdio_wire
-from ._streamable import QuietCalls
 from .config import (
     DEFAULT_SERVER_TIMEOUT,
     ConfigError,
@@ -997,9 +996,8 @@ async def _serve_config(
                 _serving_inbox(config, proxy, [tool for tool, _ in tools], servers_of, stream),
             ):
                 if address is not None and listener is not None:
-                    quiet = QuietCalls(proxy.server_of, lambda: proxy.log_level)
                     await serve_http(
-                        server, address[0], address[1], token, stream, stopping, listener, quiet
+                        server, address[0], address[1], token, stream, stopping, listener
                     )
                 else:
                     await _serve_stdio(server, proxy, stream, stopping)

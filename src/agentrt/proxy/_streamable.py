@@ -1,12 +1,18 @@
-"""The proxy's streamable HTTP sessions: a call that can send nothing else is answered in JSON.
+"""The proxy's streamable HTTP sessions: a request is answered in JSON unless it needs a stream.
 
 The specification lets a server answer each POST carrying a request either
 with `application/json` (the response alone) or with a `text/event-stream`
-that may carry the request's notifications and the server's own requests
+that carries the request's notifications and the server's own requests
 first; a client must accept both.  The SDK (2.3) makes that choice once per
-session manager.  Here it is made per request: a `tools/call` is answered in
-one JSON body when nothing else can be due to the host while it runs
-(`QuietCalls`), every other request as the SDK answers it, on an SSE stream.
+session manager, before the request runs.  Here it is made per request, by
+what the request sends: its answer waits for the first message the server
+has for it; when that is the response, it goes back as one JSON body; when
+it is a progress notification, a log line or a request to the host (an
+elicitation), the answer becomes an event stream carrying it and everything
+after it, the response last.  A request that sends nothing for 15 seconds
+becomes a stream too, with a comment every 15 seconds, as the SDK's streams
+are kept alive.  `initialize` and every POST that is not a request are the
+SDK's to answer, unchanged.
 
 A JSON answer saves the SSE machinery (sse-starlette's tasks, a memory
 stream per event) and, with the SDK's own client, a TCP connection per call:
@@ -16,36 +22,37 @@ and its connection kept.
 
 Private SDK code this depends on (checked against mcp 2.3.0):
 `StreamableHTTPSessionManager._admit_session` (replaced, to build this
-transport), and in `StreamableHTTPServerTransport` the request-stream table
-`_request_streams`, `_read_stream_writer`, `_validate_accept_header`,
+transport, with `_server_instances` and `_session_owners`), and in
+`StreamableHTTPServerTransport` the request-stream table `_request_streams`,
+`_read_stream_writer`, `_message_metadata`, `_validate_accept_header`,
 `_check_content_type`, `_validate_request_headers`,
 `_terminate_unanswered_request`, `_clean_up_memory_streams`,
 `_create_json_response` and `_create_error_response`.  The SDK's message
 router is used unchanged: it queues every message related to a request on
-that request's stream, where the JSON answer takes the response.
+that request's stream, where the answer takes them.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Callable, Mapping
 from functools import partial
 from http import HTTPStatus
 from typing import Any, Final
 from uuid import uuid4
 
 import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.lowlevel import Server as LowLevelServer
 from mcp.server.streamable_http import (
+    MCP_SESSION_ID_HEADER,
     REQUEST_STREAM_BUFFER_SIZE,
     EventMessage,
     StreamableHTTPServerTransport,
 )
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp.shared.message import ServerMessageMetadata, SessionMessage
+from mcp.shared.message import SessionMessage
 from mcp_types import (
     INTERNAL_ERROR,
     JSONRPCError,
@@ -59,73 +66,31 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from .config import UpstreamConfig
+__all__ = ["streamable_http_app"]
 
-__all__ = ["QuietCalls", "streamable_http_app"]
-
-logger = logging.getLogger(__name__)
-
-# The server-to-client requests a host can be asked during a call, by capability.
-_ASKING_KINDS: Final = ("sampling", "elicitation", "roots")
-
-
-class QuietCalls:
-    """Which host requests can be answered in one JSON body: a `tools/call` during which
-    nothing else can be sent to its host.
-
-    That is a call without a `progressToken` (no progress is due), while no host has set a
-    logging level (no server log is forwarded), to a tool whose server may not ask this
-    host anything (the operator's `client_requests` rule refuses every kind the host
-    declared).  Anything else is answered on an SSE stream, which can carry those first.
-    """
-
-    def __init__(
-        self, server_of: Mapping[str, UpstreamConfig], log_level: Callable[[], str | None]
-    ) -> None:
-        self.server_of = server_of
-        self.log_level = log_level
-
-    def answer_alone(self, request: JSONRPCRequest, capabilities: Mapping[str, Any]) -> bool:
-        if request.method != "tools/call" or self.log_level() is not None:
-            return False
-        params = request.params if isinstance(request.params, dict) else {}
-        meta = params.get("_meta")
-        if isinstance(meta, dict) and meta.get("progressToken") is not None:
-            return False
-        name = params.get("name")
-        upstream = self.server_of.get(name) if isinstance(name, str) else None
-        if upstream is None:
-            return True  # the proxy's own tool, or none: answered without any server
-        return not any(
-            upstream.forwards(kind) != "refuse" and capabilities.get(kind) is not None
-            for kind in _ASKING_KINDS
-        )
+# How long a request may go without a message before its answer becomes an event stream
+# with a comment every so often: sse-starlette's ping interval, which the SDK's streams use,
+# so that a host or an intermediary reading with an idle timeout still sees bytes.
+_KEEP_ALIVE_SECONDS: Final = 15.0
+_PING: Final = b": ping\r\n\r\n"
 
 
 class _Transport(StreamableHTTPServerTransport):
-    """One session's transport: the SDK's, except that a quiet call is answered in JSON."""
-
-    def __init__(self, quiet: QuietCalls, **settings: Any) -> None:
-        super().__init__(**settings)
-        self.quiet = quiet
-        # What the host declared in its initialize request (never changes in a session).
-        self.host_capabilities: Mapping[str, Any] = {}
+    """One session's transport: the SDK's, except how a request after `initialize` is answered."""
 
     async def _handle_post_request(
         self, scope: Scope, request: Request, receive: Receive, send: Send
     ) -> None:
         # Read once: starlette keeps the body, so the SDK's own handling reads it again free.
         message = _request_in(await request.body())
-        if message is not None and message.method == "initialize":
-            capabilities = (message.params or {}).get("capabilities")
-            if isinstance(capabilities, dict):
-                self.host_capabilities = capabilities
-        if message is None or not self.quiet.answer_alone(message, self.host_capabilities):
+        if message is None or message.method == "initialize":
+            # A notification, a response, a malformed body, or the request that opens the
+            # session: the SDK answers them all (202, its errors, the session's id).
             await super()._handle_post_request(scope, request, receive, send)
             return
-        await self._answer_alone(message, scope, request, receive, send)
+        await self._answer(message, scope, request, receive, send)
 
-    async def _answer_alone(
+    async def _answer(
         self, message: JSONRPCRequest, scope: Scope, request: Request, receive: Receive, send: Send
     ) -> None:
         # The checks the SDK makes of any request POST, in its order and with its answers.
@@ -146,36 +111,70 @@ class _Transport(StreamableHTTPServerTransport):
             )(scope, receive, send)
             return
         request_id = str(message.id)
+        # The SDK's message router queues here everything related to this request: its
+        # progress, its log lines, the server's requests to the host, and its response.
         self._request_streams[request_id] = anyio.create_memory_object_stream[EventMessage](
             REQUEST_STREAM_BUFFER_SIZE
         )
         reader = self._request_streams[request_id][1]
-        # No back channel: should the server ask the host anything after all, the SDK
-        # refuses it (NoBackChannelError) instead of writing it where no one reads.
-        metadata = ServerMessageMetadata(
-            request_context=request,
-            can_send_request=False,
-            on_request_unanswered=partial(self._terminate_unanswered_request, message.id),
+        metadata = self._message_metadata(
+            request, on_request_unanswered=partial(self._terminate_unanswered_request, message.id)
         )
         try:
             await writer.send(SessionMessage(message, metadata=metadata))
-            while True:
-                event = await reader.receive()
-                if isinstance(event.message, JSONRPCResponse | JSONRPCError):
-                    break
-                # A notification for a call that expected none (a level set meanwhile):
-                # a JSON body has no place for it, as in the SDK's JSON mode.
-                logger.debug("dropped a message related to request %s", request_id)
-            response = self._create_json_response(event.message)
+            first = await _next(reader)
+            if first is not None and isinstance(first.message, JSONRPCResponse | JSONRPCError):
+                await self._create_json_response(first.message)(scope, receive, send)
+            else:
+                await self._stream(first, reader, send)
         except (anyio.EndOfStream, anyio.ClosedResourceError):
-            response = self._create_error_response(
+            # The session ended (DELETE, expiry) before anything was sent for this request.
+            await self._create_error_response(
                 "Session terminated before the request completed",
                 HTTPStatus.INTERNAL_SERVER_ERROR,
                 INTERNAL_ERROR,
-            )
+            )(scope, receive, send)
         finally:
             await self._clean_up_memory_streams(request_id)
-        await response(scope, receive, send)
+
+    async def _stream(
+        self,
+        first: EventMessage | None,
+        reader: MemoryObjectReceiveStream[EventMessage],
+        send: Send,
+    ) -> None:
+        """Answer on an event stream: `first` (None: nothing yet, a keep-alive), then every
+        message for the request until its response."""
+        headers = [(b"content-type", b"text/event-stream"),
+                   (b"cache-control", b"no-cache, no-transform"),
+                   (b"connection", b"keep-alive"), (b"x-accel-buffering", b"no")]  # fmt: skip
+        if self.mcp_session_id:
+            headers.append((MCP_SESSION_ID_HEADER.encode(), self.mcp_session_id.encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        event = first
+        while True:
+            if event is None:
+                await send({"type": "http.response.body", "body": _PING, "more_body": True})
+            else:
+                data = event.message.model_dump_json(by_alias=True, exclude_unset=True)
+                frame = b"event: message\r\ndata: " + data.encode() + b"\r\n\r\n"
+                final = isinstance(event.message, JSONRPCResponse | JSONRPCError)
+                await send({"type": "http.response.body", "body": frame, "more_body": not final})
+                if final:
+                    return
+            try:
+                event = await _next(reader)
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                # The session ended mid-call: end the stream, as the SDK's does.
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+
+
+async def _next(reader: MemoryObjectReceiveStream[EventMessage]) -> EventMessage | None:
+    """The request's next message, or None when none came for `_KEEP_ALIVE_SECONDS`."""
+    with anyio.move_on_after(_KEEP_ALIVE_SECONDS):
+        return await reader.receive()
+    return None
 
 
 def _request_in(body: bytes) -> JSONRPCRequest | None:
@@ -190,16 +189,11 @@ def _request_in(body: bytes) -> JSONRPCRequest | None:
 class _Sessions(StreamableHTTPSessionManager):
     """The SDK's session manager, building `_Transport`s."""
 
-    def __init__(self, app: LowLevelServer[Any], quiet: QuietCalls, **settings: Any) -> None:
-        super().__init__(app, **settings)
-        self.quiet = quiet
-
     def _admit_session(self, requestor: AuthorizationContext | None) -> _Transport | None:
         # As the SDK's (mcp 2.3.0), with this module's transport.
         if self.max_sessions is not None and len(self._server_instances) >= self.max_sessions:
             return None
         transport = _Transport(
-            self.quiet,
             mcp_session_id=uuid4().hex,
             is_json_response_enabled=False,
             event_store=self.event_store,
@@ -216,10 +210,10 @@ class _Sessions(StreamableHTTPSessionManager):
 
 
 def streamable_http_app(
-    server: LowLevelServer[Any], quiet: QuietCalls, security: TransportSecuritySettings
+    server: LowLevelServer[Any], security: TransportSecuritySettings
 ) -> Starlette:
     """The ASGI app serving `server` on /mcp, as `server.streamable_http_app` builds it."""
-    sessions = _Sessions(server, quiet, security_settings=security)
+    sessions = _Sessions(server, security_settings=security)
     return Starlette(
         routes=[Route("/mcp", endpoint=StreamableHTTPASGIApp(sessions))],
         lifespan=lambda app: sessions.run(),
