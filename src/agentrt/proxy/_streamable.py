@@ -34,13 +34,13 @@ that request's stream, where the answer takes them.
 
 from __future__ import annotations
 
-import json
 from functools import partial
 from http import HTTPStatus
 from typing import Any, Final
 from uuid import uuid4
 
 import anyio
+import pydantic_core
 from anyio.streams.memory import MemoryObjectReceiveStream
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.lowlevel import Server as LowLevelServer
@@ -180,8 +180,10 @@ async def _next(reader: MemoryObjectReceiveStream[EventMessage]) -> EventMessage
 def _request_in(body: bytes) -> JSONRPCRequest | None:
     """The JSON-RPC request a POST body carries; None for anything else (the SDK answers it)."""
     try:
-        message = jsonrpc_message_adapter.validate_python(json.loads(body), by_name=False)
-    except (ValueError, RecursionError, ValidationError):
+        # Parsed as the SDK's transport parses it, so both accept the same bodies.
+        raw = pydantic_core.from_json(body)
+        message = jsonrpc_message_adapter.validate_python(raw, by_name=False)
+    except (ValueError, ValidationError):
         return None
     return message if isinstance(message, JSONRPCRequest) else None
 
