@@ -26,6 +26,7 @@ from mcp.server.lowlevel import Server as LowLevelServer
 
 from ..sanitize import sanitize
 from ._host_messages import Refusal, screen
+from ._streamable import streamable_http_app
 from .config import ConfigError
 
 __all__ = ["allowed_host_names", "is_loopback", "serve_http", "split_http"]
@@ -201,7 +202,7 @@ async def serve_http(
     # The SDK knows only three loopback names (and turns its check off for
     # every other address); the listener's own guard below covers them all.
     security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    app: Any = ScreenBodies(server.streamable_http_app(host=host, transport_security=security), log)
+    app: Any = ScreenBodies(streamable_http_app(server, security), log)
     if token is not None:
         app = RequireToken(app, token)
     if is_loopback(host):
@@ -235,7 +236,12 @@ def listen(host: str, port: int) -> socket.socket:
     """The listening socket, bound before anything starts so a taken port is one sentence
     (and exit 1), not uvicorn's exit from inside the server."""
     shown = f"[{host}]" if ":" in host else host
-    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    # IPPROTO_TCP named: asyncio turns Nagle off (TCP_NODELAY) only on a connection whose
+    # socket says it is TCP, and an accepted socket inherits the listener's protocol.  With
+    # Nagle on, a response's body waits behind its headers for the host's delayed ACK on a
+    # kept-alive connection (~40 ms per answer).
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((host, port))

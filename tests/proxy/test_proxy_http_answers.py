@@ -1,0 +1,284 @@
+"""Over streamable HTTP the proxy chooses per request how to answer it.
+
+A request whose response is the first thing the server has for it is
+answered in one `application/json` body; one that sends progress (under the
+host's `progressToken`), log lines or a request to the host (an elicitation)
+first is answered on a `text/event-stream` carrying those, the response
+last.  One proxy for the module, over HTTP, in front of the conformance
+server (a real MCP server over stdio); hosts are httpx2 for the raw headers
+and the SDK's ClientSession.  The logging test sets the proxy's level for
+the process (2025 hosts get the lines on their standalone stream), so it runs last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from proxy_helpers import AGENTRT, text_of, write_private
+
+from agentrt.mcp import Server, pin
+from agentrt.proxy._http import listen
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+CONFORMANCE = Path(__file__).parent / "servers" / "conformance_server.py"
+PROTOCOL = "2025-11-25"
+ACCEPT = "application/json, text/event-stream"
+
+
+@dataclass
+class Running:
+    url: str
+    stderr: Path
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    root = tmp_path_factory.mktemp("answers")
+    conf = root / "conf"
+    log = root / "upstream.log"
+    server = Server(
+        name="conf", command=[sys.executable, str(CONFORMANCE)], env=[f"CONFORMANCE_LOG={log}"]
+    )
+    manifest = anyio.run(pin, server)
+    write_private(conf / "conf.manifest.json", manifest.to_json())
+    rules = {name: {"side_effect": "read_only", "rename": name, "allow_hint_mismatch": True}
+             for name in manifest.tools}  # fmt: skip
+    document = {
+        "database": "proxy.db",
+        "session": "answers",
+        "servers": [
+            {
+                "name": "conf",
+                "command": [sys.executable, str(CONFORMANCE)],
+                "env": [f"CONFORMANCE_LOG={log}"],
+                "default_timeout": "20s",
+                "manifest": "conf.manifest.json",
+                "rules": rules,
+                "client_requests": {"elicitation": "forward"},
+            }
+        ],
+    }
+    write_private(conf / "proxy.json", json.dumps(document))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    stderr = root / "proxy.stderr"
+    with stderr.open("a") as errlog:
+        process = subprocess.Popen(
+            [str(AGENTRT), "proxy", "--config", str(conf / "proxy.json"),
+             "--http", f"127.0.0.1:{port}"],
+            stdin=subprocess.DEVNULL, stderr=errlog, cwd=root,
+            env={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")},
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while "serving streamable HTTP" not in stderr.read_text():
+            assert process.poll() is None, stderr.read_text()
+            assert time.monotonic() < deadline, stderr.read_text()
+            time.sleep(0.05)
+        yield Running(f"http://127.0.0.1:{port}/mcp", stderr)
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+@dataclass
+class RawHost:
+    """A host speaking the 2025-11-25 wire by hand, so each answer's headers can be read."""
+
+    client: httpx2.AsyncClient
+    url: str
+    session_id: str = ""
+    next_id: int = field(default=1)
+
+    def headers(self) -> dict[str, str]:
+        return {"accept": ACCEPT, "content-type": "application/json",
+                "mcp-session-id": self.session_id, "mcp-protocol-version": PROTOCOL}  # fmt: skip
+
+    async def call(
+        self, name: str, meta: dict[str, Any] | None = None, **arguments: Any
+    ) -> httpx2.Response:
+        params: dict[str, Any] = {"name": name, "arguments": arguments}
+        if meta is not None:
+            params["_meta"] = meta
+        return await self.request("tools/call", params)
+
+    async def request(self, method: str, params: dict[str, Any]) -> httpx2.Response:
+        self.next_id += 1
+        body = {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}
+        return await self.client.post(self.url, json=body, headers=self.headers())
+
+
+@asynccontextmanager
+async def raw_host(url: str) -> AsyncIterator[RawHost]:
+    async with httpx2.AsyncClient(timeout=30.0) as client:
+        opening = {
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": PROTOCOL, "capabilities": {},
+                       "clientInfo": {"name": "raw", "version": "1"}},
+        }  # fmt: skip
+        answer = await client.post(url, json=opening, headers={"accept": ACCEPT})
+        assert answer.status_code == 200, answer.text
+        host = RawHost(client, url, answer.headers["mcp-session-id"])
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert (await client.post(url, json=initialized, headers=host.headers())).status_code == 202
+        yield host
+
+
+def _sse_messages(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[len("data:") :]) for line in text.splitlines()
+            if line.startswith("data:") and line[len("data:") :].strip()]  # fmt: skip
+
+
+async def test_a_call_without_a_progress_token_is_answered_in_one_json_body(
+    running: Running,
+) -> None:
+    async with raw_host(running.url) as host:
+        answer = await host.call("test_simple_text")
+        again = await host.call("test_simple_text")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.headers["mcp-session-id"] == host.session_id
+    message = answer.json()
+    assert message["id"] == host.next_id - 1 and "error" not in message
+    assert "simple text response" in message["result"]["content"][0]["text"]
+    assert (
+        again.headers["content-type"] == "application/json" and again.json()["id"] == host.next_id
+    )
+
+
+async def test_a_call_with_a_progress_token_is_streamed_and_carries_the_servers_progress(
+    running: Running,
+) -> None:
+    async with raw_host(running.url) as host:
+        answer = await host.call("test_tool_with_progress", {"progressToken": "host-token-7"})
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/event-stream")
+    messages = _sse_messages(answer.text)
+    progress = [m["params"] for m in messages if m.get("method") == "notifications/progress"]
+    assert progress and all(p["progressToken"] == "host-token-7" for p in progress)
+    assert [p["progress"] for p in progress] == sorted(p["progress"] for p in progress)
+    assert messages[-1]["id"] == host.next_id
+    assert "progress executed successfully" in messages[-1]["result"]["content"][0]["text"]
+
+
+@asynccontextmanager
+async def sdk_host(url: str, answers: list[tuple[str, str]], **callbacks: Any) -> Any:
+    """The SDK's ClientSession, noting each POST's JSON-RPC method and the answer's type."""
+
+    async def note(response: httpx2.Response) -> None:
+        if response.request.method == "POST":
+            method = json.loads(response.request.content).get("method", "")
+            answers.append((method, response.headers.get("content-type", "")))
+
+    async with (
+        httpx2.AsyncClient(timeout=30.0, event_hooks={"response": [note]}) as client,
+        streamable_http_client(url, http_client=client) as (read_stream, write_stream),
+        ClientSession(read_stream, write_stream, **callbacks) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+async def test_a_call_whose_server_asks_a_capable_host_is_streamed_and_the_request_reaches_it(
+    running: Running,
+) -> None:
+    asked: list[str] = []
+
+    async def on_elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"username": "ada"})
+
+    answers: list[tuple[str, str]] = []
+    async with sdk_host(running.url, answers, elicitation_callback=on_elicit) as session:
+        asking = await session.call_tool("test_elicitation", {"message": "Who are you?"})
+        # The same host and server, a call that asks nothing: one JSON body.
+        plain = await session.call_tool("test_simple_text", {})
+    assert asked == ["Who are you?"]
+    assert not asking.is_error and "ada" in text_of(asking)
+    assert not plain.is_error
+    calls = [kind for method, kind in answers if method == "tools/call"]
+    assert calls[0].startswith("text/event-stream") and calls[1] == "application/json"
+
+
+async def test_a_host_that_cannot_answer_is_never_asked_and_gets_json(running: Running) -> None:
+    answers: list[tuple[str, str]] = []
+    async with sdk_host(running.url, answers) as session:
+        result = await session.call_tool("test_elicitation", {"message": "Anyone?"})
+    assert result.is_error and "did not advertise the elicitation capability" in text_of(result)
+    assert [kind for method, kind in answers if method == "tools/call"] == ["application/json"]
+
+
+@pytest.mark.slow
+async def test_a_call_silent_for_15_seconds_is_streamed_with_keep_alives(running: Running) -> None:
+    # Nothing for the host for 16 s: the answer becomes an event stream kept alive by a
+    # comment, as the SDK's streams are, so a host reading with an idle timeout still sees bytes.
+    async with raw_host(running.url) as host:
+        answer = await host.call("test_elicitation_later", seconds=16, ask=False)
+    assert answer.headers["content-type"].startswith("text/event-stream")
+    assert ": ping" in answer.text
+    (result,) = _sse_messages(answer.text)
+    assert result["id"] == host.next_id and "asked nothing" in text_of_raw(result)
+
+
+def text_of_raw(message: dict[str, Any]) -> str:
+    return "".join(block.get("text", "") for block in message["result"]["content"])
+
+
+async def test_the_listener_turns_nagle_off_on_every_connection_it_accepts() -> None:
+    # With Nagle on, a JSON answer's body waited behind its headers for the host's delayed
+    # ACK on a kept-alive connection: ~40 ms a call.
+    listener = listen("127.0.0.1", 0)
+    accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        accepted.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        writer.close()
+
+    server = await asyncio.start_server(on_connection, sock=listener)
+    try:
+        _, writer = await asyncio.open_connection(*listener.getsockname())
+        assert await asyncio.wait_for(accepted, 10) != 0
+        writer.close()
+    finally:
+        server.close()
+
+
+async def test_a_calls_log_lines_reach_the_host_on_its_own_stream_while_the_call_gets_json(
+    running: Running,
+) -> None:
+    lines: list[str] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        lines.append(str(params.data))
+
+    answers: list[tuple[str, str]] = []
+    async with sdk_host(running.url, answers, logging_callback=on_log) as session:
+        await session.set_logging_level("info")
+        result = await session.call_tool("test_tool_with_logging", {})
+        # Forwarded on the host's standalone GET stream, which may deliver after the result.
+        with anyio.fail_after(20):
+            while len(lines) < 3:
+                await anyio.sleep(0.05)
+    assert not result.is_error
+    assert lines == ["Tool execution started", "Tool processing data", "Tool execution completed"]
+    assert [kind for method, kind in answers if method == "tools/call"] == ["application/json"]
