@@ -330,15 +330,30 @@ class CallIndex:
                     return Verdict(Action.BLOCKED, row)
         if may_need_approval and self._pending_count(connection) >= max_pending:
             return Verdict(Action.TOO_MANY_PENDING)
-        # 7. a new run
+        # 7. a new run: the row is exactly what was inserted (the columns left out
+        # take their defaults), so it is not read back.
+        row = CallRow(
+            run_id=run_id,
+            session=self.session,
+            call_key=key,
+            tool=tool,
+            mutating=mutating,
+            created_at=now,
+            holder=self._holder(token),
+            held_until=now + self.hold_ttl,
+            unknown_outcome=False,
+            settled=False,
+            outcome=None,
+            settled_at=None,
+        )
         connection.execute(
             "INSERT INTO proxy_calls (run_id, session, call_key, tool, mutating, created_at,"
             " holder, held_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, self.session, key, tool, int(mutating), now, self._holder(token),
-             now + self.hold_ttl),
+            (row.run_id, row.session, row.call_key, row.tool, int(row.mutating),
+             row.created_at, row.holder, row.held_until),
         )  # fmt: skip
         self._track(run_id, token)
-        return Verdict(Action.NEW, self._one(connection, run_id))
+        return Verdict(Action.NEW, row)
 
     def _pending_count(self, connection: Connection) -> int:
         count = 0
@@ -436,19 +451,18 @@ class CallIndex:
                 "UPDATE proxy_calls SET unknown_outcome = 1 WHERE run_id = ?", (run_id,)
             )
 
-    def settle(self, run_id: str, outcome: Settled) -> CallRow:
+    def settle(self, run_id: str, outcome: Settled) -> None:
         with self.store.transaction() as connection:
-            return self.settle_in(connection, run_id, outcome)
+            self.settle_in(connection, run_id, outcome)
 
-    def settle_in(self, connection: Connection, run_id: str, outcome: Settled) -> CallRow:
+    def settle_in(self, connection: Connection, run_id: str, outcome: Settled) -> None:
         """Settle the call of `run_id` inside the caller's write transaction (the one
-        recording the result)."""
+        recording the result).  Nothing reads the settled row back: no caller needs it."""
         connection.execute(
             "UPDATE proxy_calls SET settled = 1, outcome = ?, settled_at = ?, holder = NULL,"
             " held_until = NULL WHERE run_id = ?",
             (outcome, self.store.write_time(time.time()), run_id),
         )
-        return self._one(connection, run_id)
 
     def settle_if_ended(self, run_id: str) -> CallRow | None:
         """Settle a call whose run ended outside this process (rejected, expired, cancelled)."""
