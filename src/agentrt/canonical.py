@@ -86,13 +86,16 @@ def _parse_constant(name: str) -> Any:
 
 
 def _object_without_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise JSONBoundaryError(
-                f"the key {sanitize(_encode_string(key))} is repeated in one object"
-            )
-        result[key] = value
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        # Some key is repeated: name the first one met again, reading in order.
+        seen: set[str] = set()
+        for key, _value in pairs:
+            if key in seen:
+                raise JSONBoundaryError(
+                    f"the key {sanitize(_encode_string(key))} is repeated in one object"
+                )
+            seen.add(key)
     return result
 
 
@@ -162,8 +165,21 @@ def parse_json(data: bytes | str) -> Any:
         raise JSONBoundaryError(
             f"the input holds more than one JSON value (extra data at character {end})"
         )
-    _check_tree(value)
+    if _tree_may_be_refused(text, data is not text):
+        _check_tree(value)
     return value
+
+
+def _tree_may_be_refused(text: str, from_bytes: bool) -> bool:
+    """Whether `_check_tree` could refuse what `text` parsed to; when not, it need not run.
+
+    An unpaired surrogate can only come from a `\\u` escape or, in text not
+    decoded here from UTF-8, from the text itself; nesting past `MAX_DEPTH`
+    needs more than `MAX_DEPTH` opening brackets.
+    """
+    if "\\u" in text or not (from_bytes or text.isascii()):
+        return True
+    return text.count("{") + text.count("[") > MAX_DEPTH
 
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")

@@ -320,6 +320,21 @@ class Connection:
             raise ValueError(f"the arguments are not usable JSON: {exc}") from None
         if not isinstance(arguments, dict):
             raise ValueError("the arguments must be a JSON object")
+        return await self.call_tool_checked(
+            name, arguments_json, timeout=timeout, progress=progress
+        )
+
+    async def call_tool_checked(
+        self,
+        name: str,
+        arguments_json: str,
+        *,
+        timeout: float,  # noqa: ASYNC109 - the call's own bound, named by the interface
+        progress: Progress | None = None,
+    ) -> dict[str, Any]:
+        """`call_tool` for a caller that has already parsed `arguments_json` through
+        `parse_json` and found an object (a `ServerTool`): the same call, without the
+        second parse."""
         meta = ""
         token = ""
         if progress is not None:

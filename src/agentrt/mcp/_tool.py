@@ -143,7 +143,8 @@ class ServerTool:
                         f"{sanitize(refusal)}. Nothing ran."
                     )
                 remaining = max(timeout - (anyio.current_time() - started), 0.001)
-                result = await self._upstream.connection.call_tool(
+                # The arguments were parsed above and are an object (or canonical_json of one).
+                result = await self._upstream.connection.call_tool_checked(
                     self._tool, arguments_text, timeout=remaining, progress=UPSTREAM_PROGRESS.get()
                 )
         except (RestartFailed, NotSent) as exc:
