@@ -240,6 +240,12 @@ def _multiple_of(
         yield ValidationError(f"{instance!r} is not a multiple of {step}")
 
 
+def _in_2020_12(schema: Mapping[str, Any]) -> bool:
+    """Whether `schema` is in the 2020-12 dialect (named, or by default)."""
+    dialect = schema.get("$schema")
+    return dialect is None or (isinstance(dialect, str) and dialect.rstrip("#") == DIALECT)
+
+
 def _validator_class(schema: Mapping[str, Any]) -> type[Any]:
     dialect = schema.get("$schema")
     return _validator_class_for(dialect.rstrip("#") if isinstance(dialect, str) else None)
@@ -438,11 +444,7 @@ class CompiledSchema:
 
     def _plan(self) -> _Plan | None:
         if not self._planned:
-            dialect = self.schema.get("$schema")
-            in_2020_12 = dialect is None or (
-                isinstance(dialect, str) and dialect.rstrip("#") == DIALECT
-            )
-            self._planned.append(_plan(self.schema) if in_2020_12 else None)
+            self._planned.append(_plan(self.schema) if _in_2020_12(self.schema) else None)
         return self._planned[0]
 
     def first_error(self, instance: Any) -> str | None:
@@ -482,10 +484,8 @@ def compile_schema(schema: Mapping[str, Any]) -> CompiledSchema:
         raise SchemaError("the input schema is not a JSON object")
     check_self_contained(schema)
     validator_class = _validator_class(schema)
-    dialect = schema.get("$schema")
-    in_2020_12 = dialect is None or (isinstance(dialect, str) and dialect.rstrip("#") == DIALECT)
     # The proof only ever skips the check; every refusal comes from jsonschema's own walk.
-    if not (in_2020_12 and proves_valid(schema)):
+    if not (_in_2020_12(schema) and proves_valid(schema)):
         try:
             validator_class.check_schema(schema)
         except jsonschema.exceptions.SchemaError as exc:

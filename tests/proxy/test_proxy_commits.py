@@ -18,7 +18,8 @@ from proxy_helpers import RawHost, build_setup
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
-COUNTING = Path(__file__).parent / "servers" / "proxy_counting_commits.py"
+# The benchmark's own counting proxy ("commits per proxied call"), so both count alike.
+COUNTING = Path(__file__).resolve().parents[2] / "benchmarks" / "_traced_proxy.py"
 
 
 def _totals(count_file: Path) -> tuple[int, int]:
@@ -36,9 +37,9 @@ async def test_an_allowed_proxied_call_makes_two_writing_commits_and_no_other(
     setup = await build_setup(tmp_path)
     count_file = tmp_path / "commits"
     environment = setup.environment()
-    setup.environment = lambda: {**environment, "AGENTRT_TEST_COMMITS": str(count_file)}  # type: ignore[method-assign]
+    setup.environment = lambda: {**environment, "BENCH_COMMIT_COUNT": str(count_file)}  # type: ignore[method-assign]
     setup.command = lambda: [  # type: ignore[method-assign]
-        sys.executable, str(COUNTING), "proxy", "--config", str(setup.config_path),
+        sys.executable, str(COUNTING), "--config", str(setup.config_path),
     ]  # fmt: skip
     async with RawHost.start(setup) as raw:
         # The first call of each tool after start-up may repair or migrate; count
