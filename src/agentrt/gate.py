@@ -16,6 +16,7 @@ recorded raises `ResultNotRecorded` rather than being lost.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import os
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import anyio
+from anyio.abc import TaskGroup
 
 from .agent import Decision, DecisionKind, Observation
 from .approvals import end_run, expire_if_due
@@ -161,6 +163,66 @@ class _RunView:
 
 class _StaleView(Exception):
     """A step was decided on a cached view of its run that another writer has since moved."""
+
+
+class _LeaseKept:
+    """Keeps a run's lease renewed while a call that may outlast half of it runs.
+
+    On asyncio the renewing task starts only when its first renewal falls due,
+    a third of the lease into the call, and a timer stands in for it until then:
+    a call that returns sooner (nearly every call) costs no task, no task group
+    and no cancellation.  On another event loop the renewing task runs for the
+    whole call, as a task group's child.  Either way it has ended before the
+    call's result is recorded.
+    """
+
+    __slots__ = ("_gate", "_group", "_run_id", "_scope", "_task", "_timer")
+
+    def __init__(self, gate: Gate, run_id: str) -> None:
+        self._gate = gate
+        self._run_id = run_id
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._group: TaskGroup | None = None
+
+    async def __aenter__(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._group = anyio.create_task_group()
+            await self._group.__aenter__()
+            self._group.start_soon(self._gate._heartbeat, self._run_id)
+            return
+        self._timer = loop.call_later(self._gate.lease_ttl / 3, self._start, loop)
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        self._task = loop.create_task(self._renew())
+
+    async def _renew(self) -> None:
+        with anyio.CancelScope() as self._scope:
+            await self._gate._heartbeat(self._run_id, due_now=True)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        # Returns None: the call's own exception, if any, goes on unwrapped.
+        if self._group is not None:
+            self._group.cancel_scope.cancel()
+            await self._group.__aexit__(None, None, None)
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        task = self._task
+        if task is None:
+            return
+        if self._scope is not None:
+            self._scope.cancel()
+        else:
+            task.cancel()  # started, not yet running: nothing of it ran
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
 
 
 class Gate:
@@ -330,9 +392,13 @@ class Gate:
             (run_id, self.owner, token),
         )
 
-    async def _heartbeat(self, run_id: str) -> None:
+    async def _heartbeat(self, run_id: str, *, due_now: bool = False) -> None:
+        """Renew the run's lease every third of its time (the first renewal at once
+        when `due_now`) until a renewal finds it no longer this gate's."""
         while True:
-            await anyio.sleep(self.lease_ttl / 3)
+            if not due_now:
+                await anyio.sleep(self.lease_ttl / 3)
+            due_now = False
             try:
                 if not await self.store.run(self.renew_lease, run_id):
                     return
@@ -908,18 +974,20 @@ class Gate:
         error: str | None = None
         result: ToolResult | None = None
         try:
+            # (What `anyio.fail_after` does, without its two generator layers.)
+            scope = anyio.CancelScope(deadline=anyio.current_time() + spec.timeout)
             if spec.timeout <= self.lease_ttl / 2:
                 # The lease was taken for lease_ttl just before this call, and
                 # the call ends at its timeout with half the lease left: no
-                # renewal can be missed, so no heartbeat task is needed.  (What
-                # `anyio.fail_after` does, without its two generator layers.)
-                scope = anyio.CancelScope(deadline=anyio.current_time() + spec.timeout)
+                # renewal can be missed, so nothing renews it.
                 with scope:
                     result = await registered.tool.call(call)
-                if scope.cancelled_caught and anyio.current_time() >= scope.deadline:
-                    raise TimeoutError
             else:
-                result = await self._call_with_heartbeat(registered.tool, call, run_id)
+                async with _LeaseKept(self, run_id):
+                    with scope:
+                        result = await registered.tool.call(call)
+            if scope.cancelled_caught and anyio.current_time() >= scope.deadline:
+                raise TimeoutError
         except TimeoutError:
             error = f"the tool {spec.name} timed out after {spec.timeout:g}s"
         except anyio.get_cancelled_exc_class():
@@ -937,24 +1005,6 @@ class Gate:
         return await self._record_result(
             run_id, step, spec, args, result, error, token, on_end, recent
         )
-
-    async def _call_with_heartbeat(self, tool: Tool, call: ToolCall, run_id: str) -> ToolResult:
-        """Call a tool that may outlast its lease, renewing the lease until it returns."""
-        outcome: list[ToolResult] = []
-        failure: BaseException | None = None
-        async with anyio.create_task_group() as group:
-            group.start_soon(self._heartbeat, run_id)
-            try:
-                with anyio.fail_after(tool.spec.timeout):
-                    outcome.append(await tool.call(call))
-            except BaseException as exc:
-                # Re-raised outside the task group, so callers see it unwrapped.
-                failure = exc
-            finally:
-                group.cancel_scope.cancel()
-        if failure is not None:
-            raise failure
-        return outcome[0]
 
     async def _record_result(
         self,

@@ -424,3 +424,89 @@ async def test_a_gate_keeps_no_lease_token_for_runs_that_ended_or_wait(
     waiting = await gate.start("waits")
     await gate.step(waiting, Decision.tool_call("write", '{"path": "a"}'))
     assert gate._lease_tokens == {}
+
+
+# -- the lease kept through a long call, without a task for a short one ------------
+
+
+def _renewing_tasks() -> list[str]:
+    """The running tasks that renew a lease, by the coroutines they are awaiting."""
+    import asyncio
+
+    found = []
+    for task in asyncio.all_tasks():
+        awaited: object = task.get_coro()
+        while awaited is not None:
+            name = getattr(awaited, "__qualname__", "")
+            if name.endswith(("_heartbeat", "_renew")):
+                found.append(name)
+                break
+            awaited = getattr(awaited, "cr_await", None)
+    return found
+
+
+async def test_a_call_that_ends_before_a_third_of_its_lease_runs_no_renewing_task(
+    tmp_path: Path,
+) -> None:
+    store = open_store(tmp_path / "runs.db")
+    # Its timeout outlasts half the lease, so the lease is kept through the call.
+    tool = _Hook("write", timeout=20.0)
+    gate = Gate(store, [tool], policy=_ALLOW_ALL, lease_ttl=30.0)
+    renewals: list[str] = []
+    renew = gate.renew_lease
+    gate.renew_lease = lambda run_id: renewals.append(run_id) or renew(run_id)  # type: ignore[method-assign]
+    seen: list[list[str]] = []
+
+    async def during() -> None:
+        await anyio.sleep(0.1)  # long enough for a task started with the call to be running
+        seen.append(_renewing_tasks())
+
+    tool.during = during
+    run_id = await gate.start("a short call")
+    outcome = await gate.step(run_id, Decision.tool_call("write", "{}"))
+    assert outcome.observation is not None and outcome.observation.kind == "result"
+    assert seen == [[]]
+    assert renewals == []
+    assert _renewing_tasks() == []
+
+
+@pytest.mark.timeout(30)
+async def test_a_call_past_a_third_of_its_lease_renews_it_then_and_stops_before_its_result(
+    tmp_path: Path,
+) -> None:
+    store = open_store(tmp_path / "runs.db")
+    tool = _Hook("write", timeout=20.0)
+    gate = Gate(store, [tool], policy=_ALLOW_ALL, lease_ttl=0.9)
+    renewed_at: list[float] = []
+    renew = gate.renew_lease
+
+    def counting(run_id: str) -> bool:
+        renewed_at.append(time.monotonic())
+        return renew(run_id)
+
+    gate.renew_lease = counting  # type: ignore[method-assign]
+    began: list[float] = []
+    expiry: list[float | None] = []
+
+    async def during() -> None:
+        began.append(time.monotonic())
+        before = store.get_run(run_id).lease_expires_at
+        # Three times the lease: it would have run out twice over without renewals.
+        await anyio.sleep(2.7)
+        after = store.get_run(run_id).lease_expires_at
+        expiry.extend([before, after])
+
+    tool.during = during
+    run_id = await gate.start("a long call")
+    outcome = await gate.step(run_id, Decision.tool_call("write", "{}"))
+    assert outcome.observation is not None and outcome.observation.kind == "result"
+    before, after = expiry
+    assert before is not None and after is not None and after > before + 1.5
+    # The first renewal falls a third of the lease in (0.3 s), not a whole beat later.
+    assert renewed_at and 0.25 <= renewed_at[0] - began[0] < 0.9
+    assert len(renewed_at) >= 4
+    # The renewing task ended with the call: nothing renews the lease afterwards.
+    assert _renewing_tasks() == []
+    count = len(renewed_at)
+    await anyio.sleep(0.5)
+    assert len(renewed_at) == count

@@ -134,7 +134,9 @@ class ServerTool:
         started = anyio.current_time()
         try:
             # The connection bounds the call too; this guard holds even if it did not.
-            with anyio.fail_after(timeout):
+            # (What `anyio.fail_after` does, without its two generator layers.)
+            guard = anyio.CancelScope(deadline=started + timeout)
+            with guard:
                 await self._upstream.ready()
                 refusal = self._upstream.refusal(self._tool)
                 if refusal:
@@ -147,6 +149,8 @@ class ServerTool:
                 result = await self._upstream.connection.call_tool_checked(
                     self._tool, arguments_text, timeout=remaining, progress=UPSTREAM_PROGRESS.get()
                 )
+            if guard.cancelled_caught and anyio.current_time() >= guard.deadline:
+                raise TimeoutError
         except (RestartFailed, NotSent) as exc:
             raise ServerToolError(
                 f"{where} was not sent: {sanitize(str(exc))}. Nothing ran."
