@@ -12,6 +12,7 @@ later) changes nothing: the signals stay caught until the process exits.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import getpass
 import signal
@@ -323,6 +324,7 @@ class Proxy:
         )
         self.in_flight = _InFlight()
         self.work: TaskGroup | None = None
+        self._call_tasks: set[asyncio.Task[None]] = set()
         # The level a host set with logging/setLevel; None forwards no server logging.
         self.log_level: str | None = None
 
@@ -686,7 +688,12 @@ class Proxy:
                 call.finish(answer)
 
         self.in_flight.enter()
-        self.work.start_soon(work)
+        # A bare asyncio task, not a child of `work`: `running` waits for every call
+        # through `in_flight` before the group ends, and `work` catches its own failures,
+        # so the group's bookkeeping bought nothing for ~3% of a proxied call's CPU.
+        task = asyncio.get_running_loop().create_task(work())
+        self._call_tasks.add(task)
+        task.add_done_callback(self._call_tasks.discard)
         return call
 
     # -- gate_status ---------------------------------------------------------
@@ -763,7 +770,8 @@ class Proxy:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        """Own the calls' tasks; on exit take no more calls and wait for those in flight."""
+        """Renew the holds while serving; on exit take no more calls and wait for those in
+        flight, and for their tasks to end."""
         async with anyio.create_task_group() as work:
             self.work = work
             work.start_soon(self._renew_holds)
@@ -773,6 +781,8 @@ class Proxy:
                 self.calls.closing.set()
                 with anyio.CancelScope(shield=True):
                     await self.in_flight.wait()
+                    if self._call_tasks:
+                        await asyncio.wait(set(self._call_tasks))
                 work.cancel_scope.cancel()
 
 
