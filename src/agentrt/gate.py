@@ -835,12 +835,11 @@ class Gate:
             connection, run.run_id, "step_recorded",
             {"step": step_number, "tool": name, "args": args},
         )  # fmt: skip
-        decided_payload = {"step": step_number, "outcome": str(decided.outcome),
-                           "reason": decided.reason}  # fmt: skip
-        # Which rules decided: the policy's declared identity, when it has one.
-        if isinstance(policy_id := getattr(self.policy, "id", None), str):
-            decided_payload["policy_id"] = policy_id
-        self.store.append_event(connection, run.run_id, "policy_decided", decided_payload)
+        self.store.append_event(
+            connection, run.run_id, "policy_decided",
+            self._naming_policy({"step": step_number, "outcome": str(decided.outcome),
+                                 "reason": decided.reason}),
+        )  # fmt: skip
         if decided.outcome is Outcome.DENY:
             self._set_step(connection, run.run_id, step_number, StepStatus.DENIED,
                            "denied", decided.reason or "denied by policy", None)  # fmt: skip
@@ -1357,6 +1356,13 @@ class Gate:
             now,
         )  # fmt: skip
 
+    def _naming_policy(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """`payload` of an event that records a policy's outcome, naming which rules decided
+        (the policy's declared identity, `policy_id`) when the policy has one."""
+        if isinstance(policy_id := getattr(self.policy, "id", None), str):
+            payload["policy_id"] = policy_id
+        return payload
+
     def _use_approval(
         self, connection: Connection, approval: ApprovalRecord, decided: PolicyDecision
     ) -> str:
@@ -1375,7 +1381,8 @@ class Gate:
         )
         self.store.append_event(
             connection, approval.run_id, "run_resumed",
-            {"approval_id": approval.approval_id, "outcome": str(decided.outcome)},
+            self._naming_policy({"approval_id": approval.approval_id,
+                                 "outcome": str(decided.outcome)}),
         )  # fmt: skip
         fresh = self.store.get_run(approval.run_id)
         # Now, not when resume began: the policy may have taken a while, and the

@@ -32,6 +32,7 @@ from agentrt import (
     open_store,
     reject,
 )
+from agentrt.policy import RunView, ToolRequest
 
 from .helpers import RecordingTool, ScriptAgent, SwitchPolicy, approval_policy
 
@@ -334,6 +335,38 @@ async def test_approve_then_resume_executes_the_recorded_request_once(db: Path) 
         await gate.resume(run_id)
     assert len(write.calls) == 1
     assert gate.store.latest_approval(run_id).status is ApprovalStatus.USED  # type: ignore[union-attr]
+
+
+class _NamedApprovalPolicy:
+    """`approval_policy()` under a declared identity."""
+
+    id = "rules-v7"
+
+    def __init__(self) -> None:
+        self._inner = approval_policy()
+
+    async def evaluate(self, request: ToolRequest, run: RunView) -> PolicyDecision:
+        return await self._inner.evaluate(request, run)
+
+
+async def test_a_resume_names_the_policy_that_decided_it_as_the_first_decision_does(
+    db: Path,
+) -> None:
+    write = RecordingTool("write", SideEffect.LOCAL_MUTATION)
+    gate = Gate(open_store(db), [write], policy=_NamedApprovalPolicy())
+    run_id = await gate.start("write a note")
+    outcome = await gate.step(run_id, Decision.tool_call("write", WRITE_ARGS))
+    assert outcome.approval is not None
+    approve(gate.store, run_id, approval_hash=outcome.approval.approval_hash, by="alice")
+    await gate.resume(run_id)
+    payloads = {event.type: event.payload for event in gate.store.list_events(run_id)}
+    assert payloads["policy_decided"]["policy_id"] == "rules-v7"
+    assert payloads["run_resumed"] == {
+        "approval_id": outcome.approval.approval_id,
+        "outcome": "require_approval",
+        "policy_id": "rules-v7",
+    }
+    assert gate.store.verify_chain().ok
 
 
 async def test_approval_presentation_shows_path_line_count_and_preview(db: Path) -> None:
