@@ -207,8 +207,11 @@ class PostgresConnection:
         return self._connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        for parameters in rows:
-            self.execute(sql, parameters)
+        # psycopg sends the rows in one pipeline: one round trip, not one per row.
+        try:
+            self._connection.cursor().executemany(_translate(sql), [tuple(row) for row in rows])
+        except psycopg.Error as exc:
+            raise self._mapped(exc) from None
 
     def _mapped(self, exc: psycopg.Error) -> StoreError:
         detail = sanitize(

@@ -3,6 +3,7 @@ on the server's clock, events nobody can rewrite, the schema refusals, no passwo
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -273,3 +274,29 @@ def test_psycopg_is_imported_only_for_a_postgresql_url(tmp_path: Path) -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert finished.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_many_rows_in_one_statement_are_written_together_or_not_at_all(
+    backend: str, tmp_path: Path, postgres_server: Any
+) -> None:
+    database = tmp_path / "runs.db" if backend == "sqlite" else str(postgres_server.database())
+    store = open_store(database)
+    with store.transaction() as connection:
+        connection.executemany(
+            "INSERT INTO extensions (name, version) VALUES (?, ?)",
+            [("first", 1), ("second", 2), ("third", 3)],
+        )
+    # A row the table refuses (a repeated name) fails the statement and its whole
+    # transaction: the row before it in the same batch is not written either.
+    with pytest.raises((StoreError, sqlite3.Error)), store.transaction() as connection:
+        connection.executemany(
+            "INSERT INTO extensions (name, version) VALUES (?, ?)",
+            [("fourth", 4), ("first", 5)],
+        )
+    rows = store._query(
+        "SELECT name, version FROM extensions WHERE name IN (?, ?, ?, ?) ORDER BY version",
+        ("first", "second", "third", "fourth"),
+    )
+    assert [tuple(row) for row in rows] == [("first", 1), ("second", 2), ("third", 3)]
+    store.close()
