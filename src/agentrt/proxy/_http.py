@@ -177,10 +177,13 @@ async def serve_http(
 
     doorkeeper = Doorkeeper(host if is_loopback(host) else None, port, token, log)
     app = StreamableHTTP(server, doorkeeper.admit, log)
-    # One ASGI callable (no lifespan, no websockets): the sessions run in `app.running()`.
+    # One ASGI callable and nothing around it: no lifespan (the sessions run in
+    # `app.running()`), no websockets, no X-Forwarded-* rewriting of the client's address
+    # (nothing here reads it; uvicorn's middleware for it wrapped every request), and no
+    # access log (its line was formatted per response even with the logger off).
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", lifespan="off", http="httptools",
-        ws="none",
+        ws="none", proxy_headers=False, access_log=False,
     )  # fmt: skip
 
     class _Server(uvicorn.Server):
