@@ -341,3 +341,108 @@ async def test_refused_requests_get_the_statuses_and_codes_the_sdks_transport_gi
     assert proxy["another path"][0] == 404
     assert proxy["DELETE"] == (200, None)
     assert proxy["POST after DELETE"] == (404, -32600)
+
+
+# -- a session's end: idle, and the proxy's shutdown --------------------------
+
+
+async def test_a_session_idle_past_its_timeout_ends_and_a_busy_one_stays() -> None:
+    # In-process, to give the session layer a short idle timeout (the proxy's is 30 minutes,
+    # the SDK's); a real uvicorn, a real SDK `Server` and real HTTP all the same.
+    import io
+
+    import uvicorn
+    from mcp.server.lowlevel import Server as LowLevelServer
+
+    from agentrt.proxy._http import Doorkeeper, listen
+    from agentrt.proxy._streamable import StreamableHTTP
+
+    async def list_tools(ctx: Any, params: Any) -> Any:
+        import mcp_types as types
+
+        return types.ListToolsResult(tools=[])
+
+    log = io.StringIO()
+    listener = listen("127.0.0.1", 0)
+    port = listener.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/mcp"
+    app = StreamableHTTP(
+        LowLevelServer("tiny", on_list_tools=list_tools),
+        Doorkeeper("127.0.0.1", port, None, log).admit, log, idle_seconds=1.0,
+    )  # fmt: skip
+    served = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
+    try:
+        async with app.running(), anyio.create_task_group() as group:
+            group.start_soon(served.serve, [listener])
+            with anyio.fail_after(10):
+                while not served.started:
+                    await anyio.sleep(0.02)
+            async with raw_host(url) as idle, raw_host(url) as busy:
+                stream_headers = busy.headers(accept="text/event-stream")
+                async with busy.client.stream("GET", url, headers=stream_headers) as held:
+                    assert held.status_code == 200
+                    await anyio.sleep(2.5)
+                    idle_after = await idle.request("tools/list", {})
+                    busy_after = await busy.request("tools/list", {})
+            served.should_exit = True
+            app.drain()
+    finally:
+        listener.close()
+    assert idle_after.status_code == 404
+    assert busy_after.status_code == 200 and busy_after.json()["result"] == {"tools": []}
+    assert f"ended HTTP session {idle.session_id[:8]}… after 1 s without a request" in (
+        log.getvalue()
+    )
+
+
+@pytest.mark.slow
+async def test_sigterm_with_a_standalone_stream_open_answers_the_call_and_exits_0(
+    tmp_path: Path,
+) -> None:
+    # The SDK's client holds its standalone GET stream open: the proxy ends it at shutdown
+    # (uvicorn would otherwise wait for it forever), the call in flight still gets its answer.
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from proxy_helpers import RULES, build_setup, text_of, until
+
+    setup = await build_setup(
+        tmp_path, rules={**RULES, "write_note": {"side_effect": "local_mutation", "timeout": "30s"}}
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    results: list[Any] = []
+    with setup.stderr_path.open("a") as errlog:
+        process = await anyio.open_process(
+            [*setup.command(), "--http", f"127.0.0.1:{port}"],
+            stderr=errlog, env=setup.environment(), cwd=str(setup.root),
+        )  # fmt: skip
+        try:
+            await until(lambda: "serving streamable HTTP" in setup.stderr(), 30)
+            async with (
+                streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                # Listed first: the client would otherwise list the tools after the result
+                # (to check it against an output schema), when the proxy has stopped.
+                await session.list_tools()
+
+                async def call() -> None:
+                    arguments = {"note": "last", "seconds": 2}
+                    results.append(await session.call_tool("up_write_note", arguments))
+
+                async with anyio.create_task_group() as group:
+                    group.start_soon(call)
+                    await until(lambda: len(setup.started()) == 1)
+                    process.terminate()
+                # The host is still connected, its standalone stream open: the proxy exits.
+                with anyio.fail_after(30):
+                    code = await process.wait()
+        finally:
+            if process.returncode is None:
+                process.kill()
+    [result] = results
+    assert text_of(result) == "noted last"
+    assert code == 0, setup.stderr()
+    assert setup.executions() == ["write_note last"]

@@ -31,6 +31,7 @@ checked first in the same callable.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from functools import partial
@@ -82,6 +83,10 @@ _PING: Final = b": ping\r\n\r\n"
 _QUEUED: Final = 16
 # The SDK manager's default cap on open sessions; one more is answered 503.
 _MAX_SESSIONS: Final = 10_000
+# The SDK manager's default: a session with no request in flight (no answer being served,
+# no standalone stream open) for this long ends, so a host that vanished without a DELETE
+# does not keep its session (and the server task behind it) forever.
+_IDLE_SECONDS: Final = 30 * 60.0
 # The SDK's code for a request that settled without a response (REQUEST_CANCELLED).
 _REQUEST_CANCELLED: Final = -32800
 
@@ -173,6 +178,9 @@ class _Session:
         self.waiting: dict[str, _Waiter] = {}
         self.standalone: _Waiter | None = None
         self.ended = False
+        # Requests of this session being served now, and since when none has been.
+        self.busy = 0
+        self.idle_since = time.monotonic()
 
     async def route(self, session_message: SessionMessage) -> None:
         """Hand one message from the server to whoever waits for it, as the SDK's router does."""
@@ -286,8 +294,15 @@ async def _watch_disconnect(receive: Receive, waiter: _Waiter) -> None:
 class StreamableHTTP:
     """The ASGI app serving `server` on /mcp; `running()` must be entered around serving."""
 
-    def __init__(self, server: LowLevelServer[Any], admit: Admit, log: IO[str]) -> None:
+    def __init__(
+        self,
+        server: LowLevelServer[Any],
+        admit: Admit,
+        log: IO[str],
+        idle_seconds: float = _IDLE_SECONDS,
+    ) -> None:
         self._server = server
+        self._idle_seconds = idle_seconds
         self._admit = admit
         self._log = log
         self._sessions: dict[str, _Session] = {}
@@ -305,6 +320,7 @@ class StreamableHTTP:
         """Sessions run inside; on leaving, every session still open ends."""
         async with self._modern.run(), anyio.create_task_group() as group:
             self._group = group
+            group.start_soon(self._end_idle_sessions)
             try:
                 yield
             finally:
@@ -313,6 +329,20 @@ class StreamableHTTP:
                 self._sessions.clear()
                 group.cancel_scope.cancel()
                 self._group = None
+
+    async def _end_idle_sessions(self) -> None:
+        while True:
+            await anyio.sleep(min(60.0, self._idle_seconds / 4))
+            now = time.monotonic()
+            for session in list(self._sessions.values()):
+                if session.busy == 0 and now - session.idle_since >= self._idle_seconds:
+                    del self._sessions[session.id]
+                    session.end()
+                    self._log.write(
+                        f"agentrt proxy: ended HTTP session {session.id[:8]}… after "
+                        f"{self._idle_seconds:g} s without a request\n"
+                    )
+                    self._log.flush()
 
     def drain(self) -> None:
         """The proxy is stopping: standalone streams end (so the server can stop waiting for
@@ -336,7 +366,6 @@ class StreamableHTTP:
         if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
             await self._modern.handle_request(scope, _replay(body, receive), send)
             return
-        method = scope["method"]
         session_id = headers.get("mcp-session-id")
         session: _Session | None = None
         if session_id is not None:
@@ -344,6 +373,24 @@ class StreamableHTTP:
             if session is None:
                 await _refuse(send, 404, "Session not found")
                 return
+            session.busy += 1
+        try:
+            await self._serve_method(scope, headers, body, session, send, receive)
+        finally:
+            if session is not None:
+                session.busy -= 1
+                session.idle_since = time.monotonic()
+
+    async def _serve_method(
+        self,
+        scope: Scope,
+        headers: Headers,
+        body: bytes,
+        session: _Session | None,
+        send: Send,
+        receive: Receive,
+    ) -> None:
+        method = scope["method"]
         if method == "POST":
             if not headers.get("content-type", "").lower().startswith("application/json"):
                 body_text = b"Invalid Content-Type header"
