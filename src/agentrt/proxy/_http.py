@@ -1,4 +1,4 @@
-"""Streamable HTTP for the proxy: who may reach it, and what its requests must be.
+"""Streamable HTTP for the proxy: who may reach it, what its requests must be, and serving.
 
 On a loopback address the listener is guarded against DNS rebinding: a page
 on any site can make a browser send requests to 127.0.0.2 or `[::1]` under a
@@ -7,8 +7,10 @@ name its attacker controls, so every request must name this listener in its
 carries an `Origin`, come from one of those.  This holds for every loopback
 address (all of 127/8, `[::1]` however written), not only the three the SDK
 knows.  A non-loopback listener needs `--allow-remote` and a bearer token,
-which guards it instead.  Every POST body is screened (`_host_messages`)
-before the SDK decodes it.
+which guards it instead.  Every POST body is read once, capped at 4 MiB, and
+screened (`_host_messages`) before anything decodes it.  `Doorkeeper` makes
+these checks first in the one ASGI callable (`_streamable.StreamableHTTP`)
+that uvicorn serves; decision 0020.
 """
 
 from __future__ import annotations
