@@ -1,4 +1,4 @@
-"""Streamable HTTP for the proxy: who may reach it, and what its requests must be.
+"""Streamable HTTP for the proxy: who may reach it, what its requests must be, and serving.
 
 On a loopback address the listener is guarded against DNS rebinding: a page
 on any site can make a browser send requests to 127.0.0.2 or `[::1]` under a
@@ -7,8 +7,10 @@ name its attacker controls, so every request must name this listener in its
 carries an `Origin`, come from one of those.  This holds for every loopback
 address (all of 127/8, `[::1]` however written), not only the three the SDK
 knows.  A non-loopback listener needs `--allow-remote` and a bearer token,
-which guards it instead.  Every POST body is screened (`_host_messages`)
-before the SDK decodes it.
+which guards it instead.  Every POST body is read once, capped at 4 MiB, and
+screened (`_host_messages`) before anything decodes it.  `Doorkeeper` makes
+these checks first in the one ASGI callable (`_streamable.StreamableHTTP`)
+that uvicorn serves; decision 0020.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from mcp.server.lowlevel import Server as LowLevelServer
 
 from ..sanitize import sanitize
 from ._host_messages import Refusal, screen
-from ._streamable import streamable_http_app
+from ._streamable import StreamableHTTP
 from .config import ConfigError
 
-__all__ = ["allowed_host_names", "is_loopback", "serve_http", "split_http"]
+__all__ = ["Doorkeeper", "allowed_host_names", "is_loopback", "serve_http", "split_http"]
 
 # The SDK's own cap on a request body; a longer one is refused as it would be.
 MAX_BODY_BYTES: Final = 4 * 1024 * 1024
@@ -81,32 +83,66 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-class GuardLoopbackHost:
-    """ASGI middleware: a request must name this listener in Host, and in Origin if it has one."""
+class Doorkeeper:
+    """Who may reach the listener, and what a POST body must be, checked once per request
+    before anything else reads it: the loopback guard (Host, then Origin), the bearer token,
+    the body cap, the screen."""
 
-    def __init__(self, app: Any, bound: str, port: int, log: IO[str]) -> None:
-        self.app = app
-        self.names = allowed_host_names(bound)
+    def __init__(self, bound: str | None, port: int, token: str | None, log: IO[str]) -> None:
+        # `bound` is None off loopback, where the token guards the listener instead.
+        self.names = allowed_host_names(bound) if bound is not None else None
         self.port = port
+        self.expected = f"Bearer {token}".encode() if token is not None else None
         self.log = log
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] in ("http", "websocket"):
-            # The port actually bound (the operator may have asked for port 0).
-            server = scope.get("server")
-            port = server[1] if server else self.port
-            allowed = {f"{name}:{port}" for name in self.names}
-            host = (_header(scope, b"host") or "").lower()
-            if host not in allowed:
-                self._refused("Host", host)
-                await _plain_response(send, 421, "Invalid Host header")
-                return
-            origin = _header(scope, b"origin")
-            if origin is not None and origin.lower() not in {f"http://{a}" for a in allowed}:
-                self._refused("Origin", origin)
-                await _plain_response(send, 403, "Invalid Origin header")
-                return
-        await self.app(scope, receive, send)
+    async def admit(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The request's body (b"" unless it is a POST) when it may pass; None when it was
+        answered here."""
+        if self.names is not None and not await self._names_this_listener(scope, send):
+            return None
+        if self.expected is not None:
+            given = _header(scope, b"authorization") or ""
+            if not hmac.compare_digest(given.encode("latin-1"), self.expected):
+                await _plain_response(send, 401, "a bearer token is required")
+                return None
+        if scope.get("method") != "POST":
+            return b""
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None  # the client went away before its body arrived
+            body += message.get("body", b"")
+            if len(body) > MAX_BODY_BYTES:
+                await _plain_response(send, 413, "Request body too large")
+                return None
+            if not message.get("more_body", False):
+                break
+        content_type = (_header(scope, b"content-type") or "").lower()
+        if content_type.startswith("application/json"):
+            refused = screen(bytes(body))
+            if refused is not None:
+                await self._answer(send, refused)
+                return None
+        return bytes(body)
+
+    async def _names_this_listener(self, scope: Scope, send: Send) -> bool:
+        assert self.names is not None
+        # The port actually bound (the operator may have asked for port 0).
+        server = scope.get("server")
+        port = server[1] if server else self.port
+        allowed = {f"{name}:{port}" for name in self.names}
+        host = (_header(scope, b"host") or "").lower()
+        if host not in allowed:
+            self._refused("Host", host)
+            await _plain_response(send, 421, "Invalid Host header")
+            return False
+        origin = _header(scope, b"origin")
+        if origin is not None and origin.lower() not in {f"http://{a}" for a in allowed}:
+            self._refused("Origin", origin)
+            await _plain_response(send, 403, "Invalid Origin header")
+            return False
+        return True
 
     def _refused(self, header: str, value: str) -> None:
         self.log.write(
@@ -115,74 +151,17 @@ class GuardLoopbackHost:
         )
         self.log.flush()
 
-
-class RequireToken:
-    """ASGI middleware: every HTTP request must carry `Authorization: Bearer <token>`."""
-
-    def __init__(self, app: Any, token: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            headers = dict(scope.get("headers") or [])
-            if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
-                await _plain_response(send, 401, "a bearer token is required")
-                return
-        await self.app(scope, receive, send)
-
-
-class ScreenBodies:
-    """ASGI middleware: a POST body the screen refuses is answered here, never decoded."""
-
-    def __init__(self, app: Any, log: IO[str]) -> None:
-        self.app = app
-        self.log = log
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        content_type = (_header(scope, b"content-type") or "").lower()
-        if (
-            scope["type"] != "http"
-            or scope.get("method") != "POST"
-            or not content_type.startswith("application/json")
-        ):
-            await self.app(scope, receive, send)
-            return
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away before its body arrived
-            body += message.get("body", b"")
-            if len(body) > MAX_BODY_BYTES:
-                await _plain_response(send, 413, "Request body too large")
-                return
-            if not message.get("more_body", False):
-                break
-        refused = screen(bytes(body))
-        if refused is not None:
-            await self._answer(send, refused)
-            return
-        replayed = False
-
-        async def replay() -> Any:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
     async def _answer(self, send: Send, refused: Refusal) -> None:
         self.log.write(refused.log_line + "\n")
         self.log.flush()
         status = 400 if hasattr(refused.reply, "error") else 200
+        body = refused.body()
         await send(
             {"type": "http.response.start", "status": status,
-             "headers": [(b"content-type", b"application/json")]}
+             "headers": [(b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}
         )  # fmt: skip
-        await send({"type": "http.response.body", "body": refused.body()})
+        await send({"type": "http.response.body", "body": body})
 
 
 async def serve_http(
@@ -195,19 +174,19 @@ async def serve_http(
     listener: socket.socket,
 ) -> None:
     """Serve streamable HTTP on `listener` (from `listen`) until `stopping` is set;
-    calls in flight then finish."""
+    calls in flight then finish and are answered, then the sessions end."""
     import uvicorn
-    from mcp.server.transport_security import TransportSecuritySettings
 
-    # The SDK knows only three loopback names (and turns its check off for
-    # every other address); the listener's own guard below covers them all.
-    security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    app: Any = ScreenBodies(streamable_http_app(server, security), log)
-    if token is not None:
-        app = RequireToken(app, token)
-    if is_loopback(host):
-        app = GuardLoopbackHost(app, host, port, log)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    doorkeeper = Doorkeeper(host if is_loopback(host) else None, port, token, log)
+    app = StreamableHTTP(server, doorkeeper.admit, log)
+    # One ASGI callable and nothing around it: no lifespan (the sessions run in
+    # `app.running()`), no websockets, no X-Forwarded-* rewriting of the client's address
+    # (nothing here reads it; uvicorn's middleware for it wrapped every request), and no
+    # access log (its line was formatted per response even with the logger off).
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", lifespan="off", http="httptools",
+        ws="none", proxy_headers=False, access_log=False,
+    )  # fmt: skip
 
     class _Server(uvicorn.Server):
         # uvicorn re-raises the signal it caught once it stops, which would end
@@ -221,12 +200,15 @@ async def serve_http(
 
     async def stop_when_asked() -> None:
         await stopping.wait()
+        # uvicorn waits for every open response before it stops: the standalone streams,
+        # which never end by themselves, end now; the answers in flight are waited for.
+        app.drain()
         server_http.should_exit = True
 
     shown = f"[{host}]" if ":" in host else host
     log.write(f"agentrt proxy: serving streamable HTTP on http://{shown}:{port}/mcp\n")
     log.flush()
-    async with anyio.create_task_group() as group:
+    async with app.running(), anyio.create_task_group() as group:
         group.start_soon(stop_when_asked)
         await server_http.serve(sockets=[listener])
         group.cancel_scope.cancel()
