@@ -7,10 +7,12 @@ import json
 import os
 import re
 import shlex
+import socket
+import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -274,6 +276,37 @@ def proxy_pid_from_lease(database: Path | str) -> int:
             if run.lease_owner:
                 return int(run.lease_owner.split(":")[2])
     raise LookupError("no run is leased")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def serving_http(config: Path, root: Path) -> Iterator[tuple[str, Path]]:
+    """`agentrt proxy --config CONFIG --http` on a free loopback port, run in `root` with
+    its stderr in `root/proxy.stderr`: yields its /mcp URL and that file once it serves,
+    and stops it (SIGTERM) after."""
+    port = free_port()
+    stderr = root / "proxy.stderr"
+    with stderr.open("a") as errlog:
+        process = subprocess.Popen(
+            [str(AGENTRT), "proxy", "--config", str(config), "--http", f"127.0.0.1:{port}"],
+            stdin=subprocess.DEVNULL, stderr=errlog, cwd=root,
+            env={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")},
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while "serving streamable HTTP" not in stderr.read_text():
+            assert process.poll() is None, stderr.read_text()
+            assert time.monotonic() < deadline, stderr.read_text()
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp", stderr
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
 
 
 def wait_for(condition: Callable[[], bool], limit: float = 15.0) -> None:

@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -28,7 +24,7 @@ import pytest
 from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from proxy_helpers import AGENTRT, text_of, write_private
+from proxy_helpers import serving_http, text_of, write_private
 
 from agentrt.canonical import canonical_json
 from agentrt.mcp import Manifest, OperatorFileError, Server, pin
@@ -51,12 +47,6 @@ def conformance_server(log: Path, name: str = "conf") -> Server:
         env=[f"CONFORMANCE_LOG={log}"],
         connect_timeout=20.0,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -147,28 +137,8 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         }
     )
     write_private(conf / "proxy.json", json.dumps(document))
-    port = free_port()
-    stderr = root / "proxy.stderr"
-    with stderr.open("a") as errlog:
-        process = subprocess.Popen(
-            [str(AGENTRT), "proxy", "--config", str(conf / "proxy.json"),
-             "--http", f"127.0.0.1:{port}"],
-            stdin=subprocess.DEVNULL, stderr=errlog, cwd=root,
-            env={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")},
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while "serving streamable HTTP" not in stderr.read_text():
-            assert process.poll() is None, stderr.read_text()
-            assert time.monotonic() < deadline, stderr.read_text()
-            time.sleep(0.05)
-        yield Running(
-            f"http://127.0.0.1:{port}/mcp", root, conf / "proxy.db", log, stderr, manifest,
-            asking_log,
-        )  # fmt: skip
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
+    with serving_http(conf / "proxy.json", root) as (url, stderr):
+        yield Running(url, root, conf / "proxy.db", log, stderr, manifest, asking_log)
 
 
 @asynccontextmanager

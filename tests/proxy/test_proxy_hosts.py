@@ -22,6 +22,7 @@ from proxy_helpers import (
     FILESYSTEM_SERVER,
     INSPECTOR,
     ProxySetup,
+    free_port,
     host,
     text_of,
     until,
@@ -159,12 +160,6 @@ def test_the_proxy_refuses_to_start_a_server_over_its_own_files(tmp_path: Path) 
     assert "forge an approval" in finished.stderr
     assert finished.stdout == ""
     assert not (conf / "proxy.db").exists()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @asynccontextmanager

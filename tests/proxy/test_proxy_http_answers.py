@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
-import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -31,7 +28,7 @@ import mcp_types as types
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from proxy_helpers import AGENTRT, text_of, write_private
+from proxy_helpers import serving_http, text_of, write_private
 
 from agentrt.mcp import Server, pin
 from agentrt.proxy._http import listen
@@ -77,27 +74,8 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         ],
     }
     write_private(conf / "proxy.json", json.dumps(document))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    stderr = root / "proxy.stderr"
-    with stderr.open("a") as errlog:
-        process = subprocess.Popen(
-            [str(AGENTRT), "proxy", "--config", str(conf / "proxy.json"),
-             "--http", f"127.0.0.1:{port}"],
-            stdin=subprocess.DEVNULL, stderr=errlog, cwd=root,
-            env={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")},
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while "serving streamable HTTP" not in stderr.read_text():
-            assert process.poll() is None, stderr.read_text()
-            assert time.monotonic() < deadline, stderr.read_text()
-            time.sleep(0.05)
-        yield Running(f"http://127.0.0.1:{port}/mcp", stderr)
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
+    with serving_http(conf / "proxy.json", root) as (url, stderr):
+        yield Running(url, stderr)
 
 
 @dataclass

@@ -11,7 +11,6 @@ compared.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from proxy_helpers import AGENTRT, write_private
+from proxy_helpers import serving_http, write_private
 
 from agentrt.mcp import Server, pin
 
@@ -40,14 +39,6 @@ ACCEPT = "application/json, text/event-stream"
 class Running:
     url: str
     stderr: Path
-
-
-def _wait_for(text: str, path: Path, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while text not in path.read_text():
-        assert process.poll() is None, path.read_text()
-        assert time.monotonic() < deadline, path.read_text()
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -73,23 +64,8 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         ],
     }
     write_private(conf / "proxy.json", json.dumps(document))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    stderr = root / "proxy.stderr"
-    with stderr.open("a") as errlog:
-        process = subprocess.Popen(
-            [str(AGENTRT), "proxy", "--config", str(conf / "proxy.json"),
-             "--http", f"127.0.0.1:{port}"],
-            stdin=subprocess.DEVNULL, stderr=errlog, cwd=root,
-            env={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")},
-        )  # fmt: skip
-    try:
-        _wait_for("serving streamable HTTP", stderr, process)
-        yield Running(f"http://127.0.0.1:{port}/mcp", stderr)
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
+    with serving_http(conf / "proxy.json", root) as (url, stderr):
+        yield Running(url, stderr)
 
 
 @pytest.fixture(scope="module")
