@@ -278,6 +278,32 @@ def proxy_pid_from_lease(database: Path | str) -> int:
     raise LookupError("no run is leased")
 
 
+CONFORMANCE = Path(__file__).parent / "servers" / "conformance_server.py"
+
+
+def conformance_config(root: Path, session: str, **server: Any) -> Path:
+    """A proxy configuration in `root/conf` for the conformance server, pinned, every tool
+    allowed read-only under its own name; `server` adds to (or overrides) its entry."""
+    conf = root / "conf"
+    upstream = Server(
+        name="conf", command=[sys.executable, str(CONFORMANCE)], env=server.get("env", [])
+    )
+    manifest = anyio.run(pin, upstream)
+    write_private(conf / "conf.manifest.json", manifest.to_json())
+    rules = {name: {"side_effect": "read_only", "rename": name, "allow_hint_mismatch": True}
+             for name in manifest.tools}  # fmt: skip
+    entry = {
+        "name": "conf",
+        "command": [sys.executable, str(CONFORMANCE)],
+        "default_timeout": "20s",
+        "manifest": "conf.manifest.json",
+        "rules": rules,
+        **server,
+    }
+    document = {"database": "proxy.db", "session": session, "servers": [entry]}
+    return write_private(conf / "proxy.json", json.dumps(document))
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

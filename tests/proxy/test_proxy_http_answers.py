@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -28,14 +27,12 @@ import mcp_types as types
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from proxy_helpers import serving_http, text_of, write_private
+from proxy_helpers import conformance_config, serving_http, text_of
 
-from agentrt.mcp import Server, pin
 from agentrt.proxy._http import listen
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
-CONFORMANCE = Path(__file__).parent / "servers" / "conformance_server.py"
 PROTOCOL = "2025-11-25"
 ACCEPT = "application/json, text/event-stream"
 
@@ -49,32 +46,11 @@ class Running:
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     root = tmp_path_factory.mktemp("answers")
-    conf = root / "conf"
     log = root / "upstream.log"
-    server = Server(
-        name="conf", command=[sys.executable, str(CONFORMANCE)], env=[f"CONFORMANCE_LOG={log}"]
+    config = conformance_config(
+        root, "answers", env=[f"CONFORMANCE_LOG={log}"], client_requests={"elicitation": "forward"}
     )
-    manifest = anyio.run(pin, server)
-    write_private(conf / "conf.manifest.json", manifest.to_json())
-    rules = {name: {"side_effect": "read_only", "rename": name, "allow_hint_mismatch": True}
-             for name in manifest.tools}  # fmt: skip
-    document = {
-        "database": "proxy.db",
-        "session": "answers",
-        "servers": [
-            {
-                "name": "conf",
-                "command": [sys.executable, str(CONFORMANCE)],
-                "env": [f"CONFORMANCE_LOG={log}"],
-                "default_timeout": "20s",
-                "manifest": "conf.manifest.json",
-                "rules": rules,
-                "client_requests": {"elicitation": "forward"},
-            }
-        ],
-    }
-    write_private(conf / "proxy.json", json.dumps(document))
-    with serving_http(conf / "proxy.json", root) as (url, stderr):
+    with serving_http(config, root) as (url, stderr):
         yield Running(url, stderr)
 
 

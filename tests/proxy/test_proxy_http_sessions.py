@@ -24,13 +24,10 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from proxy_helpers import serving_http, write_private
-
-from agentrt.mcp import Server, pin
+from proxy_helpers import CONFORMANCE, conformance_config, serving_http
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
-CONFORMANCE = Path(__file__).parent / "servers" / "conformance_server.py"
 PROTOCOL = "2025-11-25"
 ACCEPT = "application/json, text/event-stream"
 
@@ -44,27 +41,8 @@ class Running:
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     root = tmp_path_factory.mktemp("sessions")
-    conf = root / "conf"
-    server = Server(name="conf", command=[sys.executable, str(CONFORMANCE)])
-    manifest = anyio.run(pin, server)
-    write_private(conf / "conf.manifest.json", manifest.to_json())
-    rules = {name: {"side_effect": "read_only", "rename": name, "allow_hint_mismatch": True}
-             for name in manifest.tools}  # fmt: skip
-    document = {
-        "database": "proxy.db",
-        "session": "sessions",
-        "servers": [
-            {
-                "name": "conf",
-                "command": [sys.executable, str(CONFORMANCE)],
-                "default_timeout": "20s",
-                "manifest": "conf.manifest.json",
-                "rules": rules,
-            }
-        ],
-    }
-    write_private(conf / "proxy.json", json.dumps(document))
-    with serving_http(conf / "proxy.json", root) as (url, stderr):
+    config = conformance_config(root, "sessions")
+    with serving_http(config, root) as (url, stderr):
         yield Running(url, stderr)
 
 
