@@ -24,7 +24,7 @@ import pytest
 from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from proxy_helpers import serving_http, text_of, write_private
+from proxy_helpers import CONFORMANCE, serving_http, text_of, write_private
 
 from agentrt.canonical import canonical_json
 from agentrt.mcp import Manifest, OperatorFileError, Server, pin
@@ -35,7 +35,6 @@ from agentrt.store import Event, open_store
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
-CONFORMANCE = Path(__file__).parent / "servers" / "conformance_server.py"
 # A second server, asking in its results as the 2026-07-28 revision does.
 INPUT_REQUIRED = Path(__file__).parent / "servers" / "input_required_server.py"
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import anyio
 import pytest
-from proxy_helpers import AGENTRT, REPO, write_private
-from test_proxy_beyond_tools import CONFORMANCE, conformance_server, free_port, proxy_document
+from proxy_helpers import AGENTRT, REPO, free_port, write_private
+from test_proxy_beyond_tools import CONFORMANCE, conformance_server, proxy_document
 
 from agentrt.mcp import pin
 from agentrt.store import open_store

@@ -312,7 +312,8 @@ async def test_sigterm_over_http_answers_the_call_in_flight_and_exits_0(tmp_path
     import json
 
     import httpx2
-    from test_proxy_hosts import _listening, free_port
+    from proxy_helpers import free_port
+    from test_proxy_hosts import _listening
 
     setup = await build_setup(tmp_path, rules=SLOW_RULES)
     port = free_port()
