@@ -445,6 +445,19 @@ def _renewing_tasks() -> list[str]:
     return found
 
 
+def _counting_renewals(gate: Gate) -> list[float]:
+    """When each of `gate`'s lease renewals happened (monotonic), appended as they happen."""
+    renewed_at: list[float] = []
+    renew = gate.renew_lease
+
+    def counting(run_id: str) -> bool:
+        renewed_at.append(time.monotonic())
+        return renew(run_id)
+
+    gate.renew_lease = counting  # type: ignore[method-assign]
+    return renewed_at
+
+
 async def test_a_call_that_ends_before_a_third_of_its_lease_runs_no_renewing_task(
     tmp_path: Path,
 ) -> None:
@@ -452,9 +465,7 @@ async def test_a_call_that_ends_before_a_third_of_its_lease_runs_no_renewing_tas
     # Its timeout outlasts half the lease, so the lease is kept through the call.
     tool = _Hook("write", timeout=20.0)
     gate = Gate(store, [tool], policy=_ALLOW_ALL, lease_ttl=30.0)
-    renewals: list[str] = []
-    renew = gate.renew_lease
-    gate.renew_lease = lambda run_id: renewals.append(run_id) or renew(run_id)  # type: ignore[method-assign]
+    renewals = _counting_renewals(gate)
     seen: list[list[str]] = []
 
     async def during() -> None:
@@ -477,14 +488,7 @@ async def test_a_call_past_a_third_of_its_lease_renews_it_then_and_stops_before_
     store = open_store(tmp_path / "runs.db")
     tool = _Hook("write", timeout=20.0)
     gate = Gate(store, [tool], policy=_ALLOW_ALL, lease_ttl=0.9)
-    renewed_at: list[float] = []
-    renew = gate.renew_lease
-
-    def counting(run_id: str) -> bool:
-        renewed_at.append(time.monotonic())
-        return renew(run_id)
-
-    gate.renew_lease = counting  # type: ignore[method-assign]
+    renewed_at = _counting_renewals(gate)
     began: list[float] = []
     expiry: list[float | None] = []
 

@@ -279,6 +279,17 @@ def proxy_pid_from_lease(database: Path | str) -> int:
 
 
 CONFORMANCE = Path(__file__).parent / "servers" / "conformance_server.py"
+# What a 2025-11-25 host sends by hand over streamable HTTP.
+PROTOCOL = "2025-11-25"
+ACCEPT = "application/json, text/event-stream"
+
+
+@dataclass
+class HTTPProxy:
+    """A proxy serving streamable HTTP: its /mcp URL and its stderr file."""
+
+    url: str
+    stderr: Path
 
 
 def conformance_config(root: Path, session: str, **server: Any) -> Path:

@@ -18,7 +18,6 @@ import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -27,31 +26,22 @@ import mcp_types as types
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from proxy_helpers import conformance_config, serving_http, text_of
+from proxy_helpers import ACCEPT, PROTOCOL, HTTPProxy, conformance_config, serving_http, text_of
 
 from agentrt.proxy._http import listen
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
-PROTOCOL = "2025-11-25"
-ACCEPT = "application/json, text/event-stream"
-
-
-@dataclass
-class Running:
-    url: str
-    stderr: Path
-
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HTTPProxy]:
     root = tmp_path_factory.mktemp("answers")
     log = root / "upstream.log"
     config = conformance_config(
         root, "answers", env=[f"CONFORMANCE_LOG={log}"], client_requests={"elicitation": "forward"}
     )
     with serving_http(config, root) as (url, stderr):
-        yield Running(url, stderr)
+        yield HTTPProxy(url, stderr)
 
 
 @dataclass
@@ -103,7 +93,7 @@ def _sse_messages(text: str) -> list[dict[str, Any]]:
 
 
 async def test_a_call_without_a_progress_token_is_answered_in_one_json_body(
-    running: Running,
+    running: HTTPProxy,
 ) -> None:
     async with raw_host(running.url) as host:
         answer = await host.call("test_simple_text")
@@ -120,7 +110,7 @@ async def test_a_call_without_a_progress_token_is_answered_in_one_json_body(
 
 
 async def test_a_call_with_a_progress_token_is_streamed_and_carries_the_servers_progress(
-    running: Running,
+    running: HTTPProxy,
 ) -> None:
     async with raw_host(running.url) as host:
         answer = await host.call("test_tool_with_progress", {"progressToken": "host-token-7"})
@@ -153,7 +143,7 @@ async def sdk_host(url: str, answers: list[tuple[str, str]], **callbacks: Any) -
 
 
 async def test_a_call_whose_server_asks_a_capable_host_is_streamed_and_the_request_reaches_it(
-    running: Running,
+    running: HTTPProxy,
 ) -> None:
     asked: list[str] = []
 
@@ -173,7 +163,7 @@ async def test_a_call_whose_server_asks_a_capable_host_is_streamed_and_the_reque
     assert calls[0].startswith("text/event-stream") and calls[1] == "application/json"
 
 
-async def test_a_host_that_cannot_answer_is_never_asked_and_gets_json(running: Running) -> None:
+async def test_a_host_that_cannot_answer_is_never_asked_and_gets_json(running: HTTPProxy) -> None:
     answers: list[tuple[str, str]] = []
     async with sdk_host(running.url, answers) as session:
         result = await session.call_tool("test_elicitation", {"message": "Anyone?"})
@@ -182,7 +172,9 @@ async def test_a_host_that_cannot_answer_is_never_asked_and_gets_json(running: R
 
 
 @pytest.mark.slow
-async def test_a_call_silent_for_15_seconds_is_streamed_with_keep_alives(running: Running) -> None:
+async def test_a_call_silent_for_15_seconds_is_streamed_with_keep_alives(
+    running: HTTPProxy,
+) -> None:
     # Nothing for the host for 16 s: the answer becomes an event stream kept alive by a
     # comment, as the SDK's streams are, so a host reading with an idle timeout still sees bytes.
     async with raw_host(running.url) as host:
@@ -218,7 +210,7 @@ async def test_the_listener_turns_nagle_off_on_every_connection_it_accepts() -> 
 
 
 async def test_a_calls_log_lines_reach_the_host_on_its_own_stream_while_the_call_gets_json(
-    running: Running,
+    running: HTTPProxy,
 ) -> None:
     lines: list[str] = []
 

@@ -24,26 +24,24 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from proxy_helpers import CONFORMANCE, conformance_config, serving_http
+from proxy_helpers import (
+    ACCEPT,
+    CONFORMANCE,
+    PROTOCOL,
+    HTTPProxy,
+    conformance_config,
+    serving_http,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
-PROTOCOL = "2025-11-25"
-ACCEPT = "application/json, text/event-stream"
-
-
-@dataclass
-class Running:
-    url: str
-    stderr: Path
-
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HTTPProxy]:
     root = tmp_path_factory.mktemp("sessions")
     config = conformance_config(root, "sessions")
     with serving_http(config, root) as (url, stderr):
-        yield Running(url, stderr)
+        yield HTTPProxy(url, stderr)
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +118,7 @@ def _events(lines: list[str]) -> list[dict[str, Any]]:
             if line.startswith("data:") and line[len("data:") :].strip()]  # fmt: skip
 
 
-async def test_a_deleted_session_answers_404_from_then_on(running: Running) -> None:
+async def test_a_deleted_session_answers_404_from_then_on(running: HTTPProxy) -> None:
     async with raw_host(running.url) as host:
         before = await host.request("tools/list", {})
         deleted = await host.client.delete(host.url, headers=host.headers())
@@ -137,7 +135,7 @@ async def test_a_deleted_session_answers_404_from_then_on(running: Running) -> N
 
 
 async def test_ending_a_session_answers_its_waiting_call_with_the_sdks_500(
-    running: Running,
+    running: HTTPProxy,
 ) -> None:
     async with raw_host(running.url) as host:
         answers: list[httpx2.Response] = []
@@ -161,7 +159,7 @@ async def test_ending_a_session_answers_its_waiting_call_with_the_sdks_500(
 
 
 async def test_a_second_standalone_stream_is_refused_and_a_closed_one_frees_its_place(
-    running: Running,
+    running: HTTPProxy,
 ) -> None:
     async with raw_host(running.url) as host:
         stream_headers = host.headers(accept="text/event-stream")
@@ -183,7 +181,7 @@ async def test_a_second_standalone_stream_is_refused_and_a_closed_one_frees_its_
 
 
 async def test_the_standalone_stream_carries_what_belongs_to_no_request(
-    running: Running,
+    running: HTTPProxy,
 ) -> None:
     # The proxy's log lines for a 2025 host go to its standalone stream, not a call's answer.
     async with raw_host(running.url) as host:
@@ -208,7 +206,7 @@ async def test_the_standalone_stream_carries_what_belongs_to_no_request(
     ]  # fmt: skip
 
 
-async def test_a_host_leaving_before_its_answer_leaves_nothing_waiting(running: Running) -> None:
+async def test_a_host_leaving_before_its_answer_leaves_nothing_waiting(running: HTTPProxy) -> None:
     async with raw_host(running.url) as host:
         params = {"name": "test_elicitation_later", "arguments": {"seconds": 2, "ask": False}}
         body = host.body("tools/call", params, request_id=777)
@@ -277,7 +275,7 @@ async def _probes(url: str, client: httpx2.AsyncClient) -> dict[str, tuple[int, 
 
 
 async def test_refused_requests_get_the_statuses_and_codes_the_sdks_transport_gives(
-    running: Running, sdk_url: str
+    running: HTTPProxy, sdk_url: str
 ) -> None:
     async with httpx2.AsyncClient(timeout=30.0) as client:
         proxy = await _probes(running.url, client)
