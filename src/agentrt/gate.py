@@ -539,7 +539,9 @@ class Gate:
         if not admitted:
             return False, value, (None, "")
         view = self._insert_run(connection, run_id, goal, created, metadata, deadline_at)
-        return True, value, self._record_step(connection, view.run, 1, name, args, decided, now)
+        return True, value, self._record_step(
+            connection, view.run, 1, name, args, decided, now, inserted=True
+        )
 
     def _insert_run(
         self,
@@ -550,13 +552,14 @@ class Gate:
         metadata: Mapping[str, str] | None,
         deadline_at: float | None,
     ) -> _RunView:
-        seq_row = connection.execute("SELECT COALESCE(MAX(created_seq), 0) FROM runs").fetchone()
         try:
+            # Its creation order in the same statement: one read of the index's last entry.
             connection.execute(
                 "INSERT INTO runs (run_id, goal, status, created_at, updated_at, metadata,"
-                " deadline_at, created_seq) VALUES (?, ?, 'running', ?, ?, ?, ?, ?)",
+                " deadline_at, created_seq) VALUES (?, ?, 'running', ?, ?, ?, ?,"
+                " (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM runs))",
                 (run_id, goal, created, created, canonical_json(dict(metadata or {})),
-                 deadline_at, seq_row[0] + 1),
+                 deadline_at),
             )  # fmt: skip
         except INTEGRITY_ERRORS:
             raise RunStateError(f"run {sanitize(run_id)} already exists") from None
@@ -565,7 +568,14 @@ class Gate:
             {"goal": goal, "tools": [spec.name for spec in self.specs],
              "metadata": dict(metadata or {})},
         )  # fmt: skip
-        return _RunView(self.store.get_run(run_id), ())
+        # The row as this statement wrote it (what a read of it would give), not read back.
+        run = RunRecord(
+            run_id=run_id, goal=goal, status=RunStatus.RUNNING, reason="", result=None,
+            created_at=created, updated_at=created, step_count=0, consecutive_failures=0,
+            lease_owner=None, lease_expires_at=None, metadata=dict(metadata or {}),
+            deadline_at=deadline_at,
+        )  # fmt: skip
+        return _RunView(run, ())
 
     def _read_view(self, run_id: str) -> _RunView:
         """The run and the last steps loop detection looks at (blocking: run it off the loop)."""
@@ -816,11 +826,21 @@ class Gate:
         args: str,
         decided: PolicyDecision,
         now: float,
+        *,
+        inserted: bool = False,
     ) -> tuple[ApprovalRecord | None, str]:
-        """The request, its policy decision, and (if allowed) the `executing` mark: one commit."""
+        """The request, its policy decision, and (if allowed) the `executing` mark: one commit.
+
+        `inserted`: `run` is the row this transaction inserted a moment ago, so it
+        is not read again (nothing else can have written it since)."""
         started = utc_now()
         approval: ApprovalRecord | None = None
-        self._take_running(connection, run.run_id, run, recording=(step_number, started))
+        if inserted:
+            self._acquire_lease(
+                connection, run, time.time(), current_token=None, recording=(step_number, started)
+            )
+        else:
+            self._take_running(connection, run.run_id, run, recording=(step_number, started))
         token = self._lease_tokens[run.run_id]
         allowed = decided.outcome is Outcome.ALLOW
         # An allowed step goes straight to `executing` (its `tool_started` event

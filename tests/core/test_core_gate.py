@@ -231,6 +231,36 @@ async def test_the_view_a_result_leaves_is_what_a_fresh_read_of_the_run_gives(db
     assert (outcome.status, outcome.reason) == (RunStatus.FAILED, "loop_detected")
 
 
+async def test_the_run_a_start_writes_is_what_a_fresh_read_of_it_gives(db: Path) -> None:
+    # A started run is built from the values its INSERT wrote, not read back, and
+    # the first step of `start_and_step` takes its lease on that row unread: both
+    # must equal what a fresh read gives, field for field, with and without
+    # metadata and a deadline, and the runs keep their order of creation.
+    read = RecordingTool("read", SideEffect.READ_ONLY, content='{"text":"x"}')
+    store = open_store(db)
+    plain = Gate(store, [read])
+    timed = Gate(store, [read], limits=Limits(deadline=600.0))
+    started = [
+        await plain.start("plain"),
+        await timed.start("timed", metadata={"team": "ops", "note": "\u00fcber \U0001f600"}),
+    ]
+    for gate, run_id in zip((plain, timed), started, strict=True):
+        assert gate._views[run_id] == await store.run(gate._read_view, run_id)
+    run_id = "first-step"
+    value, outcome = await timed.start_and_step(
+        "stepped", Decision.tool_call("read", '{"path": "p"}'), run_id=run_id,
+        metadata={"k": "v"}, admit=lambda connection: (True, "admitted"),
+    )  # fmt: skip
+    assert value == "admitted" and outcome is not None
+    assert outcome.observation is not None and outcome.observation.kind == "result"
+    fresh = store.get_run(run_id)
+    assert (fresh.status, fresh.step_count, fresh.metadata) == (RunStatus.RUNNING, 1, {"k": "v"})
+    assert fresh.lease_owner == timed.owner and fresh.deadline_at is not None
+    assert timed._views[run_id] == await store.run(timed._read_view, run_id)
+    assert [run.run_id for run in store.list_runs()] == [run_id, *reversed(started)]
+    assert store.verify_chain().ok
+
+
 async def test_deadline_ends_the_run(db: Path) -> None:
     # The deadline is wide enough for a slow machine to reach the first call
     # (opening the store and committing the run take fsyncs), and the call

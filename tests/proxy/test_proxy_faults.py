@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import re
 import sqlite3
 import sys
 import threading
@@ -257,6 +258,40 @@ def test_the_index_lookup_reads_only_unsettled_and_deciding_rows_through_partial
         ).fetchall()
     assert "proxy_calls_unsettled" in str(unsettled)
     assert "proxy_calls_deciding" in str(deciding)
+
+
+def test_the_full_call_indexes_are_dropped_and_every_lookup_still_reads_through_an_index(
+    tmp_path: Path,
+) -> None:
+    # The third migration drops the two full indexes the partial ones replaced;
+    # every query of the index then still searches an index, none scans the table.
+    database = tmp_path / "old.db"
+    with open_store(database) as store:
+        store.migrate_extension("proxy", MIGRATIONS[:2])
+    with sqlite3.connect(database) as connection:
+        names = {row[0] for row in connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'proxy_calls'"
+        )}  # fmt: skip
+    assert {"proxy_calls_by_key", "proxy_calls_open"} <= names
+    with open_store(database) as store:
+        CallIndex(store, "s", "proxy:test", 30.0)
+    # Every statement the index module writes over proxy_calls, its string pieces joined.
+    source = (Path(__file__).parents[2] / "src/agentrt/proxy/_index.py").read_text()
+    pieces = re.findall(r'("(?:SELECT|UPDATE) [^"]*proxy_calls[^"]*"(?:\s*"[^"]*")*)', source)
+    queries = ["".join(re.findall(r'"([^"]*)"', piece)) for piece in pieces]
+    assert len(queries) >= 12
+    with sqlite3.connect(database) as connection:
+        names = {row[0] for row in connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'proxy_calls'"
+        )}  # fmt: skip
+        assert names == {
+            "sqlite_autoindex_proxy_calls_1", "proxy_calls_unsettled", "proxy_calls_deciding"
+        }  # fmt: skip
+        for sql in queries:
+            plan = str(connection.execute(
+                "EXPLAIN QUERY PLAN " + sql, [None] * sql.count("?")
+            ).fetchall())  # fmt: skip
+            assert "USING INDEX" in plan and "SCAN proxy_calls" not in plan, (sql, plan)
 
 
 # -- shutdown answers what it finished ---------------------------------------

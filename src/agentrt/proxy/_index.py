@@ -85,6 +85,13 @@ MIGRATIONS: Final[Sequence[str]] = (
         WHERE settled = 1 AND (outcome IN ('rejected', 'cancelled', 'expired')
             OR (mutating = 1 AND outcome IN ('result', 'tool_error')))
     """,
+    # The two full indexes the partial ones replaced: no query reads them any more
+    # (every lookup is by run id or through a partial index), and each cost every
+    # call a page written in its first commit and, settling, in its second.
+    """
+    DROP INDEX IF EXISTS proxy_calls_by_key;
+    DROP INDEX IF EXISTS proxy_calls_open
+    """,
 )
 
 # The rows a decision reads, written so SQLite can use the partial indexes above:
