@@ -539,8 +539,10 @@ class Gate:
         if not admitted:
             return False, value, (None, "")
         view = self._insert_run(connection, run_id, goal, created, metadata, deadline_at)
-        return True, value, self._record_step(
-            connection, view.run, 1, name, args, decided, now, inserted=True
+        return (
+            True,
+            value,
+            self._record_step(connection, view.run, 1, name, args, decided, now, inserted=True),
         )
 
     def _insert_run(

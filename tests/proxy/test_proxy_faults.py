@@ -5,8 +5,8 @@ recorded, identical reads in flight, and every way a host ends the session."""
 from __future__ import annotations
 
 import os
-import signal
 import re
+import signal
 import sqlite3
 import sys
 import threading
