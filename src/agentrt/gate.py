@@ -538,11 +538,14 @@ class Gate:
         admitted, value = admit(connection)
         if not admitted:
             return False, value, (None, "")
-        view = self._insert_run(connection, run_id, goal, created, metadata, deadline_at)
+        started = utc_now()
+        view = self._insert_run(
+            connection, run_id, goal, created, metadata, deadline_at, leased=started
+        )
         return (
             True,
             value,
-            self._record_step(connection, view.run, 1, name, args, decided, now, inserted=True),
+            self._record_step(connection, view.run, 1, name, args, decided, now, leased=started),
         )
 
     def _insert_run(
@@ -553,15 +556,27 @@ class Gate:
         created: str,
         metadata: Mapping[str, str] | None,
         deadline_at: float | None,
+        *,
+        leased: str | None = None,
     ) -> _RunView:
+        """Insert a running run.  `leased` (its first step's start time): the run is
+        inserted holding this gate's lease with that step counted, as `_acquire_lease`
+        would leave it, so the step's record needs no update of the row."""
+        owner = token = expires = None
+        updated, steps = created, 0
+        if leased is not None:
+            owner, token = self.owner, uuid.uuid4().hex
+            expires = self.store.write_time(time.time()) + self.lease_ttl
+            updated, steps = leased, 1
         try:
             # Its creation order in the same statement: one read of the index's last entry.
             connection.execute(
                 "INSERT INTO runs (run_id, goal, status, created_at, updated_at, metadata,"
-                " deadline_at, created_seq) VALUES (?, ?, 'running', ?, ?, ?, ?,"
+                " deadline_at, step_count, lease_owner, lease_expires_at, lease_token,"
+                " created_seq) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?,"
                 " (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM runs))",
-                (run_id, goal, created, created, canonical_json(dict(metadata or {})),
-                 deadline_at),
+                (run_id, goal, created, updated, canonical_json(dict(metadata or {})),
+                 deadline_at, steps, owner, expires, token),
             )  # fmt: skip
         except INTEGRITY_ERRORS:
             raise RunStateError(f"run {sanitize(run_id)} already exists") from None
@@ -571,10 +586,12 @@ class Gate:
              "metadata": dict(metadata or {})},
         )  # fmt: skip
         # The row as this statement wrote it (what a read of it would give), not read back.
+        if token is not None:
+            self._lease_tokens[run_id] = token
         run = RunRecord(
             run_id=run_id, goal=goal, status=RunStatus.RUNNING, reason="", result=None,
-            created_at=created, updated_at=created, step_count=0, consecutive_failures=0,
-            lease_owner=None, lease_expires_at=None, metadata=dict(metadata or {}),
+            created_at=created, updated_at=updated, step_count=steps, consecutive_failures=0,
+            lease_owner=owner, lease_expires_at=expires, metadata=dict(metadata or {}),
             deadline_at=deadline_at,
         )  # fmt: skip
         return _RunView(run, ())
@@ -829,19 +846,18 @@ class Gate:
         decided: PolicyDecision,
         now: float,
         *,
-        inserted: bool = False,
+        leased: str | None = None,
     ) -> tuple[ApprovalRecord | None, str]:
         """The request, its policy decision, and (if allowed) the `executing` mark: one commit.
 
-        `inserted`: `run` is the row this transaction inserted a moment ago, so it
-        is not read again (nothing else can have written it since)."""
-        started = utc_now()
+        `leased`: this transaction inserted `run` a moment ago, holding the lease with
+        this step counted (`_insert_run`), the step starting then: nothing to read or
+        update on the run (nothing else can have written it since)."""
         approval: ApprovalRecord | None = None
-        if inserted:
-            self._acquire_lease(
-                connection, run, time.time(), current_token=None, recording=(step_number, started)
-            )
+        if leased is not None:
+            started = leased
         else:
+            started = utc_now()
             self._take_running(connection, run.run_id, run, recording=(step_number, started))
         token = self._lease_tokens[run.run_id]
         allowed = decided.outcome is Outcome.ALLOW
