@@ -1121,16 +1121,26 @@ class Gate:
         # miss means another gate took the run over (and decided what this step
         # is) while the tool ran, and only the holder of the acquisition that
         # started a call records its result.  The unit then rolls back whole.
-        run = self.store.count_result(
-            connection, run_id, token, failed=error is not None, at=finished
-        )
+        run: RunRecord | None = None
+        status: RunStatus | None
+        if spec.terminal:
+            # Its success ends the run (after its error the next step reads the run
+            # afresh): no view is built, and the run's status is all this needs.
+            status = self.store.count_last_result(
+                connection, run_id, token, failed=error is not None, at=finished
+            )
+        else:
+            run = self.store.count_result(
+                connection, run_id, token, failed=error is not None, at=finished
+            )
+            status = None if run is None else run.status
         started_at = (
             None
-            if run is None
+            if status is None
             else self._finish_step(connection, run_id, step, step_status, kind, content,
                                    summary, finished)
         )  # fmt: skip
-        if run is None or started_at is None:
+        if status is None or started_at is None:
             raise LeaseLost(
                 f"run {sanitize(run_id)} was taken over while step {step} ran; "
                 "its result belongs to nobody now"
@@ -1147,7 +1157,6 @@ class Gate:
                 {"step": step, "tool": spec.name, "content": result.content,
                  "summary": result.summary},
             )  # fmt: skip
-        status = run.status
         if status is RunStatus.RUNNING and error is None and spec.terminal:
             assert result is not None
             run_result = result.content
@@ -1155,7 +1164,7 @@ class Gate:
             status = RunStatus.COMPLETED
         if on_end is not None:
             on_end(connection, status)
-        if status is not RunStatus.RUNNING:
+        if status is not RunStatus.RUNNING or run is None:
             return status, run_result, None
         this_step = StepRecord(run_id, step, spec.name, args, step_status, kind, content,
                                summary, started_at, finished)  # fmt: skip

@@ -454,6 +454,15 @@ def _step_status(value: str) -> StepStatus:
     return status if status is not None else StepStatus(value)
 
 
+@functools.cache
+def _counting(failed: bool, returning: str) -> str:
+    streak = "consecutive_failures + 1" if failed else "0"
+    return (
+        f"UPDATE runs SET consecutive_failures = {streak}, updated_at = ?"
+        f" WHERE run_id = ? AND lease_token = ? RETURNING {returning}"
+    )
+
+
 def _row_to_run(row: Any) -> RunRecord:
     metadata = row["metadata"]
     return RunRecord(
@@ -986,13 +995,16 @@ class Store:
         """Inside a write: count a step's result on the run (its failure streak, its
         update time), compared and set on the lease token that started the call;
         the row as this left it, or None if the run is no longer under `token`."""
-        streak = "consecutive_failures + 1" if failed else "0"
-        row = connection.execute(
-            f"UPDATE runs SET consecutive_failures = {streak}, updated_at = ?"
-            " WHERE run_id = ? AND lease_token = ? RETURNING *",
-            (at, run_id, token),
-        ).fetchone()
+        row = connection.execute(_counting(failed, "*"), (at, run_id, token)).fetchone()
         return None if row is None else _row_to_run(row)
+
+    def count_last_result(
+        self, connection: Connection, run_id: str, token: str, *, failed: bool, at: str
+    ) -> RunStatus | None:
+        """`count_result` for a step no other step follows (a terminal tool's): the
+        run's status as this left it, the only field its caller reads, or None."""
+        row = connection.execute(_counting(failed, "status"), (at, run_id, token)).fetchone()
+        return None if row is None else _run_status(row[0])
 
     def list_runs(self, limit: int = 50, offset: int = 0) -> list[RunRecord]:
         """Runs newest first, those waiting for an approval in front."""

@@ -147,6 +147,27 @@ async def test_terminal_tool_success_completes_the_run_with_its_result(db: Path)
     assert run.status is RunStatus.COMPLETED and run.result == '{"answer":42}'
 
 
+async def test_a_terminal_tool_that_fails_leaves_the_run_going_with_its_failure_counted(
+    db: Path,
+) -> None:
+    # A terminal tool's result reads back only the run's status (its success ends
+    # the run); after its error the run goes on, and the next step decides on the
+    # run as stored: its failure streak, its step count.
+    finish = RecordingTool("finish", SideEffect.READ_ONLY, terminal=True, error=RuntimeError("no"))
+    gate = Gate(open_store(db), [finish], limits=Limits(max_consecutive_failures=2))
+    run_id = await gate.start("x")
+    first = await gate.step(run_id, Decision.tool_call("finish", '{"path": "a"}'))
+    assert (first.status, first.reason) == (RunStatus.RUNNING, "tool_error")
+    run = gate.store.get_run(run_id)
+    assert (run.status, run.step_count, run.consecutive_failures) == (RunStatus.RUNNING, 1, 1)
+    assert run_id not in gate._views
+    second = await gate.step(run_id, Decision.tool_call("finish", '{"path": "b"}'))
+    assert second.status is RunStatus.RUNNING
+    third = await gate.step(run_id, Decision.tool_call("finish", '{"path": "c"}'))
+    assert (third.status, third.reason) == (RunStatus.FAILED, "failure_limit")
+    assert len(finish.calls) == 2
+
+
 async def test_tool_timeout_and_exception_are_tool_error_observations(db: Path) -> None:
     slow = RecordingTool("slow", SideEffect.READ_ONLY, timeout=0.2, delay=5.0)
     broken = RecordingTool("broken", SideEffect.READ_ONLY, error=RuntimeError("disk on fire"))
