@@ -71,8 +71,10 @@ def forwardable(raw: Mapping[str, Any], max_bytes: int) -> Forwarded:
     structured = raw.get("structuredContent")
     if structured is not None:
         result["structuredContent"] = plain_json(structured)
-    if _size(result) <= max_bytes:
-        return _sealed(result)
+    encoded = canonical_json(result).encode("utf-8")
+    if len(encoded) <= max_bytes:
+        # Its canonical form, encoded once, gives both the bound's answer and the seal.
+        return Forwarded(result, len(encoded), hashlib.sha256(encoded).hexdigest())
 
     left_out: list[str] = []
     kept: dict[str, Any] = {"content": [], "isError": False}

@@ -73,14 +73,24 @@ class HostCall:
     def __init__(self, ctx: Any, tool: str, arguments: dict[str, Any] | None) -> None:
         self.ctx = ctx
         self.tool = tool
-        self.arguments = _arguments_key(arguments)
+        self._arguments = arguments
+        self._key: str | None = None
         # True while a host request waits on this call (not while it is suspended).
         self.waiting = False
         self._answer: Answer | None = None
         self._posted: Question | None = None
         self._outstanding: Question | None = None
-        self._changed = anyio.Event()
+        # Made afresh by each wait (`_wait`): None until the first.
+        self._changed: anyio.Event | None = None
         self._asked = 0
+
+    @property
+    def arguments(self) -> str | None:
+        """The call's arguments as canonical JSON, the key a retry's must match: made
+        only for a call that is suspended (most never are)."""
+        if self._key is None:
+            self._key = _arguments_key(self._arguments)
+        return self._key
 
     @property
     def finished(self) -> bool:
@@ -97,7 +107,7 @@ class HostCall:
         for question in (self._posted, self._outstanding):
             if question is not None:
                 question.answered.set()
-        self._changed.set()
+        self._wake()
 
     async def answer(self) -> Answer:
         """Wait for the call's answer alone (a call whose server cannot ask)."""
@@ -123,7 +133,7 @@ class HostCall:
         self._asked += 1
         question = Question(f"{method.split('/')[0]}-{self._asked}", method, params)
         self._posted = question
-        self._changed.set()
+        self._wake()
         with anyio.move_on_after(timeout):
             await question.answered.wait()
         if self._posted is question:
@@ -145,6 +155,10 @@ class HostCall:
     async def _wait(self) -> None:
         self._changed = anyio.Event()
         await self._changed.wait()
+
+    def _wake(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
 
 
 @dataclass(frozen=True, slots=True)
