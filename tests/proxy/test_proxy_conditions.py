@@ -335,6 +335,35 @@ def test_a_condition_is_stopped_at_its_time_budget_and_waits_for_a_person() -> N
     assert "took longer than 1s" in verdict.reason
 
 
+def test_a_time_budget_whose_first_stop_was_swallowed_still_stops_the_evaluation() -> None:
+    # The budget's stop could be swallowed once (a `__hash__` called from C code that
+    # ignores errors); it must come again, not leave the evaluation running unbounded,
+    # and nothing may be left pending once the evaluation is over.
+    import time
+
+    from agentrt.proxy._conditions import _deadline, _OutOfTime
+
+    def step() -> None:
+        return None
+
+    swallowed = 0
+    began = time.monotonic()
+    with pytest.raises(_OutOfTime), _deadline(time.monotonic() + 0.05):
+        while swallowed < 1:
+            try:
+                while True:
+                    step()
+            except _OutOfTime:  # what an evaluator ignoring errors does
+                swallowed += 1
+        while True:
+            step()
+    assert swallowed == 1 and time.monotonic() - began < 5
+    with _deadline(time.monotonic() + 60):
+        step()
+    for _ in range(100_000):
+        step()  # no stop left pending after either
+
+
 def test_numbers_are_cel_int_and_double_and_the_sizes_count_what_they_say() -> None:
     from decimal import Decimal
 

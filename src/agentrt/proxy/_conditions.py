@@ -13,15 +13,15 @@ a path that cannot be resolved, the time budget spent) decides
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import os
-import sys
+import threading
 import time
 import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from types import FrameType
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -83,22 +83,56 @@ class _OutOfTime(BaseException):
     inside the evaluator can swallow it and carry on."""
 
 
+# Raises an exception in a thread at its next bytecode check.  (Never called with NULL to
+# withdraw one: on Python 3.11 that leaves the thread's pending-work flag set, and its next
+# function call spins on it.)
+_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+# How often the stop is raised again once the deadline passed, should one be swallowed.
+_RESTOP_SECONDS: Final = 0.01
+
+
+def _check_pending() -> None:
+    """A Python function: entering it raises an asynchronous exception still pending."""
+
+
 @contextlib.contextmanager
 def _deadline(deadline: float) -> Iterator[None]:
-    """Raise `_OutOfTime` in this thread at the first Python call after `deadline`."""
-    previous = sys.gettrace()
+    """Raise `_OutOfTime` in this thread once `deadline` passed, and again every 10 ms
+    until it ends the evaluation.
 
-    def on_call(frame: FrameType, event: str, argument: Any) -> None:
-        if event == "call" and time.monotonic() > deadline:
-            raise _OutOfTime
-        # No per-line tracing: one clock read per call keeps the cost small.
-        return None
+    A watchdog thread raises it in this one (`PyThreadState_SetAsyncExc`).  Raised once
+    by a trace function, it could be swallowed (a `__hash__` called from C that ignores
+    errors, say), and Python switches off a trace function that raises: the evaluation
+    would then run on unbounded.  Nothing here is raised after this returns.
+    """
+    target = ctypes.c_ulong(threading.get_ident())
+    stop = threading.Event()
 
-    sys.settrace(on_call)
+    def watch() -> None:
+        if stop.wait(max(0.0, deadline - time.monotonic())):
+            return
+        while not stop.is_set():
+            _set_async_exc(target, ctypes.py_object(_OutOfTime))
+            stop.wait(_RESTOP_SECONDS)
+
+    watchdog = threading.Thread(target=watch, name="agentrt-condition-deadline", daemon=True)
+    watchdog.start()
+    out_of_time = False
     try:
         yield
+    except _OutOfTime:
+        out_of_time = True
     finally:
-        sys.settrace(previous)
+        while True:
+            try:
+                stop.set()
+                watchdog.join()
+                _check_pending()  # one raised just before the watchdog stopped
+                break
+            except _OutOfTime:
+                out_of_time = True
+    if out_of_time:
+        raise _OutOfTime
 
 
 def _celpy() -> Any:
