@@ -118,6 +118,21 @@ def _events(lines: list[str]) -> list[dict[str, Any]]:
             if line.startswith("data:") and line[len("data:") :].strip()]  # fmt: skip
 
 
+async def test_the_proxy_serves_on_uvloop_and_falls_back_to_asyncios_loop_without_it(
+    running: HTTPProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # uvloop is a core dependency off Windows (decision 0023): a real proxy names the loop
+    # it serves on, and without uvloop the factory leaves the standard library's in place.
+    import uvloop
+
+    from agentrt.proxy._server import event_loop_factory
+
+    assert "(event loop: uvloop)" in running.stderr.read_text()
+    assert event_loop_factory() is uvloop.new_event_loop
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # an import of it now fails
+    assert event_loop_factory() is None
+
+
 async def test_a_deleted_session_answers_404_from_then_on(running: HTTPProxy) -> None:
     async with raw_host(running.url) as host:
         before = await host.request("tools/list", {})

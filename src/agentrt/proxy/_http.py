@@ -15,6 +15,7 @@ that uvicorn serves; decision 0020.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import hmac
@@ -206,7 +207,11 @@ async def serve_http(
         server_http.should_exit = True
 
     shown = f"[{host}]" if ":" in host else host
-    log.write(f"agentrt proxy: serving streamable HTTP on http://{shown}:{port}/mcp\n")
+    loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # "uvloop" or "asyncio"
+    log.write(
+        f"agentrt proxy: serving streamable HTTP on http://{shown}:{port}/mcp"
+        f" (event loop: {loop})\n"
+    )
     log.flush()
     async with app.running(), anyio.create_task_group() as group:
         group.start_soon(stop_when_asked)

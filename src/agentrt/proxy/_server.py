@@ -1030,6 +1030,18 @@ async def _serve_config(
     return 0
 
 
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop, which the proxy runs on wherever it is installed (a core
+    dependency on every platform but Windows): 10–15 % less CPU per proxied call than
+    the standard library's (decision 0023).  None, the standard library's, elsewhere."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
 def serve(
     config_path: str,
     *,
@@ -1046,7 +1058,8 @@ def serve(
     try:
         config = load_config(config_path)
         return anyio.run(
-            lambda: serve_config(config, http=http, allow_remote=allow_remote, token=token)
+            lambda: serve_config(config, http=http, allow_remote=allow_remote, token=token),
+            backend_options={"loop_factory": event_loop_factory()},
         )
     except StoreError as exc:
         # An unusable database is exit 2, as for every other subcommand.
