@@ -54,7 +54,7 @@ __all__ = [
 # macros over finite lists, but nested macros over a large list still take
 # as long as an attacker likes; so the expression and the arguments are
 # capped, and the evaluation runs in a worker thread under a deadline that a
-# trace hook enforces on every Python call the evaluator makes.
+# watchdog enforces: it raises the stop in that thread, again every 10 ms until it ends.
 MAX_EXPRESSION_CHARS: Final = 2000
 MAX_CONDITIONS: Final = 32
 MAX_ARGUMENT_BYTES: Final = 1024 * 1024
@@ -179,8 +179,8 @@ class ToolConditions:
     async def decide(self, arguments: Any) -> ConditionVerdict | None:
         """The first condition that holds, an error verdict, or None when none holds."""
         try:
-            # The thread stops itself at the deadline; this backstop is for time spent
-            # inside one C call (a regular expression), which the trace hook cannot cut.
+            # The thread is stopped at the deadline; this backstop is for time spent
+            # inside one C call (a regular expression), which the stop cannot cut.
             with anyio.fail_after(EVALUATION_SECONDS * 2):
                 return await anyio.to_thread.run_sync(
                     self.decide_now, arguments, abandon_on_cancel=True
