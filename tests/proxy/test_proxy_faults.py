@@ -260,6 +260,14 @@ def test_the_index_lookup_reads_only_unsettled_and_deciding_rows_through_partial
     assert "proxy_calls_deciding" in str(deciding)
 
 
+def _call_indexes(database: Path) -> set[str]:
+    with sqlite3.connect(database) as connection:
+        rows = connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'proxy_calls'"
+        ).fetchall()
+    return {row[0] for row in rows}
+
+
 def test_the_full_call_indexes_are_dropped_and_every_lookup_still_reads_through_an_index(
     tmp_path: Path,
 ) -> None:
@@ -268,11 +276,7 @@ def test_the_full_call_indexes_are_dropped_and_every_lookup_still_reads_through_
     database = tmp_path / "old.db"
     with open_store(database) as store:
         store.migrate_extension("proxy", MIGRATIONS[:2])
-    with sqlite3.connect(database) as connection:
-        names = {row[0] for row in connection.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'proxy_calls'"
-        )}  # fmt: skip
-    assert {"proxy_calls_by_key", "proxy_calls_open"} <= names
+    assert {"proxy_calls_by_key", "proxy_calls_open"} <= _call_indexes(database)
     with open_store(database) as store:
         CallIndex(store, "s", "proxy:test", 30.0)
     # Every statement the index module writes over proxy_calls, its string pieces joined.
@@ -280,13 +284,10 @@ def test_the_full_call_indexes_are_dropped_and_every_lookup_still_reads_through_
     pieces = re.findall(r'("(?:SELECT|UPDATE) [^"]*proxy_calls[^"]*"(?:\s*"[^"]*")*)', source)
     queries = ["".join(re.findall(r'"([^"]*)"', piece)) for piece in pieces]
     assert len(queries) >= 12
+    assert _call_indexes(database) == {
+        "sqlite_autoindex_proxy_calls_1", "proxy_calls_unsettled", "proxy_calls_deciding"
+    }  # fmt: skip
     with sqlite3.connect(database) as connection:
-        names = {row[0] for row in connection.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'proxy_calls'"
-        )}  # fmt: skip
-        assert names == {
-            "sqlite_autoindex_proxy_calls_1", "proxy_calls_unsettled", "proxy_calls_deciding"
-        }  # fmt: skip
         for sql in queries:
             plan = str(connection.execute(
                 "EXPLAIN QUERY PLAN " + sql, [None] * sql.count("?")
