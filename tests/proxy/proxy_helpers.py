@@ -11,13 +11,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -358,3 +359,64 @@ async def until(condition: Callable[[], bool], limit: float = 15.0) -> None:
     with anyio.fail_after(limit):
         while not condition():
             await anyio.sleep(0.05)
+
+
+@dataclass
+class RawHTTPHost:
+    """A host speaking the 2025-11-25 wire by hand over streamable HTTP, so each answer's
+    status and headers can be read."""
+
+    client: httpx2.AsyncClient
+    url: str
+    session_id: str = ""
+    next_id: int = field(default=1)
+
+    def headers(self, **extra: str) -> dict[str, str]:
+        return {"accept": ACCEPT, "content-type": "application/json",
+                "mcp-session-id": self.session_id, "mcp-protocol-version": PROTOCOL,
+                **extra}  # fmt: skip
+
+    def body(self, method: str, params: dict[str, Any], request_id: int | None = None) -> str:
+        if request_id is None:
+            self.next_id += 1
+            request_id = self.next_id
+        return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+
+    async def request(
+        self, method: str, params: dict[str, Any], request_id: int | None = None
+    ) -> httpx2.Response:
+        body = self.body(method, params, request_id)
+        return await self.client.post(self.url, content=body, headers=self.headers())
+
+    async def call(
+        self, name: str, meta: dict[str, Any] | None = None, **arguments: Any
+    ) -> httpx2.Response:
+        params: dict[str, Any] = {"name": name, "arguments": arguments}
+        if meta is not None:
+            params["_meta"] = meta
+        return await self.request("tools/call", params)
+
+
+INITIALIZE = {
+    "jsonrpc": "2.0", "id": 1, "method": "initialize",
+    "params": {"protocolVersion": PROTOCOL, "capabilities": {},
+               "clientInfo": {"name": "raw", "version": "1"}},
+}  # fmt: skip
+
+
+@asynccontextmanager
+async def raw_http_host(url: str) -> AsyncIterator[RawHTTPHost]:
+    """A `RawHTTPHost` with its session opened (initialize, then initialized)."""
+    async with httpx2.AsyncClient(timeout=30.0) as client:
+        answer = await client.post(url, json=INITIALIZE, headers={"accept": ACCEPT})
+        assert answer.status_code == 200, answer.text
+        host = RawHTTPHost(client, url, answer.headers["mcp-session-id"])
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert (await client.post(url, json=initialized, headers=host.headers())).status_code == 202
+        yield host
+
+
+def sse_data(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The JSON messages of an event stream's non-empty `data:` lines."""
+    return [json.loads(line[len("data:") :]) for line in lines
+            if line.startswith("data:") and line[len("data:") :].strip()]  # fmt: skip

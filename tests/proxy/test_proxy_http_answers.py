@@ -15,9 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -26,7 +25,14 @@ import mcp_types as types
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from proxy_helpers import ACCEPT, PROTOCOL, HTTPProxy, conformance_config, serving_http, text_of
+from proxy_helpers import (
+    HTTPProxy,
+    conformance_config,
+    raw_http_host,
+    serving_http,
+    sse_data,
+    text_of,
+)
 
 from agentrt.proxy._http import listen
 
@@ -44,58 +50,10 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HTTPProxy]:
         yield HTTPProxy(url, stderr)
 
 
-@dataclass
-class RawHost:
-    """A host speaking the 2025-11-25 wire by hand, so each answer's headers can be read."""
-
-    client: httpx2.AsyncClient
-    url: str
-    session_id: str = ""
-    next_id: int = field(default=1)
-
-    def headers(self) -> dict[str, str]:
-        return {"accept": ACCEPT, "content-type": "application/json",
-                "mcp-session-id": self.session_id, "mcp-protocol-version": PROTOCOL}  # fmt: skip
-
-    async def call(
-        self, name: str, meta: dict[str, Any] | None = None, **arguments: Any
-    ) -> httpx2.Response:
-        params: dict[str, Any] = {"name": name, "arguments": arguments}
-        if meta is not None:
-            params["_meta"] = meta
-        return await self.request("tools/call", params)
-
-    async def request(self, method: str, params: dict[str, Any]) -> httpx2.Response:
-        self.next_id += 1
-        body = {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}
-        return await self.client.post(self.url, json=body, headers=self.headers())
-
-
-@asynccontextmanager
-async def raw_host(url: str) -> AsyncIterator[RawHost]:
-    async with httpx2.AsyncClient(timeout=30.0) as client:
-        opening = {
-            "jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": PROTOCOL, "capabilities": {},
-                       "clientInfo": {"name": "raw", "version": "1"}},
-        }  # fmt: skip
-        answer = await client.post(url, json=opening, headers={"accept": ACCEPT})
-        assert answer.status_code == 200, answer.text
-        host = RawHost(client, url, answer.headers["mcp-session-id"])
-        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        assert (await client.post(url, json=initialized, headers=host.headers())).status_code == 202
-        yield host
-
-
-def _sse_messages(text: str) -> list[dict[str, Any]]:
-    return [json.loads(line[len("data:") :]) for line in text.splitlines()
-            if line.startswith("data:") and line[len("data:") :].strip()]  # fmt: skip
-
-
 async def test_a_call_without_a_progress_token_is_answered_in_one_json_body(
     running: HTTPProxy,
 ) -> None:
-    async with raw_host(running.url) as host:
+    async with raw_http_host(running.url) as host:
         answer = await host.call("test_simple_text")
         again = await host.call("test_simple_text")
     assert answer.status_code == 200
@@ -112,11 +70,11 @@ async def test_a_call_without_a_progress_token_is_answered_in_one_json_body(
 async def test_a_call_with_a_progress_token_is_streamed_and_carries_the_servers_progress(
     running: HTTPProxy,
 ) -> None:
-    async with raw_host(running.url) as host:
+    async with raw_http_host(running.url) as host:
         answer = await host.call("test_tool_with_progress", {"progressToken": "host-token-7"})
     assert answer.status_code == 200
     assert answer.headers["content-type"].startswith("text/event-stream")
-    messages = _sse_messages(answer.text)
+    messages = sse_data(answer.text.splitlines())
     progress = [m["params"] for m in messages if m.get("method") == "notifications/progress"]
     assert progress and all(p["progressToken"] == "host-token-7" for p in progress)
     assert [p["progress"] for p in progress] == sorted(p["progress"] for p in progress)
@@ -177,11 +135,11 @@ async def test_a_call_silent_for_15_seconds_is_streamed_with_keep_alives(
 ) -> None:
     # Nothing for the host for 16 s: the answer becomes an event stream kept alive by a
     # comment, as the SDK's streams are, so a host reading with an idle timeout still sees bytes.
-    async with raw_host(running.url) as host:
+    async with raw_http_host(running.url) as host:
         answer = await host.call("test_elicitation_later", seconds=16, ask=False)
     assert answer.headers["content-type"].startswith("text/event-stream")
     assert ": ping" in answer.text
-    (result,) = _sse_messages(answer.text)
+    (result,) = sse_data(answer.text.splitlines())
     assert result["id"] == host.next_id and "asked nothing" in text_of_raw(result)
 
 

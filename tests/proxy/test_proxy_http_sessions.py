@@ -15,9 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +25,13 @@ import pytest
 from proxy_helpers import (
     ACCEPT,
     CONFORMANCE,
+    INITIALIZE,
     PROTOCOL,
     HTTPProxy,
     conformance_config,
+    raw_http_host,
     serving_http,
+    sse_data,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
@@ -68,56 +69,6 @@ def sdk_url() -> Iterator[str]:
         process.wait(timeout=20)
 
 
-@dataclass
-class RawHost:
-    """A host speaking the 2025-11-25 wire by hand."""
-
-    client: httpx2.AsyncClient
-    url: str
-    session_id: str = ""
-    next_id: int = field(default=1)
-
-    def headers(self, **extra: str) -> dict[str, str]:
-        return {"accept": ACCEPT, "content-type": "application/json",
-                "mcp-session-id": self.session_id, "mcp-protocol-version": PROTOCOL,
-                **extra}  # fmt: skip
-
-    def body(self, method: str, params: dict[str, Any], request_id: int | None = None) -> str:
-        if request_id is None:
-            self.next_id += 1
-            request_id = self.next_id
-        return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
-
-    async def request(
-        self, method: str, params: dict[str, Any], request_id: int | None = None
-    ) -> httpx2.Response:
-        body = self.body(method, params, request_id)
-        return await self.client.post(self.url, content=body, headers=self.headers())
-
-
-INITIALIZE = {
-    "jsonrpc": "2.0", "id": 1, "method": "initialize",
-    "params": {"protocolVersion": PROTOCOL, "capabilities": {},
-               "clientInfo": {"name": "raw", "version": "1"}},
-}  # fmt: skip
-
-
-@asynccontextmanager
-async def raw_host(url: str) -> AsyncIterator[RawHost]:
-    async with httpx2.AsyncClient(timeout=30.0) as client:
-        answer = await client.post(url, json=INITIALIZE, headers={"accept": ACCEPT})
-        assert answer.status_code == 200, answer.text
-        host = RawHost(client, url, answer.headers["mcp-session-id"])
-        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        assert (await client.post(url, json=initialized, headers=host.headers())).status_code == 202
-        yield host
-
-
-def _events(lines: list[str]) -> list[dict[str, Any]]:
-    return [json.loads(line[len("data:") :]) for line in lines
-            if line.startswith("data:") and line[len("data:") :].strip()]  # fmt: skip
-
-
 async def test_the_proxy_serves_on_uvloop_and_falls_back_to_asyncios_loop_without_it(
     running: HTTPProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -134,13 +85,13 @@ async def test_the_proxy_serves_on_uvloop_and_falls_back_to_asyncios_loop_withou
 
 
 async def test_a_deleted_session_answers_404_from_then_on(running: HTTPProxy) -> None:
-    async with raw_host(running.url) as host:
+    async with raw_http_host(running.url) as host:
         before = await host.request("tools/list", {})
         deleted = await host.client.delete(host.url, headers=host.headers())
         after = await host.request("tools/list", {})
         again = await host.client.delete(host.url, headers=host.headers())
         # Another session is untouched.
-        async with raw_host(running.url) as other:
+        async with raw_http_host(running.url) as other:
             listed = await other.request("tools/list", {})
     assert before.status_code == 200 and "tools" in before.json()["result"]
     assert deleted.status_code == 200 and deleted.headers["mcp-session-id"] == host.session_id
@@ -152,7 +103,7 @@ async def test_a_deleted_session_answers_404_from_then_on(running: HTTPProxy) ->
 async def test_ending_a_session_answers_its_waiting_call_with_the_sdks_500(
     running: HTTPProxy,
 ) -> None:
-    async with raw_host(running.url) as host:
+    async with raw_http_host(running.url) as host:
         answers: list[httpx2.Response] = []
 
         async def slow_call() -> None:
@@ -176,7 +127,7 @@ async def test_ending_a_session_answers_its_waiting_call_with_the_sdks_500(
 async def test_a_second_standalone_stream_is_refused_and_a_closed_one_frees_its_place(
     running: HTTPProxy,
 ) -> None:
-    async with raw_host(running.url) as host:
+    async with raw_http_host(running.url) as host:
         stream_headers = host.headers(accept="text/event-stream")
         async with host.client.stream("GET", host.url, headers=stream_headers) as first:
             second = await host.client.get(host.url, headers=stream_headers)
@@ -199,7 +150,7 @@ async def test_the_standalone_stream_carries_what_belongs_to_no_request(
     running: HTTPProxy,
 ) -> None:
     # The proxy's log lines for a 2025 host go to its standalone stream, not a call's answer.
-    async with raw_host(running.url) as host:
+    async with raw_http_host(running.url) as host:
         stream_headers = host.headers(accept="text/event-stream")
         async with host.client.stream("GET", host.url, headers=stream_headers) as standalone:
             assert standalone.status_code == 200
@@ -210,7 +161,7 @@ async def test_the_standalone_stream_carries_what_belongs_to_no_request(
                 async for line in standalone.aiter_lines():
                     lines.append(line)
                     logged = [
-                        m for m in _events(lines) if m.get("method") == "notifications/message"
+                        m for m in sse_data(lines) if m.get("method") == "notifications/message"
                     ]
                     if len(logged) == 3:
                         break
@@ -222,7 +173,7 @@ async def test_the_standalone_stream_carries_what_belongs_to_no_request(
 
 
 async def test_a_host_leaving_before_its_answer_leaves_nothing_waiting(running: HTTPProxy) -> None:
-    async with raw_host(running.url) as host:
+    async with raw_http_host(running.url) as host:
         params = {"name": "test_elicitation_later", "arguments": {"seconds": 2, "ask": False}}
         body = host.body("tools/call", params, request_id=777)
         async with httpx2.AsyncClient(timeout=30.0) as leaving:
@@ -344,7 +295,7 @@ async def test_a_session_idle_past_its_timeout_ends_and_a_busy_one_stays() -> No
             with anyio.fail_after(10):
                 while not served.started:
                     await anyio.sleep(0.02)
-            async with raw_host(url) as idle, raw_host(url) as busy:
+            async with raw_http_host(url) as idle, raw_http_host(url) as busy:
                 stream_headers = busy.headers(accept="text/event-stream")
                 async with busy.client.stream("GET", url, headers=stream_headers) as held:
                     assert held.status_code == 200
