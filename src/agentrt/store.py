@@ -1001,8 +1001,8 @@ class Store:
     def count_last_result(
         self, connection: Connection, run_id: str, token: str, *, failed: bool, at: str
     ) -> RunStatus | None:
-        """`count_result` for a step no other step follows (a terminal tool's): the
-        run's status as this left it, the only field its caller reads, or None."""
+        """`count_result` for a terminal tool's step, from which no view of the run is
+        built: the run's status as this left it, the only field its caller reads, or None."""
         row = connection.execute(_counting(failed, "status"), (at, run_id, token)).fetchone()
         return None if row is None else _run_status(row[0])
 
