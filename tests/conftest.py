@@ -1,4 +1,5 @@
-"""Shared test configuration: anyio runs async tests on asyncio."""
+"""Shared test configuration: anyio runs async tests on asyncio (a test may ask for trio
+by parametrizing `anyio_backend`)."""
 
 from __future__ import annotations
 

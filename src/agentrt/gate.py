@@ -173,7 +173,8 @@ class _LeaseKept:
     a call that returns sooner (nearly every call) costs no task, no task group
     and no cancellation.  On another event loop the renewing task runs for the
     whole call, as a task group's child.  Either way it has ended before the
-    call's result is recorded.
+    call's result is recorded, and a renewal that failed has not failed the
+    call (`Gate._heartbeat` tries again at the next beat).
     """
 
     __slots__ = ("_gate", "_group", "_run_id", "_scope", "_task", "_timer")
@@ -394,7 +395,13 @@ class Gate:
 
     async def _heartbeat(self, run_id: str, *, due_now: bool = False) -> None:
         """Renew the run's lease every third of its time (the first renewal at once
-        when `due_now`) until a renewal finds it no longer this gate's."""
+        when `due_now`) until a renewal finds it no longer this gate's.
+
+        A renewal that fails, for whatever reason, is tried again at the next
+        beat and never fails the call it keeps: the tool's own outcome is what
+        gets recorded, and the result's compare-and-set on the lease token
+        still decides whether this gate holds the run when it is written.
+        """
         while True:
             if not due_now:
                 await anyio.sleep(self.lease_ttl / 3)
@@ -402,7 +409,7 @@ class Gate:
             try:
                 if not await self.store.run(self.renew_lease, run_id):
                     return
-            except (sqlite3.Error, StoreError):
+            except Exception:  # noqa: S112 - bookkeeping must never falsify the call's outcome
                 continue
 
     def history(self, run_id: str) -> list[Observation]:

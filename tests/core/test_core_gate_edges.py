@@ -514,3 +514,75 @@ async def test_a_call_past_a_third_of_its_lease_renews_it_then_and_stops_before_
     count = len(renewed_at)
     await anyio.sleep(0.5)
     assert len(renewed_at) == count
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_lease_renewal_that_fails_never_turns_the_calls_result_into_a_failure(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    # On asyncio the renewing task started by the timer, on trio the task group's.
+    store = open_store(tmp_path / "runs.db")
+    tool = _Hook("write", timeout=20.0, content='{"written":true}')
+    gate = Gate(store, [tool], policy=_ALLOW_ALL, lease_ttl=0.9)
+    renew = gate.renew_lease
+    attempts: list[float] = []
+
+    def failing_twice(run_id: str) -> bool:
+        attempts.append(time.monotonic())
+        if len(attempts) <= 2:
+            raise RuntimeError("the renewal broke")
+        return renew(run_id)
+
+    gate.renew_lease = failing_twice  # type: ignore[method-assign]
+    expiry: list[float | None] = []
+
+    async def during() -> None:
+        expiry.append(store.get_run(run_id).lease_expires_at)
+        await anyio.sleep(1.5)  # past the two failed renewals and at least one more
+        expiry.append(store.get_run(run_id).lease_expires_at)
+
+    tool.during = during
+    run_id = await gate.start("a long call whose lease renewal breaks")
+    outcome = await gate.step(run_id, Decision.tool_call("write", "{}"))
+    # The tool ran and answered: that is what the caller is told and what is recorded.
+    assert outcome.observation is not None
+    assert (outcome.observation.kind, outcome.observation.content) == ("result", '{"written":true}')
+    (step,) = store.list_steps(run_id)
+    assert (step.status, step.content) == (StepStatus.SUCCEEDED, '{"written":true}')
+    # The failures were tried again at the next beats, and a later renewal kept the lease.
+    assert len(attempts) >= 3
+    before, after = expiry
+    assert before is not None and after is not None and after > before
+    assert store.get_run(run_id).status is RunStatus.RUNNING
+    assert store.verify_chain().ok
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_on_an_event_loop_other_than_asyncio_a_long_call_keeps_its_lease_renewed(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    # No asyncio loop, so no timer: the renewing task runs for the whole call (decision 0021).
+    store = open_store(tmp_path / "runs.db")
+    tool = _Hook("write", timeout=20.0)
+    gate = Gate(store, [tool], policy=_ALLOW_ALL, lease_ttl=0.9)
+    renewed_at = _counting_renewals(gate)
+    expiry: list[float | None] = []
+
+    async def during() -> None:
+        expiry.append(store.get_run(run_id).lease_expires_at)
+        await anyio.sleep(2.7)  # three times the lease
+        expiry.append(store.get_run(run_id).lease_expires_at)
+
+    tool.during = during
+    run_id = await gate.start("a long call on trio")
+    outcome = await gate.step(run_id, Decision.tool_call("write", "{}"))
+    assert outcome.observation is not None and outcome.observation.kind == "result"
+    before, after = expiry
+    assert before is not None and after is not None and after > before + 1.5
+    assert len(renewed_at) >= 4
+    # The renewing ended with the call.
+    count = len(renewed_at)
+    await anyio.sleep(0.5)
+    assert len(renewed_at) == count
