@@ -146,20 +146,21 @@ class Cursor:
 
     __slots__ = ("_cursor",)
 
-    def __init__(self, cursor: psycopg.ClientCursor[Any]) -> None:
+    def __init__(self, cursor: psycopg.ClientCursor[Any] | None) -> None:
+        # None: a statement nothing was sent for (a ROLLBACK of what the server ended).
         self._cursor = cursor
 
     @property
     def rowcount(self) -> int:
-        return self._cursor.rowcount
+        return -1 if self._cursor is None else self._cursor.rowcount
 
     def fetchone(self) -> Any:
-        if self._cursor.description is None:
+        if self._cursor is None or self._cursor.description is None:
             return None
         return self._cursor.fetchone()
 
     def fetchall(self) -> list[Any]:
-        if self._cursor.description is None:
+        if self._cursor is None or self._cursor.description is None:
             return []
         return self._cursor.fetchall()
 
@@ -174,17 +175,49 @@ class PostgresConnection:
     A unique-key violation is raised as `StoreConflict`, a lock wait past the
     deadline as `StoreBusy`, any other database error as `StoreError`, each
     naming the database by its redacted URL.
+
+    A connection that breaks (the server restarted, the session was ended) is
+    opened again, with the same settings, at the next statement that may be
+    sent again safely: a `BEGIN`, or a read outside a write — a statement that
+    broke is then sent once more on the new connection.  A write the break
+    cut is never continued on another connection: its statements fail with
+    one sentence until the store rolls it back (nothing of it was written:
+    the server ends an open transaction with its session), and a COMMIT whose
+    answer the break took is reported as unknown, not as failed.
     """
 
-    def __init__(self, connection: psycopg.Connection[Any], label: str) -> None:
+    def __init__(
+        self,
+        connection: psycopg.Connection[Any],
+        label: str,
+        *,
+        parameters: dict[str, Any] | None = None,
+        settings: Sequence[str] = (),
+    ) -> None:
         self._connection = connection
         self.label = label
+        # How to open it again (None: never, it was handed over as it is).
+        self._parameters = parameters
+        self._settings = tuple(settings)
+        self._writing = False  # between a BEGIN this sent and its COMMIT or ROLLBACK
+        self._cut = False  # the connection broke inside a write not yet rolled back
 
     @property
     def in_transaction(self) -> bool:
+        if self._cut:
+            return True  # until the store rolls back the write the break cut
+        if self._connection.broken:
+            return False  # the server ended whatever was open with the session
         return self._connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
     def execute(self, sql: str, parameters: Sequence[Any] = ()) -> Cursor:
+        if self._cut:
+            if sql == "ROLLBACK":
+                self._cut = False
+                return Cursor(None)
+            if sql != "BEGIN":
+                raise self._cut_write()
+            self._cut = False
         if sql == "COMMIT" and self._failed():
             # PostgreSQL answers COMMIT of a failed transaction by rolling it back,
             # silently: say so instead of letting a caller believe it was written.
@@ -193,24 +226,77 @@ class PostgresConnection:
                 f"database {self.label} rolled back a transaction after an error in it; "
                 "nothing of it was written"
             )
-        cursor = self._connection.cursor()
+        if self._connection.broken:
+            self._reopen()
+        writing = self._writing
         try:
-            if parameters:
-                cursor.execute(_translate(sql), tuple(parameters))
-            else:
-                cursor.execute(sql)
+            cursor = self._send(sql, parameters)
         except psycopg.Error as exc:
+            if not self._connection.broken:
+                raise self._mapped(exc) from None
+            self._writing = False
+            if sql == "COMMIT":
+                raise StoreError(
+                    f"the connection to database {self.label} broke before its COMMIT was "
+                    "answered; whether the write was kept is unknown"
+                ) from None
+            if writing:
+                self._cut = True
+                raise self._cut_write() from None
+            # A BEGIN or a read outside a write did nothing yet: send it again, once.
+            self._reopen()
+            try:
+                cursor = self._send(sql, parameters)
+            except psycopg.Error as again:
+                raise self._mapped(again) from None
+        if sql == "BEGIN":
+            self._writing = True
+        elif sql in ("COMMIT", "ROLLBACK"):
+            self._writing = False
+        return Cursor(cursor)
+
+    def _send(self, sql: str, parameters: Sequence[Any]) -> psycopg.ClientCursor[Any]:
+        cursor = self._connection.cursor()
+        if parameters:
+            cursor.execute(_translate(sql), tuple(parameters))
+        else:
+            cursor.execute(sql)
+        return cursor  # type: ignore[return-value]
+
+    def _cut_write(self) -> StoreError:
+        return StoreError(
+            f"the connection to database {self.label} broke during a write; "
+            "nothing of it was written"
+        )
+
+    def _reopen(self) -> None:
+        """Replace a broken connection with a new one with the same settings."""
+        if self._parameters is None:
+            raise StoreError(f"the connection to database {self.label} broke")
+        fresh = _open(self._parameters, self.label)
+        try:
+            for setting in self._settings:
+                fresh.execute(setting)
+        except psycopg.Error as exc:
+            fresh.close()
             raise self._mapped(exc) from None
-        return Cursor(cursor)  # type: ignore[arg-type]
+        self._connection = fresh
+        self._writing = False
 
     def _failed(self) -> bool:
         return self._connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         # psycopg sends the rows in one pipeline: one round trip, not one per row.
+        # (Only ever inside a write: a break cuts it, as in `execute`.)
+        if self._cut:
+            raise self._cut_write()
         try:
             self._connection.cursor().executemany(_translate(sql), [tuple(row) for row in rows])
         except psycopg.Error as exc:
+            if self._connection.broken and self._writing:
+                self._writing, self._cut = False, True
+                raise self._cut_write() from None
             raise self._mapped(exc) from None
 
     def _mapped(self, exc: psycopg.Error) -> StoreError:
@@ -239,6 +325,7 @@ class PostgresConnection:
         return float(row[1])
 
     def rollback_quietly(self) -> None:
+        self._cut = self._writing = False
         if self.in_transaction:
             try:
                 self._connection.execute("ROLLBACK")
@@ -246,15 +333,13 @@ class PostgresConnection:
                 return
 
     def close(self) -> None:
+        self._parameters = None  # closed on purpose: never opened again
         self._connection.close()
 
 
-def connect(url: str, *, read_only: bool, lock_timeout_s: float) -> PostgresConnection:
-    """Connect to the database at `url` (credentials from libpq's environment only)."""
-    parameters = _parameters(url)
-    label = redacted(url)
+def _open(parameters: dict[str, Any], label: str) -> psycopg.Connection[Any]:
     try:
-        connection = psycopg.connect(
+        return psycopg.connect(
             **parameters,
             autocommit=True,
             cursor_factory=psycopg.ClientCursor,
@@ -265,12 +350,20 @@ def connect(url: str, *, read_only: bool, lock_timeout_s: float) -> PostgresConn
         # libpq's message names host, port and user, never the password.
         detail = sanitize(str(exc).strip().splitlines()[0] if str(exc).strip() else "no answer")
         raise StoreError(f"database {label} cannot be reached: {detail}") from None
-    adapter = PostgresConnection(connection, label)
+
+
+def connect(url: str, *, read_only: bool, lock_timeout_s: float) -> PostgresConnection:
+    """Connect to the database at `url` (credentials from libpq's environment only)."""
+    parameters = _parameters(url)
+    label = redacted(url)
+    settings = [f"SET lock_timeout = '{int(lock_timeout_s * 1000)}ms'", "SET TIME ZONE 'UTC'"]
+    if read_only:
+        settings.append("SET default_transaction_read_only = on")
+    connection = _open(parameters, label)
+    adapter = PostgresConnection(connection, label, parameters=parameters, settings=settings)
     try:
-        adapter.execute(f"SET lock_timeout = '{int(lock_timeout_s * 1000)}ms'")
-        adapter.execute("SET TIME ZONE 'UTC'")
-        if read_only:
-            adapter.execute("SET default_transaction_read_only = on")
+        for setting in settings:
+            adapter.execute(setting)
     except BaseException:
         connection.close()
         raise

@@ -300,3 +300,123 @@ def test_many_rows_in_one_statement_are_written_together_or_not_at_all(
     )
     assert [tuple(row) for row in rows] == [("first", 1), ("second", 2), ("third", 3)]
     store.close()
+
+
+# -- a connection that breaks --------------------------------------------------
+
+
+def _end_sessions(url: str) -> int:
+    """End every agentrt session on the test's database, as a server restart would."""
+    database = url.rsplit("/", 1)[1]
+    with _superuser(url) as admin:
+        rows = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = %s AND application_name = 'agentrt'",
+            (database,),
+        ).fetchall()
+    return len(rows)
+
+
+async def test_a_store_whose_connection_was_ended_opens_another_and_goes_on(url: str) -> None:
+    gate = Gate(open_store(url), [RecordingTool("read", SideEffect.READ_ONLY)])
+    first = await gate.start("before the break")
+    await gate.step(first, Decision.tool_call("read", '{"path": "a"}'))
+    assert _end_sessions(url) == 1
+    # A read after the break is sent again on a new connection, with the same settings.
+    assert gate.store.get_run(first).step_count == 1
+    (zone,) = gate.store._query("SHOW TimeZone")[0]
+    (lock_timeout,) = gate.store._query("SHOW lock_timeout")[0]
+    assert (zone, lock_timeout) == ("UTC", "30s")
+    assert _end_sessions(url) == 1
+    # So is the BEGIN of the next write: runs go on as if nothing happened.
+    second = await gate.start("after the break")
+    outcome = await gate.step(second, Decision.tool_call("read", '{"path": "a"}'))
+    assert outcome.observation is not None and outcome.observation.kind == "result"
+    assert gate.store.verify_chain().ok
+    assert [event.type for event in gate.store.list_events(first)][:1] == ["run_started"]
+    gate.store.close()
+
+
+def test_a_write_the_break_cut_is_not_written_and_the_next_write_is(url: str) -> None:
+    store = open_store(url)
+    with (
+        pytest.raises(
+            StoreError,
+            match=r"^the connection to database postgresql://.* broke during a write; "
+            r"nothing of it was written$",
+        ),
+        store.transaction() as connection,
+    ):
+        connection.execute("INSERT INTO extensions (name, version) VALUES ('cut', 1)")
+        assert _end_sessions(url) == 1
+        connection.execute("INSERT INTO extensions (name, version) VALUES ('cut too', 2)")
+    # Nothing of the cut write stands, and nothing of it went on on the new connection.
+    assert store._query("SELECT name FROM extensions WHERE name LIKE 'cut%'") == []
+    with store.transaction() as connection:
+        connection.execute("INSERT INTO extensions (name, version) VALUES ('after', 3)")
+    assert [tuple(row) for row in store._query(
+        "SELECT name, version FROM extensions WHERE name = 'after'"
+    )] == [("after", 3)]  # fmt: skip
+    store.close()
+
+
+def test_a_commit_whose_answer_the_break_took_is_reported_unknown_not_failed(url: str) -> None:
+    store = open_store(url)
+    # A deferred trigger that ends its own session runs inside COMMIT: the break then
+    # takes COMMIT's answer, as a server dying mid-commit would.
+    with _superuser(url) as admin:
+        admin.execute(
+            "CREATE FUNCTION end_own_session() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NULL; END $$"
+        )
+        admin.execute(
+            "CREATE CONSTRAINT TRIGGER ends_at_commit AFTER INSERT ON extensions"
+            " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW"
+            " WHEN (NEW.name = 'at commit') EXECUTE FUNCTION end_own_session()"
+        )
+    with (
+        pytest.raises(
+            StoreError,
+            match=r"^the connection to database postgresql://.* broke before its COMMIT was "
+            r"answered; whether the write was kept is unknown$",
+        ),
+        store.transaction() as connection,
+    ):
+        connection.execute("INSERT INTO extensions (name, version) VALUES ('at commit', 1)")
+    # The store goes on with a new connection.
+    with store.transaction() as connection:
+        connection.execute("INSERT INTO extensions (name, version) VALUES ('next', 2)")
+    names = {row[0] for row in store._query("SELECT name FROM extensions")}
+    assert "next" in names
+    store.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_store_waits_out_a_server_restart_one_sentence_a_write_meanwhile(
+    tmp_path: Path,
+) -> None:
+    from _postgres import PostgresServer, find_binaries
+
+    binaries = find_binaries()
+    assert binaries is not None
+    server = PostgresServer(binaries)  # its own: this test stops it
+    try:
+        url = server.database()
+        gate = Gate(open_store(url), [RecordingTool("read", SideEffect.READ_ONLY)])
+        before = await gate.start("before the restart")
+        server.halt()
+        with pytest.raises(StoreError, match=r"^database postgresql://.* cannot be reached: "):
+            await gate.start("while the server is down")
+        with pytest.raises(StoreError, match=r"^database postgresql://.* cannot be reached: "):
+            gate.store.get_run(before)
+        server.start()
+        after = await gate.start("after the restart")
+        await gate.step(after, Decision.tool_call("read", '{"path": "a"}'))
+        assert gate.store.get_run(before).goal == "before the restart"
+        assert [run.goal for run in gate.store.list_runs()] == [
+            "after the restart", "before the restart"
+        ]  # fmt: skip
+        assert gate.store.verify_chain().ok
+        gate.store.close()
+    finally:
+        server.stop()
