@@ -3,7 +3,9 @@ by parametrizing `anyio_backend`)."""
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,10 @@ import pytest
 
 # tests/_postgres.py, the PostgreSQL server the store-facing tests run on.
 sys.path.insert(0, str(Path(__file__).parent))
+
+# Where stores on PostgreSQL keep this host's head anchors: a directory of the test
+# session's (each xdist worker its own), inherited by the processes the tests start.
+os.environ.setdefault("AGENTRT_ANCHOR_DIR", tempfile.mkdtemp(prefix="agentrt-anchors-"))
 
 
 @pytest.fixture

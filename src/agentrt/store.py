@@ -19,7 +19,9 @@ existing file is opened only if it already holds the agentrt schema (never
 initialised in place), holds no trigger or view, and passes SQLite's quick
 check; and a **head anchor** beside it (`<db>.anchor`: the last committed
 event's seq and hash) refuses a database whose chain is behind it — a WAL
-deleted after a crash, an old copy restored, a truncated file.
+deleted after a crash, an old copy restored, a truncated file.  (On
+PostgreSQL each host keeps its own anchor for the database, in its state
+directory: `postgres_anchor_path`.)
 
 Store work is synchronous, on one connection under the store's lock; async
 code runs it off the event loop with `Store.run` (a worker thread) and
@@ -826,28 +828,37 @@ class Store:
         """Compare the chain with the anchor beside the database: is anything lost?"""
         head_seq, head_hash = self.head()
         if self.anchor_path is None:
-            reason = (
-                "in memory: no anchor"
-                if self._postgres is None
-                else "on PostgreSQL the server keeps the chain durable: no head anchor file"
-            )
-            return AnchorReport(True, None, None, head_seq, head_hash, reason)
+            return AnchorReport(True, None, None, head_seq, head_hash, "in memory: no anchor")
         anchor = _read_anchor(self.anchor_path)
         label = sanitize(self.path)
+        where = sanitize(self.anchor_path)
+        if anchor is None and self._postgres is not None:
+            # Each host keeps its own: one that never wrote here has none, and that is
+            # no fault of the database's.
+            return AnchorReport(
+                True, None, None, head_seq, head_hash,
+                f"no head anchor on this host ({where}): a restored older backup is not "
+                "detected here",
+            )  # fmt: skip
         if anchor is None:
             return AnchorReport(
                 False, None, None, head_seq, head_hash,
-                f"database {label} has no head anchor ({sanitize(self.anchor_path)}), so lost "
-                "commits cannot be detected; copy the anchor with the database",
+                f"database {label} has no head anchor ({where}), so lost commits cannot be "
+                "detected; copy the anchor with the database",
             )  # fmt: skip
         seq, digest = anchor
         if head_seq < seq:
+            how = (
+                "(a deleted WAL, an older copy restored, or a truncated file)"
+                if self._postgres is None
+                else f"(an older backup restored, or the database emptied or recreated; "
+                f"if it was reset on purpose, remove {where} to start afresh)"
+            )
             return AnchorReport(
                 False, seq, digest, head_seq, head_hash,
                 f"database {label} ends at event {head_seq} ({head_hash[:16]}) but its anchor "
-                f"records event {seq} ({digest[:16]}): committed events were lost (a deleted "
-                "WAL, an older copy restored, or a truncated file), and calls that ran could "
-                "run again",
+                f"records event {seq} ({digest[:16]}): committed events were lost {how}, and "
+                "calls that ran could run again",
             )  # fmt: skip
         stored = (
             GENESIS_HASH
@@ -1557,7 +1568,12 @@ def open_store(
         connection.close()
         raise
     _tighten_sidecars(file_path)
-    store = Store(connection, label, False, anchor_path)
+    return _anchored(Store(connection, label, False, anchor_path))
+
+
+def _anchored(store: Store) -> Store:
+    """A store opened for writing, once its chain reaches its head anchor (a first
+    opening writes the anchor); closed and refused when committed events were lost."""
     try:
         report = store.check_anchor()
         if report.anchor_seq is None:
@@ -1570,6 +1586,30 @@ def open_store(
     return store
 
 
+def postgres_anchor_path(label: str) -> str:
+    """This host's head anchor for the PostgreSQL database named `label` (its redacted URL):
+    in `AGENTRT_ANCHOR_DIR`, else `$XDG_STATE_HOME/agentrt/anchors` (~/.local/state)."""
+    directory = os.environ.get("AGENTRT_ANCHOR_DIR") or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"),
+        "agentrt",
+        "anchors",
+    )
+    return os.path.join(directory, sha256_hex(label.encode("utf-8"))[:32] + ".anchor")
+
+
+def _anchor_directory(anchor_path: str, label: str) -> None:
+    """Create the directory of this host's anchors (private to this user) if missing."""
+    directory = os.path.dirname(anchor_path)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(
+            f"database {sanitize(label)}: the head anchor directory {sanitize(directory)} "
+            f"cannot be created ({exc.strerror}); set AGENTRT_ANCHOR_DIR to a directory of "
+            "this user's"
+        ) from None
+
+
 def _open_postgres(url: str, *, read_only: bool, create: bool) -> Store:
     try:
         from . import _postgres
@@ -1579,7 +1619,11 @@ def _open_postgres(url: str, *, read_only: bool, create: bool) -> Store:
         ) from None
     connection = _postgres.connect(url, read_only=read_only, lock_timeout_s=_BUSY_DEADLINE_S)
     label = connection.label
+    # This host's head anchor for it (decision 0015, amended): checked like SQLite's.
+    anchor_path = postgres_anchor_path(label)
     try:
+        if not read_only:
+            _anchor_directory(anchor_path, label)  # before anything is written
         version = _postgres.read_version(connection)
         _postgres.check_contents(connection, version)
         current = version == SCHEMA_VERSION and _postgres.extras_current(connection)
@@ -1596,11 +1640,26 @@ def _open_postgres(url: str, *, read_only: bool, create: bool) -> Store:
                     f"database {label} has schema {version}; open it once with the program "
                     f"that owns it (or `agentrt proxy`) to migrate it to {SCHEMA_VERSION}"
                 )
+            if version is None:
+                _refuse_if_anchored(anchor_path, label)
             _postgres.migrate(connection, _MIGRATIONS, _split_sql)
     except BaseException:
         connection.close()
         raise
-    return Store(connection, label, read_only, None, postgres=connection)
+    store = Store(connection, label, read_only, anchor_path, postgres=connection)
+    return store if read_only else _anchored(store)
+
+
+def _refuse_if_anchored(anchor_path: str, label: str) -> None:
+    """Refuse to create a database whose anchor says one held committed events here."""
+    anchored = _read_anchor(anchor_path)
+    if anchored is not None and anchored[0] > 0:
+        raise UnsafeDatabase(
+            f"database {sanitize(label)} holds no agentrt schema but its anchor "
+            f"({sanitize(anchor_path)}) records event {anchored[0]}: the database was emptied "
+            f"or recreated, and calls that ran could run again; if it was reset on purpose, "
+            f"remove {sanitize(anchor_path)} to start afresh"
+        )
 
 
 def _check_directories(path: Path) -> None:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cli_support import Produced, produce
 from click.testing import CliRunner
 
@@ -14,7 +15,7 @@ from agentrt.cli import cli
 
 
 def test_runs_show_events_export_and_verify_read_a_postgresql_database(
-    postgres_server: Any, tmp_path: Path
+    postgres_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = postgres_server.database()
     produced: Produced = produce(url, tmp_path / "sandbox")
@@ -35,14 +36,24 @@ def test_runs_show_events_export_and_verify_read_a_postgresql_database(
     exported = [json.loads(line) for line in run("export").output.splitlines()]
     assert [event["seq"] for event in exported] == list(range(1, len(exported) + 1))
     (report,) = [json.loads(line) for line in run("--json", "verify").output.splitlines()]
-    assert report["ok"] and report["checked"] == len(exported) and report["anchor_seq"] is None
+    # This host wrote the database, so its head anchor is here and the chain reaches it.
+    assert report["ok"] and report["checked"] == len(exported)
+    assert report["anchor_seq"] == exported[-1]["seq"] == report["head_seq"]
     assert report["reason"] == "intact"
-    # The text says what was not checked, rather than "nothing lost since its anchor".
+    assert (
+        run("verify")
+        .output.rstrip()
+        .endswith("; nothing lost since its anchor; every row matches its events")
+    )
+    # On a host that never wrote it there is no anchor: said, not counted as a fault.
+    monkeypatch.setenv("AGENTRT_ANCHOR_DIR", str(tmp_path / "another host"))
+    (elsewhere,) = [json.loads(line) for line in run("--json", "verify").output.splitlines()]
+    assert elsewhere["ok"] and elsewhere["anchor_seq"] is None
     assert (
         run("verify")
         .output.rstrip()
         .endswith(
-            "; no head anchor on PostgreSQL (a restored older backup is not detected);"
+            "; no head anchor on this host (a restored older backup is not detected here);"
             " every row matches its events"
         )
     )

@@ -420,3 +420,94 @@ async def test_a_store_waits_out_a_server_restart_one_sentence_a_write_meanwhile
         gate.store.close()
     finally:
         server.stop()
+
+
+# -- this host's head anchor ----------------------------------------------------
+
+
+async def test_a_restored_older_backup_is_refused_by_a_host_that_wrote_after_it(
+    postgres_server: Any,
+) -> None:
+    from agentrt.store import postgres_anchor_path
+
+    url = str(postgres_server.database())
+    database = url.rsplit("/", 1)[1]
+    gate = Gate(open_store(url), [RecordingTool("read", SideEffect.READ_ONLY)])
+    for number in range(3):
+        await gate.start(f"before the backup {number}")
+    gate.store.close()
+    backup = "b_" + uuid.uuid4().hex[:16]
+    postgres_server.admin(f"CREATE DATABASE {backup} TEMPLATE {database}")  # the backup
+    gate = Gate(open_store(url), [RecordingTool("read", SideEffect.READ_ONLY)])
+    after = await gate.start("after the backup")
+    await gate.step(after, Decision.tool_call("read", '{"path": "a"}'))
+    head_seq, head_hash = gate.store.head()
+    gate.store.close()
+    anchor = Path(postgres_anchor_path(open_store(url, read_only=True).path))
+    assert anchor.exists() and f'"seq": {head_seq}' in anchor.read_text()
+    # The database is restored from the backup: the run after it and its call are gone.
+    postgres_server.admin(f"DROP DATABASE {database}")
+    postgres_server.admin(f"CREATE DATABASE {database} TEMPLATE {backup}")
+    with pytest.raises(
+        UnsafeDatabase,
+        match=rf"^database postgresql://.*/{database} ends at event \d+ \(\w+\) but its anchor "
+        rf"records event {head_seq} \({head_hash[:16]}\): committed events were lost \(an older "
+        r"backup restored, or the database emptied or recreated; if it was reset on purpose, "
+        r"remove .*\.anchor to start afresh\), and calls that ran could run again$",
+    ):
+        open_store(url)
+    # Read-only, the loss is reported (as `agentrt verify` reports it), and nothing was written.
+    reader = open_store(url, read_only=True)
+    report = reader.check_anchor()
+    assert not report.ok and report.anchor_seq == head_seq and report.head_seq < head_seq
+    assert [run.goal for run in reader.list_runs()] == [
+        f"before the backup {number}" for number in (2, 1, 0)
+    ]
+    reader.close()
+    # Removing this host's anchor is how an operator who reset it on purpose starts afresh.
+    anchor.unlink()
+    fresh = open_store(url)
+    assert fresh.check_anchor().ok
+    fresh.close()
+
+
+async def test_a_database_emptied_and_recreated_under_the_same_url_is_refused(
+    postgres_server: Any,
+) -> None:
+    url = str(postgres_server.database())
+    database = url.rsplit("/", 1)[1]
+    gate = Gate(open_store(url), [RecordingTool("read", SideEffect.READ_ONLY)])
+    await gate.start("a run")
+    gate.store.close()
+    postgres_server.admin(f"DROP DATABASE {database}")
+    postgres_server.admin(f"CREATE DATABASE {database}")
+    with pytest.raises(
+        UnsafeDatabase,
+        match=r"^database postgresql://.* holds no agentrt schema but its anchor \(.*\.anchor\) "
+        r"records event 1: the database was emptied or recreated, and calls that ran could run "
+        r"again; if it was reset on purpose, remove .*\.anchor to start afresh$",
+    ):
+        open_store(url)
+    # Refused before anything was written into it: it still holds no table.
+    assert _tables(url) == 0
+
+
+def _tables(url: str) -> int:
+    with _superuser(url) as admin:
+        row = admin.execute("SELECT COUNT(*) FROM pg_tables WHERE schemaname = 'public'")
+        return int(row.fetchone()[0])
+
+
+def test_a_host_whose_anchor_directory_cannot_be_made_is_told_how_to_set_one(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("AGENTRT_ANCHOR_DIR", str(blocker / "anchors"))
+    with pytest.raises(
+        StoreError,
+        match=r"^database postgresql://.*: the head anchor directory .*anchors cannot be "
+        r"created \(Not a directory\); set AGENTRT_ANCHOR_DIR to a directory of this user's$",
+    ):
+        open_store(url)
+    assert _tables(url) == 0  # refused before the schema was written

@@ -113,7 +113,7 @@ class ProxySetup:
             )  # fmt: skip
 
     def environment(self) -> dict[str, str]:
-        return {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")}
+        return host_environment()
 
     def command(self) -> list[str]:
         """What a host is configured to start: the `agentrt proxy` command."""
@@ -316,6 +316,15 @@ def conformance_config(root: Path, session: str, **server: Any) -> Path:
     return write_private(conf / "proxy.json", json.dumps(document))
 
 
+def host_environment() -> dict[str, str]:
+    """The little a host gives the proxy it starts (PATH and HOME), plus the test session's
+    directory of PostgreSQL head anchors, so no test writes into this user's own."""
+    environment = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")}
+    if "AGENTRT_ANCHOR_DIR" in os.environ:
+        environment["AGENTRT_ANCHOR_DIR"] = os.environ["AGENTRT_ANCHOR_DIR"]
+    return environment
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -333,7 +342,7 @@ def serving_http(config: Path, root: Path) -> Iterator[tuple[str, Path]]:
         process = subprocess.Popen(
             [str(AGENTRT), "proxy", "--config", str(config), "--http", f"127.0.0.1:{port}"],
             stdin=subprocess.DEVNULL, stderr=errlog, cwd=root,
-            env={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")},
+            env=host_environment(),
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 30

@@ -502,7 +502,7 @@ def verify(settings: Settings, from_seq: int | None, to_seq: int | None, head: s
         lost = (
             "nothing lost since its anchor"
             if anchored is None or anchored.anchor_seq is not None
-            else "no head anchor on PostgreSQL (a restored older backup is not detected)"
+            else "no head anchor on this host (a restored older backup is not detected here)"
         )
         checks = "" if not whole else f"; {lost}; every row matches its events"
         output.line(
