@@ -79,7 +79,11 @@ def _record_decision(
 def expire_if_due(
     store: Store, connection: Connection, approval: ApprovalRecord, now: float
 ) -> bool:
-    """Expire a pending approval past its TTL (cancelling the run); True if it expired."""
+    """Expire a pending approval past its TTL (cancelling the run); True if it expired.
+
+    Judged on the write's time (`Store.write_time`: the server's clock on PostgreSQL).
+    """
+    now = store.write_time(now)
     if (
         approval.status is ApprovalStatus.PENDING
         and approval.expires_at is not None
@@ -161,7 +165,9 @@ def approve(
             _check_hash(approval, approval_hash)
             _record_decision(
                 store, connection, approval, ApprovalStatus.APPROVED, "approval_granted", by, note,
-                grant_expires_at=None if grant_ttl is None else now + grant_ttl,
+                grant_expires_at=(
+                    None if grant_ttl is None else store.write_time(now) + grant_ttl
+                ),
             )  # fmt: skip
     if expired is not None:
         raise ApprovalError(

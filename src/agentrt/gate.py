@@ -960,7 +960,8 @@ class Gate:
         presentation = parse_json(canonical_json(decided.presentation))
         digest = approval_hash(kind, capability, presentation, tool, args)
         approval_id = uuid.uuid4().hex[:16]
-        expires_at = None if self.limits.approval_ttl is None else now + self.limits.approval_ttl
+        ttl = self.limits.approval_ttl
+        expires_at = None if ttl is None else self.store.write_time(now) + ttl
         seq_row = connection.execute(
             "SELECT COALESCE(MAX(created_seq), 0) FROM approvals"
         ).fetchone()
@@ -1234,13 +1235,16 @@ class Gate:
         interrupted; any other step pauses on an `interrupted_side_effect`
         approval, since the first attempt may have taken effect.
         """
-        now = time.time()
-        run = await self.store.run(self.store.get_run, run_id)
+        # The run and the time that judges its approval's expiry, in one trip to the store.
+        run, now = await self.store.run(self._run_and_clock, run_id)
         if run.status.terminal:
             raise RunStateError(f"run {sanitize(run_id)} already ended ({run.status})")
         if run.status is RunStatus.RUNNING:
             return self._settled(await self._resume_running(run, now))
         return self._settled(await self._resume_waiting(run, now))
+
+    def _run_and_clock(self, run_id: str) -> tuple[RunRecord, float]:
+        return self.store.get_run(run_id), self.store.clock()
 
     async def _resume_running(self, run: RunRecord, now: float) -> StepOutcome:
         step_record, current, approval = await self.store.write(self._take_over, run, now)

@@ -630,10 +630,19 @@ class Store:
         """`"postgresql"` or `"sqlite"`."""
         return "sqlite" if self._postgres is None else "postgresql"
 
+    def clock(self) -> float:
+        """Now, as approvals are judged outside a write: on PostgreSQL the server's clock
+        (one round trip), on SQLite this host's.  Blocking on PostgreSQL: call it in
+        `Store.run`."""
+        if self._postgres is None:
+            return time.time()
+        return float(self._query("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8")[0][0])
+
     def write_time(self, now: float) -> float:
-        """The time that judges leases and holds inside a write: on PostgreSQL the
-        server's clock when the transaction took the write lock (so hosts whose clocks
-        disagree still agree on who holds a run), on SQLite `now` (one host's clock)."""
+        """The time that judges leases, holds and approvals inside a write: on PostgreSQL
+        the server's clock when the transaction took the write lock (so hosts whose
+        clocks disagree still agree on who holds a run and what expired), on SQLite
+        `now` (one host's clock)."""
         return now if self._server_now is None else self._server_now
 
     def _commit_batch(self, units: list[_Unit]) -> None:

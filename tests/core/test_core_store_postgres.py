@@ -11,16 +11,29 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from click.testing import CliRunner
 
-from agentrt import Decision, Gate, RunLeased, RunStateError, SideEffect, StoreError, open_store
+from agentrt import (
+    ApprovalError,
+    Decision,
+    Gate,
+    RunLeased,
+    RunStateError,
+    RunStatus,
+    SideEffect,
+    StoreError,
+    approve,
+    open_store,
+)
 from agentrt.cli import cli
 from agentrt.errors import UnsafeDatabase
+from agentrt.gate import Limits
 from agentrt.proxy._index import CallIndex
 from agentrt.store import SCHEMA_VERSION
 
-from .helpers import RecordingTool
+from .helpers import RecordingTool, approval_policy
 
 pytestmark = pytest.mark.anyio
 
@@ -173,6 +186,63 @@ async def test_a_lease_is_judged_on_the_database_clock_not_the_hosts(
     assert [step.args for step in first.store.list_steps(run_id)] == ['{"path": "a"}']
     first.store.close()
     second.store.close()
+
+
+def _skewed_clock(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """This process's clock (`time.time`, which every module reads) off by `seconds`."""
+    import time
+
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + seconds)
+
+
+async def _waiting_on_approval(url: str, ttl: float) -> tuple[Gate, RecordingTool, str, str]:
+    write = RecordingTool("write", SideEffect.LOCAL_MUTATION)
+    gate = Gate(open_store(url), [write], policy=approval_policy(), limits=Limits(approval_ttl=ttl))
+    run_id = await gate.start("waits for a person")
+    approval = (await gate.step(run_id, Decision.tool_call("write", '{"path": "a"}'))).approval
+    assert approval is not None
+    return gate, write, run_id, approval.approval_hash
+
+
+async def test_an_approval_is_judged_on_the_database_clock_not_the_deciding_hosts(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Asked on a host with a right clock, with ten minutes to live.
+    gate, write, run_id, digest = await _waiting_on_approval(url, ttl=600.0)
+    # Decided on a host whose clock runs an hour ahead: the approval has not expired.
+    _skewed_clock(monkeypatch, 3600.0)
+    approve(open_store(url), run_id, approval_hash=digest, by="ahead")
+    outcome = await gate.resume(run_id)
+    assert outcome.status is RunStatus.RUNNING and len(write.calls) == 1
+    gate.store.close()
+
+
+async def test_an_approval_past_its_life_expires_on_a_host_whose_clock_is_behind(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate, write, run_id, digest = await _waiting_on_approval(url, ttl=0.5)
+    await anyio.sleep(1.0)
+    # A host whose clock runs an hour behind still finds it expired, on the server's clock.
+    _skewed_clock(monkeypatch, -3600.0)
+    with pytest.raises(ApprovalError, match="expired before it was decided"):
+        approve(open_store(url), run_id, approval_hash=digest, by="behind")
+    run = gate.store.get_run(run_id)
+    assert (run.status, run.reason) == (RunStatus.CANCELLED, "approval_expired")
+    assert write.calls == []
+    gate.store.close()
+
+
+async def test_a_resumed_run_expires_its_pending_approval_on_the_database_clock(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate, write, run_id, _ = await _waiting_on_approval(url, ttl=0.5)
+    await anyio.sleep(1.0)
+    _skewed_clock(monkeypatch, -3600.0)
+    outcome = await gate.resume(run_id)
+    assert (outcome.status, outcome.reason) == (RunStatus.CANCELLED, "approval_expired")
+    assert write.calls == []
+    gate.store.close()
 
 
 async def test_a_run_started_twice_under_one_id_is_refused_and_the_chain_kept(url: str) -> None:

@@ -686,6 +686,10 @@ class Calls:
     async def _settle_if_ended(self, run_id: str) -> CallRow | None:
         return await self.store.run(self.index.settle_if_ended, run_id)
 
+    def _approval_and_clock(self, approval_id: str) -> tuple[ApprovalRecord, float]:
+        # The clock that judges its expiry: the server's on PostgreSQL (`Store.clock`).
+        return self.store.get_approval(approval_id), self.store.clock()
+
     async def _collect(self, row: CallRow, call: _Call, approval: ApprovalRecord) -> Answer | None:
         """Hold a call on its waiting approval, up to `hold`; None if it moved on meanwhile."""
         if approval.status is ApprovalStatus.PENDING:
@@ -694,11 +698,11 @@ class Calls:
         deadline = time.monotonic() + self.hold
         next_progress = time.monotonic()
         while True:
-            current = await self.store.run(self.store.get_approval, approval.approval_id)
+            current, now = await self.store.run(self._approval_and_clock, approval.approval_id)
             if current.status is ApprovalStatus.APPROVED or (
                 current.status is ApprovalStatus.PENDING
                 and current.expires_at is not None
-                and time.time() >= current.expires_at
+                and now >= current.expires_at
             ):
                 return await self._resume(row, call)
             if current.status is ApprovalStatus.REJECTED:
