@@ -407,6 +407,30 @@ async def test_after_a_hosts_notifications_cancelled_no_response_is_sent_for_tha
     assert [message for message in seen if message.get("id") == cancelled] == []
 
 
+async def test_log_lines_read_by_a_call_its_host_gave_up_still_reach_the_host(
+    setup: ProxySetup,
+) -> None:
+    # The call the host cancelled goes on (it is recorded) and is the one reading the
+    # server's stdout; the log lines it reads meanwhile belong to the session, not to it.
+    async with RawHost.start(setup) as raw:
+        await raw.request("logging/setLevel", {"level": "debug"})
+        given_up = await raw.call("up_echo", {"text": "slow", "seconds": 2})
+        await until(lambda: len(setup.started()) == 1)
+        await raw.notify("notifications/cancelled", {"requestId": given_up, "reason": "gave up"})
+        waited = await raw.call("up_echo", {"text": "log:meanwhile"})
+        seen: list[dict[str, Any]] = []
+        with anyio.fail_after(30):
+            while not any(message.get("id") == waited for message in seen):
+                seen.append(json.loads(await raw._reader.receive_until(b"\n", 1 << 22)))
+        logged = [m["params"] for m in seen if m.get("method") == "notifications/message"]
+    assert [(line["level"], line["logger"]) for line in logged] == [
+        ("debug", "upstream"), ("warning", "upstream")
+    ]  # fmt: skip
+    assert "debug log:meanwhile" in logged[0]["data"]
+    answer = next(message for message in seen if message.get("id") == waited)
+    assert answer["result"]["content"][0]["text"] == "log:meanwhile"
+
+
 async def test_a_changed_fixed_value_asks_again_instead_of_using_the_old_approval(
     tmp_path: Path,
 ) -> None:

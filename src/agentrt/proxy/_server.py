@@ -647,8 +647,11 @@ class Proxy:
 
         async def upstream_log(level: str, logger: str | None, data: Any) -> None:
             # Only at or above the level the host set; sanitized, like any server text.
+            # A server's log lines are the host session's, not this call's: whichever call
+            # reads them passes them on, a call its host gave up on included (it goes on,
+            # and may be the one reading the server's stdout for the others).
             wanted = self.log_level
-            if not call.waiting or wanted is None or level not in _LOG_LEVELS:
+            if wanted is None or level not in _LOG_LEVELS:
                 return
             if _LOG_LEVELS.index(level) < _LOG_LEVELS.index(wanted):
                 return
