@@ -33,7 +33,7 @@ import psycopg.conninfo
 import psycopg.errors
 import psycopg.rows
 
-from .errors import StoreBusy, StoreConflict, StoreError, UnsafeDatabase
+from .errors import StoreBusy, StoreConflict, StoreError, UnsafeDatabase, newer_build
 from .sanitize import sanitize
 
 __all__ = [
@@ -438,10 +438,7 @@ def migrate(connection: PostgresConnection, core_migrations: Sequence[str], spli
         connection.execute(f"CREATE TABLE IF NOT EXISTS {_VERSION_TABLE} (version BIGINT NOT NULL)")
         version = read_version(connection) or 0
         if version > len(core_migrations):
-            raise UnsafeDatabase(
-                f"database {connection.label} is from a newer build of agentrt (schema "
-                f"{version}, this build knows {len(core_migrations)}); upgrade agentrt to open it"
-            )
+            raise newer_build(connection.label, version, len(core_migrations))
         for script in core_migrations[version:]:
             for statement in split(script):
                 connection.execute(widen_types(statement))

@@ -43,6 +43,14 @@ class UnsafeDatabase(StoreError):
     from a newer build, not ours, damaged, or behind its head anchor."""
 
 
+def newer_build(label: str, version: int, known: int) -> UnsafeDatabase:
+    """The refusal of a database whose schema a newer build wrote (`label` already shown safe)."""
+    return UnsafeDatabase(
+        f"database {label} is from a newer build of agentrt (schema {version}, "
+        f"this build knows {known}); upgrade agentrt to open it"
+    )
+
+
 class StoreBusy(StoreError):
     """Another writer held the database past the store's busy deadline; nothing was written."""
 

@@ -56,7 +56,14 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 import anyio.to_thread
 
 from .canonical import canonical_bytes, canonical_json, json_string, parse_json, sha256_hex
-from .errors import RunNotFound, StoreBusy, StoreConflict, StoreError, UnsafeDatabase
+from .errors import (
+    RunNotFound,
+    StoreBusy,
+    StoreConflict,
+    StoreError,
+    UnsafeDatabase,
+    newer_build,
+)
 from .sanitize import sanitize
 
 if TYPE_CHECKING:
@@ -1637,10 +1644,7 @@ def _open_postgres(url: str, *, read_only: bool, create: bool) -> Store:
         _postgres.check_contents(connection, version)
         current = version == SCHEMA_VERSION and _postgres.extras_current(connection)
         if version is not None and version > SCHEMA_VERSION:
-            raise UnsafeDatabase(
-                f"database {label} is from a newer build of agentrt (schema {version}, "
-                f"this build knows {SCHEMA_VERSION}); upgrade agentrt to open it"
-            )
+            raise newer_build(label, version, SCHEMA_VERSION)
         if not current:
             if read_only or not create:
                 if version is None:
@@ -1813,10 +1817,7 @@ def _read_version(connection: sqlite3.Connection, label: str) -> int:
 def _check_version(connection: sqlite3.Connection, label: str, *, allow_older: bool) -> None:
     version = _read_version(connection, label)
     if version > SCHEMA_VERSION:
-        raise UnsafeDatabase(
-            f"database {sanitize(label)} is from a newer build of agentrt (schema {version}, "
-            f"this build knows {SCHEMA_VERSION}); upgrade agentrt to open it"
-        )
+        raise newer_build(sanitize(label), version, SCHEMA_VERSION)
     if version < SCHEMA_VERSION and not allow_older:
         if version == 0:
             raise StoreError(f"{sanitize(label)} is not an agentrt database (no schema)")
@@ -1831,10 +1832,7 @@ def _migrate(connection: sqlite3.Connection, label: str) -> None:
     try:
         version = _read_version(connection, label)
         if version > SCHEMA_VERSION:
-            raise UnsafeDatabase(
-                f"database {sanitize(label)} is from a newer build of agentrt (schema {version}, "
-                f"this build knows {SCHEMA_VERSION}); upgrade agentrt to open it"
-            )
+            raise newer_build(sanitize(label), version, SCHEMA_VERSION)
         for script in _MIGRATIONS[version:]:
             for statement in _split_sql(script):
                 connection.execute(statement)
