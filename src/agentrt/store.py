@@ -1654,7 +1654,9 @@ def _open_postgres(url: str, *, read_only: bool, create: bool) -> Store:
                     f"that owns it (or `agentrt proxy`) to migrate it to {SCHEMA_VERSION}"
                 )
             if version is None:
-                _refuse_if_anchored(anchor_path, label)
+                _refuse_if_anchored(
+                    anchor_path, label, "holds no agentrt schema", "emptied or recreated"
+                )
             _postgres.migrate(connection, _MIGRATIONS, _split_sql)
     except BaseException:
         connection.close()
@@ -1663,15 +1665,16 @@ def _open_postgres(url: str, *, read_only: bool, create: bool) -> Store:
     return store if read_only else _anchored(store)
 
 
-def _refuse_if_anchored(anchor_path: str, label: str) -> None:
-    """Refuse to create a database whose anchor says one held committed events here."""
+def _refuse_if_anchored(anchor_path: str, label: str, state: str, lost: str) -> None:
+    """Refuse to create a database (`label` `state`: missing, or without a schema) whose
+    anchor says one held committed events there."""
     anchored = _read_anchor(anchor_path)
     if anchored is not None and anchored[0] > 0:
+        where = sanitize(anchor_path)
         raise UnsafeDatabase(
-            f"database {sanitize(label)} holds no agentrt schema but its anchor "
-            f"({sanitize(anchor_path)}) records event {anchored[0]}: the database was emptied "
-            f"or recreated, and calls that ran could run again; if it was reset on purpose, "
-            f"remove {sanitize(anchor_path)} to start afresh"
+            f"database {sanitize(label)} {state} but its anchor ({where}) records event "
+            f"{anchored[0]}: the database was {lost}, and calls that ran could run again; if "
+            f"it was reset on purpose, remove {where} to start afresh"
         )
 
 
@@ -1704,13 +1707,7 @@ def _check_directories(path: Path) -> None:
 def _create_database(path: Path, anchor_path: str) -> None:
     """Create a new database whole: initialise a private file beside it, then link it into
     place, so a crash never leaves a half-made file at `path` (which would be refused)."""
-    anchored = _read_anchor(anchor_path)
-    if anchored is not None and anchored[0] > 0:
-        raise UnsafeDatabase(
-            f"database {sanitize(str(path))} does not exist but its anchor records event "
-            f"{anchored[0]}: the database was lost, and calls that ran could run again; "
-            f"to start afresh, remove {sanitize(anchor_path)} too"
-        )
+    _refuse_if_anchored(anchor_path, str(path), "does not exist", "lost")
     temporary = Path(f"{path}.{os.getpid()}.{threading.get_ident()}.init")
     temporary.unlink(missing_ok=True)
     _create_private(temporary)
