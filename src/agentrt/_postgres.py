@@ -211,11 +211,15 @@ class PostgresConnection:
         return self._connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
     def execute(self, sql: str, parameters: Sequence[Any] = ()) -> Cursor:
-        if self._cut:
+        if self._cut or (self._writing and self._connection.broken):
+            # The break came inside a write: nothing of it stands on the server, and no
+            # statement of it (a COMMIT least of all) may go on on another connection.
+            self._writing = False
             if sql == "ROLLBACK":
                 self._cut = False
                 return Cursor(None)
             if sql != "BEGIN":
+                self._cut = True
                 raise self._cut_write()
             self._cut = False
         if sql == "COMMIT" and self._failed():
@@ -289,7 +293,8 @@ class PostgresConnection:
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         # psycopg sends the rows in one pipeline: one round trip, not one per row.
         # (Only ever inside a write: a break cuts it, as in `execute`.)
-        if self._cut:
+        if self._cut or (self._writing and self._connection.broken):
+            self._writing, self._cut = False, True
             raise self._cut_write()
         try:
             self._connection.cursor().executemany(_translate(sql), [tuple(row) for row in rows])

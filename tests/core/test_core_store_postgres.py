@@ -430,6 +430,27 @@ def test_a_write_the_break_cut_is_not_written_and_the_next_write_is(url: str) ->
     store.close()
 
 
+def test_a_write_whose_connection_was_found_broken_elsewhere_is_never_committed(
+    url: str,
+) -> None:
+    import psycopg
+
+    store = open_store(url)
+    # The transaction's COMMIT is refused, not sent on a new connection.
+    with (
+        pytest.raises(StoreError, match=r"broke during a write; nothing of it was written$"),
+        store.transaction() as connection,
+    ):
+        connection.execute("INSERT INTO extensions (name, version) VALUES ('found', 1)")
+        assert _end_sessions(url) == 1
+        # Something other than the store's statements finds the break first (psycopg
+        # then knows the connection is broken before the store sends its COMMIT).
+        with pytest.raises(psycopg.OperationalError):
+            store._connection._connection.execute("SELECT 1")  # type: ignore[union-attr]
+    assert store._query("SELECT name FROM extensions WHERE name = 'found'") == []
+    store.close()
+
+
 def test_a_commit_whose_answer_the_break_took_is_reported_unknown_not_failed(url: str) -> None:
     store = open_store(url)
     # A deferred trigger that ends its own session runs inside COMMIT: the break then
