@@ -27,6 +27,7 @@ from agentrt import (
     ToolRequest,
     open_store,
 )
+from agentrt.errors import StoreError
 from agentrt.store import Store
 
 from .helpers import RecordingTool
@@ -89,8 +90,7 @@ async def test_a_failing_write_in_a_batch_rolls_back_only_its_own(database: str 
     assert [outcomes[name] for name in "ace"] == [event.seq for event in events]
     assert store.verify_chain().ok
     assert store.check_anchor().ok
-    if store.backend == "sqlite":  # PostgreSQL keeps no anchor file
-        assert store.check_anchor().anchor_seq == events[-1].seq
+    assert store.check_anchor().anchor_seq == events[-1].seq  # (on PostgreSQL, this host's)
     # What the writer handed to observers is what committed, nothing rolled back.
     assert [event.run_id for event in store.take_committed_events()] == ["a", "c", "e"]
     store.close()
@@ -121,6 +121,55 @@ class _SlowCommit:
 
     def close(self) -> None:
         self._connection.close()
+
+
+@pytest.mark.anyio
+async def test_a_connection_that_breaks_mid_batch_fails_every_unit_of_it_and_nothing_stands(
+    postgres_server: Any,
+) -> None:
+    import psycopg
+
+    url = str(postgres_server.database())
+    store = open_store(url)
+    release = threading.Event()
+    outcomes: dict[str, Any] = {}
+
+    def breaking(connection: sqlite3.Connection, store: Store, name: str) -> int:
+        seq = _note(connection, store, name)
+        # The server ends this session (a restart would) in the middle of the batch.
+        database = url.rsplit("/", 1)[1]
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND application_name = 'agentrt'",
+                (database,),
+            )
+        connection.execute("INSERT INTO extensions (name, version) VALUES ('after', 1)")
+        return seq
+
+    async def write(name: str, function: Any) -> None:
+        try:
+            outcomes[name] = await store.write(function, store, name)
+        except Exception as exc:
+            outcomes[name] = exc
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(_hold_the_writer, store, release)
+        await anyio.sleep(0.2)
+        for name, function in (("a", _note), ("b", breaking), ("c", _note)):
+            group.start_soon(write, name, function)
+        await anyio.sleep(0.2)  # all three queued behind the holder: one batch
+        release.set()
+    # They shared one transaction, so none of them stands, and each is told so.
+    for name in "abc":
+        assert isinstance(outcomes[name], StoreError), outcomes[name]
+        assert "nothing of it was written" in str(outcomes[name])
+    assert {row[0] for row in store._query("SELECT name FROM extensions")} & set("abc") == set()
+    assert store.take_committed_events() == []
+    # The store goes on, on a new connection, and the chain has no gap.
+    assert await store.write(_note, store, "d") == 1
+    assert store.verify_chain().ok and store.check_anchor().ok
+    store.close()
 
 
 @pytest.mark.anyio
