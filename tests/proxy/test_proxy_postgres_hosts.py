@@ -163,3 +163,36 @@ async def test_proxies_killed_at_random_never_run_a_call_twice(
     assert len({command for machine in machines for command in machine.waiting_commands()}) == 1
     verified = _verify(url, tmp_path)
     assert verified.returncode == 0 and "intact" in verified.stdout
+
+
+async def test_a_proxy_rides_out_a_database_restart_without_running_a_call_it_could_not_record(
+    tmp_path: Path,
+) -> None:
+    from _postgres import PostgresServer, find_binaries
+
+    binaries = find_binaries()
+    assert binaries is not None
+    server = PostgresServer(binaries)  # its own: this test stops it
+    try:
+        url = server.database()
+        (machine,) = await _machines(tmp_path, url, count=1)
+        async with host(machine) as session:
+            before = await session.call_tool("up_echo", {"text": "before"})
+            server.halt()
+            # While the database is down nothing can be recorded, so nothing runs.
+            during = await session.call_tool("up_write_note", {"note": "while down"})
+            server.start()
+            after = await session.call_tool("up_write_note", {"note": "after"})
+            again = await session.call_tool("up_echo", {"text": "again"})
+        assert text_of(before) == "before" and text_of(again) == "again"
+        # The model is told nothing ran (and no database is named to it); the operator's
+        # log says why.
+        assert during.is_error
+        assert text_of(during) == "UNAVAILABLE: the gate could not complete this call. Nothing ran."
+        assert "cannot be reached" in machine.stderr()
+        assert text_of(after) == "noted after"
+        assert machine.executions("write_note") == ["write_note after"]
+        verified = _verify(url, tmp_path)
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+    finally:
+        server.stop()
