@@ -20,6 +20,7 @@ from .store import (
     RunRecord,
     RunStatus,
     Store,
+    utc_at,
     utc_now,
 )
 
@@ -67,8 +68,10 @@ def _record_decision(
     **fields: Any,
 ) -> None:
     """Move a pending approval to the operator's decision, with its event."""
+    # On the write's clock (the server's on PostgreSQL): a grant's lifetime counts from it.
+    decided_at = utc_at(store.write_time(time.time()))
     _set_approval(connection, approval.approval_id, ApprovalStatus.PENDING, status,
-                  decided_by=by, note=note, decided_at=utc_now(), **fields)  # fmt: skip
+                  decided_by=by, note=note, decided_at=decided_at, **fields)  # fmt: skip
     store.append_event(
         connection, approval.run_id, event,
         {"approval_id": approval.approval_id, "approval_hash": approval.approval_hash,

@@ -271,6 +271,12 @@ def utc_now() -> str:
     return f"{cached[1]}.{micros:06d}Z"
 
 
+def utc_at(epoch: float) -> str:
+    """`epoch` as `utc_now` writes the time: UTC ISO 8601 with microseconds."""
+    second, micros = divmod(round(epoch * 1_000_000), 1_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)) + f".{micros:06d}Z"
+
+
 def epoch_to_iso(epoch: float) -> str:
     """Epoch seconds (how leases and expiries are kept) as UTC ISO 8601, to the second."""
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

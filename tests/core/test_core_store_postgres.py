@@ -189,11 +189,12 @@ async def test_a_lease_is_judged_on_the_database_clock_not_the_hosts(
 
 
 def _skewed_clock(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    """This process's clock (`time.time`, which every module reads) off by `seconds`."""
+    """This process's wall clock (`time.time` and `time.time_ns`) off by `seconds`."""
     import time
 
-    real_time = time.time
+    real_time, real_time_ns = time.time, time.time_ns
     monkeypatch.setattr(time, "time", lambda: real_time() + seconds)
+    monkeypatch.setattr(time, "time_ns", lambda: real_time_ns() + int(seconds * 1e9))
 
 
 async def _waiting_on_approval(url: str, ttl: float) -> tuple[Gate, RecordingTool, str, str]:
@@ -242,6 +243,25 @@ async def test_a_resumed_run_expires_its_pending_approval_on_the_database_clock(
     outcome = await gate.resume(run_id)
     assert (outcome.status, outcome.reason) == (RunStatus.CANCELLED, "approval_expired")
     assert write.calls == []
+    gate.store.close()
+
+
+async def test_a_grant_lifetime_counts_from_the_decision_on_the_database_clock(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write = RecordingTool("write", SideEffect.LOCAL_MUTATION)
+    limits = Limits(grant_ttl=600.0)  # the gate's own: approve is given none
+    gate = Gate(open_store(url), [write], policy=approval_policy(), limits=limits)
+    run_id = await gate.start("approved on a host whose clock is behind")
+    approval = (await gate.step(run_id, Decision.tool_call("write", '{"path": "a"}'))).approval
+    assert approval is not None
+    # Approved on a host an hour behind: its decision is still dated on the server's clock,
+    # so the grant has its ten minutes, not minus fifty.
+    with monkeypatch.context() as skewed:
+        _skewed_clock(skewed, -3600.0)
+        approve(open_store(url), run_id, approval_hash=approval.approval_hash, by="behind")
+    outcome = await gate.resume(run_id)
+    assert outcome.status is RunStatus.RUNNING and len(write.calls) == 1
     gate.store.close()
 
 
