@@ -427,6 +427,20 @@ async def test_a_store_whose_connection_was_ended_opens_another_and_goes_on(url:
     gate.store.close()
 
 
+async def test_a_read_only_store_stays_read_only_on_the_connection_it_opens_again(
+    url: str,
+) -> None:
+    gate = Gate(open_store(url), [RecordingTool("read", SideEffect.READ_ONLY)])
+    run_id = await gate.start("written before")
+    gate.store.close()
+    reader = open_store(url, read_only=True)
+    assert _end_sessions(url) == 1
+    assert reader.get_run(run_id).goal == "written before"
+    (setting,) = reader._query("SHOW default_transaction_read_only")[0]
+    assert setting == "on"
+    reader.close()
+
+
 def test_a_write_the_break_cut_is_not_written_and_the_next_write_is(url: str) -> None:
     store = open_store(url)
     with (
