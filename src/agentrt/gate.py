@@ -17,7 +17,6 @@ recorded raises `ResultNotRecorded` rather than being lost.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import os
 import socket
@@ -251,6 +250,10 @@ class Gate:
         # The token of each lease this gate acquired; a take-over mints a new
         # one, so this gate's late writes under the old one are refused.
         self._lease_tokens: dict[str, str] = {}
+        # Runs whose lease this gate let go of without the database knowing (its
+        # release could not be written): nothing here works on them any more, so
+        # this gate may take them over before the stale lease runs out.
+        self._let_go: set[str] = set()
         # Each running run as this gate's own last write left it (the row and
         # its last steps, read inside that write), so the next step need not
         # read it again before its policy decides.  Only a hint: the step's
@@ -334,6 +337,7 @@ class Gate:
         if cursor.rowcount != 1:
             raise RunStateError(f"run {sanitize(run.run_id)} was taken by another process")
         self._lease_tokens[run.run_id] = held
+        self._let_go.discard(run.run_id)  # this gate works on it again
         return held
 
     def renew_lease(self, run_id: str) -> bool:
@@ -383,8 +387,10 @@ class Gate:
         token = self._lease_tokens.pop(run_id, None)
         if token is None:
             return
-        with contextlib.suppress(sqlite3.Error, StoreError):  # it then simply expires
+        try:
             await self.store.write(self._clear_lease, run_id, token)
+        except (sqlite3.Error, StoreError):
+            self._let_go.add(run_id)  # the lease then simply expires (or is taken over here)
 
     def _clear_lease(self, connection: Connection, run_id: str, token: str) -> None:
         connection.execute(
@@ -1081,6 +1087,7 @@ class Gate:
                 # release would hold the caller (and its answer) as long again.
                 # The lease simply expires, and recovery finds the step executing.
                 self._lease_tokens.pop(run_id, None)
+                self._let_go.add(run_id)
             else:
                 with anyio.CancelScope(shield=True):
                     await self._release_lease(run_id)
@@ -1268,7 +1275,11 @@ class Gate:
         self._check_running(connection, run.run_id)
         fresh = self.store.get_run(run.run_id)
         now = self.store.write_time(now)
-        if fresh.lease_owner == self.owner and (fresh.lease_expires_at or 0.0) > now:
+        if (
+            fresh.lease_owner == self.owner
+            and (fresh.lease_expires_at or 0.0) > now
+            and run.run_id not in self._let_go
+        ):
             raise RunStateError(f"run {sanitize(run.run_id)} is already being run by this gate")
         # A fresh token even for this gate's own lapsed lease: the call that held
         # the old one may still return, and must not record its result now.

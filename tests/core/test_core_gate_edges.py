@@ -28,7 +28,7 @@ from agentrt import (
     open_store,
     reject,
 )
-from agentrt.errors import LeaseLost, ResultNotRecorded, StoreBusy
+from agentrt.errors import LeaseLost, ResultNotRecorded, StoreBusy, StoreError
 from agentrt.gate import INTERRUPTED_SIDE_EFFECT, Limits
 from agentrt.policy import ClassPolicy, Outcome
 
@@ -197,6 +197,33 @@ async def test_a_full_disk_while_recording_leaves_the_call_interrupted_not_lost(
     # mutating call pauses on an interrupted_side_effect approval.
     recovering = Gate(open_store(database), [tool], policy=_ALLOW_ALL)
     outcome = await recovering.resume(run_id)
+    assert outcome.status is RunStatus.WAITING_FOR_APPROVAL
+    assert outcome.approval is not None and outcome.approval.kind == INTERRUPTED_SIDE_EFFECT
+    assert len(tool.calls) == 1
+    assert store.verify_chain().ok and store.verify_state().ok
+
+
+async def test_a_gate_that_could_not_record_or_release_a_run_takes_it_over_itself_at_once(
+    database: str | Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The database refuses the result and then the lease's release (it went away):
+    # the lease still names this gate for half a minute, but nothing here runs the call.
+    store = open_store(database)
+    tool = _Hook("write", timeout=20.0)
+    gate = Gate(store, [tool], policy=_ALLOW_ALL, lease_ttl=30.0)
+    run_id = await gate.start("its result and its release are both refused")
+
+    def refused(*_: object) -> None:
+        raise StoreError("database gone for a moment")
+
+    monkeypatch.setattr(gate, "_write_result", refused)
+    monkeypatch.setattr(gate, "_clear_lease", refused)
+    with pytest.raises(ResultNotRecorded):
+        await gate.step(run_id, Decision.tool_call("write", "{}"))
+    monkeypatch.undo()
+    assert (store.get_run(run_id).lease_expires_at or 0.0) > time.time() + 20
+    # Not "already being run by this gate": it pauses on the interrupted call at once.
+    outcome = await gate.resume(run_id)
     assert outcome.status is RunStatus.WAITING_FOR_APPROVAL
     assert outcome.approval is not None and outcome.approval.kind == INTERRUPTED_SIDE_EFFECT
     assert len(tool.calls) == 1

@@ -196,3 +196,41 @@ async def test_a_proxy_rides_out_a_database_restart_without_running_a_call_it_co
         assert verified.returncode == 0, verified.stdout + verified.stderr
     finally:
         server.stop()
+
+
+async def test_a_call_whose_result_the_database_lost_is_not_called_in_progress_afterwards(
+    tmp_path: Path,
+) -> None:
+    from _postgres import PostgresServer, find_binaries
+
+    binaries = find_binaries()
+    assert binaries is not None
+    server = PostgresServer(binaries)  # its own: this test stops it
+    try:
+        url = server.database()
+        # A hold of 30 s, so nothing lapses during the test: only the proxy's own
+        # knowledge can tell that nothing works on the call any more.
+        machine = await build_setup(
+            tmp_path / "machine", rules=_SLOW_RULES, database=url, lease_ttl="30s"
+        )
+        arguments = {"note": "cut", "seconds": 1.5}
+        async with host(machine) as session:
+            async with anyio.create_task_group() as group:
+                answers: list[Any] = []
+
+                async def call() -> None:
+                    answers.append(await session.call_tool("up_write_note", arguments))
+
+                group.start_soon(call)
+                await until(lambda: len(machine.started()) == 1)
+                server.halt()  # the result's commit cannot be made
+            server.start()
+            again = await session.call_tool("up_write_note", arguments)
+        (first,) = answers
+        assert text_of(first).startswith("UNKNOWN_OUTCOME: "), text_of(first)
+        # Not "already running": the proxy that ran it knows it ended, outcome unknown,
+        # and a person decides whether it runs again.
+        assert text_of(again).startswith("INTERRUPTED: "), text_of(again)
+        assert machine.executions("write_note") == ["write_note cut"]
+    finally:
+        server.stop()

@@ -306,7 +306,7 @@ class CallIndex:
         # 2. a run executing under a live hold; 3. one a dead process left running
         # (or never started: the row's run then begins under its id)
         for row, run in open_rows:
-            if row.holder is not None and (row.held_until or 0) > now:
+            if row.holder is not None and (row.held_until or 0) > now and not self._let_go(row):
                 if mutating:
                     return Verdict(Action.IN_PROGRESS, row)
                 continue
@@ -390,6 +390,16 @@ class CallIndex:
         # One holder per call, not per process: two calls of this process must
         # not release (or resume under) each other's hold.
         return f"{self.holder}#{token}"
+
+    def _let_go(self, row: CallRow) -> bool:
+        """Whether `row` is held by a call of this process that has ended without its hold
+        being cleared (the release could not be written: the database was unreachable).
+        Nothing is working on it, so its hold is as good as lapsed."""
+        holder = row.holder
+        if holder is None or not holder.startswith(self.holder + "#"):
+            return False
+        with self._live_lock:
+            return (row.run_id, holder) not in self._live
 
     def _track(self, run_id: str, token: str) -> None:
         with self._live_lock:
