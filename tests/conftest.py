@@ -38,6 +38,20 @@ def postgres_server() -> Iterator[Any]:
     running.stop()
 
 
+@pytest.fixture
+def private_postgres() -> Iterator[Any]:
+    """A PostgreSQL server of the test's own, which it may stop and start (`halt`, `start`);
+    stopped and removed after the test."""
+    from _postgres import PostgresServer, find_binaries
+
+    binaries = find_binaries()
+    if binaries is None:
+        pytest.skip("PostgreSQL is not installed (make test installs Debian's postgresql)")
+    server = PostgresServer(binaries)
+    yield server
+    server.stop()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> str | Path:
     """Where a store-facing test keeps its store, once per backend: a new SQLite file, or

@@ -518,33 +518,25 @@ def test_a_commit_whose_answer_the_break_took_is_reported_unknown_not_failed(url
 
 @pytest.mark.timeout(120)
 async def test_a_store_waits_out_a_server_restart_one_sentence_a_write_meanwhile(
-    tmp_path: Path,
+    tmp_path: Path, private_postgres: Any
 ) -> None:
-    from _postgres import PostgresServer, find_binaries
-
-    binaries = find_binaries()
-    assert binaries is not None
-    server = PostgresServer(binaries)  # its own: this test stops it
-    try:
-        url = server.database()
-        gate = Gate(open_store(url), [RecordingTool("read", SideEffect.READ_ONLY)])
-        before = await gate.start("before the restart")
-        server.halt()
-        with pytest.raises(StoreError, match=r"^database postgresql://.* cannot be reached: "):
-            await gate.start("while the server is down")
-        with pytest.raises(StoreError, match=r"^database postgresql://.* cannot be reached: "):
-            gate.store.get_run(before)
-        server.start()
-        after = await gate.start("after the restart")
-        await gate.step(after, Decision.tool_call("read", '{"path": "a"}'))
-        assert gate.store.get_run(before).goal == "before the restart"
-        assert [run.goal for run in gate.store.list_runs()] == [
-            "after the restart", "before the restart"
-        ]  # fmt: skip
-        assert gate.store.verify_chain().ok
-        gate.store.close()
-    finally:
-        server.stop()
+    url = private_postgres.database()
+    gate = Gate(open_store(url), [RecordingTool("read", SideEffect.READ_ONLY)])
+    before = await gate.start("before the restart")
+    private_postgres.halt()
+    with pytest.raises(StoreError, match=r"^database postgresql://.* cannot be reached: "):
+        await gate.start("while the server is down")
+    with pytest.raises(StoreError, match=r"^database postgresql://.* cannot be reached: "):
+        gate.store.get_run(before)
+    private_postgres.start()
+    after = await gate.start("after the restart")
+    await gate.step(after, Decision.tool_call("read", '{"path": "a"}'))
+    assert gate.store.get_run(before).goal == "before the restart"
+    assert [run.goal for run in gate.store.list_runs()] == [
+        "after the restart", "before the restart"
+    ]  # fmt: skip
+    assert gate.store.verify_chain().ok
+    gate.store.close()
 
 
 # -- this host's head anchor ----------------------------------------------------

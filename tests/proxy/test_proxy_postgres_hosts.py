@@ -166,71 +166,55 @@ async def test_proxies_killed_at_random_never_run_a_call_twice(
 
 
 async def test_a_proxy_rides_out_a_database_restart_without_running_a_call_it_could_not_record(
-    tmp_path: Path,
+    tmp_path: Path, private_postgres: Any
 ) -> None:
-    from _postgres import PostgresServer, find_binaries
-
-    binaries = find_binaries()
-    assert binaries is not None
-    server = PostgresServer(binaries)  # its own: this test stops it
-    try:
-        url = server.database()
-        (machine,) = await _machines(tmp_path, url, count=1)
-        async with host(machine) as session:
-            before = await session.call_tool("up_echo", {"text": "before"})
-            server.halt()
-            # While the database is down nothing can be recorded, so nothing runs.
-            during = await session.call_tool("up_write_note", {"note": "while down"})
-            server.start()
-            after = await session.call_tool("up_write_note", {"note": "after"})
-            again = await session.call_tool("up_echo", {"text": "again"})
-        assert text_of(before) == "before" and text_of(again) == "again"
-        # The model is told nothing ran (and no database is named to it); the operator's
-        # log says why.
-        assert during.is_error
-        assert text_of(during) == "UNAVAILABLE: the gate could not complete this call. Nothing ran."
-        assert "cannot be reached" in machine.stderr()
-        assert text_of(after) == "noted after"
-        assert machine.executions("write_note") == ["write_note after"]
-        verified = _verify(url, tmp_path)
-        assert verified.returncode == 0, verified.stdout + verified.stderr
-    finally:
-        server.stop()
+    url = private_postgres.database()
+    (machine,) = await _machines(tmp_path, url, count=1)
+    async with host(machine) as session:
+        before = await session.call_tool("up_echo", {"text": "before"})
+        private_postgres.halt()
+        # While the database is down nothing can be recorded, so nothing runs.
+        during = await session.call_tool("up_write_note", {"note": "while down"})
+        private_postgres.start()
+        after = await session.call_tool("up_write_note", {"note": "after"})
+        again = await session.call_tool("up_echo", {"text": "again"})
+    assert text_of(before) == "before" and text_of(again) == "again"
+    # The model is told nothing ran (and no database is named to it); the operator's
+    # log says why.
+    assert during.is_error
+    assert text_of(during) == "UNAVAILABLE: the gate could not complete this call. Nothing ran."
+    assert "cannot be reached" in machine.stderr()
+    assert text_of(after) == "noted after"
+    assert machine.executions("write_note") == ["write_note after"]
+    verified = _verify(url, tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 async def test_a_call_whose_result_the_database_lost_is_not_called_in_progress_afterwards(
-    tmp_path: Path,
+    tmp_path: Path, private_postgres: Any
 ) -> None:
-    from _postgres import PostgresServer, find_binaries
+    url = private_postgres.database()
+    # A hold of 30 s, so nothing lapses during the test: only the proxy's own
+    # knowledge can tell that nothing works on the call any more.
+    machine = await build_setup(
+        tmp_path / "machine", rules=_SLOW_RULES, database=url, lease_ttl="30s"
+    )
+    arguments = {"note": "cut", "seconds": 1.5}
+    async with host(machine) as session:
+        async with anyio.create_task_group() as group:
+            answers: list[Any] = []
 
-    binaries = find_binaries()
-    assert binaries is not None
-    server = PostgresServer(binaries)  # its own: this test stops it
-    try:
-        url = server.database()
-        # A hold of 30 s, so nothing lapses during the test: only the proxy's own
-        # knowledge can tell that nothing works on the call any more.
-        machine = await build_setup(
-            tmp_path / "machine", rules=_SLOW_RULES, database=url, lease_ttl="30s"
-        )
-        arguments = {"note": "cut", "seconds": 1.5}
-        async with host(machine) as session:
-            async with anyio.create_task_group() as group:
-                answers: list[Any] = []
+            async def call() -> None:
+                answers.append(await session.call_tool("up_write_note", arguments))
 
-                async def call() -> None:
-                    answers.append(await session.call_tool("up_write_note", arguments))
-
-                group.start_soon(call)
-                await until(lambda: len(machine.started()) == 1)
-                server.halt()  # the result's commit cannot be made
-            server.start()
-            again = await session.call_tool("up_write_note", arguments)
-        (first,) = answers
-        assert text_of(first).startswith("UNKNOWN_OUTCOME: "), text_of(first)
-        # Not "already running": the proxy that ran it knows it ended, outcome unknown,
-        # and a person decides whether it runs again.
-        assert text_of(again).startswith("INTERRUPTED: "), text_of(again)
-        assert machine.executions("write_note") == ["write_note cut"]
-    finally:
-        server.stop()
+            group.start_soon(call)
+            await until(lambda: len(machine.started()) == 1)
+            private_postgres.halt()  # the result's commit cannot be made
+        private_postgres.start()
+        again = await session.call_tool("up_write_note", arguments)
+    (first,) = answers
+    assert text_of(first).startswith("UNKNOWN_OUTCOME: "), text_of(first)
+    # Not "already running": the proxy that ran it knows it ended, outcome unknown,
+    # and a person decides whether it runs again.
+    assert text_of(again).startswith("INTERRUPTED: "), text_of(again)
+    assert machine.executions("write_note") == ["write_note cut"]
