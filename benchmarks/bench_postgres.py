@@ -15,10 +15,13 @@ Skipped, with the reason, where PostgreSQL's programs are not installed.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +127,21 @@ async def _proxied(database: str, root: Path, calls: int, concurrent: int) -> di
     return {"calls_per_s": len(latencies) / wall, **summary(latencies)}
 
 
+@contextlib.contextmanager
+def _anchors_in(directory: str) -> Iterator[None]:
+    """The stores' head anchors (one per database and host) kept in `directory`, which goes
+    with the databases this benchmark throws away, not in the user's own state directory."""
+    previous = os.environ.get("AGENTRT_ANCHOR_DIR")
+    os.environ["AGENTRT_ANCHOR_DIR"] = str(Path(directory) / "anchors")
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["AGENTRT_ANCHOR_DIR"]
+        else:
+            os.environ["AGENTRT_ANCHOR_DIR"] = previous
+
+
 def run(quick: bool = False) -> Result:
     binaries = _postgres.find_binaries()
     if binaries is None:
@@ -133,7 +151,7 @@ def run(quick: bool = False) -> Result:
         steps = 100 if quick else 400
         calls = 80 if quick else 400
         rows: list[dict[str, Any]] = []
-        with tempfile.TemporaryDirectory(prefix="agentrt-bench-pg-") as name:
+        with tempfile.TemporaryDirectory(prefix="agentrt-bench-pg-") as name, _anchors_in(name):
             workdir = Path(name)
             for runs in CONCURRENCY:
                 per_run = max(5, steps // runs)

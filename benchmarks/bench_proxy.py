@@ -160,7 +160,10 @@ def _proxy_command(config: Path) -> list[str]:
 
 
 def _environment() -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")}
+    environment = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")}
+    if "AGENTRT_ANCHOR_DIR" in os.environ:  # set by the PostgreSQL benchmark for its runs
+        environment["AGENTRT_ANCHOR_DIR"] = os.environ["AGENTRT_ANCHOR_DIR"]
+    return environment
 
 
 def _fastmcp_config(commands: dict[str, list[str]]) -> str:
