@@ -191,14 +191,15 @@ class PostgresConnection:
         connection: psycopg.Connection[Any],
         label: str,
         *,
-        parameters: dict[str, Any] | None = None,
-        settings: Sequence[str] = (),
+        parameters: dict[str, Any],
+        settings: Sequence[str],
     ) -> None:
         self._connection = connection
         self.label = label
-        # How to open it again (None: never, it was handed over as it is).
+        # How to open it again, until it is closed on purpose.
         self._parameters = parameters
         self._settings = tuple(settings)
+        self._closed = False
         self._writing = False  # between a BEGIN this sent and its COMMIT or ROLLBACK
         self._cut = False  # the connection broke inside a write not yet rolled back
 
@@ -275,8 +276,8 @@ class PostgresConnection:
 
     def _reopen(self) -> None:
         """Replace a broken connection with a new one with the same settings."""
-        if self._parameters is None:
-            raise StoreError(f"the connection to database {self.label} broke")
+        if self._closed:
+            raise StoreError(f"database {self.label} is closed")
         fresh = _open(self._parameters, self.label)
         try:
             for setting in self._settings:
@@ -338,7 +339,7 @@ class PostgresConnection:
                 return
 
     def close(self) -> None:
-        self._parameters = None  # closed on purpose: never opened again
+        self._closed = True  # on purpose: never opened again
         self._connection.close()
 
 

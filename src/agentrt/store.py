@@ -262,19 +262,22 @@ _utc_second: tuple[int, str] = (-1, "")
 
 def utc_now() -> str:
     """The current UTC time as ISO 8601 with microseconds (`2026-12-01T16:41:50.521022Z`)."""
+    return _utc_text(time.time_ns() // 1_000)
+
+
+def utc_at(epoch: float) -> str:
+    """`epoch` as `utc_now` writes the time: UTC ISO 8601 with microseconds."""
+    return _utc_text(round(epoch * 1_000_000))
+
+
+def _utc_text(microseconds: int) -> str:
     global _utc_second
-    second, micros = divmod(time.time_ns() // 1_000, 1_000_000)
+    second, micros = divmod(microseconds, 1_000_000)
     cached = _utc_second
     if cached[0] != second:
         cached = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
         _utc_second = cached  # one tuple, replaced whole: safe across threads
     return f"{cached[1]}.{micros:06d}Z"
-
-
-def utc_at(epoch: float) -> str:
-    """`epoch` as `utc_now` writes the time: UTC ISO 8601 with microseconds."""
-    second, micros = divmod(round(epoch * 1_000_000), 1_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)) + f".{micros:06d}Z"
 
 
 def epoch_to_iso(epoch: float) -> str:
