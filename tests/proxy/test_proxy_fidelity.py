@@ -347,7 +347,13 @@ async def test_the_typescript_client_reads_text_lists_the_pinned_resources_and_g
     assert echo["content"] == [{"type": "text", "text": "Echo: plain text"}]
     assert any(block["type"] == "image" for block in image["content"])
     assert slow.get("isError") is not True
-    assert [note["progress"] for note in seen["progress"]] == [1, 2]
+    # The proxy sent both progress notes, before the long call's answer (the last response).
+    wire = seen["wire"]
+    last = max(index for index, message in enumerate(wire) if "response" in message)
+    assert wire[last - 2 :] == [{"progress": 1}, {"progress": 2}, wire[last]]
+    # The client's own handler gets them, except that the TypeScript SDK drops a note that
+    # arrives in the same read as its call's response (see ts_host.mjs): under load, the last.
+    assert [note["progress"] for note in seen["progress"]] in ([1, 2], [1])
     assert seen["logged"] == []
 
 

@@ -18,7 +18,20 @@ const logged = [];
 const originalError = console.error;
 console.error = (...parts) => logged.push(parts.map(String).join(" "));
 await client.connect(transport);
-const seen = { tools: (await client.listTools()).tools, results: [], progress: [] };
+// What the proxy sent, in the order it arrived: the SDK hands notifications to their
+// handlers a microtask later but settles a response at once (shared/protocol.js), so a
+// progress note read in the same chunk as its call's response never reaches onprogress.
+const wire = [];
+const deliver = transport.onmessage;
+transport.onmessage = (message, extra) => {
+  if (message.method === "notifications/progress") {
+    wire.push({ progress: message.params.progress });
+  } else if (message.id !== undefined && message.method === undefined) {
+    wire.push({ response: message.id });
+  }
+  deliver(message, extra);
+};
+const seen = { tools: (await client.listTools()).tools, results: [], progress: [], wire };
 seen.resources = (await client.listResources()).resources;
 seen.prompts = (await client.listPrompts()).prompts;
 for (const call of calls) {
