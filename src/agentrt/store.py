@@ -397,6 +397,12 @@ _MIGRATIONS: Final[tuple[str, ...]] = (
     """
     ALTER TABLE runs ADD COLUMN lease_token TEXT;
     """,
+    # No query has ever read it (runs are listed by creation, waiting ones first, an
+    # expression no index serves; every other lookup is by run id), and it cost every
+    # call a page written in each of its two commits.
+    """
+    DROP INDEX IF EXISTS runs_by_status;
+    """,
 )
 SCHEMA_VERSION: Final = len(_MIGRATIONS)
 

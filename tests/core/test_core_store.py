@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -27,6 +28,7 @@ from agentrt import (
     open_store,
 )
 from agentrt.gate import INTERRUPTED_SIDE_EFFECT
+from agentrt.store import SCHEMA_VERSION
 
 from .helpers import RecordingTool, approval_policy
 
@@ -346,6 +348,44 @@ async def test_a_gate_can_take_back_its_own_expired_lease(database: str | Path) 
         )
     outcome = await gate.resume(run_id)
     assert outcome.observation is not None and outcome.observation.kind == "interrupted"
+
+
+@pytest.mark.anyio
+async def test_a_second_schema_database_loses_only_the_unread_status_index(tmp_path: Path) -> None:
+    # Migration 3 drops `runs_by_status`, which no query read and every call's two
+    # commits wrote; the runs stay, and every lookup of a run still searches its key.
+    db = tmp_path / "runs.db"
+    read = RecordingTool("read", SideEffect.READ_ONLY)
+    gate = Gate(open_store(db), [read])
+    waiting = await gate.start("waits")
+    done = await gate.start("done")
+    await gate.step(done, Decision.complete("finished"))
+    gate.store.close()
+    with sqlite3.connect(db) as raw:  # as the build before this migration left it
+        raw.execute("CREATE INDEX runs_by_status ON runs (status)")
+        raw.execute("PRAGMA user_version = 2")
+    with open_store(db) as store:
+        assert store.get_run(done) is not None and store.get_run(done).status is RunStatus.COMPLETED  # type: ignore[union-attr]
+        assert [run.run_id for run in store.list_runs()] == [done, waiting]
+    with sqlite3.connect(db) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        indexes = {row[0] for row in raw.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'runs'"
+        )}  # fmt: skip
+        assert indexes == {"sqlite_autoindex_runs_1", "runs_by_creation"}
+        # Every statement over runs by id, in the modules that write and read runs.
+        sources = [REPO / "src/agentrt" / name for name in ("gate.py", "store.py", "approvals.py")]
+        pattern = r"(?:SELECT [^\"]* FROM runs|UPDATE runs SET)[^\"]*(?:\"\s*\"[^\"]*)*"
+        statements = [
+            " ".join(found.split())
+            for path in sources
+            for found in re.findall(pattern, path.read_text())
+        ]
+        by_id = [sql.replace('" "', "") for sql in statements if "run_id = ?" in sql]
+        assert len(by_id) >= 8
+        for sql in by_id:
+            plan = str(raw.execute("EXPLAIN QUERY PLAN " + sql, [None] * sql.count("?")).fetchall())
+            assert "USING INDEX sqlite_autoindex_runs_1" in plan, (sql, plan)
 
 
 def test_verify_finds_even_a_whitespace_change_in_a_payload(tmp_path: Path) -> None:
