@@ -1589,6 +1589,8 @@ def open_store(
         connection.execute("PRAGMA journal_mode = WAL")
         connection.execute("PRAGMA synchronous = FULL")
         if create:
+            if 0 < _read_version(connection, label) < SCHEMA_VERSION:
+                _refuse_lost(Store(connection, label, False, anchor_path))
             _migrate(connection, label)
         else:
             _check_version(connection, label, allow_older=False)
@@ -1600,6 +1602,14 @@ def open_store(
         raise
     _tighten_sidecars(file_path)
     return _anchored(Store(connection, label, False, anchor_path))
+
+
+def _refuse_lost(store: Store) -> None:
+    """Refuse an older-schema database whose chain falls short of its head anchor (an
+    older backup restored) before it is migrated: it is left exactly as it was found."""
+    report = store.check_anchor()
+    if report.anchor_seq is not None and not report.ok:
+        raise UnsafeDatabase(report.reason)
 
 
 def _anchored(store: Store) -> Store:
@@ -1672,6 +1682,8 @@ def _open_postgres(url: str, *, read_only: bool, create: bool) -> Store:
                 _refuse_if_anchored(
                     anchor_path, label, "holds no agentrt schema", "emptied or recreated"
                 )
+            else:
+                _refuse_lost(Store(connection, label, False, anchor_path, postgres=connection))
             _postgres.migrate(connection, _MIGRATIONS, _split_sql)
     except BaseException:
         connection.close()

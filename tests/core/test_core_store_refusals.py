@@ -207,6 +207,32 @@ def test_an_older_copy_restored_is_refused(tmp_path: Path) -> None:
         open_store(database)
 
 
+def test_an_older_copy_of_an_earlier_schema_is_refused_as_it_stands(tmp_path: Path) -> None:
+    # A backup an earlier build made is refused before this build migrates it: the
+    # copy stays exactly as it was restored, for whoever looks into what was lost.
+    database = tmp_path / "runs.db"
+    _database_with_runs(database, 1)
+    backup = tmp_path / "backup.db"
+    shutil.copy2(database, backup)
+    raw = sqlite3.connect(backup)  # as the build before schema 3 left it
+    raw.execute("CREATE INDEX runs_by_status ON runs (status)")
+    raw.execute("PRAGMA user_version = 2")
+    raw.commit()
+    raw.close()
+    _database_with_runs(database, 3)
+    shutil.copy2(backup, database)
+    restored = database.read_bytes()
+    with pytest.raises(UnsafeDatabase, match=r"ends at event 1 .* anchor records event 4"):
+        open_store(database)
+    assert database.read_bytes() == restored
+    wal = Path(f"{database}-wal")
+    assert not wal.exists() or wal.stat().st_size == 0  # nothing written beside it either
+    raw = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert raw.execute("SELECT 1 FROM sqlite_master WHERE name = 'runs_by_status'").fetchall()
+    raw.close()
+
+
 def test_a_chain_replaced_under_its_anchor_is_refused(tmp_path: Path) -> None:
     database = tmp_path / "runs.db"
     _database_with_runs(database, 2)
