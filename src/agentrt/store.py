@@ -1639,10 +1639,22 @@ def postgres_anchor_path(label: str) -> str:
 
 
 def _anchor_directory(anchor_path: str, label: str) -> None:
-    """Create the directory of this host's anchors (private to this user) if missing."""
+    """Create the directory of this host's anchors if missing: it and every directory
+    made on the way to it private to this user (0700, whatever the umask, as the XDG
+    base directory specification asks), so no one else can swap an anchor."""
     directory = os.path.dirname(anchor_path)
+    missing: list[str] = []
+    path = directory
+    while path and not os.path.isdir(path) and os.path.dirname(path) != path:
+        missing.append(path)
+        path = os.path.dirname(path)
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        for path in reversed(missing):
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                continue  # made by another process meanwhile (or not a directory: next)
+            os.chmod(path, 0o700)  # the umask may have taken bits away
     except OSError as exc:
         raise StoreError(
             f"database {sanitize(label)}: the head anchor directory {sanitize(directory)} "

@@ -3,7 +3,9 @@ on the server's clock, events nobody can rewrite, the schema refusals, no passwo
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 import subprocess
 import sys
 import threading
@@ -642,6 +644,22 @@ def _tables(url: str) -> int:
     with _superuser(url) as admin:
         row = admin.execute("SELECT COUNT(*) FROM pg_tables WHERE schemaname = 'public'")
         return int(row.fetchone()[0])
+
+
+def test_the_anchor_directory_and_those_made_on_the_way_are_private_under_umask_000(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "state" / "agentrt" / "anchors"
+    monkeypatch.setenv("AGENTRT_ANCHOR_DIR", str(directory))
+    previous = os.umask(0)
+    try:
+        open_store(url).close()
+    finally:
+        os.umask(previous)
+    for made in (tmp_path / "state", tmp_path / "state" / "agentrt", directory):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o700, made
+    (anchor,) = directory.iterdir()
+    assert stat.S_IMODE(anchor.stat().st_mode) == 0o600
 
 
 def test_a_host_whose_anchor_directory_cannot_be_made_is_told_how_to_set_one(
