@@ -218,3 +218,38 @@ async def test_a_call_whose_result_the_database_lost_is_not_called_in_progress_a
     # and a person decides whether it runs again.
     assert text_of(again).startswith("INTERRUPTED: "), text_of(again)
     assert machine.executions("write_note") == ["write_note cut"]
+
+
+# A host whose clock is an hour slow: every `time.time` and `time.time_ns` of its
+# proxy process, from before agentrt is imported.
+_SLOW_CLOCK = """
+import time
+_time, _time_ns = time.time, time.time_ns
+time.time = lambda: _time() - 3600.0
+time.time_ns = lambda: _time_ns() - 3_600_000_000_000
+"""
+
+
+async def test_a_proxy_holding_a_call_judges_its_approvals_life_on_the_servers_clock(
+    tmp_path: Path, postgres_server: Any
+) -> None:
+    # The approval lives 2 s on the database's clock; the proxy holds the call up to 8 s.
+    # A proxy judging expiry on its own clock, an hour slow, would see ten minutes of
+    # margin left and answer "still waiting" when the hold ends.
+    machine = await build_setup(
+        tmp_path / "machine", database=postgres_server.database(), approval_ttl="2s", hold="8s"
+    )
+    clock = tmp_path / "slow-clock"
+    clock.mkdir()
+    (clock / "sitecustomize.py").write_text(_SLOW_CLOCK)
+    environment = machine.environment()
+    machine.environment = lambda: {**environment, "PYTHONPATH": str(clock)}  # type: ignore[method-assign]
+    async with host(machine) as session:
+        began = anyio.current_time()
+        answer = text_of(
+            await session.call_tool("up_send_mail", {"to": "a@example.org", "body": "b"})
+        )
+        waited = anyio.current_time() - began
+    assert answer.startswith("EXPIRED: "), answer
+    assert 2.0 <= waited < 8.0, waited
+    assert machine.executions() == []
