@@ -544,6 +544,19 @@ async def test_a_store_waits_out_a_server_restart_one_sentence_a_write_meanwhile
 # -- this host's head anchor ----------------------------------------------------
 
 
+async def _start_runs(url: str, *goals: str) -> None:
+    gate = Gate(open_store(url), [RecordingTool("read", SideEffect.READ_ONLY)])
+    for goal in goals:
+        await gate.start(goal)
+    gate.store.close()
+
+
+def _restore(server: Any, database: str, backup: str) -> None:
+    """Put the database back as its backup (a copy made with `CREATE DATABASE … TEMPLATE`)."""
+    server.admin(f"DROP DATABASE {database}")
+    server.admin(f"CREATE DATABASE {database} TEMPLATE {backup}")
+
+
 async def test_a_restored_older_backup_is_refused_by_a_host_that_wrote_after_it(
     postgres_server: Any,
 ) -> None:
@@ -565,8 +578,7 @@ async def test_a_restored_older_backup_is_refused_by_a_host_that_wrote_after_it(
     anchor = Path(postgres_anchor_path(open_store(url, read_only=True).path))
     assert anchor.exists() and f'"seq": {head_seq}' in anchor.read_text()
     # The database is restored from the backup: the run after it and its call are gone.
-    postgres_server.admin(f"DROP DATABASE {database}")
-    postgres_server.admin(f"CREATE DATABASE {database} TEMPLATE {backup}")
+    _restore(postgres_server, database, backup)
     with pytest.raises(
         UnsafeDatabase,
         match=rf"^database postgresql://.*/{database} ends at event \d+ \(\w+\) but its anchor "
@@ -597,20 +609,15 @@ async def test_a_restored_backup_of_an_earlier_schema_is_refused_before_it_is_mi
 
     url = str(postgres_server.database())
     database = url.rsplit("/", 1)[1]
-    gate = Gate(open_store(url), [RecordingTool("read", SideEffect.READ_ONLY)])
-    await gate.start("before the backup")
-    gate.store.close()
+    await _start_runs(url, "before the backup")
     backup = "b_" + uuid.uuid4().hex[:16]
     postgres_server.admin(f"CREATE DATABASE {backup} TEMPLATE {database}")
     with psycopg.connect(postgres_server.url(backup), autocommit=True) as raw:
         # As the build before schema 3 left it.
         raw.execute("CREATE INDEX runs_by_status ON runs (status)")
         raw.execute("UPDATE agentrt_schema SET version = 2")
-    gate = Gate(open_store(url), [RecordingTool("read", SideEffect.READ_ONLY)])
-    await gate.start("after the backup")
-    gate.store.close()
-    postgres_server.admin(f"DROP DATABASE {database}")
-    postgres_server.admin(f"CREATE DATABASE {database} TEMPLATE {backup}")
+    await _start_runs(url, "after the backup")
+    _restore(postgres_server, database, backup)
     with pytest.raises(UnsafeDatabase, match=r"committed events were lost \(an older backup"):
         open_store(url)
     # Refused as it stands: not migrated to this build's schema first.
@@ -624,9 +631,7 @@ async def test_a_database_emptied_and_recreated_under_the_same_url_is_refused(
 ) -> None:
     url = str(postgres_server.database())
     database = url.rsplit("/", 1)[1]
-    gate = Gate(open_store(url), [RecordingTool("read", SideEffect.READ_ONLY)])
-    await gate.start("a run")
-    gate.store.close()
+    await _start_runs(url, "a run")
     postgres_server.admin(f"DROP DATABASE {database}")
     postgres_server.admin(f"CREATE DATABASE {database}")
     with pytest.raises(
