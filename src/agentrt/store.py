@@ -1653,7 +1653,9 @@ def _anchor_directory(anchor_path: str, label: str) -> None:
             try:
                 os.mkdir(path, 0o700)
             except FileExistsError:
-                continue  # made by another process meanwhile (or not a directory: next)
+                if path != directory or os.path.isdir(path):
+                    continue  # made meanwhile; or a file on the way, which the next names
+                raise
             os.chmod(path, 0o700)  # the umask may have taken bits away
     except OSError as exc:
         raise StoreError(

@@ -680,3 +680,8 @@ def test_a_host_whose_anchor_directory_cannot_be_made_is_told_how_to_set_one(
     ):
         open_store(url)
     assert _tables(url) == 0  # refused before the schema was written
+    # A file where the directory itself should be is refused the same way.
+    monkeypatch.setenv("AGENTRT_ANCHOR_DIR", str(blocker))
+    with pytest.raises(StoreError, match=r"anchor directory .* cannot be created \(File exists\)"):
+        open_store(url)
+    assert _tables(url) == 0
