@@ -30,6 +30,7 @@ from .. import approvals
 from ..errors import AgentrtError, RunNotFound
 from ..sanitize import sanitize
 from ..store import Store
+from ._chain import ChainCheck
 from ._views import (
     ToolInfo,
     approval_view,
@@ -182,6 +183,7 @@ def create_app(state: InboxState) -> Any:
     )
     shell = templates.get_template("index.html")
     store = state.store
+    chain = ChainCheck(store)
 
     async def index(request: Request) -> Response:
         return Response(shell.render(), media_type="text/html; charset=utf-8")
@@ -226,7 +228,7 @@ def create_app(state: InboxState) -> Any:
         return JSONResponse(detail)
 
     async def verify(request: Request) -> Response:
-        return JSONResponse(chain_view(await store.run(store.verify_chain)))
+        return JSONResponse(chain_view(await store.run(chain.report)))
 
     async def decide(request: Request) -> Response:
         body = await request.body()
