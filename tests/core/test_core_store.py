@@ -353,7 +353,8 @@ async def test_a_gate_can_take_back_its_own_expired_lease(database: str | Path) 
 @pytest.mark.anyio
 async def test_a_second_schema_database_loses_only_the_unread_status_index(tmp_path: Path) -> None:
     # Migration 3 drops `runs_by_status`, which no query read and every call's two
-    # commits wrote; the runs stay, and every lookup of a run still searches its key.
+    # commits wrote (4 adds `runs_waiting`, for listings); the runs stay, and every
+    # lookup of a run still searches its key.
     db = tmp_path / "runs.db"
     read = RecordingTool("read", SideEffect.READ_ONLY)
     gate = Gate(open_store(db), [read])
@@ -363,6 +364,7 @@ async def test_a_second_schema_database_loses_only_the_unread_status_index(tmp_p
     gate.store.close()
     with sqlite3.connect(db) as raw:  # as the build before this migration left it
         raw.execute("CREATE INDEX runs_by_status ON runs (status)")
+        raw.execute("DROP INDEX runs_waiting")
         raw.execute("PRAGMA user_version = 2")
     with open_store(db) as store:
         assert store.get_run(done) is not None and store.get_run(done).status is RunStatus.COMPLETED  # type: ignore[union-attr]
@@ -372,7 +374,7 @@ async def test_a_second_schema_database_loses_only_the_unread_status_index(tmp_p
         indexes = {row[0] for row in raw.execute(
             "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'runs'"
         )}  # fmt: skip
-        assert indexes == {"sqlite_autoindex_runs_1", "runs_by_creation"}
+        assert indexes == {"sqlite_autoindex_runs_1", "runs_by_creation", "runs_waiting"}
         # Every statement over runs by id, in the modules that write and read runs.
         sources = [REPO / "src/agentrt" / name for name in ("gate.py", "store.py", "approvals.py")]
         pattern = r"(?:SELECT [^\"]* FROM runs|UPDATE runs SET)[^\"]*(?:\"\s*\"[^\"]*)*"
@@ -386,6 +388,48 @@ async def test_a_second_schema_database_loses_only_the_unread_status_index(tmp_p
         for sql in by_id:
             plan = str(raw.execute("EXPLAIN QUERY PLAN " + sql, [None] * sql.count("?")).fetchall())
             assert "USING INDEX sqlite_autoindex_runs_1" in plan, (sql, plan)
+
+
+@pytest.mark.anyio
+async def test_a_page_of_runs_is_what_sorting_every_run_gives(database: str | Path) -> None:
+    # Pages are read through two indexes (the waiting runs, then the others from where
+    # the page reaches them); each must equal the plain sort, waiting first, on both
+    # backends, across the boundary between the two.
+    read = RecordingTool("read", SideEffect.READ_ONLY)
+    write = RecordingTool("write", SideEffect.LOCAL_MUTATION)
+    gate = Gate(open_store(database), [read, write], policy=approval_policy())
+    for number in range(23):
+        run_id = await gate.start(f"run {number}")
+        if number % 4 == 1:
+            await gate.step(run_id, Decision.tool_call("write", f'{{"path": "{number}"}}'))
+        elif number % 4 == 2:
+            await gate.step(run_id, Decision.complete("done"))
+    store = gate.store
+    waiting = [run for run in store.list_runs(100) if run.status is RunStatus.WAITING_FOR_APPROVAL]
+    assert len(waiting) == 6
+    plain = (
+        "SELECT run_id FROM runs ORDER BY (status = 'waiting_for_approval') DESC,"
+        " created_seq DESC LIMIT ? OFFSET ?"
+    )
+    for limit in (1, 4, 6, 7, 50):
+        for offset in (0, 1, 5, 6, 7, 12, 22, 23, 30):
+            expected = [row[0] for row in store._query(plain, (limit, offset))]
+            assert [run.run_id for run in store.list_runs(limit, offset)] == expected, (
+                limit,
+                offset,
+            )
+    store.close()
+
+
+def test_a_page_of_runs_reads_through_the_indexes_not_a_sort_of_every_run(tmp_path: Path) -> None:
+    from agentrt.store import _LIST_RUNS
+
+    open_store(tmp_path / "runs.db").close()
+    with sqlite3.connect(tmp_path / "runs.db") as raw:
+        plan = [row[3] for row in raw.execute("EXPLAIN QUERY PLAN " + _LIST_RUNS, (1,) * 6)]
+    scans = [step for step in plan if step.startswith("SCAN runs")]
+    indexes = {step.partition(" USING INDEX ")[2] for step in scans}
+    assert indexes == {"runs_waiting", "runs_by_creation"}, plan
 
 
 def test_verify_finds_even_a_whitespace_change_in_a_payload(tmp_path: Path) -> None:
