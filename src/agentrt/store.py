@@ -1623,23 +1623,22 @@ def open_store(
     return _anchored(Store(connection, label, False, anchor_path))
 
 
-def _refuse_lost(store: Store) -> None:
-    """Refuse an older-schema database whose chain falls short of its head anchor (an
-    older backup restored) before it is migrated: it is left exactly as it was found."""
+def _refuse_lost(store: Store) -> AnchorReport:
+    """The chain against its head anchor; refused when it falls short (committed events
+    lost: an older backup restored).  Called before an older schema is migrated too, so
+    such a backup is left exactly as it was found."""
     report = store.check_anchor()
     if report.anchor_seq is not None and not report.ok:
         raise UnsafeDatabase(report.reason)
+    return report
 
 
 def _anchored(store: Store) -> Store:
     """A store opened for writing, once its chain reaches its head anchor (a first
     opening writes the anchor); closed and refused when committed events were lost."""
     try:
-        report = store.check_anchor()
-        if report.anchor_seq is None:
+        if _refuse_lost(store).anchor_seq is None:
             store.write_anchor()
-        elif not report.ok:
-            raise UnsafeDatabase(report.reason)
     except BaseException:
         store.close()
         raise

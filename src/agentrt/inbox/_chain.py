@@ -51,10 +51,9 @@ class ChainCheck:
         self._chunk = chunk
         self._clock = clock
         self._guard = threading.Lock()
-        # The last event verified, how many were verified since the whole check began,
-        # and when it began (None: the next check verifies the whole chain).
+        # The last event verified, every one before it verified since the whole check
+        # began at `_whole_since` (None: the next check verifies the whole chain).
         self._head: tuple[int, str] = (0, GENESIS_HASH)
-        self._checked = 0
         self._whole_since: float | None = None
 
     def report(self) -> ChainReport:
@@ -62,7 +61,7 @@ class ChainCheck:
         with self._guard:
             now = self._clock()
             if self._whole_since is None or now - self._whole_since >= self._full_every:
-                self._head, self._checked, self._whole_since = (0, GENESIS_HASH), 0, now
+                self._head, self._whole_since = (0, GENESIS_HASH), now
             report = self._extend()
             if not report.ok:
                 self._whole_since = None  # whatever comes next is checked whole again
@@ -75,17 +74,18 @@ class ChainCheck:
                 event = self._store.event_at(seq)
                 if event is None or event.hash != digest:
                     # The event last verified was re-hashed or removed (a chain rebuilt
-                    # under the inbox): the whole chain says where it breaks.
-                    return self._store.verify_chain()
+                    # under the inbox): the whole chain, slice by slice, says where.
+                    self._head = (0, GENESIS_HASH)
+                    continue
             # From the last event verified, itself verified again (its content against its
             # hash), so a change to it is found at once.
             part = self._store.verify_chain(from_seq=max(seq, 1), to_seq=seq + self._chunk)
             if not part.ok:
                 return part
             added = part.checked - (1 if seq > 0 else 0)
-            self._checked += added
             if added:
                 self._head = (part.head_seq, part.head_hash)
             if added < self._chunk:
+                # Every event from the first to the head is verified: as many as the head's seq.
                 head_seq, head_hash = self._head
-                return ChainReport(True, head_seq, head_hash, None, "intact", self._checked)
+                return ChainReport(True, head_seq, head_hash, None, "intact", head_seq)
