@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -191,3 +192,79 @@ async def test_calls_from_one_host_are_handled_concurrently(tmp_path: Path) -> N
             group.start_soon(slow)
             group.start_soon(quick)
     assert finished == ["quick", "slow"]
+
+
+# Claude Code closes an MCP server with SIGINT, SIGTERM 0.11 s later, SIGKILL 0.4 s after that.
+HOST_SECOND_SIGNAL = 0.11
+HOST_SIGKILL = 0.4
+
+
+async def _close_as_a_host_does(process: Any, first: int, second: int) -> float:
+    """Signal `process` on a host's schedule; the seconds from the first signal to its exit
+    (a SIGKILL at the end of the grace, as the host sends it, shows as -9)."""
+    started = anyio.current_time()
+    process.send_signal(first)
+    with anyio.move_on_after(HOST_SECOND_SIGNAL):
+        await process.wait()
+    if process.returncode is None:
+        process.send_signal(second)
+        with anyio.move_on_after(HOST_SIGKILL):
+            await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+    return anyio.current_time() - started
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("SIGINT", "SIGTERM"), ("SIGINT", "SIGINT"), ("SIGTERM", "SIGTERM"), ("SIGTERM", "SIGINT")],
+)
+async def test_a_second_signal_records_the_call_in_flight_as_an_unknown_outcome_and_exits_0(
+    tmp_path: Path, first: str, second: str
+) -> None:
+    setup = await build_setup(tmp_path, rules=SLOW_RULES)
+    async with RawHost.start(setup) as raw:
+        request_id = await raw.call("up_write_note", {"note": "slow", "seconds": 20})
+        await until(lambda: len(setup.started()) == 1)
+        async with anyio.create_task_group() as group:
+            answers: list[dict[str, Any]] = []
+
+            async def read_answer() -> None:
+                answers.append(await raw.response(request_id))
+
+            group.start_soon(read_answer)
+            took = await _close_as_a_host_does(
+                raw.process, getattr(signal, first), getattr(signal, second)
+            )
+            with anyio.fail_after(5):
+                await until(lambda: bool(answers))
+    assert raw.process.returncode == 0, setup.stderr()
+    assert took < HOST_SECOND_SIGNAL + HOST_SIGKILL
+    # The host was answered, and the record says what the answer says: sent, outcome unknown.
+    assert result_text(answers[0]).startswith("UNKNOWN_OUTCOME: ")
+    assert setup.executions() == []
+    with open_store(setup.database, read_only=True) as store:
+        [run] = store.list_runs(limit=100)
+        assert run.status is RunStatus.WAITING_FOR_APPROVAL
+        approval = store.latest_approval(run.run_id)
+        assert approval is not None and approval.kind == "unknown_outcome"
+        assert store.verify_chain().ok
+
+
+@pytest.mark.parametrize("first", ["SIGINT", "SIGTERM"])
+async def test_signals_stay_caught_until_the_proxy_has_exited(tmp_path: Path, first: str) -> None:
+    setup = await build_setup(tmp_path, rules=SLOW_RULES)
+    async with RawHost.start(setup) as raw:
+        others = [signal.SIGINT, signal.SIGTERM]
+        raw.process.send_signal(getattr(signal, first))
+        # A signal every 10 ms, alternating, until the process is gone: none may kill it.
+        with anyio.fail_after(10):
+            for count in range(10_000):
+                with anyio.move_on_after(0.01):
+                    await raw.process.wait()
+                if raw.process.returncode is not None:
+                    break
+                with contextlib.suppress(ProcessLookupError):
+                    raw.process.send_signal(others[count % 2])
+    assert raw.process.returncode == 0, setup.stderr()
