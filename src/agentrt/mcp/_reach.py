@@ -5,8 +5,11 @@ database, or a directory holding one, could rewrite the policy or forge an
 approval.  Servers take paths in many spellings, so every argument and every
 `env` value is split into each path-like token it could hold: a `file:` URL
 (percent-decoded), the parts of a comma, colon, semicolon or whitespace list
-(`--dirs=/etc,/srv`, `/etc:/srv`, `sh -c "serve /srv"`), the value of
-`--opt=VALUE` and of `-oVALUE`, and each choice of a brace list
+(`--dirs=/etc,/srv`, `/etc:/srv`, `sh -c "serve /srv"`), every run of those
+parts that a real path could hold (`/Users/me/Application Support/agentrt`,
+whose space continues a protected path's component or an existing entry's
+name), the words of a shell string with its quotes and backslashes undone,
+the value of `--opt=VALUE` and of `-oVALUE`, and each choice of a brace list
 (`/srv/{conf,data}`).  A glob reaches a protected path when the literal
 directory it starts from holds it and the glob's first pattern component
 matches the next component of that path (`CONF/*`, `co*/x`, `*.json` next
@@ -21,11 +24,13 @@ nobody handed it; only a sandbox stops that.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import re
+import shlex
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -33,8 +38,8 @@ from ._server import Server
 
 __all__ = ["OperatorFileReach", "find_operator_file_reach", "path_tokens"]
 
-# Where one path in a list or a shell string ends and the next begins.
-_SEPARATORS: Final = re.compile(r"[,;:=\s'\"`()<>|&]+")
+# Where one path in a list or a shell string may end and the next begin.
+_SEPARATORS: Final = frozenset(",;:='\"`()<>|&") | frozenset(" \t\n\r\f\v")
 _GLOB: Final = re.compile(r"[*?\[]")
 _BRACES: Final = re.compile(r"\{([^{}]*,[^{}]*)\}")
 _URL: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
@@ -49,8 +54,12 @@ class OperatorFileReach:
     protected: str
 
 
-def path_tokens(value: str) -> list[str]:
-    """Every path-like token `value` could hand a server, `value` itself first."""
+def path_tokens(value: str, joins: Callable[[str], bool]) -> list[str]:
+    """Every path-like token `value` could hand a server, `value` itself first.
+
+    `joins` says whether a text ending in a separator could begin a path, so
+    that a path holding that separator is a token too (`_PathBeginnings`).
+    """
     tokens: list[str] = []
     seen: set[str] = set()
     pending = [value]
@@ -78,8 +87,64 @@ def path_tokens(value: str) -> list[str]:
             # /srv/{conf,data} is /srv/conf and /srv/data to a shell or a glob library.
             head, tail = token[: braces.start()], token[braces.end() :]
             pending.extend(head + choice + tail for choice in braces.group(1).split(","))
-        pending.extend(part for part in _SEPARATORS.split(token) if part != token)
+        if any(char in token for char in "'\"\\"):
+            # A shell string's quoted or escaped word is one path to the shell:
+            # 'it'\''s', Application\ Support.
+            with contextlib.suppress(ValueError):  # unbalanced quotes: the spans still stand
+                pending.extend(shlex.split(token))
+        pending.extend(span for span in _spans(token, joins) if span != token)
     return tokens
+
+
+def _spans(token: str, joins: Callable[[str], bool]) -> Iterator[str]:
+    """Each part of `token` between separators, and each run of parts `joins` lets through.
+
+    A run starts at the beginning or after any separator and crosses a
+    separator only when `joins` says the text up to and including it could
+    begin a path: a space inside a real path does not end it.
+    """
+    starts = [0] + [index + 1 for index, char in enumerate(token) if char in _SEPARATORS]
+    for start in starts:
+        end = start
+        while end < len(token):
+            if token[end] in _SEPARATORS:
+                if end > start:
+                    yield token[start:end]
+                if not joins(token[start : end + 1]):
+                    break
+            end += 1
+        else:
+            if end > start:
+                yield token[start:]
+
+
+class _PathBeginnings:
+    """Whether a text ending in a separator could begin a path a server is handed.
+
+    It could when the separator continues the text's last component into a
+    component of a protected path, or into the name of an entry that exists
+    in the directory the text names (a link named `my link` to the
+    configuration's directory is as real as the directory).
+    """
+
+    def __init__(self, targets: Iterable[str], cwd: str) -> None:
+        self._components = {part for target in targets for part in target.split(os.sep) if part}
+        self._cwd = cwd
+        self._entries: dict[str, list[str]] = {}
+
+    def __call__(self, text: str) -> bool:
+        head, slash, partial = text.rpartition("/")
+        if any(component.startswith(partial) for component in self._components):
+            return True
+        # An absolute head replaces cwd; `/etc ` begins in `/`, `ls ` in cwd.
+        named = os.path.expanduser(head + slash) if slash else "."
+        directory = os.path.abspath(os.path.join(self._cwd, named))
+        if directory not in self._entries:
+            try:
+                self._entries[directory] = os.listdir(directory)
+            except OSError:  # not a directory, or one this user cannot list: nothing begins there
+                self._entries[directory] = []
+        return any(name.startswith(partial) for name in self._entries[directory])
 
 
 def _resolved_forms(token: str, cwd: str) -> set[str]:
@@ -129,8 +194,9 @@ def find_operator_file_reach(
                 targets.append(form)
     values = [(argument, argument) for argument in server.command]
     values += [(entry, entry.partition("=")[2]) for entry in server.env]
+    joins = _PathBeginnings(targets, directory)
     for shown, value in values:
-        for token in path_tokens(value):
+        for token in path_tokens(value, joins):
             glob = _GLOB.search(token)
             for target in targets:
                 forms = _resolved_forms(token, directory)
