@@ -13,7 +13,9 @@ import os
 import re
 import shlex
 import sys
+import unicodedata
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -251,6 +253,19 @@ def test_a_shell_string_quoting_the_path_is_refused(awkward: Layout, command: st
         escaped=re.sub(r"([\s'\"\\(),;:])", r"\\\1", str(awkward.conf)),
     )
     assert awkward.reach("-c", text) is not None
+
+
+@pytest.mark.parametrize(("on_disk", "written"), [("NFD", "NFC"), ("NFC", "NFD")])
+def test_a_path_written_in_the_other_unicode_normalization_is_refused(
+    tmp_path: Path, on_disk: Literal["NFC", "NFD"], written: Literal["NFC", "NFD"]
+) -> None:
+    # macOS opens `données` composed or decomposed as one directory; the guard must too.
+    root = tmp_path / unicodedata.normalize(on_disk, "Données partagées")
+    root.mkdir()
+    layout = Layout(root)
+    spelled = unicodedata.normalize(written, f"--root={layout.conf}")
+    assert spelled != f"--root={layout.conf}"
+    assert layout.reach(spelled) == unicodedata.normalize(written, str(layout.config))
 
 
 def test_a_link_whose_name_holds_a_space_is_followed(awkward: Layout) -> None:

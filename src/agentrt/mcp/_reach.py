@@ -15,7 +15,8 @@ directory it starts from holds it and the glob's first pattern component
 matches the next component of that path (`CONF/*`, `co*/x`, `*.json` next
 to the configuration).  Each token is resolved as the
 server would resolve it (relative to its working directory, `~` expanded,
-`..` and symbolic links followed) and compared with the protected paths.
+`..` and symbolic links followed) and compared with the protected paths, in
+either Unicode normalization (macOS takes `é` composed or not as one name).
 
 This is a guard, not a boundary: it reads what the operator wrote, not what
 the server does.  A server can still reach any file its user can by a path
@@ -29,6 +30,7 @@ import fnmatch
 import os
 import re
 import shlex
+import unicodedata
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -190,8 +192,14 @@ def find_operator_file_reach(
     targets: list[str] = []
     for path in protected:
         for form in (os.path.abspath(path), os.path.realpath(path)):
-            if form not in targets:
-                targets.append(form)
+            # macOS's file systems take a name in either Unicode normalization as one name.
+            for spelled in (
+                form,
+                unicodedata.normalize("NFC", form),
+                unicodedata.normalize("NFD", form),
+            ):
+                if spelled not in targets:
+                    targets.append(spelled)
     values = [(argument, argument) for argument in server.command]
     values += [(entry, entry.partition("=")[2]) for entry in server.env]
     joins = _PathBeginnings(targets, directory)
