@@ -25,6 +25,7 @@ nobody handed it; only a sandbox stops that.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import fnmatch
 import os
@@ -132,21 +133,27 @@ class _PathBeginnings:
     def __init__(self, targets: Iterable[str], cwd: str) -> None:
         self._components = {part for target in targets for part in target.split(os.sep) if part}
         self._cwd = cwd
-        self._entries: dict[str, list[str]] = {}
+        # The names in each directory a text names, sorted, so that a prefix is one
+        # binary search however many entries it holds and separators a value has.
+        self._names: dict[str, list[str]] = {}
 
     def __call__(self, text: str) -> bool:
         head, slash, partial = text.rpartition("/")
         if any(component.startswith(partial) for component in self._components):
             return True
-        # An absolute head replaces cwd; `/etc ` begins in `/`, `ls ` in cwd.
-        named = os.path.expanduser(head + slash) if slash else "."
-        directory = os.path.abspath(os.path.join(self._cwd, named))
-        if directory not in self._entries:
-            try:
-                self._entries[directory] = os.listdir(directory)
-            except OSError:  # not a directory, or one this user cannot list: nothing begins there
-                self._entries[directory] = []
-        return any(name.startswith(partial) for name in self._entries[directory])
+        names = self._names.get(head + slash)
+        if names is None:
+            names = self._names[head + slash] = self._sorted_names(head + slash)
+        index = bisect.bisect_left(names, partial)
+        return index < len(names) and names[index].startswith(partial)
+
+    def _sorted_names(self, named: str) -> list[str]:
+        # An absolute path replaces cwd; `/etc ` begins in `/`, `ls ` in cwd.
+        directory = os.path.join(self._cwd, os.path.expanduser(named or "."))
+        try:
+            return sorted(os.listdir(directory))
+        except OSError:  # not a directory, or one this user cannot list: nothing begins there
+            return []
 
 
 def _resolved_forms(token: str, cwd: str) -> set[str]:
