@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 from proxy_helpers import (
     RULES,
     RawHost,
@@ -268,3 +270,63 @@ async def test_signals_stay_caught_until_the_proxy_has_exited(tmp_path: Path, fi
                 with contextlib.suppress(ProcessLookupError):
                     raw.process.send_signal(others[count % 2])
     assert raw.process.returncode == 0, setup.stderr()
+
+
+# Another writer on the database: a transaction holding the write lock for 0.3 s
+# every 0.45 s, until the file argv[2] appears.
+_BUSY_WRITER = """
+import os, sys, time
+from agentrt.store import open_store
+with open_store(sys.argv[1]) as store:
+    print("writing", flush=True)
+    while not os.path.exists(sys.argv[2]):
+        with store.transaction() as connection:
+            store.append_event(connection, "busy-writer", "held", {})
+            time.sleep(0.3)
+        time.sleep(0.15)
+"""
+
+
+@pytest.mark.timeout(150)
+async def test_proxies_starting_together_on_one_database_while_another_writes_all_start(
+    tmp_path: Path,
+) -> None:
+    database = tmp_path / "shared" / "proxy.db"
+    database.parent.mkdir(mode=0o700)
+    setups = [
+        await build_setup(tmp_path / f"proxy-{number}", database=str(database))
+        for number in range(4)
+    ]
+    stop = tmp_path / "stop-writing"
+    answers: dict[int, str] = {}
+    async with await anyio.open_process(
+        [sys.executable, "-c", _BUSY_WRITER, str(database), str(stop)]
+    ) as writer:
+        assert writer.stdout is not None
+        assert await BufferedByteReceiveStream(writer.stdout).receive_until(b"\n", 64) == (
+            b"writing"
+        )
+
+        async def start_and_call(number: int) -> None:
+            try:
+                async with RawHost.start(setups[number]) as raw:
+                    request = await raw.call("up_write_note", {"note": f"from {number}"})
+                    answers[number] = result_text(await raw.response(request))
+                    await raw.process.stdin.aclose()
+                    with anyio.fail_after(30):
+                        answers[number] += f" / exit {await raw.process.wait()}"
+            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):
+                answers[number] = "exited at start: " + setups[number].stderr()[-300:]
+
+        try:
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as group:
+                    for number in range(len(setups)):
+                        group.start_soon(start_and_call, number)
+        finally:
+            stop.touch()
+            with anyio.fail_after(10):
+                await writer.wait()
+    assert answers == {number: f"noted from {number} / exit 0" for number in range(4)}
+    with open_store(database, read_only=True) as store:
+        assert store.verify_chain().ok and store.check_anchor().ok
