@@ -17,7 +17,6 @@ recorded raises `ResultNotRecorded` rather than being lost.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import socket
 import sqlite3
@@ -31,26 +30,22 @@ from typing import Any, Final, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
+from . import ledger
 from .agent import Decision, DecisionKind, Observation
-from .approvals import end_run, expire_if_due
 from .canonical import JSONBoundaryError, canonical_json, parse_json
 from .errors import (
     ApprovalError,
     ApprovalHashMismatch,
-    LeaseLost,
     RegistrationError,
     ResultNotRecorded,
-    RunLeased,
     RunStateError,
-    SchemaError,
     StoreBusy,
     StoreError,
 )
+from .events import EndReason
 from .policy import DefaultPolicy, Outcome, Policy, PolicyDecision, RunView, ToolRequest
 from .sanitize import sanitize
-from .schema import CompiledSchema, compile_schema
 from .store import (
-    INTEGRITY_ERRORS,
     ApprovalRecord,
     ApprovalStatus,
     Connection,
@@ -61,17 +56,14 @@ from .store import (
     StepStatus,
     Store,
     approval_hash,
-    epoch_to_iso,
     iso_to_epoch,
     utc_now,
 )
-from .tools import TOOL_NAME_PATTERN, SideEffect, Tool, ToolCall, ToolResult, ToolSpec
+from .tools import CheckedTool, SideEffect, Tool, ToolCall, ToolResult, ToolSpec, check_tool
 
 __all__ = ["INTERRUPTED_SIDE_EFFECT", "Gate", "Limits", "StepOutcome"]
 
 INTERRUPTED_SIDE_EFFECT: Final = "interrupted_side_effect"
-# `_acquire_lease` reads the lease token itself unless it was read with the run.
-_UNREAD: Final = object()
 _A = TypeVar("_A")
 _MAX_ERROR_CHARS: Final = 2_000
 
@@ -98,47 +90,6 @@ class StepOutcome:
     approval: ApprovalRecord | None = None
     result: str | None = None
     reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class _Registered:
-    tool: Tool
-    spec: ToolSpec
-    schema: CompiledSchema
-
-
-def _check_spec(tool: Any) -> _Registered:
-    spec = getattr(tool, "spec", None)
-    if not isinstance(spec, ToolSpec):
-        raise RegistrationError(f"{type(tool).__name__} has no ToolSpec `spec`")
-    name = spec.name
-    if not isinstance(name, str) or not TOOL_NAME_PATTERN.match(name):
-        raise RegistrationError(
-            f"tool name {sanitize(repr(name))} does not match ^[a-zA-Z0-9_-]{{1,64}}$"
-        )
-    if not isinstance(spec.description, str) or not spec.description.strip():
-        raise RegistrationError(f'tool "{name}" has no description')
-    if not isinstance(spec.side_effect, SideEffect):
-        raise RegistrationError(f'tool "{name}" has no side-effect class')
-    timeout = spec.timeout
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
-        raise RegistrationError(f'tool "{name}" needs a positive timeout in seconds')
-    if not isinstance(spec.input_schema, Mapping):
-        raise RegistrationError(f'tool "{name}" has no input schema object')
-    if spec.input_schema.get("type") != "object":
-        raise RegistrationError(f'tool "{name}": the input schema must describe an object')
-    if not callable(getattr(tool, "call", None)):
-        raise RegistrationError(f'tool "{name}" has no call method')
-    try:
-        compiled = compile_schema(spec.input_schema)
-    except SchemaError as exc:
-        raise SchemaError(f'tool "{name}": {exc}') from None
-    return _Registered(tool, spec, compiled)
 
 
 def _owner_label() -> str:
@@ -260,9 +211,9 @@ class Gate:
         # transaction compares it with the row, and a step decided on a view
         # that moved is decided again on a fresh one (`_StaleView`).
         self._views: dict[str, _RunView] = {}
-        self._tools: dict[str, _Registered] = {}
+        self._tools: dict[str, CheckedTool] = {}
         for tool in tools:
-            registered = _check_spec(tool)
+            registered = check_tool(tool)
             if registered.spec.name in self._tools:
                 raise RegistrationError(f'tool name "{registered.spec.name}" is registered twice')
             self._tools[registered.spec.name] = registered
@@ -289,7 +240,7 @@ class Gate:
         now: float,
         *,
         take_over: bool = False,
-        current_token: object = _UNREAD,
+        current_token: object = ledger.UNREAD,
         recording: tuple[int, str] | None = None,
     ) -> str:
         """Inside a write transaction: take (or extend) the run's lease; return its token.
@@ -303,39 +254,11 @@ class Gate:
         anew (or `take_over`, after a process died) gets a fresh one.  Leases are
         judged on the store's write clock (the server's, on PostgreSQL).
         """
-        now = self.store.write_time(now)
-        if (
-            run.lease_owner is not None
-            and run.lease_owner != self.owner
-            and run.lease_expires_at is not None
-            and run.lease_expires_at > now
-        ):
-            raise RunLeased(run.run_id, run.lease_owner, epoch_to_iso(run.lease_expires_at))
-        if current_token is _UNREAD:
-            row = connection.execute(
-                "SELECT lease_token FROM runs WHERE run_id = ?", (run.run_id,)
-            ).fetchone()
-            current_token = None if row is None else row[0]
-        held = self._lease_tokens.get(run.run_id)
-        if take_over or held is None or (run.lease_owner, current_token) != (self.owner, held):
-            held = uuid.uuid4().hex
-        if recording is None:
-            cursor = connection.execute(
-                "UPDATE runs SET lease_owner = ?, lease_expires_at = ?, lease_token = ?"
-                " WHERE run_id = ?"
-                " AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
-                (self.owner, now + self.lease_ttl, held, run.run_id, self.owner, now),
-            )
-        else:
-            cursor = connection.execute(
-                "UPDATE runs SET lease_owner = ?, lease_expires_at = ?, lease_token = ?,"
-                " step_count = ?, updated_at = ? WHERE run_id = ?"
-                " AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?)",
-                (self.owner, now + self.lease_ttl, held, *recording, run.run_id, self.owner,
-                 now),
-            )  # fmt: skip
-        if cursor.rowcount != 1:
-            raise RunStateError(f"run {sanitize(run.run_id)} was taken by another process")
+        held = ledger.acquire_lease(
+            self.store, connection, run, now, owner=self.owner, ttl=self.lease_ttl,
+            held=self._lease_tokens.get(run.run_id), take_over=take_over,
+            current_token=current_token, recording=recording,
+        )  # fmt: skip
         self._lease_tokens[run.run_id] = held
         self._let_go.discard(run.run_id)  # this gate works on it again
         return held
@@ -346,13 +269,9 @@ class Gate:
         if token is None:
             return False
         with self.store.transaction() as connection:
-            now = self.store.write_time(time.time())
-            cursor = connection.execute(
-                "UPDATE runs SET lease_expires_at = ?"
-                " WHERE run_id = ? AND lease_owner = ? AND lease_token = ?",
-                (now + self.lease_ttl, run_id, self.owner, token),
+            return ledger.renew_lease(
+                self.store, connection, run_id, owner=self.owner, token=token, ttl=self.lease_ttl
             )
-            return bool(cursor.rowcount == 1)
 
     @asynccontextmanager
     async def lease(self, run_id: str) -> AsyncIterator[None]:
@@ -393,11 +312,7 @@ class Gate:
             self._let_go.add(run_id)  # the lease then simply expires (or is taken over here)
 
     def _clear_lease(self, connection: Connection, run_id: str, token: str) -> None:
-        connection.execute(
-            "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL"
-            " WHERE run_id = ? AND lease_owner = ? AND lease_token = ?",
-            (run_id, self.owner, token),
-        )
+        ledger.release_lease(connection, run_id, owner=self.owner, token=token)
 
     async def _heartbeat(self, run_id: str, *, due_now: bool = False) -> None:
         """Renew the run's lease every third of its time (the first renewal at once
@@ -575,38 +490,13 @@ class Gate:
         """Insert a running run.  `leased` (its first step's start time): the run is
         inserted holding this gate's lease with that step counted, as `_acquire_lease`
         would leave it, so the step's record needs no update of the row."""
-        owner = token = expires = None
-        updated, steps = created, 0
-        if leased is not None:
-            owner, token = self.owner, uuid.uuid4().hex
-            expires = self.store.write_time(time.time()) + self.lease_ttl
-            updated, steps = leased, 1
-        try:
-            # Its creation order in the same statement: one read of the index's last entry.
-            connection.execute(
-                "INSERT INTO runs (run_id, goal, status, created_at, updated_at, metadata,"
-                " deadline_at, step_count, lease_owner, lease_expires_at, lease_token,"
-                " created_seq) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?,"
-                " (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM runs))",
-                (run_id, goal, created, updated, canonical_json(dict(metadata or {})),
-                 deadline_at, steps, owner, expires, token),
-            )  # fmt: skip
-        except INTEGRITY_ERRORS:
-            raise RunStateError(f"run {sanitize(run_id)} already exists") from None
-        self.store.append_event(
-            connection, run_id, "run_started",
-            {"goal": goal, "tools": [spec.name for spec in self.specs],
-             "metadata": dict(metadata or {})},
+        run, token = ledger.start_run(
+            self.store, connection, run_id, goal, [spec.name for spec in self.specs], metadata,
+            created, deadline_at,
+            None if leased is None else ledger.NewLease(self.owner, self.lease_ttl, leased),
         )  # fmt: skip
-        # The row as this statement wrote it (what a read of it would give), not read back.
         if token is not None:
             self._lease_tokens[run_id] = token
-        run = RunRecord(
-            run_id=run_id, goal=goal, status=RunStatus.RUNNING, reason="", result=None,
-            created_at=created, updated_at=updated, step_count=steps, consecutive_failures=0,
-            lease_owner=owner, lease_expires_at=expires, metadata=dict(metadata or {}),
-            deadline_at=deadline_at,
-        )  # fmt: skip
         return _RunView(run, ())
 
     def _read_view(self, run_id: str) -> _RunView:
@@ -701,7 +591,7 @@ class Gate:
 
     def _check_request(
         self, tool_name: str, args: str
-    ) -> tuple[_Registered | None, Any, str | None]:
+    ) -> tuple[CheckedTool | None, Any, str | None]:
         """The registered tool, the parsed arguments, and what is wrong with them if anything."""
         registered = self._tools.get(tool_name)
         if registered is None:
@@ -739,20 +629,9 @@ class Gate:
         fresh = self._take_running(connection, run.run_id, run)
         if fresh.step_count + 1 != step_number:
             raise RunStateError(f"run {sanitize(run.run_id)} moved on while this step was checked")
-        connection.execute(
-            "INSERT INTO steps (run_id, step, tool, args, status, observation_kind, content,"
-            " started_at, finished_at) VALUES (?, ?, ?, ?, 'invalid', 'invalid', ?, ?, ?)",
-            (run.run_id, step_number, tool, args, problem, started, started),
+        ledger.record_invalid_step(
+            self.store, connection, run.run_id, step_number, tool, args, problem, started
         )
-        connection.execute(
-            "UPDATE runs SET step_count = ?, consecutive_failures = consecutive_failures + 1,"
-            " updated_at = ? WHERE run_id = ?",
-            (step_number, started, run.run_id),
-        )
-        self.store.append_event(
-            connection, run.run_id, "step_invalid",
-            {"step": step_number, "tool": tool, "args": args, "problem": problem},
-        )  # fmt: skip
         observation = Observation(step_number, tool, args, "invalid", problem)
         return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="invalid")
 
@@ -788,19 +667,11 @@ class Gate:
         )
         return fresh
 
-    def _check_running(
-        self, connection: Connection, run_id: str, status: RunStatus = RunStatus.RUNNING
-    ) -> None:
-        row = connection.execute("SELECT status FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        if row is None or row[0] != status:
-            actual = row[0] if row else "missing"
-            raise RunStateError(f"run {sanitize(run_id)} is {actual}, not {status}")
-
     async def _apply_decision(
         self,
         run: RunRecord,
         step_number: int,
-        registered: _Registered,
+        registered: CheckedTool,
         request: ToolRequest,
         decided: PolicyDecision,
         recent: tuple[StepRecord, ...],
@@ -819,7 +690,7 @@ class Gate:
         self,
         run_id: str,
         step_number: int,
-        registered: _Registered,
+        registered: CheckedTool,
         args: str,
         decided: PolicyDecision,
         approval: ApprovalRecord | None,
@@ -873,82 +744,26 @@ class Gate:
             started = utc_now()
             self._take_running(connection, run.run_id, run, recording=(step_number, started))
         token = self._lease_tokens[run.run_id]
-        allowed = decided.outcome is Outcome.ALLOW
-        # An allowed step goes straight to `executing` (its `tool_started` event
-        # below): `recorded` would be visible to nobody, inside this transaction.
-        connection.execute(
-            "INSERT INTO steps (run_id, step, tool, args, status, started_at)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (run.run_id, step_number, name, args,
-             "executing" if allowed else "recorded", started),
-        )  # fmt: skip
-        self.store.append_event(
-            connection, run.run_id, "step_recorded",
-            {"step": step_number, "tool": name, "args": args},
-        )  # fmt: skip
-        self.store.append_event(
-            connection, run.run_id, "policy_decided",
+        ledger.record_step(
+            self.store, connection, run.run_id, step_number, name, args, started,
             self._naming_policy({"step": step_number, "outcome": str(decided.outcome),
                                  "reason": decided.reason}),
+            executing=decided.outcome is Outcome.ALLOW,
         )  # fmt: skip
         if decided.outcome is Outcome.DENY:
-            self._set_step(connection, run.run_id, step_number, StepStatus.DENIED,
-                           "denied", decided.reason or "denied by policy", None)  # fmt: skip
+            ledger.deny_step(self.store, connection, run.run_id, step_number,
+                             decided.reason or "denied by policy")  # fmt: skip
         elif decided.outcome is Outcome.ABORT:
-            self._set_step(connection, run.run_id, step_number, StepStatus.DENIED,
-                           "denied", decided.reason or "aborted by policy", None)  # fmt: skip
-            end_run(self.store, connection, run.run_id, RunStatus.FAILED,
-                    "policy_error" if decided.reason.startswith("policy_error")
-                    else "policy_abort")  # fmt: skip
+            ledger.deny_step(self.store, connection, run.run_id, step_number,
+                             decided.reason or "aborted by policy")  # fmt: skip
+            ledger.end_run(self.store, connection, run.run_id, RunStatus.FAILED,
+                           EndReason.POLICY_ERROR if decided.reason.startswith("policy_error")
+                           else EndReason.POLICY_ABORT)  # fmt: skip
         elif decided.outcome is Outcome.REQUIRE_APPROVAL:
             approval = self._request_approval(
                 connection, run.run_id, step_number, name, args, decided, now
             )
-        else:
-            self.store.append_event(
-                connection, run.run_id, "tool_started", {"step": step_number, "tool": name}
-            )
         return approval, token
-
-    def _set_step(
-        self,
-        connection: Connection,
-        run_id: str,
-        step: int,
-        status: StepStatus,
-        observation_kind: str | None,
-        content: str | None,
-        summary: str | None,
-    ) -> None:
-        connection.execute(
-            "UPDATE steps SET status = ?, observation_kind = ?, content = ?, summary = ?,"
-            " finished_at = ? WHERE run_id = ? AND step = ?",
-            (str(status), observation_kind, content, summary, utc_now(), run_id, step),
-        )
-        if status is StepStatus.DENIED:
-            self.store.append_event(
-                connection, run_id, "step_denied", {"step": step, "reason": content or ""}
-            )
-
-    def _finish_step(
-        self,
-        connection: Connection,
-        run_id: str,
-        step: int,
-        status: StepStatus,
-        observation_kind: str,
-        content: str,
-        summary: str | None,
-        finished: str,
-    ) -> str | None:
-        """Set an executing step's outcome; its start time, or None if it was not executing."""
-        row = connection.execute(
-            "UPDATE steps SET status = ?, observation_kind = ?, content = ?, summary = ?,"
-            " finished_at = ? WHERE run_id = ? AND step = ? AND status = 'executing'"
-            " RETURNING started_at",
-            (str(status), observation_kind, content, summary, finished, run_id, step),
-        ).fetchone()
-        return None if row is None else str(row[0])
 
     def _request_approval(
         self,
@@ -960,60 +775,29 @@ class Gate:
         decided: PolicyDecision,
         now: float,
     ) -> ApprovalRecord:
-        kind = decided.kind or "approval"
-        # Round-trip through canonical JSON so the stored and hashed forms are one.
-        capability = parse_json(canonical_json(decided.capability))
-        presentation = parse_json(canonical_json(decided.presentation))
-        digest = approval_hash(kind, capability, presentation, tool, args)
-        approval_id = uuid.uuid4().hex[:16]
-        ttl = self.limits.approval_ttl
-        expires_at = None if ttl is None else self.store.write_time(now) + ttl
-        seq_row = connection.execute(
-            "SELECT COALESCE(MAX(created_seq), 0) FROM approvals"
-        ).fetchone()
-        connection.execute(
-            "UPDATE approvals SET status = 'superseded'"
-            " WHERE run_id = ? AND status IN ('pending', 'approved')",
-            (run_id,),
-        )
-        connection.execute(
-            "INSERT INTO approvals (approval_id, run_id, step, kind, capability, presentation,"
-            " tool, args, approval_hash, status, created_at, expires_at, created_seq)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
-            (approval_id, run_id, step, kind, canonical_json(capability),
-             canonical_json(presentation), tool, args, digest, utc_now(), expires_at,
-             seq_row[0] + 1),
-        )  # fmt: skip
-        connection.execute(
-            "UPDATE steps SET status = 'waiting' WHERE run_id = ? AND step = ?", (run_id, step)
-        )
-        cursor = connection.execute(
-            "UPDATE runs SET status = 'waiting_for_approval', updated_at = ?,"
-            " lease_owner = NULL, lease_expires_at = NULL"
-            " WHERE run_id = ? AND status IN ('running', 'waiting_for_approval')",
-            (utc_now(), run_id),
-        )
-        if cursor.rowcount != 1:
-            raise RunStateError(f"run {sanitize(run_id)} ended while asking for approval")
-        self.store.append_event(
-            connection, run_id, "approval_requested",
-            {"approval_id": approval_id, "step": step, "kind": kind, "tool": tool,
-             "args": args, "capability": capability, "presentation": presentation,
-             "approval_hash": digest, "reason": decided.reason},
-        )  # fmt: skip
-        return self.store.get_approval(approval_id)
+        request = self._approval_request(run_id, step, tool, args, decided)
+        return ledger.request_approval(self.store, connection, request, now)
 
-    def _mark_executing(self, connection: Connection, run_id: str, step: int, tool: str) -> None:
-        connection.execute(
-            "UPDATE steps SET status = 'executing' WHERE run_id = ? AND step = ?", (run_id, step)
+    def _approval_request(
+        self, run_id: str, step: int, tool: str, args: str, decided: PolicyDecision
+    ) -> ledger.ApprovalRequest:
+        return ledger.ApprovalRequest(
+            run_id,
+            step,
+            tool,
+            args,
+            decided.kind or "approval",
+            decided.capability,
+            decided.presentation,
+            decided.reason,
+            self.limits.approval_ttl,
         )
-        self.store.append_event(connection, run_id, "tool_started", {"step": step, "tool": tool})
 
     async def _execute(
         self,
         run_id: str,
         step: int,
-        registered: _Registered,
+        registered: CheckedTool,
         args: str,
         token: str,
         on_end: Callable[[Connection, RunStatus], None] | None = None,
@@ -1119,70 +903,27 @@ class Gate:
         `recent` is the run's last steps before this one as the step was decided
         on them; with it the view's steps need no read.
         """
-        finished = utc_now()
-        run_result: str | None = None
         if error is not None:
             raw_content = (
                 result.content if result is not None and isinstance(result.content, str) else ""
             )
-            step_status, kind, content = StepStatus.FAILED, "tool_error", error
-            summary = raw_content[:_MAX_ERROR_CHARS] or None
+            call = ledger.CallResult(run_id, step, spec.name, spec.terminal, True, error,
+                                     raw_content[:_MAX_ERROR_CHARS] or None)  # fmt: skip
         else:
             assert result is not None
-            step_status, kind, content = StepStatus.SUCCEEDED, "result", result.content
-            summary = result.summary
-        # Each update names what it expects (the lease acquisition that started
-        # the call, the step still executing) and returns the row it left: a
-        # miss means another gate took the run over (and decided what this step
-        # is) while the tool ran, and only the holder of the acquisition that
-        # started a call records its result.  The unit then rolls back whole.
-        run: RunRecord | None = None
-        status: RunStatus | None
-        if spec.terminal:
-            # Its success ends the run (after its error the next step reads the run
-            # afresh): no view is built, and the run's status is all this needs.
-            status = self.store.count_last_result(
-                connection, run_id, token, failed=error is not None, at=finished
-            )
-        else:
-            run = self.store.count_result(
-                connection, run_id, token, failed=error is not None, at=finished
-            )
-            status = None if run is None else run.status
-        started_at = (
-            None
-            if status is None
-            else self._finish_step(connection, run_id, step, step_status, kind, content,
-                                   summary, finished)
-        )  # fmt: skip
-        if status is None or started_at is None:
-            raise LeaseLost(
-                f"run {sanitize(run_id)} was taken over while step {step} ran; "
-                "its result belongs to nobody now"
-            )
-        if error is not None:
-            self.store.append_event(
-                connection, run_id, "tool_error",
-                {"step": step, "tool": spec.name, "error": error},
-            )  # fmt: skip
-        else:
-            assert result is not None
-            self.store.append_event(
-                connection, run_id, "tool_finished",
-                {"step": step, "tool": spec.name, "content": result.content,
-                 "summary": result.summary},
-            )  # fmt: skip
-        if status is RunStatus.RUNNING and error is None and spec.terminal:
-            assert result is not None
-            run_result = result.content
-            end_run(self.store, connection, run_id, RunStatus.COMPLETED, "completed", run_result)
-            status = RunStatus.COMPLETED
+            call = ledger.CallResult(run_id, step, spec.name, spec.terminal, False,
+                                     result.content, result.summary)  # fmt: skip
+        recorded = ledger.record_result(self.store, connection, call, token)
+        status, run, run_result = recorded.status, recorded.run, recorded.result
         if on_end is not None:
             on_end(connection, status)
         if status is not RunStatus.RUNNING or run is None:
             return status, run_result, None
-        this_step = StepRecord(run_id, step, spec.name, args, step_status, kind, content,
-                               summary, started_at, finished)  # fmt: skip
+        this_step = StepRecord(
+            run_id, step, spec.name, args, StepStatus.SUCCEEDED if error is None else
+            StepStatus.FAILED, "result" if error is None else "tool_error", call.content,
+            call.summary, recorded.started_at, recorded.finished_at,
+        )  # fmt: skip
         return status, run_result, _RunView(run, self._steps_after(run, recent, this_step))
 
     def _steps_after(
@@ -1229,7 +970,7 @@ class Gate:
         decided_on: RunRecord | None,
     ) -> None:
         self._take_running(connection, run_id, decided_on)
-        end_run(self.store, connection, run_id, status, reason, result)
+        ledger.end_run(self.store, connection, run_id, status, reason, result)
 
     # -- resuming ------------------------------------------------------------
 
@@ -1272,7 +1013,7 @@ class Gate:
         self, connection: Connection, run: RunRecord, now: float
     ) -> tuple[StepRecord | None, RunStatus, ApprovalRecord | None]:
         """Take over a running run whose process died: its `executing` step is interrupted."""
-        self._check_running(connection, run.run_id)
+        ledger.expect_status(connection, run.run_id)
         fresh = self.store.get_run(run.run_id)
         now = self.store.write_time(now)
         if (
@@ -1284,14 +1025,11 @@ class Gate:
         # A fresh token even for this gate's own lapsed lease: the call that held
         # the old one may still return, and must not record its result now.
         self._acquire_lease(connection, fresh, now, take_over=True)
-        executing = connection.execute(
-            "SELECT step FROM steps WHERE run_id = ? AND status = 'executing'", (run.run_id,)
-        ).fetchone()
+        executing = ledger.executing_step(connection, run.run_id)
         if executing is None:
-            self.store.append_event(connection, run.run_id, "run_taken_over",
-                                    {"owner": self.owner})  # fmt: skip
+            ledger.record_take_over(self.store, connection, run.run_id, self.owner)
             return None, RunStatus.RUNNING, None
-        step_record = self.store.get_step(run.run_id, executing[0])
+        step_record = self.store.get_step(run.run_id, executing)
         assert step_record is not None
         self._interrupt(connection, run.run_id, step_record, now)
         current = self.store.get_run(run.run_id).status
@@ -1300,12 +1038,10 @@ class Gate:
     def _interrupt(self, connection: Connection, run_id: str, step: StepRecord, now: float) -> None:
         registered = self._tools.get(step.tool)
         read_only = registered is not None and registered.spec.side_effect is SideEffect.READ_ONLY
+        ledger.interrupt_step(
+            self.store, connection, run_id, step.step, step.tool, may_repeat=read_only
+        )
         if read_only:
-            self._set_step(connection, run_id, step.step, StepStatus.INTERRUPTED, "interrupted",
-                           "the tool was interrupted before it returned; it may be called again",
-                           None)  # fmt: skip
-            self.store.append_event(connection, run_id, "step_interrupted",
-                                    {"step": step.step, "tool": step.tool})  # fmt: skip
             return
         side_effect = str(registered.spec.side_effect) if registered else "unknown"
         decided = PolicyDecision.require_approval(
@@ -1320,8 +1056,6 @@ class Gate:
             },
             reason="a mutating tool was interrupted",
         )
-        self.store.append_event(connection, run_id, "step_interrupted",
-                                {"step": step.step, "tool": step.tool})  # fmt: skip
         self._request_approval(connection, run_id, step.step, step.tool, step.args, decided, now)
 
     async def _resume_waiting(self, run: RunRecord, now: float) -> StepOutcome:
@@ -1402,14 +1136,10 @@ class Gate:
         return await self._execute(run.run_id, approval.step, registered, approval.args, token)
 
     def _expire_if_due(self, connection: Connection, approval: ApprovalRecord, now: float) -> bool:
-        return expire_if_due(self.store, connection, approval, now)
+        return ledger.expire_approval_if_due(self.store, connection, approval, now)
 
     def _expire_grant(self, connection: Connection, approval: ApprovalRecord) -> None:
-        connection.execute(
-            "UPDATE approvals SET status = 'expired' WHERE approval_id = ? AND status = ?",
-            (approval.approval_id, "approved"),
-        )
-        end_run(self.store, connection, approval.run_id, RunStatus.CANCELLED, "grant_expired")
+        ledger.expire_grant(self.store, connection, approval)
 
     def _supersede(
         self,
@@ -1419,10 +1149,9 @@ class Gate:
         now: float,
     ) -> ApprovalRecord:
         """The policy now asks for a different approval: it replaces the granted one."""
-        self._check_running(connection, approval.run_id, RunStatus.WAITING_FOR_APPROVAL)
-        return self._request_approval(
-            connection, approval.run_id, approval.step, approval.tool, approval.args, decided,
-            now,
+        return ledger.supersede(
+            self.store, connection, self._approval_request(approval.run_id, approval.step,
+            approval.tool, approval.args, decided), now,
         )  # fmt: skip
 
     def _naming_policy(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -1436,34 +1165,23 @@ class Gate:
         self, connection: Connection, approval: ApprovalRecord, decided: PolicyDecision
     ) -> str:
         """Spend a granted approval (once: compare-and-set) and carry out the policy's outcome."""
-        self._check_running(connection, approval.run_id, RunStatus.WAITING_FOR_APPROVAL)
-        cursor = connection.execute(
-            "UPDATE approvals SET status = 'used' WHERE approval_id = ? AND status = 'approved'",
-            (approval.approval_id,),
-        )
-        if cursor.rowcount != 1:
-            raise RunStateError(f"approval {approval.approval_id} was used by another resume first")
-        connection.execute(
-            "UPDATE runs SET status = 'running', updated_at = ? WHERE run_id = ?"
-            " AND status = 'waiting_for_approval'",
-            (utc_now(), approval.run_id),
-        )
-        self.store.append_event(
-            connection, approval.run_id, "run_resumed",
-            self._naming_policy({"approval_id": approval.approval_id,
-                                 "outcome": str(decided.outcome)}),
+        fresh = ledger.use_approval(
+            self.store, connection, approval,
+            self._naming_policy({"outcome": str(decided.outcome)}),
         )  # fmt: skip
-        fresh = self.store.get_run(approval.run_id)
         # Now, not when resume began: the policy may have taken a while, and the
         # call that follows relies on a lease taken just before it.
         token = self._acquire_lease(connection, fresh, time.time())
         if decided.outcome is Outcome.DENY:
-            self._set_step(connection, approval.run_id, approval.step, StepStatus.DENIED, "denied",
-                           decided.reason or "denied by policy", None)  # fmt: skip
+            ledger.deny_step(self.store, connection, approval.run_id, approval.step,
+                             decided.reason or "denied by policy")  # fmt: skip
         elif decided.outcome is Outcome.ABORT:
-            self._set_step(connection, approval.run_id, approval.step, StepStatus.DENIED, "denied",
-                           decided.reason or "aborted by policy", None)  # fmt: skip
-            end_run(self.store, connection, approval.run_id, RunStatus.FAILED, "policy_abort")
+            ledger.deny_step(self.store, connection, approval.run_id, approval.step,
+                             decided.reason or "aborted by policy")  # fmt: skip
+            ledger.end_run(self.store, connection, approval.run_id, RunStatus.FAILED,
+                           EndReason.POLICY_ABORT)  # fmt: skip
         else:
-            self._mark_executing(connection, approval.run_id, approval.step, approval.tool)
+            ledger.mark_executing(
+                self.store, connection, approval.run_id, approval.step, approval.tool
+            )
         return token
