@@ -577,11 +577,45 @@ def _row_to_event(row: Any) -> Event:
     )
 
 
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
+def _is_busy(exc: sqlite3.Error) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
         return int(code) & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
     return "locked" in str(exc)
+
+
+@dataclass(frozen=True, slots=True)
+class _OpeningDeadline:
+    """The one busy deadline of opening a database: every step of `open_store` (reading
+    the header, the checks, switching to WAL, migrating, checking the anchor) waits out
+    another process's lock until it, as a write does, and then says so (`StoreBusy`)."""
+
+    label: str
+    seconds: float
+    at: float
+
+    @classmethod
+    def start(cls, label: str) -> _OpeningDeadline:
+        return cls(label, _BUSY_DEADLINE_S, time.monotonic() + _BUSY_DEADLINE_S)
+
+    def left(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+    def wait_out(self, step: Callable[[], _T]) -> _T:
+        """`step()`, tried again in short attempts while the database is busy, until the
+        deadline.  A step is one read or one transaction, so trying it again is safe."""
+        while True:
+            try:
+                return step()
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise
+            if time.monotonic() >= self.at:
+                raise StoreBusy(
+                    f"database {sanitize(self.label)} stayed locked by another process for "
+                    f"{self.seconds:g}s while it was being opened; nothing was written"
+                )
+            time.sleep(0.005)
 
 
 class Store:
@@ -1520,6 +1554,7 @@ def open_store(
     file_path = Path(path)
     label = str(file_path)
     anchor_path = label + ".anchor"
+    deadline = _OpeningDeadline.start(label)
     if not read_only:
         _check_directories(file_path)
     exists = _check_file(file_path)
@@ -1528,30 +1563,30 @@ def open_store(
             raise StoreError(f"database {sanitize(label)} does not exist")
         _create_database(file_path, anchor_path)
         _check_file(file_path)
-    _check_header(file_path)
+    deadline.wait_out(lambda: _check_header(file_path))
     _tighten_sidecars(file_path)
     if read_only:
         uri = file_path.resolve().as_uri() + "?mode=ro"
         connection = _connect(uri, uri=True, label=label)
         try:
             connection.execute("PRAGMA query_only = ON")
-            _check_contents(connection, label)
-            _check_version(connection, label, allow_older=False)
+            deadline.wait_out(lambda: _check_contents(connection, label))
+            deadline.wait_out(lambda: _check_version(connection, label, allow_older=False))
         except BaseException:
             connection.close()
             raise
         return Store(connection, label, True, anchor_path)
     connection = _connect(label, uri=False)
     try:
-        _check_contents(connection, label)
-        connection.execute("PRAGMA journal_mode = WAL")
+        deadline.wait_out(lambda: _check_contents(connection, label))
+        deadline.wait_out(lambda: connection.execute("PRAGMA journal_mode = WAL"))
         connection.execute("PRAGMA synchronous = FULL")
         if create:
-            if 0 < _read_version(connection, label) < SCHEMA_VERSION:
-                _refuse_lost(Store(connection, label, False, anchor_path))
-            _migrate(connection, label)
+            if 0 < deadline.wait_out(lambda: _read_version(connection, label)) < SCHEMA_VERSION:
+                _refuse_lost(_opening(Store(connection, label, False, anchor_path), deadline))
+            deadline.wait_out(lambda: _migrate(connection, label))
         else:
-            _check_version(connection, label, allow_older=False)
+            deadline.wait_out(lambda: _check_version(connection, label, allow_older=False))
     except sqlite3.DatabaseError as exc:
         connection.close()
         raise StoreError(f"database {sanitize(label)} cannot be opened: {exc}") from None
@@ -1559,7 +1594,15 @@ def open_store(
         connection.close()
         raise
     _tighten_sidecars(file_path)
-    return _anchored(Store(connection, label, False, anchor_path))
+    store = _anchored(_opening(Store(connection, label, False, anchor_path), deadline))
+    store.busy_deadline = _BUSY_DEADLINE_S
+    return store
+
+
+def _opening(store: Store, deadline: _OpeningDeadline) -> Store:
+    """`store` waiting out a busy database only for what is left of opening's deadline."""
+    store.busy_deadline = deadline.left()
+    return store
 
 
 def _refuse_lost(store: Store) -> AnchorReport:
@@ -1739,10 +1782,14 @@ def _check_header(path: Path) -> None:
             f"database {sanitize(str(path))} is an empty file, not an agentrt database; "
             "agentrt creates only a path that does not exist: remove it or choose another path"
         )
-    probe = sqlite3.connect(f"{Path(os.path.abspath(path)).as_uri()}?mode=ro", uri=True)
+    probe = sqlite3.connect(
+        f"{Path(os.path.abspath(path)).as_uri()}?mode=ro", uri=True, timeout=_BUSY_TIMEOUT_MS / 1000
+    )
     try:
         probe.execute("PRAGMA schema_version").fetchone()
-    except sqlite3.DatabaseError:
+    except sqlite3.DatabaseError as exc:
+        if _is_busy(exc):
+            raise  # another process holds it: not a verdict on the file
         raise StoreError(
             f"{sanitize(str(path))} is not a SQLite database, so not an agentrt one; "
             "agentrt will not write into it"
@@ -1758,6 +1805,8 @@ def _check_contents(connection: sqlite3.Connection, label: str) -> None:
         objects = connection.execute("SELECT type, name FROM sqlite_master").fetchall()
         problems = [row[0] for row in connection.execute("PRAGMA quick_check(1)").fetchall()]
     except sqlite3.DatabaseError as exc:
+        if _is_busy(exc):
+            raise  # another process holds it: not a verdict on the file
         raise UnsafeDatabase(
             f"database {sanitize(label)} cannot be read ({exc}): it is damaged or not an "
             "agentrt database; restore it from a copy"
@@ -1806,6 +1855,8 @@ def _read_version(connection: sqlite3.Connection, label: str) -> int:
     try:
         return int(connection.execute("PRAGMA user_version").fetchone()[0])
     except sqlite3.DatabaseError as exc:
+        if _is_busy(exc):
+            raise  # another process holds it: not a verdict on the file
         raise StoreError(f"{sanitize(label)} is not an agentrt database: {exc}") from None
 
 
