@@ -52,8 +52,11 @@ __all__ = [
 # slowest path (its NFA, once the DFA's memory is spent) measured up to 14 ns a
 # step here, so one search costs at most about 0.25 s, whatever the pattern.
 MATCH_STEPS: Final = 1 << 24
-# A pattern the model may send is at most this long (its program is bounded as well).
+# A pattern the model may send is at most this long, and compiles within this memory:
+# compiling holds the interpreter lock, and under RE2's default 8 MiB a 22-character
+# pattern took 70 ms to fail as too large, under 1 MiB 6 ms.
 _PATTERN_CHARS: Final = 1000
+_PATTERN_MEMORY: Final = 1 << 20
 # The longest text a conversion reads: every valid duration, timestamp or number fits.
 _TEXT_CHARS: Final = 64
 _INT64: Final = 1 << 63
@@ -302,7 +305,8 @@ def _and(left: Any, right: Any) -> Any:
     for side in (left, right):
         if not isinstance(side, CELEvalError) and not side:
             return celtypes.BoolType(False)
-    return _first_error((left, right)) or celtypes.BoolType(True)
+    error = _first_error((left, right))
+    return error if error is not None else celtypes.BoolType(True)
 
 
 def _or(left: Any, right: Any) -> Any:
@@ -311,7 +315,8 @@ def _or(left: Any, right: Any) -> Any:
     for side in (left, right):
         if not isinstance(side, CELEvalError) and side:
             return celtypes.BoolType(True)
-    return _first_error((left, right)) or celtypes.BoolType(False)
+    error = _first_error((left, right))
+    return error if error is not None else celtypes.BoolType(False)
 
 
 @_passing_errors
@@ -419,20 +424,21 @@ def _matches(text: Any, pattern: Any) -> Any:
     if kind_of(text) != "string" or kind_of(pattern) != "string":
         raise _refuse("matches()", text, pattern)
     if len(pattern) > _PATTERN_CHARS:
-        raise ArgumentError(f"matches() takes a pattern of at most {_PATTERN_CHARS} characters")
+        raise ArgumentError(f"'matches()' takes a pattern of at most {_PATTERN_CHARS} characters")
     try:
         encoded = str(text).encode("utf-8")
         options = re2.Options()
         options.never_capture = True  # a yes or no needs no groups, whose search is slower
         options.log_errors = False
+        options.max_mem = _PATTERN_MEMORY
         program = re2.compile(str(pattern), options)
     except UnicodeEncodeError:
-        raise ArgumentError("matches() cannot search text holding a lone surrogate") from None
+        raise ArgumentError("'matches()' cannot search text holding a lone surrogate") from None
     except re2.error as exc:
         raise _unreadable("matches()", str(pattern), f"not an RE2 pattern ({exc})") from None
     if len(encoded) * max(1, program.programsize) > MATCH_STEPS:
         raise ArgumentError(
-            f"matches() would search {len(encoded)} bytes with a program of "
+            f"'matches()' would search {len(encoded)} bytes with a program of "
             f"{program.programsize} steps, more than its budget of {MATCH_STEPS}"
         )
     return celtypes.BoolType(program.search(encoded) is not None)
@@ -472,7 +478,7 @@ def _to_int(value: Any) -> Any:
         number = int(value)
     elif kind == "double":
         if not math.isfinite(value):
-            raise ArgumentError("int() of a double that is not finite")
+            raise ArgumentError("'int()' of a double that is not finite")
         number = math.trunc(value)
     elif kind == "string":
         if not _INT_TEXT.fullmatch(_bounded_text("int()", value)):
@@ -483,7 +489,7 @@ def _to_int(value: Any) -> Any:
     else:
         raise _refuse("int()", value)
     if not -_INT64 <= number < _INT64:
-        raise ArgumentError(f"int() of {number} is outside CEL's 64-bit int")
+        raise ArgumentError(f"'int()' of {number} is outside CEL's 64-bit int")
     return celtypes.IntType(number)
 
 
@@ -495,7 +501,7 @@ def _to_uint(value: Any) -> Any:
         number = int(value)
     elif kind == "double":
         if not math.isfinite(value):
-            raise ArgumentError("uint() of a double that is not finite")
+            raise ArgumentError("'uint()' of a double that is not finite")
         number = math.trunc(value)
     elif kind == "string":
         if not _UINT_TEXT.fullmatch(_bounded_text("uint()", value)):
@@ -504,7 +510,7 @@ def _to_uint(value: Any) -> Any:
     else:
         raise _refuse("uint()", value)
     if not 0 <= number < _UINT64:
-        raise ArgumentError(f"uint() of {number} is outside CEL's 64-bit uint")
+        raise ArgumentError(f"'uint()' of {number} is outside CEL's 64-bit uint")
     return celtypes.UintType(number)
 
 
@@ -537,7 +543,7 @@ def _to_string(value: Any) -> Any:
         try:
             return celtypes.StringType(bytes(value).decode("utf-8"))
         except UnicodeDecodeError:
-            raise ArgumentError("string() of bytes that are not UTF-8") from None
+            raise ArgumentError("'string()' of bytes that are not UTF-8") from None
     raise _refuse("string()", value)
 
 
@@ -549,7 +555,7 @@ def _to_bytes(value: Any) -> Any:
         try:
             return celtypes.BytesType(str(value).encode("utf-8"))
         except UnicodeEncodeError:
-            raise ArgumentError("bytes() of a string holding a lone surrogate") from None
+            raise ArgumentError("'bytes()' of a string holding a lone surrogate") from None
     raise _refuse("bytes()", value)
 
 
@@ -614,7 +620,7 @@ def _duration_nanos(text: str) -> int:
         if fraction:
             total += int(fraction) * unit // 10 ** len(fraction)
         if total > _DURATION_NANOS:
-            raise ArgumentError(f"duration() of {sanitize(repr(text))} is beyond 10,000 years")
+            raise ArgumentError(f"'duration()' of {sanitize(repr(text))} is beyond 10,000 years")
     return sign * total
 
 
@@ -675,7 +681,8 @@ def _part(name: str, of_durations: bool) -> Callable[..., Any]:
             return getattr(value, name)(*zone)
         except (ValueError, OSError, LookupError):
             # An unknown zone (or a directory of zones) is the condition's error, not ours.
-            raise _unreadable(f"{name}()", str(zone[0]), "not a known time zone") from None
+            shown = str(zone[0]) if zone else "UTC"
+            raise _unreadable(f"{name}()", shown, "not a known time zone") from None
 
     return part
 
@@ -724,7 +731,8 @@ class _StrictEvaluator(Evaluator):
         for item in items:
             held = predicate(item)
             if kind_of(held) != "bool":
-                return _error(_refuse(f"{name}()", held), tree)
+                problem = f"'{name}()' needs true or false from its predicate, not {kind_of(held)}"
+                return _error(ArgumentError(problem), tree)
             if held:
                 kept.append(item)
                 count += 1
@@ -749,7 +757,7 @@ class _StrictEvaluator(Evaluator):
         while isinstance(node, lark.Tree) and node.data != "member_dot" and len(node.children) == 1:
             node = node.children[0]
         if not (isinstance(node, lark.Tree) and node.data == "member_dot"):
-            return _error(ArgumentError("has() takes a field selection, such as has(args.path)"))
+            return _error(ArgumentError("'has()' takes a field selection, such as has(args.path)"))
         container = self.visit(node.children[0])  # type: ignore[arg-type]
         if isinstance(container, CELEvalError):
             return container

@@ -7,7 +7,8 @@ leaves the decision to the rule or the class policy.  Everything here fails
 towards a person: an expression that does not compile refuses the
 configuration, one that cannot be evaluated (a missing field, a wrong type,
 a path that cannot be resolved, the time budget spent) decides
-`require_approval` and says why, never `allow`.
+`require_approval` and says why, never `allow`.  CEL's operators and
+functions are `_cel`'s, which type arguments as CEL does, not as Python does.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ __all__ = [
 # as long as an attacker likes; so the expression and the arguments are
 # capped, and the evaluation runs in a worker thread under a deadline that a
 # watchdog enforces: it raises the stop in that thread, again every 10 ms until it ends.
+# The stop lands between bytecodes; `_cel` keeps every C call a condition can make
+# linear in the arguments (one RE2 search is capped), so none holds the thread long.
 MAX_EXPRESSION_CHARS: Final = 2000
 MAX_CONDITIONS: Final = 32
 MAX_ARGUMENT_BYTES: Final = 1024 * 1024
@@ -188,7 +191,7 @@ class ToolConditions:
         """The first condition that holds, an error verdict, or None when none holds."""
         try:
             # The thread is stopped at the deadline; this backstop is for time spent
-            # inside one C call (a regular expression), which the stop cannot cut.
+            # inside one C call (an RE2 search, capped), which the stop cannot cut.
             with anyio.fail_after(EVALUATION_SECONDS * 2):
                 return await anyio.to_thread.run_sync(
                     self.decide_now, arguments, abandon_on_cancel=True
