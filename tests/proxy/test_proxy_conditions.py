@@ -580,11 +580,14 @@ MiB = 1 << 20
         # RE2's slowest path: 64 KiB through a program of 9,003 steps took 6 s.
         ("args.s.matches('(.*){1000}')", {"s": "a" * 65536}),
         ("args.s.matches(args.p)", {"s": "a", "p": "(a|b)" * 1000}),
+        # 16 characters RE2 compiles (holding the interpreter lock) until it is too large.
+        ("args.s.matches(args.p)", {"s": "a", "p": "(?:\\pL{1,1000})"}),
     ],
     ids=[
         "duration-1MiB", "duration-crafted-fraction", "timestamp-1MiB", "timestamp-lenient",
         "int-1MiB", "uint-1MiB", "double-1MiB", "bool-1MiB", "time-zone-1MiB",
         "time-zone-directory", "matches-over-budget", "matches-long-pattern",
+        "matches-pattern-too-large",
     ],
 )  # fmt: skip
 async def test_text_the_model_sends_is_refused_in_bounded_time_by_every_parsing_function(
