@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from proxy_helpers import AGENTRT, FILESYSTEM_SERVER, ProxySetup, host, text_of, write_private
 
 from agentrt.mcp import Server, pin
@@ -910,3 +912,47 @@ async def test_sigterm_during_a_condition_is_honoured_at_once(
     assert answer["result"]["content"][0]["text"].startswith("PENDING_APPROVAL: ")
     assert code == 0
     assert setup.executions() == []
+
+
+# Every operator and function, on whatever JSON the model sends for x and y.
+_EVERY_OPERATOR = [
+    "x == y", "x != y", "x < y", "x <= y", "x > y", "x >= y", "x + y == x", "x - y == x",
+    "x * y == x", "x / y == x", "x % y == x", "x in y", "!x", "x && y", "x || y",
+    "x ? true : y", "-x == y", "x[y] == y", "size(x) == 1", "x.contains(y)",
+    "x.startsWith(y)", "x.endsWith(y)", "x.matches(y)", "duration(x) > duration(y)",
+    "timestamp(x) > timestamp(y)", "timestamp('2025-01-01T00:00:00Z').getHours(y) == 1",
+    "duration(x).getMinutes() == 1", "int(x) == 1", "uint(x) == 1u", "double(x) == 1.0",
+    "string(x) == y", "bytes(x) == b'a'", "bool(x)", "type(x) == type(y)",
+    "x.all(e, e == y)", "x.exists(e, e == y)", "x.exists_one(e, e == y)",
+    "x.map(e, e) == y", "x.filter(e, e == y) == x", "has(x.a)", "bytes_len(x) > 0",
+]  # fmt: skip
+# Text each conversion reads, and a directory of the zone database, drawn half the time.
+_TRICKY = st.sampled_from(
+    ["1h", "2025-01-01T00:00:00Z", "Europe/Paris", "America", "42", "true", "(a+)+"]
+)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=30)
+    | st.decimals(allow_nan=False, allow_infinity=False) | _TRICKY,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=8,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def every_operator() -> list[Any]:
+    # Compiled once, outside the examples: cel-python raises the recursion limit as it
+    # compiles, which Hypothesis warns of inside a test.
+    return [
+        _tool_conditions(expression.replace("x", "args.x").replace("y", "args.y"))
+        for expression in _EVERY_OPERATOR
+    ]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(x=_TRICKY | _JSON, y=_TRICKY | _JSON)
+def test_no_value_the_model_sends_makes_a_condition_raise(
+    every_operator: list[Any], x: Any, y: Any
+) -> None:
+    for conditions in every_operator:
+        verdict = conditions.decide_now({"x": x, "y": y})
+        assert verdict is None or not verdict.error or verdict.outcome == "require_approval"

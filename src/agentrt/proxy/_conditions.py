@@ -224,7 +224,7 @@ class ToolConditions:
         return None
 
     def _activation(self, arguments: Any) -> dict[str, Any]:
-        if len(canonical_json(arguments).encode("utf-8")) > MAX_ARGUMENT_BYTES:
+        if len(canonical_json(arguments).encode("utf-8", "surrogatepass")) > MAX_ARGUMENT_BYTES:
             raise _Undecidable(
                 f"the arguments are larger than {MAX_ARGUMENT_BYTES} bytes, "
                 "more than conditions look at"
