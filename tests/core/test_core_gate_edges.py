@@ -200,6 +200,39 @@ async def test_a_renewal_stuck_on_a_locked_database_does_not_hold_back_the_resul
     assert len(tool.calls) == 1
 
 
+async def test_a_write_queued_behind_one_waiting_on_a_locked_database_waits_one_deadline(
+    tmp_path: Path,
+) -> None:
+    """Issue 38: a write submitted while the store's writer waits out another process's
+    lock for an earlier one gives up one deadline after it was submitted, not after the
+    earlier write's wait and then a whole one of its own."""
+    database = tmp_path / "runs.db"
+    store = open_store(database)
+    store.busy_deadline = 2.0
+    held = threading.Event()
+    holder = _hold_write_lock(database, 6.0, held)
+    await anyio.to_thread.run_sync(held.wait)
+    waits: dict[str, float] = {}
+
+    def append(connection: sqlite3.Connection, name: str) -> None:
+        store.append_event(connection, "r", name, {})
+
+    async def write(name: str) -> None:
+        began = time.monotonic()
+        with pytest.raises(StoreBusy):
+            await store.write(append, name)
+        waits[name] = time.monotonic() - began
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(write, "first")
+        await anyio.sleep(0.5)
+        group.start_soon(write, "queued")
+    assert waits["first"] < store.busy_deadline + 0.5, waits
+    assert waits["queued"] < store.busy_deadline + 0.5, waits
+    holder.join()
+    assert store.head()[0] == 0
+
+
 # -- item 3: a result is recorded only by the lease holder, and never lost ----
 
 
