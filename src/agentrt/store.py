@@ -731,7 +731,9 @@ class Store:
         (`_Unit.release`) until COMMIT returned and the anchor was written.
         """
         try:
-            self._begin()
+            # Each unit waits out a busy database one deadline from its submission,
+            # not from when an earlier batch's wait for the lock gave up.
+            self._begin(min(unit.submitted for unit in units) + self.busy_deadline)
         except BaseException as exc:
             for unit in units:
                 unit.error = exc
@@ -818,9 +820,10 @@ class Store:
             with self._waiters_guard:
                 self._lock_waiters -= 1
 
-    def _begin(self) -> None:
+    def _begin(self, deadline: float | None = None) -> None:
         """Take the store's lock and `BEGIN IMMEDIATE`, waiting out a busy database in
-        short attempts (the lock released between them) until `busy_deadline`.
+        short attempts (the lock released between them) until `deadline` (monotonic;
+        `busy_deadline` from now by default).
 
         On PostgreSQL: `BEGIN` and the write lock every writer takes first (the
         server waits for it up to the deadline), with the server's time then.
@@ -833,7 +836,8 @@ class Store:
                 self._lock.release()
                 raise
             return
-        deadline = time.monotonic() + self.busy_deadline
+        if deadline is None:
+            deadline = time.monotonic() + self.busy_deadline
         while True:
             self._acquire_lock()
             try:
@@ -1271,11 +1275,12 @@ class Store:
 class _Unit:
     """One caller's `Store.write`: the function, then its outcome once its batch settled."""
 
-    __slots__ = ("_done", "_future", "_loop", "args", "error", "function", "value")
+    __slots__ = ("_done", "_future", "_loop", "args", "error", "function", "submitted", "value")
 
     def __init__(self, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self.function = function
         self.args = args
+        self.submitted = time.monotonic()
         self.value: Any = None
         self.error: BaseException | None = None
         # On asyncio the writer wakes the caller's loop directly, through a bare

@@ -35,7 +35,7 @@ import anyio
 
 from ..agent import Decision, Observation
 from ..canonical import JSONBoundaryError, canonical_json
-from ..errors import AgentrtError, RunStateError
+from ..errors import AgentrtError, RunStateError, StoreBusy
 from ..gate import INTERRUPTED_SIDE_EFFECT, Gate, StepOutcome
 from ..mcp._errors import ServerToolError
 from ..mcp._tool import ServerResult
@@ -352,6 +352,10 @@ class Calls:
         # Calls sent upstream whose unknown outcome the store refused to mark.
         self._unmarked: set[str] = set()
         self._unmarked_told: set[str] = set()
+        # Calls (by run) that met a database another writer held past the store's
+        # busy deadline: nothing more is written for them before they are answered
+        # (their holds are left to lapse), so the host waits out that deadline once.
+        self._stalled: set[str] = set()
         # Set when the proxy serves the inbox: its address (never the token)
         # joins each announcement, and `on_waiting` may notify the desktop.
         self.inbox_address: str | None = None
@@ -506,6 +510,7 @@ class Calls:
                 self.sent.discard(run_id)
                 self.forwarded.pop(run_id, None)
                 await self._release_quietly(run_id, call.token)
+                self._stalled.discard(run_id)
         if outcome is None:
             return verdict
         assert verdict.row is not None
@@ -539,9 +544,12 @@ class Calls:
                 self.index.forget(row.run_id, call.token)
             else:
                 await self._release_quietly(row.run_id, call.token)
+            self._stalled.discard(row.run_id)
 
     async def _failed(self, run_id: str, call: _Call, exc: Exception) -> Answer:
         tool = call.spec.name
+        if _stayed_busy(exc):
+            self._stalled.add(run_id)
         if run_id not in self.sent:
             self._log(
                 f"agentrt proxy: a call to {sanitize(tool)} (run {run_id}) failed before "
@@ -680,6 +688,8 @@ class Calls:
         try:
             await self.store.run(self.index.settle, run_id, outcome)
         except Exception as exc:
+            if _stayed_busy(exc):
+                self._stalled.add(run_id)
             self._log(f"agentrt proxy: run {run_id} ended but its index row was not settled: "
                       f"{sanitize(str(exc))}")  # fmt: skip
 
@@ -740,6 +750,8 @@ class Calls:
         except AgentrtError as exc:
             if row.run_id in self.sent:
                 raise  # the request reached the server: an unknown outcome, not "not run"
+            if _stayed_busy(exc):
+                self._stalled.add(row.run_id)
             await self._release_quietly(row.run_id, call.token)
             # The reason names runs and files: it is for the operator's log, not the model.
             self.log.write(f"agentrt proxy: run {row.run_id} cannot resume: {sanitize(str(exc))}\n")
@@ -748,12 +760,30 @@ class Calls:
         return await self._conclude(row, call, outcome)
 
     async def _release_quietly(self, run_id: str, token: str) -> None:
+        if run_id in self._stalled:
+            # The database stayed locked for a whole busy deadline: a release would
+            # hold the answer as long again.  Let go in memory only, as the gate does
+            # with its lease: this process counts the hold as lapsed at once, another
+            # once it runs out (`hold_ttl`: nothing renews it).
+            self.index.forget(run_id, token)
+            return
         # A hold that cannot be released is no longer renewed, and lapses by itself.
         try:
             await self.store.run(self.index.release, run_id, token)
         except Exception as exc:
             self._log(f"agentrt proxy: the hold on run {run_id} was not released (it lapses "
                       f"by itself): {sanitize(str(exc))}")  # fmt: skip
+
+
+def _stayed_busy(exc: BaseException) -> bool:
+    """Whether `exc` is, or was caused by, a database another writer held past the store's
+    busy deadline (`StoreBusy`; the gate's `ResultNotRecorded` names it as its cause)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, StoreBusy):
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def _waiting_answer(tool: str, approval: ApprovalRecord) -> Answer:
