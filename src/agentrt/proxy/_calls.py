@@ -17,7 +17,6 @@ that), so other changing calls to the tool wait for a person.
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import functools
 import os
@@ -37,6 +36,7 @@ from ..agent import Decision, Observation
 from ..canonical import JSONBoundaryError, canonical_json
 from ..errors import AgentrtError, RunStateError, StoreBusy
 from ..gate import INTERRUPTED_SIDE_EFFECT, Gate, StepOutcome
+from ..mcp import CallContext
 from ..mcp._errors import ServerToolError
 from ..mcp._tool import ServerResult
 from ..policy import (
@@ -59,7 +59,6 @@ from ._offers import resource_outcome, uri_of
 from .config import ProxyConfig
 
 __all__ = [
-    "CALL_RUN",
     "UNKNOWN_OUTCOME",
     "Calls",
     "ProxyPolicy",
@@ -74,23 +73,20 @@ _PROGRESS_SECONDS: Final = 1.0
 
 Progress = Callable[[float, str], Awaitable[None]]
 
-CALL_RUN: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
-    "CALL_RUN", default=None
-)
-"""Set by the proxy around one host call: `WatchedTool` appends the run id the moment the
-gate hands it the request, so a server's request during the call is recorded in that run."""
-
 
 @dataclass(frozen=True, slots=True)
 class _Call:
     """One host call being answered: its tool, canonical arguments, progress
-    callback, and the token that names this call's hold in the index."""
+    callback, the token that names this call's hold in the index, and the
+    channels the server's progress, log lines and requests take back to the host
+    (handed to every gate operation that may execute the tool)."""
 
     spec: ToolSpec
     args: str
     progress: Progress | None
     token: str
     trace: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    context: CallContext | None = None
 
     def decision(self) -> Decision:
         return Decision.tool_call(self.spec.name, self.args)
@@ -141,9 +137,6 @@ class WatchedTool:
 
     async def call(self, call: ToolCall) -> ToolResult:
         self._sent.add(call.run_id)
-        runs = CALL_RUN.get()
-        if runs is not None:
-            runs.append(call.run_id)
         try:
             result = await self._inner.call(call)
         except anyio.get_cancelled_exc_class():
@@ -397,8 +390,11 @@ class Calls:
         arguments: Any,
         progress: Progress | None = None,
         meta: Mapping[str, Any] | None = None,
+        *,
+        context: CallContext | None = None,
     ) -> Answer:
-        """Answer one `tools/call`; never raises for anything a host or server did."""
+        """Answer one `tools/call`; never raises for anything a host or server did.
+        `context` carries the server's progress, log lines and requests back to the host."""
         spec = self._specs.get(tool)
         if spec is None:
             return Answer.invalid(tool, "there is no tool with this name")
@@ -418,7 +414,9 @@ class Calls:
         key = call_key(tool, args)
         mutating = _mutating(spec)
         may_need_approval = self.policy.may_need_approval(spec)
-        call = _Call(spec, args, progress, secrets.token_hex(6), trace_context_metadata(meta))
+        call = _Call(
+            spec, args, progress, secrets.token_hex(6), trace_context_metadata(meta), context
+        )
         for _attempt in range(3):
             run_id = self.new_run_id()
             decide = functools.partial(
@@ -502,6 +500,7 @@ class Calls:
                 metadata={**call.trace, "proxy_session": self.session, "call_key": key},
                 admit=admit,
                 on_end=on_end,
+                context=call.context,
             )
         except Exception as exc:
             try:
@@ -599,12 +598,12 @@ class Calls:
             )
         except RunStateError:
             return None
-        outcome = await self.gate.step(row.run_id, call.decision())
+        outcome = await self.gate.step(row.run_id, call.decision(), context=call.context)
         return await self._conclude(row, call, outcome)
 
     async def _take_over(self, row: CallRow, call: _Call) -> Answer:
         try:
-            outcome = await self.gate.resume(row.run_id)
+            outcome = await self.gate.resume(row.run_id, context=call.context)
         except RunStateError:
             await self._release_quietly(row.run_id, call.token)
             return Answer.in_progress(call.spec.name)
@@ -617,7 +616,7 @@ class Calls:
                 observation = Observation(step.step, step.tool, step.args, kind, step.content or "")
                 outcome = StepOutcome(row.run_id, RunStatus.RUNNING, observation, reason=kind)
             else:
-                outcome = await self.gate.step(row.run_id, call.decision())
+                outcome = await self.gate.step(row.run_id, call.decision(), context=call.context)
         return await self._conclude(row, call, outcome)
 
     async def _conclude(
@@ -649,7 +648,7 @@ class Calls:
                 return Answer.result(outcome.result or "", self.forwarded.pop(run_id, None))
             observation = outcome.observation
             if observation is None:
-                outcome = await self.gate.step(run_id, call.decision())
+                outcome = await self.gate.step(run_id, call.decision(), context=call.context)
                 continue
             kind = observation.kind
             if kind == "result":
@@ -660,13 +659,13 @@ class Calls:
                 return Answer.result(observation.content, self.forwarded.pop(run_id, None))
             if kind == "interrupted":
                 # A read-only call cut off by a dead process simply runs again.
-                outcome = await self.gate.step(run_id, call.decision())
+                outcome = await self.gate.step(run_id, call.decision(), context=call.context)
                 continue
             if kind == "tool_error":
                 if (run_id, observation.step) in self.cut_off and _mutating(call.spec):
                     self.cut_off.discard((run_id, observation.step))
                     await self.store.run(self.index.mark_unknown_outcome, run_id)
-                    outcome = await self.gate.step(run_id, call.decision())
+                    outcome = await self.gate.step(run_id, call.decision(), context=call.context)
                     continue
                 self.cut_off.discard((run_id, observation.step))
                 await self.gate.step(run_id, Decision.fail("tool_error"))
@@ -740,7 +739,7 @@ class Calls:
 
     async def _resume_held(self, row: CallRow, call: _Call) -> Answer:
         try:
-            outcome = await self.gate.resume(row.run_id)
+            outcome = await self.gate.resume(row.run_id, context=call.context)
         except RunStateError:
             await self._release_quietly(row.run_id, call.token)
             settled = await self._settle_if_ended(row.run_id)
