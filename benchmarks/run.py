@@ -1,6 +1,7 @@
 """`make bench`: what governance costs, as ratios against baselines measured in the same run.
 
-    python benchmarks/run.py [--quick] [--only gate,concurrency,mcp,proxy,index,postgres]
+    python benchmarks/run.py [--quick]
+                             [--only gate,concurrency,mcp,proxy,index,postgres,startup]
                              [--no-peers]
 
 Prints a table of ratios and writes everything measured (every sample summary,
@@ -227,6 +228,34 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
                 f"{row['ratio_p50']:.2f}x", "", "<= 1.5x", _verdict(row["ratio_p50"], 1.5),
                 f"{ms(row['p50_s'])} vs {ms(index['rows'][0]['p50_s'])}",
             ])  # fmt: skip
+    startup = results.get("startup")
+    if isinstance(startup, dict) and "skipped" in startup:
+        rows.append(["12 start-up", "skipped", "", "", "", startup["skipped"]])
+    if isinstance(startup, dict) and "ready" in startup:
+        ready = startup["ready"]
+        rows.append([
+            "12 proxy ready (tools/list) after spawn vs the filesystem server direct (p50)",
+            f"+{ready['delta_p50_s']:.2f} s", f"{ready['ratio_p50']:.2f}x", "<= +0.3 s",
+            _verdict(ready["delta_p50_s"], 0.3),
+            f"{ready['agentrt_p50_s']:.2f} s vs {ready['direct_p50_s']:.2f} s; proxy CPU "
+            f"{ready['agentrt_cpu_to_ready_p50_s']:.2f} s",
+        ])  # fmt: skip
+        memory = startup["memory"]
+        rss = memory["proxy_rss_kib"] / 1024
+        rows.append([
+            f"12 proxy RSS, one upstream, after {memory['calls']} calls", f"{rss:.0f} MiB",
+            f"peak {memory['proxy_peak_kib'] / 1024:.0f} MiB", "<= 45 MiB", _verdict(rss, 45),
+            f"bare interpreter {memory['interpreter_rss_kib'] / 1024:.0f} MiB",
+        ])  # fmt: skip
+        commands = startup["commands"]
+        for name, seconds in commands["cpu_p50_s"].items():
+            if name == "python":
+                continue
+            rows.append([
+                f"12 agentrt {name}: CPU time (p50)", f"{seconds:.2f} s",
+                f"+{commands['minus_interpreter_p50_s'][name]:.2f} s over python -c pass",
+                "<= 0.25 s", _verdict(seconds, 0.25), "",
+            ])  # fmt: skip
     return rows
 
 
@@ -235,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
     parser.add_argument(
         "--only",
-        default="gate,concurrency,mcp,proxy,index,postgres",
+        default="gate,concurrency,mcp,proxy,index,postgres,startup",
         help="comma-separated benchmarks",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peer proxies")
@@ -274,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     if "postgres" in selected:
         log("postgres: the store on PostgreSQL against SQLite and bare commits")
         failed |= _guarded(results, "postgres", lambda: _postgres(options.quick))
+    if "startup" in selected:
+        log("startup: a proxy's start-up, memory, and the command's CPU time")
+        failed |= _guarded(results, "startup", lambda: _startup(options.quick))
     results["machine"]["load_average_end"] = os.getloadavg()
     results["seconds"] = time.perf_counter() - began
 
@@ -320,6 +352,12 @@ def _postgres(quick: bool) -> Result:
     import bench_postgres
 
     return bench_postgres.run(quick)
+
+
+def _startup(quick: bool) -> Result:
+    import bench_startup
+
+    return bench_startup.run(quick)
 
 
 def _index(quick: bool) -> Result:
