@@ -1,45 +1,54 @@
 """agentrt: the model asks, the runtime decides."""
 
-from .agent import Agent, Decision, DecisionKind, Observation, StepInput
-from .approvals import approve, cancel, reject
-from .canonical import JSONBoundaryError, canonical_json, parse_json
-from .driver import Driver, RunResult
-from .errors import (
-    AgentrtError,
-    ApprovalError,
-    ApprovalHashMismatch,
-    RegistrationError,
-    RunLeased,
-    RunNotFound,
-    RunStateError,
-    SchemaError,
-    StoreError,
-    UnsafeDatabase,
-)
-from .gate import Gate, Limits, StepOutcome
-from .policy import (
-    ClassPolicy,
-    DefaultPolicy,
-    Outcome,
-    Policy,
-    PolicyDecision,
-    RunView,
-    ToolRequest,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, Final
+
+# Bound now: `agentrt.sanitize` is also a submodule's name, and the first import of a
+# submodule binds it on its package, so a lazily bound function would be shadowed.
 from .sanitize import sanitize
-from .store import (
-    ApprovalRecord,
-    ApprovalStatus,
-    Event,
-    RunRecord,
-    RunStatus,
-    StepRecord,
-    StepStatus,
-    Store,
-    open_store,
-)
-from .tools import SideEffect, Tool, ToolCall, ToolResult, ToolSpec
-from .trace import JsonlTrace, TextTrace
+
+if TYPE_CHECKING:
+    from .agent import Agent, Decision, DecisionKind, Observation, StepInput
+    from .approvals import approve, cancel, reject
+    from .canonical import JSONBoundaryError, canonical_json, parse_json
+    from .driver import Driver, RunResult
+    from .errors import (
+        AgentrtError,
+        ApprovalError,
+        ApprovalHashMismatch,
+        RegistrationError,
+        RunLeased,
+        RunNotFound,
+        RunStateError,
+        SchemaError,
+        StoreError,
+        UnsafeDatabase,
+    )
+    from .gate import Gate, Limits, StepOutcome
+    from .policy import (
+        ClassPolicy,
+        DefaultPolicy,
+        Outcome,
+        Policy,
+        PolicyDecision,
+        RunView,
+        ToolRequest,
+    )
+    from .store import (
+        ApprovalRecord,
+        ApprovalStatus,
+        Event,
+        RunRecord,
+        RunStatus,
+        StepRecord,
+        StepStatus,
+        Store,
+        open_store,
+    )
+    from .tools import SideEffect, Tool, ToolCall, ToolResult, ToolSpec
+    from .trace import JsonlTrace, TextTrace
 
 __all__ = [
     "Agent",
@@ -93,3 +102,66 @@ __all__ = [
     "reject",
     "sanitize",
 ]
+
+# Each name is imported on first use, so a command or a proxy that needs the
+# store pays neither for the gate's JSON Schema validators nor for the driver.
+_WHERE: Final = {
+    "Agent": ".agent",
+    "Decision": ".agent",
+    "DecisionKind": ".agent",
+    "Observation": ".agent",
+    "StepInput": ".agent",
+    "approve": ".approvals",
+    "cancel": ".approvals",
+    "reject": ".approvals",
+    "JSONBoundaryError": ".canonical",
+    "canonical_json": ".canonical",
+    "parse_json": ".canonical",
+    "Driver": ".driver",
+    "RunResult": ".driver",
+    "AgentrtError": ".errors",
+    "ApprovalError": ".errors",
+    "ApprovalHashMismatch": ".errors",
+    "RegistrationError": ".errors",
+    "RunLeased": ".errors",
+    "RunNotFound": ".errors",
+    "RunStateError": ".errors",
+    "SchemaError": ".errors",
+    "StoreError": ".errors",
+    "UnsafeDatabase": ".errors",
+    "Gate": ".gate",
+    "Limits": ".gate",
+    "StepOutcome": ".gate",
+    "ClassPolicy": ".policy",
+    "DefaultPolicy": ".policy",
+    "Outcome": ".policy",
+    "Policy": ".policy",
+    "PolicyDecision": ".policy",
+    "RunView": ".policy",
+    "ToolRequest": ".policy",
+    "ApprovalRecord": ".store",
+    "ApprovalStatus": ".store",
+    "Event": ".store",
+    "RunRecord": ".store",
+    "RunStatus": ".store",
+    "StepRecord": ".store",
+    "StepStatus": ".store",
+    "Store": ".store",
+    "open_store": ".store",
+    "SideEffect": ".tools",
+    "Tool": ".tools",
+    "ToolCall": ".tools",
+    "ToolResult": ".tools",
+    "ToolSpec": ".tools",
+    "JsonlTrace": ".trace",
+    "TextTrace": ".trace",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value

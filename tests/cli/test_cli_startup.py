@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_support import Produced
 
 _PROBE = """
 import json, sys
@@ -33,6 +34,38 @@ def test_reading_and_deciding_commands_do_not_import_the_mcp_sdk_or_the_proxy(
     command: str,
 ) -> None:
     assert _heavy_modules(command) == []
+
+
+# What deciding and reading never use: the gate's JSON Schema validators, the driver.
+_GATE_SIDE: tuple[str, ...] = ("agentrt.gate", "agentrt.driver", "agentrt.schema", "jsonschema")
+
+_RUN = """
+import json, sys
+from agentrt.cli import cli
+try:
+    cli(sys.argv[1:], prog_name="agentrt", standalone_mode=False)
+finally:
+    print(json.dumps(sorted(m for m in GATE_SIDE if m in sys.modules)), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("command", ["runs", "show", "approve"])
+def test_runs_show_and_approve_do_not_import_the_gate_or_json_schema(
+    command: str, produced: Produced
+) -> None:
+    arguments = {
+        "runs": ["runs"],
+        "show": ["show", produced.waiting_run],
+        "approve": ["approve", produced.waiting_run, "--approval", produced.approval_id],
+    }[command]
+    finished = subprocess.run(
+        [sys.executable, "-c", _RUN.replace("GATE_SIDE", repr(_GATE_SIDE)),
+         "--db", str(produced.database), *arguments],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert finished.returncode == 0, finished.stderr
+    assert "approved" in finished.stdout or command != "approve", finished.stdout
+    assert json.loads(finished.stderr.strip().splitlines()[-1]) == []
 
 
 def test_every_command_is_listed_in_the_help_and_resolves() -> None:
