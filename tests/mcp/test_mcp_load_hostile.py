@@ -659,16 +659,17 @@ async def test_a_check_that_breaks_on_one_schema_refuses_only_that_tool(
     closing: list[Report], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Stands for a schema no check foresaw: the failure is contained to its tool.
-    import agentrt.mcp._load as load_module
+    # The load imports the check when it runs (issue 36), so the schema module's is patched.
+    import agentrt.schema as schema_module
 
-    original = load_module.check_self_contained
+    original = schema_module.check_self_contained
 
     def breaks_on_boom(schema: Any) -> None:
         if "boom" in schema.get("properties", {}):
             raise RecursionError("maximum recursion depth exceeded")
         original(schema)
 
-    monkeypatch.setattr(load_module, "check_self_contained", breaks_on_boom)
+    monkeypatch.setattr(schema_module, "check_self_contained", breaks_on_boom)
     server = hostile(
         [tool("odd", schema='{"type":"object","properties":{"boom":{}}}'), tool("good")]
     )

@@ -24,22 +24,28 @@ round trips unless a call's `CallContext` has an `ask` (the proxy's does), and
 `tools/list_changed` (ignored until the next load, or the next restart).
 """
 
-from ._connection import (
-    MAX_RESPONSE_BODY_BYTES,
-    MAX_TOOL_PAGES,
-    MAX_TOOLS,
-    Connection,
-)
-from ._context import AskRefused, CallContext
-from ._errors import LoadError, MCPError, OperatorFileError, PinError, ServerToolError
-from ._files import owned_privately, read_manifest, read_owned, read_rules
-from ._load import Refusal, Registration, Report, load
-from ._manifest import Manifest, PinnedTool
-from ._pin import pin
-from ._reach import OperatorFileReach, find_operator_file_reach
-from ._rules import FileRule, Rule, Rules, parse_duration, rules_from_json
-from ._sandbox import Sandbox
-from ._server import DEFAULT_MAX_CONTENT_BYTES, Server
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from ._connection import (
+        MAX_RESPONSE_BODY_BYTES,
+        MAX_TOOL_PAGES,
+        MAX_TOOLS,
+        Connection,
+    )
+    from ._context import AskRefused, CallContext
+    from ._errors import LoadError, MCPError, OperatorFileError, PinError, ServerToolError
+    from ._files import owned_privately, read_manifest, read_owned, read_rules
+    from ._load import Refusal, Registration, Report, load
+    from ._manifest import Manifest, PinnedTool
+    from ._pin import pin
+    from ._reach import OperatorFileReach, find_operator_file_reach
+    from ._rules import FileRule, Rule, Rules, parse_duration, rules_from_json
+    from ._sandbox import Sandbox
+    from ._server import DEFAULT_MAX_CONTENT_BYTES, Server
 
 __all__ = [
     "DEFAULT_MAX_CONTENT_BYTES",
@@ -75,3 +81,49 @@ __all__ = [
     "read_rules",
     "rules_from_json",
 ]
+
+# Each name is imported on first use, so reading a proxy's configuration (which needs
+# `Server` and the rules) does not load the client, the load checks and the gate.
+_WHERE: Final = {
+    "MAX_RESPONSE_BODY_BYTES": "._connection",
+    "MAX_TOOL_PAGES": "._connection",
+    "MAX_TOOLS": "._connection",
+    "Connection": "._connection",
+    "AskRefused": "._context",
+    "CallContext": "._context",
+    "LoadError": "._errors",
+    "MCPError": "._errors",
+    "OperatorFileError": "._errors",
+    "PinError": "._errors",
+    "ServerToolError": "._errors",
+    "owned_privately": "._files",
+    "read_manifest": "._files",
+    "read_owned": "._files",
+    "read_rules": "._files",
+    "Refusal": "._load",
+    "Registration": "._load",
+    "Report": "._load",
+    "load": "._load",
+    "Manifest": "._manifest",
+    "PinnedTool": "._manifest",
+    "pin": "._pin",
+    "OperatorFileReach": "._reach",
+    "find_operator_file_reach": "._reach",
+    "FileRule": "._rules",
+    "Rule": "._rules",
+    "Rules": "._rules",
+    "parse_duration": "._rules",
+    "rules_from_json": "._rules",
+    "Sandbox": "._sandbox",
+    "DEFAULT_MAX_CONTENT_BYTES": "._server",
+    "Server": "._server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value

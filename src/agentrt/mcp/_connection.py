@@ -63,7 +63,6 @@ from decimal import Decimal
 from typing import Any, Final, Protocol
 
 import anyio
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
 
 from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..sanitize import sanitize
@@ -441,6 +440,10 @@ class Connection:
     # -- the handshake ---------------------------------------------------------
 
     async def _handshake(self, context: CallContext | None = None) -> None:
+        # Imported here, not at the top: `mcp_types` builds every pydantic model of the
+        # protocol (0.3 s), which the proxy's start-up lets load while its servers start.
+        from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+
         params = canonical_json(
             {
                 "protocolVersion": LATEST_HANDSHAKE_VERSION,

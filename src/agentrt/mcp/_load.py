@@ -13,7 +13,6 @@ import anyio.lowlevel
 from ..canonical import JSONBoundaryError, parse_json, sha256_hex
 from ..errors import RegistrationError
 from ..sanitize import sanitize
-from ..schema import check_self_contained
 from ..tools import TOOL_NAME_PATTERN, SideEffect, Tool, ToolSpec, check_tool
 from . import _connection
 from ._errors import LoadError
@@ -271,6 +270,9 @@ def _check_tool(
     upstream: Upstream,
 ) -> tuple[ServerTool, str]:
     """Run the checks in order; raise `_Refused` naming the first that failed."""
+    # Here, not at the top: JSON Schema's validators load while the server starts.
+    from ..schema import check_self_contained
+
     if raw_tool is None:
         raise _Refused("the server no longer offers it")
     live_schema_text = schema_text(raw_tool)

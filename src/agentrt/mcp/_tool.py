@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
-import jsonschema
 
 from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..sanitize import sanitize
@@ -176,6 +175,9 @@ class ServerTool:
         error: the spec says a server MUST conform to it, so a host would reject it anyway."""
         if self.output_schema is None:
             return
+        # Here, not at the top: loading the tools at start-up needs no validator yet.
+        import jsonschema
+
         if "structuredContent" not in result or result["structuredContent"] is None:
             raise ServerToolError(f"{where} has an outputSchema but returned no structured content")
         try:

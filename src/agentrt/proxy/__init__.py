@@ -8,10 +8,14 @@ exact request, executed upstream only when allowed, and recorded again.
 
 from __future__ import annotations
 
-from ._answers import Prefix
-from ._lifecycle import serve, serve_config
-from ._status import STATUS_TOOL
-from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config, parse_duration
+import importlib
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from ._answers import Prefix
+    from ._lifecycle import serve, serve_config
+    from ._status import STATUS_TOOL
+    from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config, parse_duration
 
 __all__ = [
     "STATUS_TOOL",
@@ -24,3 +28,26 @@ __all__ = [
     "serve",
     "serve_config",
 ]
+
+# Each name is imported on first use, so `agentrt.proxy.config` (which `pin` and
+# `check` read) does not load the serving side.
+_WHERE: Final = {
+    "Prefix": "._answers",
+    "serve": "._lifecycle",
+    "serve_config": "._lifecycle",
+    "STATUS_TOOL": "._status",
+    "ConfigError": ".config",
+    "ProxyConfig": ".config",
+    "UpstreamConfig": ".config",
+    "load_config": ".config",
+    "parse_duration": ".config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value

@@ -17,33 +17,55 @@ import asyncio
 import contextlib
 import functools
 import getpass
+import importlib
 import os
 import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import IO, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, Final, NoReturn
 
 import anyio
 import anyio.to_thread
-from mcp.server.lowlevel import Server as LowLevelServer
 
 from ..errors import AgentrtError, StoreError
-from ..mcp import Connection
 from ..sanitize import sanitize
-from ..store import open_store
-from ..telemetry import TraceExporter, settings_from, start_exporter
-from ..tools import Tool
-from ._handlers import Handlers
-from ._http import is_loopback, listen, serve_http, split_http
+from ..store import Store, open_store
+from ._log import log_line
 from ._offers import Offered
-from ._proxy import Proxy, log_line
-from ._stdio import StdioWire, stdio_wire
 from ._upstreams import load_upstreams
 from .config import ConfigError, ProxyConfig, load_config
 
+if TYPE_CHECKING:
+    from mcp.server.lowlevel import Server as LowLevelServer
+
+    from ..mcp import Connection
+    from ..telemetry import TraceExporter
+    from ..tools import Tool
+    from ._proxy import Proxy
+    from ._stdio import StdioWire
+
 __all__ = ["event_loop_factory", "exit_process", "running", "serve", "serve_config"]
+
+
+# What serving a host needs beyond loading the servers: the MCP SDK's server (0.9 s of
+# CPU to import, most of it building the protocol's pydantic models), the gate and its
+# JSON Schema validators.  Imported in a worker thread while the servers start.
+_SERVING_MODULES: Final = (
+    "agentrt.proxy._stdio",
+    "agentrt.gate",
+    "agentrt.proxy._proxy",
+    "agentrt.proxy._handlers",
+)
+
+
+def _prepare(config: ProxyConfig, http: bool) -> Store:
+    """Import what serving needs and open the store: the work that can overlap the
+    upstream servers' own start (issue 36).  Runs in a worker thread."""
+    for module in (*_SERVING_MODULES, *(("agentrt.proxy._http",) if http else ())):
+        importlib.import_module(module)
+    return open_store(config.database)
 
 
 async def _renew_holds(proxy: Proxy) -> None:
@@ -122,6 +144,8 @@ async def _watch_signals(shutdown: _Shutdown, log: IO[str], *, keep_caught: bool
 async def _serve_stdio(
     server: LowLevelServer[Any], proxy: Proxy, log: IO[str], stopping: anyio.Event
 ) -> None:
+    from ._stdio import stdio_wire
+
     def settled() -> bool:
         return proxy.in_flight.count == 0
 
@@ -212,6 +236,8 @@ async def _serve(
     address: tuple[str, int] | None = None
     listener: socket.socket | None = None
     if http is not None:
+        from ._http import is_loopback, listen, split_http
+
         address = split_http(http)
         if not is_loopback(address[0]) and not (allow_remote and token):
             raise ConfigError(
@@ -237,11 +263,11 @@ async def _serve_config(
     *,
     keep_signals_caught: bool,
 ) -> int:
-    store = open_store(config.database)
     shutdown = _Shutdown()
     stopping = shutdown.stopping
     failure: Exception | None = None
     telemetry: TraceExporter | None = None
+    store: Store | None = None
     # Caught from here to the end: a signal while calls finish must not kill them.
     async with anyio.create_task_group() as signals:
         signals.start_soon(
@@ -250,17 +276,20 @@ async def _serve_config(
         try:
             servers_of: dict[str, str] = {}
             offered = Offered()
-            tools, shutdown.connections = await load_upstreams(config, stream, servers_of, offered)
-            telemetry = start_exporter(
-                config.database,
-                settings_from(
-                    {"otlp_endpoint": config.telemetry.otlp_endpoint,
-                     "content": config.telemetry.content},
-                    default_service="agentrt-proxy",
-                ),
-                side_effects={tool.spec.name: str(tool.spec.side_effect) for tool, _ in tools},
-                log=stream,
-            )  # fmt: skip
+            # The servers start first; while they do (a Node server takes a third of a
+            # second or more), a worker thread imports what serving needs and opens the
+            # store, which used to come before them (issue 36).
+            async with anyio.create_task_group() as starting:
+                preparing = _Preparing()
+                starting.start_soon(preparing.run, config, address is not None)
+                tools, shutdown.connections = await load_upstreams(
+                    config, stream, servers_of, offered
+                )
+            store = preparing.result()
+            telemetry = _start_telemetry(config, tools, stream)
+            from ._handlers import Handlers
+            from ._proxy import Proxy
+
             proxy = Proxy(config, store, tools, stream, offered)
             server = Handlers(proxy).server()
             async with (
@@ -268,6 +297,8 @@ async def _serve_config(
                 _serving_inbox(config, proxy, [tool for tool, _ in tools], servers_of, stream),
             ):
                 if address is not None and listener is not None:
+                    from ._http import serve_http
+
                     await serve_http(
                         server, address[0], address[1], token, stream, stopping, listener
                     )
@@ -285,11 +316,52 @@ async def _serve_config(
                 for connection in shutdown.connections:
                     with contextlib.suppress(Exception):
                         await connection.aclose(polite=not shutdown.hurried)
-            store.close()
+            if store is not None:
+                store.close()
             signals.cancel_scope.cancel()
     if failure is not None:
         raise failure
     return 0
+
+
+@dataclass
+class _Preparing:
+    """`_prepare` in a worker thread; its store, or the error that refused it, is kept
+    for after the servers have loaded, so a refused database never leaves one loading."""
+
+    store: Store | None = None
+    error: BaseException | None = None
+
+    async def run(self, config: ProxyConfig, http: bool) -> None:
+        try:
+            self.store = await anyio.to_thread.run_sync(_prepare, config, http)
+        except Exception as exc:
+            self.error = exc
+
+    def result(self) -> Store:
+        if self.error is not None:
+            raise self.error
+        if self.store is None:
+            raise RuntimeError("the proxy's preparation did not finish")
+        return self.store
+
+
+def _start_telemetry(
+    config: ProxyConfig, tools: list[tuple[Tool, Any]], stream: IO[str]
+) -> TraceExporter | None:
+    """The span exporter, when an OTLP endpoint is configured (here or in the
+    environment); the OpenTelemetry SDK is imported only then."""
+    from ..telemetry import settings_from, start_exporter
+
+    return start_exporter(
+        config.database,
+        settings_from(
+            {"otlp_endpoint": config.telemetry.otlp_endpoint, "content": config.telemetry.content},
+            default_service="agentrt-proxy",
+        ),
+        side_effects={tool.spec.name: str(tool.spec.side_effect) for tool, _ in tools},
+        log=stream,
+    )
 
 
 def exit_process(status: int) -> NoReturn:

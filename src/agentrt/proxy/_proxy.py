@@ -34,6 +34,7 @@ from ._client_requests import asker_for
 from ._forward import Forwarded
 from ._index import CallIndex
 from ._input_required import HostCall, Suspended
+from ._log import log_line
 from ._offers import Offered, OfferTool, hidden_name
 from ._status import GateStatus
 from .config import DEFAULT_SERVER_TIMEOUT, ProxyConfig, UpstreamConfig
@@ -53,12 +54,6 @@ _LOG_LEVELS: Final = (
     "alert",
     "emergency",
 )
-
-
-def log_line(stream: IO[str], line: str) -> None:
-    """One line on the operator's log (the proxy's stderr)."""
-    stream.write(line + "\n")
-    stream.flush()
 
 
 @dataclass

@@ -7,15 +7,16 @@ writes anything, and it knows only the approvals of its own session.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final
-
-import mcp_types as types
+from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import RunNotFound
 from ..sanitize import sanitize
 from ..store import ApprovalStatus, Store
 from ._answers import Answer, bounded
 from ._index import CallIndex, CallRow, Settled
+
+if TYPE_CHECKING:
+    import mcp_types as types
 
 __all__ = ["STATUS_TOOL", "GateStatus"]
 
@@ -47,6 +48,8 @@ class GateStatus:
 
     def listed(self) -> types.Tool:
         """The tool as `tools/list` offers it: read-only, one optional argument."""
+        import mcp_types as types
+
         return types.Tool(
             name=STATUS_TOOL,
             description=_STATUS_DESCRIPTION,

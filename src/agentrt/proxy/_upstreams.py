@@ -8,10 +8,9 @@ second is refused with a line naming the first.
 
 from __future__ import annotations
 
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import anyio
-import mcp_types as types
 
 from ..canonical import plain_json
 from ..errors import AgentrtError
@@ -20,10 +19,13 @@ from ..mcp._offers import Offers, load_offers
 from ..mcp._tool import ServerTool
 from ..sanitize import sanitize
 from ..tools import Tool
+from ._log import log_line
 from ._offers import Offered
-from ._proxy import Loaded, log_line
 from ._status import STATUS_TOOL
 from .config import ProxyConfig, UpstreamConfig
+
+if TYPE_CHECKING:
+    from ._proxy import Loaded
 
 __all__ = ["load_upstreams", "take_offers"]
 
@@ -113,6 +115,8 @@ async def load_upstreams(
 def take_offers(offered: Offered, name: str, offers: Offers) -> list[str]:
     """Add one server's checked prompts, resources and templates to `offered`; the lines
     to log (its refusals, and what the SDK could not list or another server took first)."""
+    import mcp_types as types
+
     lines = list(offers.lines)
     sections = (
         (offers.prompts, types.Prompt, "prompt"),

@@ -12,21 +12,25 @@ Arguments and results are left out unless the operator sets `content`.
 
 from __future__ import annotations
 
-from ._exporter import (
-    TelemetrySettings,
-    TraceExporter,
-    otel_available,
-    settings_from,
-    start_exporter,
-)
-from ._spans import (
-    CONTENT_CHARS,
-    SpanKind,
-    SpanRecord,
-    TraceBuilder,
-    trace_context_metadata,
-    trace_id_of,
-)
+import importlib
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from ._exporter import (
+        TelemetrySettings,
+        TraceExporter,
+        otel_available,
+        settings_from,
+        start_exporter,
+    )
+    from ._spans import (
+        CONTENT_CHARS,
+        SpanKind,
+        SpanRecord,
+        TraceBuilder,
+        trace_context_metadata,
+        trace_id_of,
+    )
 
 __all__ = [
     "CONTENT_CHARS",
@@ -41,3 +45,28 @@ __all__ = [
     "trace_context_metadata",
     "trace_id_of",
 ]
+
+# Each name is imported on first use, so the proxy's calls (which need only
+# `trace_context_metadata`) do not load the exporter unless telemetry is configured.
+_WHERE: Final = {
+    "TelemetrySettings": "._exporter",
+    "TraceExporter": "._exporter",
+    "otel_available": "._exporter",
+    "settings_from": "._exporter",
+    "start_exporter": "._exporter",
+    "CONTENT_CHARS": "._spans",
+    "SpanKind": "._spans",
+    "SpanRecord": "._spans",
+    "TraceBuilder": "._spans",
+    "trace_context_metadata": "._spans",
+    "trace_id_of": "._spans",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,68 @@
+"""A proxy serving stdio with a default configuration loads only what serving needs (issue 36):
+what is configured elsewhere (the inbox, conditions, telemetry, PostgreSQL, HTTP) and
+what the proxy never uses (the agent driver, the model providers) stays unimported."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from proxy_helpers import build_setup, host_environment
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+# Each is imported only when the configuration asks for it, or never by the proxy.
+NOT_FOR_A_DEFAULT_STDIO_PROXY = (
+    "agentrt.inbox._app",  # the inbox: only with "inbox" configured
+    "agentrt.inbox._serve",
+    "jinja2",
+    "celpy",  # the conditions engine: only with a rule's "when"
+    "opentelemetry.sdk",  # telemetry: only with an OTLP endpoint
+    "agentrt._postgres",  # PostgreSQL: only with a postgresql:// database
+    "psycopg",
+    "agentrt.proxy._http",  # streamable HTTP: only with --http
+    "agentrt.proxy._streamable",
+    "agentrt.driver",  # the agent loop and its models: never the proxy's
+    "agentrt.providers",
+)
+
+_PROBE = """
+import json, sys
+from agentrt.proxy.__main__ import main
+try:
+    status = main(sys.argv[1:])
+finally:
+    loaded = sorted(name for name in NAMES if name in sys.modules)
+    print("LOADED " + json.dumps(loaded), file=sys.stderr, flush=True)
+sys.exit(status)
+"""
+
+
+async def test_a_default_stdio_proxy_does_not_import_what_it_does_not_serve(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(tmp_path)
+    probe = _PROBE.replace("NAMES", repr(NOT_FOR_A_DEFAULT_STDIO_PROXY))
+    parameters = StdioServerParameters(
+        command=sys.executable,
+        args=["-c", probe, "--config", str(setup.config_path)],
+        env=host_environment(),
+        cwd=str(setup.root),
+    )
+    with setup.stderr_path.open("a") as errlog:
+        async with (
+            stdio_client(parameters, errlog=errlog) as (read_stream, write_stream),
+            ClientSession(read_stream, write_stream) as session,
+        ):
+            await session.initialize()
+            names = [tool.name for tool in (await session.list_tools()).tools]
+            assert "up_echo" in names
+            result = await session.call_tool("up_echo", {"text": "hello"})
+            assert not result.is_error, result
+    lines = [line for line in setup.stderr().splitlines() if line.startswith("LOADED ")]
+    assert lines, setup.stderr()
+    assert json.loads(lines[-1].removeprefix("LOADED ")) == []
