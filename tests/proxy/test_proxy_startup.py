@@ -5,7 +5,9 @@ what the proxy never uses (the agent driver, the model providers) stays unimport
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,41 @@ async def test_a_default_stdio_proxy_does_not_import_what_it_does_not_serve(
     lines = [line for line in setup.stderr().splitlines() if line.startswith("LOADED ")]
     assert lines, setup.stderr()
     assert json.loads(lines[-1].removeprefix("LOADED ")) == []
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_a_refused_database_stops_the_proxy_with_exit_2_and_no_server_left_running(
+    tmp_path: Path,
+) -> None:
+    # The store opens while the servers start (decision 0025): a database it refuses
+    # must still stop the proxy with exit 2, and the server it started must be stopped.
+    setup = await build_setup(tmp_path)
+    pid_file = tmp_path / "upstream.pid"
+    entry = setup.document["servers"][0]
+    # A server that outlives its stdin's end: only the proxy's closing stops it.
+    entry["command"] = ["sh", "-c", f'echo $$ > {pid_file}; "$0" "$@"; sleep 60', *entry["command"]]
+    setup.rewrite()
+    database = setup.config_path.parent / "proxy.db"
+    database.write_bytes(b"")
+    database.chmod(0o666)
+    finished = subprocess.run(
+        [sys.executable, "-m", "agentrt.proxy", "--config", str(setup.config_path)],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        env=host_environment(), cwd=setup.root,
+    )  # fmt: skip
+    assert finished.returncode == 2, finished.stderr
+    assert "writable by group or others" in finished.stderr
+    assert "Traceback" not in finished.stderr
+    assert pid_file.exists(), "the server was started beside the store's opening"
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(pid), "the proxy left its server running"

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Final, NoReturn
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
 
 from ..errors import AgentrtError, StoreError
@@ -53,8 +54,9 @@ __all__ = ["event_loop_factory", "exit_process", "running", "serve", "serve_conf
 # CPU to import, most of it building the protocol's pydantic models), the gate and its
 # JSON Schema validators.  Imported in a worker thread while the servers start.
 _SERVING_MODULES: Final = (
+    "mcp_types",  # first: each upstream's handshake waits for it
+    "agentrt.gate",  # then what checks the servers' listings
     "agentrt.proxy._stdio",
-    "agentrt.gate",
     "agentrt.proxy._proxy",
     "agentrt.proxy._handlers",
 )
@@ -282,6 +284,7 @@ async def _serve_config(
             async with anyio.create_task_group() as starting:
                 preparing = _Preparing()
                 starting.start_soon(preparing.run, config, address is not None)
+                await preparing.started.wait()
                 tools, shutdown.connections = await load_upstreams(
                     config, stream, servers_of, offered
                 )
@@ -331,12 +334,21 @@ class _Preparing:
 
     store: Store | None = None
     error: BaseException | None = None
+    # Set once the thread runs, so the first server is spawned only then: otherwise the
+    # event loop reaches a handshake's import of `mcp_types` before the thread starts.
+    started: anyio.Event = field(default_factory=anyio.Event)
 
     async def run(self, config: ProxyConfig, http: bool) -> None:
+        def work() -> Store:
+            anyio.from_thread.run_sync(self.started.set)
+            return _prepare(config, http)
+
         try:
-            self.store = await anyio.to_thread.run_sync(_prepare, config, http)
+            self.store = await anyio.to_thread.run_sync(work)
         except Exception as exc:
             self.error = exc
+        finally:
+            self.started.set()
 
     def result(self) -> Store:
         if self.error is not None:
