@@ -1,7 +1,8 @@
 """The proxy's life: start-up, serving a host, signals and shutdown.
 
-At start-up the upstream servers load together (`_upstreams`); then the
-proxy serves one host on stdio, or many over HTTP.  On stdin close, SIGINT
+At start-up the upstream servers load together (`_upstreams`) while a
+worker thread imports what serving needs and opens the store (decision
+0025); then the proxy serves one host on stdio, or many over HTTP.  On stdin close, SIGINT
 or SIGTERM it takes no more calls, lets the ones in flight finish, be
 recorded and be answered, closes its upstream servers and exits 0.  Once
 stdin has ended, a signal (the official TypeScript client sends SIGTERM two
