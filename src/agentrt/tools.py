@@ -7,11 +7,13 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from .errors import RegistrationError, SchemaError
 from .sanitize import sanitize
-from .schema import CompiledSchema, compile_schema
+
+if TYPE_CHECKING:
+    from .schema import CompiledSchema
 
 __all__ = [
     "TOOL_NAME_PATTERN",
@@ -130,6 +132,10 @@ def check_tool(tool: Any) -> CheckedTool:
         raise RegistrationError(f'tool "{name}": the input schema must describe an object')
     if not callable(getattr(tool, "call", None)):
         raise RegistrationError(f'tool "{name}" has no call method')
+    # Here, not at the top: every module names the tool types, and most never check one
+    # (the command's `runs`, a proxy before its servers start), so JSON Schema waits.
+    from .schema import compile_schema
+
     try:
         compiled = compile_schema(spec.input_schema)
     except SchemaError as exc:

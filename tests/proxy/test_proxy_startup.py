@@ -81,7 +81,7 @@ def _running(pid: int) -> bool:
 async def test_a_refused_database_stops_the_proxy_with_exit_2_and_no_server_left_running(
     tmp_path: Path,
 ) -> None:
-    # The store opens while the servers start (decision 0025): a database it refuses
+    # The store opens while the servers start (decision 0026): a database it refuses
     # must still stop the proxy with exit 2, and the server it started must be stopped.
     setup = await build_setup(tmp_path)
     pid_file = tmp_path / "upstream.pid"

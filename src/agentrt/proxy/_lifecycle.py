@@ -2,9 +2,10 @@
 
 At start-up the upstream servers load together (`_upstreams`) while a
 worker thread imports what serving needs and opens the store (decision
-0025); then the proxy serves one host on stdio, or many over HTTP.  On stdin close, SIGINT
-or SIGTERM it takes no more calls, lets the ones in flight finish, be
-recorded and be answered, closes its upstream servers and exits 0.  Once
+0026); then the proxy serves one host on stdio, or many over HTTP.  On
+stdin close, SIGINT or SIGTERM it takes no more calls, lets the ones in
+flight finish, be recorded and be answered, closes its upstream servers
+and exits 0.  Once
 stdin has ended, a signal (the official TypeScript client sends SIGTERM two
 seconds later) changes nothing; a second signal says the host is about to
 kill the proxy, which then kills its upstream servers at once, so each call
