@@ -33,8 +33,8 @@ import psycopg.conninfo
 import psycopg.errors
 import psycopg.rows
 
-from .errors import StoreBusy, StoreConflict, StoreError, UnsafeDatabase, newer_build
-from .sanitize import sanitize
+from ..errors import StoreBusy, StoreConflict, StoreError, UnsafeDatabase, newer_build
+from ..sanitize import sanitize
 
 __all__ = [
     "WRITE_LOCK",

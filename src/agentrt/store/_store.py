@@ -55,8 +55,8 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import anyio.to_thread
 
-from .canonical import canonical_bytes, canonical_json, json_string, parse_json, sha256_hex
-from .errors import (
+from ..canonical import canonical_bytes, canonical_json, json_string, parse_json, sha256_hex
+from ..errors import (
     RunNotFound,
     StoreBusy,
     StoreConflict,
@@ -64,7 +64,7 @@ from .errors import (
     UnsafeDatabase,
     newer_build,
 )
-from .sanitize import sanitize
+from ..sanitize import sanitize
 
 if TYPE_CHECKING:
     from ._postgres import PostgresConnection
