@@ -35,6 +35,13 @@ _LIST_RUNS: Final = (
     " ORDER BY waiting_first DESC, created_seq DESC LIMIT ?"
 )
 
+# The reads made both under the store's lock and inside a write: one text for both.
+_RUN: Final = "SELECT * FROM runs WHERE run_id = ?"
+_LAST_STEPS: Final = "SELECT * FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT ?"
+_LATEST_APPROVAL: Final = (
+    "SELECT * FROM approvals WHERE run_id = ? ORDER BY created_seq DESC LIMIT 1"
+)
+
 
 class _Reads:
     """The store's reads (a mixin of `Store`): each on the store's connection under its lock,
@@ -48,17 +55,36 @@ class _Reads:
         raise NotImplementedError  # `Store._query`
 
     def get_run(self, run_id: str) -> RunRecord:
-        rows = self._query("SELECT * FROM runs WHERE run_id = ?", (run_id,))
+        rows = self._query(_RUN, (run_id,))
         if not rows:
             raise RunNotFound(f"no run {sanitize(run_id)} in {sanitize(self.path)}")
         return _row_to_run(rows[0])
 
     def read_run(self, connection: Connection, run_id: str) -> tuple[RunRecord, str | None]:
         """Inside a write: the run and its lease token, in one read of its row."""
-        row = connection.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        row = connection.execute(_RUN, (run_id,)).fetchone()
         if row is None:
             raise RunNotFound(f"no run {sanitize(run_id)} in {sanitize(self.path)}")
         return _row_to_run(row), row["lease_token"]
+
+    def find_run(self, connection: Connection, run_id: str) -> RunRecord | None:
+        """Inside a write: the run, or None when there is none."""
+        row = connection.execute(_RUN, (run_id,)).fetchone()
+        return None if row is None else _row_to_run(row)
+
+    def read_last_steps(self, connection: Connection, run_id: str, count: int) -> list[StepRecord]:
+        """Inside a write: `last_steps`."""
+        rows = connection.execute(_LAST_STEPS, (run_id, count)).fetchall()
+        return [_row_to_step(row) for row in reversed(rows)]
+
+    def read_latest_approval(self, connection: Connection, run_id: str) -> ApprovalRecord | None:
+        """Inside a write: `latest_approval`."""
+        row = connection.execute(_LATEST_APPROVAL, (run_id,)).fetchone()
+        return None if row is None else _row_to_approval(row)
+
+    def read_waiting_approval(self, connection: Connection, run_id: str) -> ApprovalRecord | None:
+        """Inside a write: `waiting_approval`."""
+        return _waiting(self.read_latest_approval(connection, run_id))
 
     def list_runs(self, limit: int = 50, offset: int = 0) -> list[RunRecord]:
         """Runs newest first, those waiting for an approval in front."""
@@ -83,28 +109,17 @@ class _Reads:
         return _row_to_step(rows[0]) if rows else None
 
     def last_steps(self, run_id: str, count: int) -> list[StepRecord]:
-        rows = self._query(
-            "SELECT * FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT ?", (run_id, count)
-        )
+        rows = self._query(_LAST_STEPS, (run_id, count))
         return [_row_to_step(row) for row in reversed(rows)]
 
     def latest_approval(self, run_id: str) -> ApprovalRecord | None:
         """The run's most recent approval, whatever its status (only it can grant)."""
-        rows = self._query(
-            "SELECT * FROM approvals WHERE run_id = ? ORDER BY created_seq DESC LIMIT 1",
-            (run_id,),
-        )
+        rows = self._query(_LATEST_APPROVAL, (run_id,))
         return _row_to_approval(rows[0]) if rows else None
 
     def waiting_approval(self, run_id: str) -> ApprovalRecord | None:
         """The approval the run waits on (pending or approved, not yet used), if any."""
-        approval = self.latest_approval(run_id)
-        if approval is None or approval.status not in (
-            ApprovalStatus.PENDING,
-            ApprovalStatus.APPROVED,
-        ):
-            return None
-        return approval
+        return _waiting(self.latest_approval(run_id))
 
     def get_approval(self, approval_id: str) -> ApprovalRecord:
         rows = self._query("SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
@@ -151,3 +166,13 @@ class _Reads:
             ):
                 return event
         return None
+
+
+def _waiting(approval: ApprovalRecord | None) -> ApprovalRecord | None:
+    """The run's latest approval if the run waits on it (pending, or approved not yet used)."""
+    if approval is None or approval.status not in (
+        ApprovalStatus.PENDING,
+        ApprovalStatus.APPROVED,
+    ):
+        return None
+    return approval
