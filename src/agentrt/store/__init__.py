@@ -73,11 +73,12 @@ from ._records import (
     approval_hash,
 )
 from ._schema import SCHEMA_VERSION
-from ._sqlite import INTEGRITY_ERRORS
+from ._sqlite import DATABASE_ERRORS, INTEGRITY_ERRORS
 from ._store import Store
 from ._times import epoch_to_iso, iso_to_epoch, utc_at, utc_now
 
 __all__ = [
+    "DATABASE_ERRORS",
     "GENESIS_HASH",
     "INTEGRITY_ERRORS",
     "SCHEMA_VERSION",

@@ -29,6 +29,10 @@ from ._schema import _CORE_TABLES, _MIGRATIONS, SCHEMA_VERSION, _split_sql
 
 # A write the database refused for a unique key or a reference, on either backend.
 INTEGRITY_ERRORS: Final[tuple[type[Exception], ...]] = (sqlite3.IntegrityError, StoreConflict)
+# Any error of the database, on either backend (SQLite's as its driver raises it, and
+# PostgreSQL's said as `StoreError` by its adapter): what a caller above the store catches
+# to tell a failed store call from its own failures, so that it names no driver.
+DATABASE_ERRORS: Final[tuple[type[Exception], ...]] = (sqlite3.Error, StoreError)
 
 
 # SQLite waits this long for a lock inside one attempt; the store retries
