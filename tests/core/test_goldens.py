@@ -1,0 +1,531 @@
+"""Golden scenarios: what the gate, the approvals and the proxy's call path write, fixed.
+
+Each scenario runs through the public API (`Gate`, `open_store`, `approve`, `reject`;
+the proxy's in-process call path through `_proxy_calls`, the one place that imports
+private modules) with the clock and the random draws frozen, and is compared with a
+file recorded from the code as it was before the store and the gate were reshaped
+(tests/core/goldens/, issue 28): the chain head (seq, hash) it leaves, the ordered SQL
+trace of every statement sent to the database (parameters included), and what each
+public call returned.  `AGENTRT_RECORD_GOLDENS=1` writes the files anew.
+
+Frozen, on the standard library's (and psycopg's) module attributes, never on
+agentrt's, so the freeze survives modules moving: `time.time` and `time.time_ns` (a
+clock that moves only when a scenario advances it), `uuid.uuid4` and
+`secrets.token_hex` (counters, so the same draws give the same ids: an approval id,
+a run id, a lease token, a proxy run id or hold token); owners are passed explicitly
+(the default label names the host and the pid).  `time.monotonic` is left alone:
+it only bounds waits, and never reaches the database.
+
+The trace is taken where the database receives it, so it does not depend on which
+Python function sends a statement: on SQLite every connection `sqlite3.connect` opens
+gets `set_trace_callback`, which on Python 3.11 hands over each statement with its
+parameters expanded (SQLite prints a real with 15 significant digits, so the frozen
+clock stays on quarter seconds, which print exactly); on PostgreSQL the store's
+psycopg `ClientCursor` binds parameters on the client, so `mogrify` gives the exact
+text the server receives, taken at `ClientCursor.execute`/`executemany`.  Statements
+are numbered by connection in the order connections were opened (`c0`, `c1`, ...).
+
+Normalised, because it is truly not the test's to fix: on PostgreSQL the server's
+clock, which judges leases and holds (`Store.write_time`): a number or an ISO
+timestamp in a statement within two days of the real time when the test started is
+written `<server clock>` (the frozen clock is in 2001, so nothing of the test's is
+mistaken for it).  Temporary paths never reach a statement, so nothing else is.
+Scenarios whose outcome needs the clock that judges a lease or a grant to move
+(grant expiry, take-over after a dead lease, an interrupted side effect) run on
+SQLite only: on PostgreSQL that clock is the server's, which the test cannot move.
+
+The writer thread commits concurrent `write` units in one group; every scenario awaits
+one call at a time, so each unit is a batch of its own and the order is fixed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import secrets
+import sqlite3
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from itertools import zip_longest
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrt import (
+    ClassPolicy,
+    Decision,
+    DefaultPolicy,
+    Gate,
+    Limits,
+    Outcome,
+    SideEffect,
+    StepOutcome,
+    Store,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    approve,
+    open_store,
+    reject,
+)
+
+from .helpers import RecordingTool, approval_policy
+
+pytestmark = pytest.mark.anyio
+
+GOLDENS = Path(__file__).parent / "goldens"
+RECORD = os.environ.get("AGENTRT_RECORD_GOLDENS") == "1"
+# 2001-09-09T01:46:40Z: far from any real "now", so the server's clock is told apart.
+FROZEN_EPOCH = 1_000_000_000.0
+WRITE_ARGS = '{"path": "notes.txt", "content": "line one\\nline two\\n"}'
+_SERVER_CLOCK_WINDOW = 2 * 86_400.0
+
+
+# -- the frozen world ----------------------------------------------------------
+
+
+class FrozenWorld:
+    """The clock and the random draws a scenario sees; the clock moves only on `advance`."""
+
+    def __init__(self) -> None:
+        self.nanoseconds = int(FROZEN_EPOCH) * 1_000_000_000
+        self.uuids = 0
+        self.tokens = 0
+
+    def advance(self, seconds: float) -> None:
+        # Quarter seconds only: SQLite's trace prints reals with 15 significant digits.
+        assert float(seconds * 4).is_integer(), seconds
+        self.nanoseconds += int(seconds * 1_000_000_000)
+
+    def time(self) -> float:
+        return self.nanoseconds / 1_000_000_000
+
+    def time_ns(self) -> int:
+        return self.nanoseconds
+
+    def uuid4(self) -> uuid.UUID:
+        self.uuids += 1
+        return uuid.UUID(int=self.uuids, version=4)
+
+    def token_hex(self, nbytes: int | None = None) -> str:
+        self.tokens += 1
+        width = 2 * (32 if nbytes is None else nbytes)
+        return f"{self.tokens:0{width}x}"[-width:]
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(time, "time", self.time)
+        monkeypatch.setattr(time, "time_ns", self.time_ns)
+        monkeypatch.setattr(uuid, "uuid4", self.uuid4)
+        monkeypatch.setattr(secrets, "token_hex", self.token_hex)
+
+
+# -- the SQL trace ------------------------------------------------------------
+
+
+@dataclass
+class SqlTrace:
+    """Statements as the database received them, grouped under the action that sent them."""
+
+    real_now: float
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    # Every connection opened, in order (held, so that no two ever share an identity).
+    connections: list[object] = field(default_factory=list)
+    recording: bool = True
+
+    def action(self, name: str) -> None:
+        self.actions.append({"action": name, "sql": [], "returned": []})
+
+    def returned(self, value: str) -> None:
+        self.actions[-1]["returned"].append(value)
+
+    def opened(self, connection: object) -> object:
+        self.connections.append(connection)
+        return connection
+
+    def statement(self, connection: object, text: str) -> None:
+        if not self.recording:
+            return
+        number = next(
+            (index for index, known in enumerate(self.connections) if known is connection), None
+        )
+        assert number is not None, "a statement on a connection opened outside the trace"
+        self.actions[-1]["sql"].append(f"c{number}: {text}")
+
+    def server_clock(self, text: str) -> str:
+        """`text` with every value of the PostgreSQL server's clock written `<server clock>`."""
+
+        def number(match: re.Match[str]) -> str:
+            value = float(match.group(0))
+            return "<server clock>" if self._near_now(value) else match.group(0)
+
+        def timestamp(match: re.Match[str]) -> str:
+            value = datetime.fromisoformat(match.group(1).replace("Z", "+00:00")).timestamp()
+            return "'<server clock>'" if self._near_now(value) else match.group(0)
+
+        text = re.sub(r"'(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z)'", timestamp, text)
+        return re.sub(r"(?<![\w.'])\d{9,10}\.\d+(?![\w.'])", number, text)
+
+    def _near_now(self, value: float) -> bool:
+        return abs(value - self.real_now) < _SERVER_CLOCK_WINDOW
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        real_connect = sqlite3.connect
+
+        def traced_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+            connection = real_connect(*args, **kwargs)
+            self.opened(connection)
+            connection.set_trace_callback(
+                lambda text, connection=connection: self.statement(connection, text)
+            )
+            return connection
+
+        monkeypatch.setattr(sqlite3, "connect", traced_connect)
+        try:
+            import psycopg
+        except ImportError:
+            return
+        real_open = psycopg.connect
+
+        def traced_open(*args: Any, **kwargs: Any) -> Any:
+            return self.opened(real_open(*args, **kwargs))
+
+        real_execute = psycopg.ClientCursor.execute
+        real_executemany = psycopg.ClientCursor.executemany
+
+        def execute(cursor: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            self.statement(cursor.connection, self.server_clock(cursor.mogrify(query, params)))
+            return real_execute(cursor, query, params, **kwargs)
+
+        def executemany(cursor: Any, query: Any, params_seq: Any, **kwargs: Any) -> Any:
+            rows = list(params_seq)
+            for params in rows:
+                self.statement(cursor.connection, self.server_clock(cursor.mogrify(query, params)))
+            return real_executemany(cursor, query, rows, **kwargs)
+
+        monkeypatch.setattr(psycopg, "connect", traced_open)
+        monkeypatch.setattr(psycopg.ClientCursor, "execute", execute)
+        monkeypatch.setattr(psycopg.ClientCursor, "executemany", executemany)
+
+
+@dataclass
+class Scenario:
+    """What a scenario is handed: where its database is, the world and the trace."""
+
+    database: str | Path
+    world: FrozenWorld
+    trace: SqlTrace
+    stores: list[Store] = field(default_factory=list)
+
+    def open(self, action: str = "open_store") -> Store:
+        self.trace.action(action)
+        store = open_store(self.database)
+        self.stores.append(store)
+        return store
+
+    async def call(self, action: str, work: Awaitable[StepOutcome]) -> StepOutcome:
+        self.trace.action(action)
+        outcome = await work
+        observation = outcome.observation
+        self.trace.returned(
+            f"{outcome.status} {outcome.reason}"
+            + (f" observation={observation.kind}" if observation is not None else "")
+            + (f" approval={outcome.approval.kind}" if outcome.approval is not None else "")
+        )
+        return outcome
+
+
+# -- the proxy's call path (the one place that reaches into private modules) --------
+
+
+def _proxy_calls(store: Store, tools: list[Any], *, owner: str, session: str) -> Any:
+    """The proxy's in-process call path as `agentrt proxy` builds it (proxy/_server.py),
+    over `tools`: `handle(tool, arguments)` answers one host `tools/call`."""
+    from agentrt.proxy._calls import Calls, ProxyPolicy, WatchedTool
+    from agentrt.proxy._index import CallIndex
+
+    index = CallIndex(store, session, owner, 30.0)
+    cut_off: set[tuple[str, int]] = set()
+    sent: set[str] = set()
+    policy = ProxyPolicy(
+        ClassPolicy(
+            {SideEffect.READ_ONLY: Outcome.ALLOW, SideEffect.LOCAL_MUTATION: Outcome.ALLOW}
+        ),
+        store,
+        identity="golden-policy",
+    )
+    gate = Gate(
+        store,
+        [WatchedTool(tool, cut_off, sent) for tool in tools],
+        policy=policy,
+        limits=Limits(),
+        owner=owner,
+        lease_ttl=30.0,
+    )
+    return Calls(
+        gate=gate, index=index, policy=policy, cut_off=cut_off, sent=sent, session=session,
+        database=str(store.path), hold=0.0, repeat_window=3_600.0, max_pending=10,
+        log=io.StringIO(),
+    )  # fmt: skip
+
+
+async def _proxy_call(scenario: Scenario, calls: Any, tool: str, arguments: Any) -> None:
+    scenario.trace.action(f"proxy call {tool}")
+    answer = await calls.handle(tool, arguments)
+    scenario.trace.returned(f"{answer.prefix or 'RESULT'} is_error={answer.is_error}")
+
+
+# -- the scenarios ------------------------------------------------------------
+
+
+async def allow(scenario: Scenario) -> None:
+    store = scenario.open()
+    gate = Gate(store, [RecordingTool("read", SideEffect.READ_ONLY)], owner="gate-a")
+    scenario.trace.action("start")
+    run_id = await gate.start("read a file")
+    await scenario.call("step read", gate.step(run_id, Decision.tool_call("read", '{"path": "a"}')))
+    await scenario.call("step complete", gate.step(run_id, Decision.complete("done")))
+
+
+async def deny(scenario: Scenario) -> None:
+    store = scenario.open()
+    destroy = RecordingTool("destroy", SideEffect.DESTRUCTIVE)
+    gate = Gate(store, [destroy], policy=DefaultPolicy(), owner="gate-a")
+    scenario.trace.action("start")
+    run_id = await gate.start("destroy")
+    await scenario.call(
+        "step destroy", gate.step(run_id, Decision.tool_call("destroy", '{"path": "/"}'))
+    )
+    assert destroy.calls == []
+
+
+async def invalid(scenario: Scenario) -> None:
+    store = scenario.open()
+    read = RecordingTool("read", SideEffect.READ_ONLY)
+    gate = Gate(store, [read], owner="gate-a")
+    scenario.trace.action("start")
+    run_id = await gate.start("read")
+    await scenario.call(
+        "step bad type", gate.step(run_id, Decision.tool_call("read", '{"path": 1}'))
+    )
+    await scenario.call("step bad json", gate.step(run_id, Decision.tool_call("read", "{not json")))
+    await scenario.call("step unknown tool", gate.step(run_id, Decision.tool_call("rm_rf", "{}")))
+    assert read.calls == []
+
+
+async def _waiting(scenario: Scenario, limits: Limits | None = None) -> tuple[Gate, str, str]:
+    store = scenario.open()
+    write = RecordingTool("write", SideEffect.LOCAL_MUTATION)
+    gate = Gate(store, [write], policy=approval_policy(), limits=limits, owner="gate-a")
+    scenario.trace.action("start")
+    run_id = await gate.start("write a note")
+    outcome = await scenario.call(
+        "step write", gate.step(run_id, Decision.tool_call("write", WRITE_ARGS))
+    )
+    assert outcome.approval is not None
+    return gate, run_id, outcome.approval.approval_hash
+
+
+async def approve_and_resume(scenario: Scenario) -> None:
+    gate, run_id, shown = await _waiting(scenario)
+    scenario.world.advance(5)
+    scenario.trace.action("approve")
+    approve(gate.store, run_id, approval_hash=shown, by="alice", note="fine")
+    scenario.world.advance(1)
+    await scenario.call("resume", gate.resume(run_id))
+
+
+async def reject_(scenario: Scenario) -> None:
+    gate, run_id, shown = await _waiting(scenario)
+    scenario.world.advance(5)
+    scenario.trace.action("reject")
+    reject(gate.store, run_id, approval_hash=shown, by="bob", note="not that file")
+
+
+async def grant_expiry(scenario: Scenario) -> None:
+    gate, run_id, shown = await _waiting(scenario, Limits(grant_ttl=60.0))
+    scenario.world.advance(5)
+    scenario.trace.action("approve")
+    approve(gate.store, run_id, approval_hash=shown, by="alice")
+    scenario.world.advance(60.25)
+    outcome = await scenario.call("resume after the grant lapsed", gate.resume(run_id))
+    assert outcome.reason == "grant_expired"
+
+
+async def take_over_after_a_dead_lease(scenario: Scenario) -> None:
+    store = scenario.open()
+    read = RecordingTool("read", SideEffect.READ_ONLY)
+    dead = Gate(store, [read], owner="gate-dead", lease_ttl=30.0)
+    scenario.trace.action("start")
+    run_id = await dead.start("read, then die")
+    await scenario.call("step read", dead.step(run_id, Decision.tool_call("read", '{"path": "a"}')))
+    # The first process is gone; its lease runs out.
+    scenario.world.advance(30.25)
+    heir = Gate(store, [read], owner="gate-heir", lease_ttl=30.0)
+    outcome = await scenario.call("resume by the heir", heir.resume(run_id))
+    assert outcome.reason == "taken_over"
+    await scenario.call(
+        "step read again", heir.step(run_id, Decision.tool_call("read", '{"path": "b"}'))
+    )
+
+
+class _DiesMidCall:
+    """A mutating tool during whose call its process is taken for dead and the run taken over."""
+
+    def __init__(self) -> None:
+        self.spec = ToolSpec("write", "the write tool", {"type": "object"},
+                             SideEffect.LOCAL_MUTATION, 20.0)  # fmt: skip
+        self.during: Callable[[], Awaitable[None]] | None = None
+        self.calls: list[ToolCall] = []
+
+    async def call(self, call: ToolCall) -> ToolResult:
+        self.calls.append(call)
+        if self.during is not None:
+            during, self.during = self.during, None
+            await during()
+        return ToolResult('{"ok":true}', "written")
+
+
+async def interrupted_side_effect(scenario: Scenario) -> None:
+    from agentrt.errors import ResultNotRecorded
+
+    store = scenario.open()
+    tool = _DiesMidCall()
+    allow_all = ClassPolicy({SideEffect.LOCAL_MUTATION: Outcome.ALLOW})
+    dying = Gate(store, [tool], policy=allow_all, owner="gate-dying", lease_ttl=30.0)
+    heir = Gate(store, [tool], policy=allow_all, owner="gate-heir", lease_ttl=30.0)
+    scenario.trace.action("start")
+    run_id = await dying.start("write while dying")
+    taken: list[StepOutcome] = []
+
+    async def lapse_and_take_over() -> None:
+        scenario.world.advance(30.25)
+        taken.append(await scenario.call("resume by the heir mid-call", heir.resume(run_id)))
+        scenario.trace.action("the dead call's result")
+
+    scenario.trace.action("step write")
+    tool.during = lapse_and_take_over
+    with pytest.raises(ResultNotRecorded):
+        await dying.step(run_id, Decision.tool_call("write", "{}"))
+    approval = taken[0].approval
+    assert approval is not None and approval.kind == "interrupted_side_effect"
+    scenario.world.advance(5)
+    scenario.trace.action("approve")
+    approve(store, run_id, approval_hash=approval.approval_hash, by="alice")
+    await scenario.call("resume by the heir", heir.resume(run_id))
+    assert len(tool.calls) == 2
+
+
+async def proxied_call(scenario: Scenario) -> None:
+    store = scenario.open()
+    read = RecordingTool("files_read", SideEffect.READ_ONLY, content='{"text":"hello"}')
+    calls = _proxy_calls(store, [read], owner="proxy:golden", session="session-1")
+    await _proxy_call(scenario, calls, "files_read", {"path": "a"})
+    assert len(read.calls) == 1
+
+
+async def proxied_duplicate(scenario: Scenario) -> None:
+    store = scenario.open()
+    write = RecordingTool("files_write", SideEffect.LOCAL_MUTATION)
+    calls = _proxy_calls(store, [write], owner="proxy:golden", session="session-1")
+    arguments = {"path": "notes.txt", "content": "once"}
+    await _proxy_call(scenario, calls, "files_write", arguments)
+    scenario.world.advance(2)
+    await _proxy_call(scenario, calls, "files_write", arguments)
+    assert len(write.calls) == 1
+
+
+async def unknown_outcome(scenario: Scenario) -> None:
+    store = scenario.open()
+    write = RecordingTool(
+        "files_write", SideEffect.LOCAL_MUTATION, error=ConnectionError("connection lost")
+    )
+    calls = _proxy_calls(store, [write], owner="proxy:golden", session="session-1")
+    await _proxy_call(scenario, calls, "files_write", {"path": "notes.txt", "content": "x"})
+    assert len(write.calls) == 1
+
+
+# The scenarios and whether each runs on PostgreSQL (only those whose clock the test
+# controls there: the server's clock judges leases and grants, and the test cannot move it).
+SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
+    "allow": (allow, True),
+    "deny": (deny, True),
+    "invalid": (invalid, True),
+    "approve_and_resume": (approve_and_resume, True),
+    "reject": (reject_, True),
+    "grant_expiry": (grant_expiry, False),
+    "take_over_after_a_dead_lease": (take_over_after_a_dead_lease, False),
+    "interrupted_side_effect": (interrupted_side_effect, False),
+    "proxied_call": (proxied_call, True),
+    "proxied_duplicate": (proxied_duplicate, True),
+    "unknown_outcome": (unknown_outcome, True),
+}
+
+
+@contextmanager
+def _frozen(monkeypatch: pytest.MonkeyPatch, database: str | Path) -> Iterator[Scenario]:
+    trace = SqlTrace(real_now=time.time())
+    world = FrozenWorld()
+    trace.install(monkeypatch)
+    world.install(monkeypatch)
+    scenario = Scenario(database, world, trace)
+    try:
+        yield scenario
+    finally:
+        trace.recording = False
+        for store in scenario.stores:
+            store.close()
+        monkeypatch.undo()
+
+
+def _golden_path(name: str, backend: str) -> Path:
+    return GOLDENS / f"{name}.{backend}.json"
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+async def test_the_scenario_leaves_the_recorded_chain_head_and_sql_trace(
+    name: str, database: str | Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run, on_postgres = SCENARIOS[name]
+    backend = "postgresql" if str(database).startswith("postgresql://") else "sqlite"
+    if backend == "postgresql" and not on_postgres:
+        pytest.skip("the server's clock judges this scenario's leases or grants on PostgreSQL")
+    with _frozen(monkeypatch, database) as scenario:
+        await run(scenario)
+        scenario.trace.recording = False
+        seq, digest = scenario.stores[0].head()
+        assert scenario.stores[0].verify_chain().ok
+    recorded = {
+        "scenario": name,
+        "backend": backend,
+        "head": {"seq": seq, "hash": digest},
+        "trace": scenario.trace.actions,
+    }
+    path = _golden_path(name, backend)
+    if RECORD:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(recorded, indent=1, ensure_ascii=False) + "\n")
+    assert path.exists(), f"no golden {path.name}: record it with AGENTRT_RECORD_GOLDENS=1"
+    _compare(recorded, json.loads(path.read_text()), path.name)
+
+
+def _compare(recorded: dict[str, Any], expected: dict[str, Any], golden: str) -> None:
+    """Fail at the first action, statement or returned value that differs from `golden`."""
+    for index, (ran, want) in enumerate(zip(recorded["trace"], expected["trace"], strict=False)):
+        where = f"{golden}, action {index} ({want['action']!r})"
+        assert ran["action"] == want["action"], f"{where}: the scenario now does {ran['action']!r}"
+        for number, (got, wanted) in enumerate(zip_longest(ran["sql"], want["sql"])):
+            assert got == wanted, (
+                f"{where}, statement {number}:\n ran:      {got}\n recorded: {wanted}"
+            )
+        assert ran["returned"] == want["returned"], f"{where}: returned {ran['returned']}"
+    assert len(recorded["trace"]) == len(expected["trace"]), (
+        f"{golden}: a different number of actions"
+    )
+    assert recorded["head"] == expected["head"], f"{golden}: the chain head differs"
