@@ -89,6 +89,8 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         self.commits = 0
         """COMMITs this store's connection has made (each one fsync of the WAL)."""
 
+    # -- off the event loop --------------------------------------------------
+
     async def run(self, function: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """Run blocking store work (a transaction, a read) in a worker thread.
 
@@ -141,6 +143,8 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
                 self._writer = _Writer(self)
             return self._writer
 
+    # -- the backend's clock ------------------------------------------------
+
     @property
     def backend(self) -> str:
         """`"postgresql"` or `"sqlite"`."""
@@ -161,6 +165,8 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         clocks disagree still agree on who holds a run and what expired), on SQLite
         `now` (one host's clock)."""
         return now if self._server_now is None else self._server_now
+
+    # -- transactions --------------------------------------------------------
 
     def _commit_batch(self, units: list[_Unit]) -> None:
         """On the writer thread: one transaction over `units`, each in a savepoint.
@@ -335,6 +341,8 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    # -- the locked read path (the reads not handed a write's connection) ------
+
     def query(self, sql: str, parameters: Sequence[Any] = ()) -> list[Any]:
         """Rows of one read (readable by index and by column name), on the store's
         connection under its lock: for the store's own modules (accounting), never a write."""
@@ -358,6 +366,10 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
                     f"database {sanitize(self.path)} stayed locked for {self.busy_deadline:g}s"
                 )
             time.sleep(0.005)
+
+    # -- the gate's count of a result, inside its write: a compare-and-set on the lease
+    # token that started the call (a write, kept with the run's row until the ledger
+    # holds every transition)
 
     def count_result(
         self, connection: Connection, run_id: str, token: str, *, failed: bool, at: str
