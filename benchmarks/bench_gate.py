@@ -36,7 +36,6 @@ from agentrt import (
     open_store,
     parse_json,
 )
-from agentrt.gate import _LeaseKept
 
 
 class NoOp:
@@ -317,7 +316,7 @@ def parts(repeat: int = 2000) -> dict[str, float]:
         # group with a renewing task started, a deadline, and the group cancelled.
         began = time.perf_counter()
         for _ in range(repeat):
-            async with _LeaseKept(gate, "parts"):
+            async with gate._leases.kept("parts"):
                 with anyio.CancelScope(deadline=anyio.current_time() + 5.0):
                     await anyio.lowlevel.checkpoint()
         timings["lease kept through a call that may outlast half the lease (not this step)"] = (

@@ -9,8 +9,8 @@ database or an approval replaced since the operator looked is refused.
 from __future__ import annotations
 
 import time
-from typing import Any
 
+from . import ledger
 from .errors import ApprovalError, ApprovalHashMismatch, RunStateError
 from .sanitize import sanitize
 from .store import (
@@ -21,7 +21,6 @@ from .store import (
     RunStatus,
     Store,
     utc_at,
-    utc_now,
 )
 
 __all__ = ["approve", "cancel", "reject"]
@@ -57,90 +56,9 @@ def _check_hash(approval: ApprovalRecord, shown_hash: str) -> None:
         )
 
 
-def _record_decision(
-    store: Store,
-    connection: Connection,
-    approval: ApprovalRecord,
-    status: ApprovalStatus,
-    event: str,
-    by: str,
-    note: str,
-    **fields: Any,
-) -> None:
-    """Move a pending approval to the operator's decision, with its event."""
+def _decided_at(store: Store) -> str:
     # On the write's clock (the server's on PostgreSQL): a grant's lifetime counts from it.
-    decided_at = utc_at(store.write_time(time.time()))
-    _set_approval(connection, approval.approval_id, ApprovalStatus.PENDING, status,
-                  decided_by=by, note=note, decided_at=decided_at, **fields)  # fmt: skip
-    store.append_event(
-        connection, approval.run_id, event,
-        {"approval_id": approval.approval_id, "approval_hash": approval.approval_hash,
-         "by": by, "note": note},
-    )  # fmt: skip
-
-
-def expire_if_due(
-    store: Store, connection: Connection, approval: ApprovalRecord, now: float
-) -> bool:
-    """Expire a pending approval past its TTL (cancelling the run); True if it expired.
-
-    Judged on the write's time (`Store.write_time`: the server's clock on PostgreSQL).
-    """
-    now = store.write_time(now)
-    if (
-        approval.status is ApprovalStatus.PENDING
-        and approval.expires_at is not None
-        and now >= approval.expires_at
-    ):
-        _set_approval(
-            connection, approval.approval_id, ApprovalStatus.PENDING, ApprovalStatus.EXPIRED
-        )
-        end_run(store, connection, approval.run_id, RunStatus.CANCELLED, "approval_expired")
-        store.append_event(
-            connection, approval.run_id, "approval_expired", {"approval_id": approval.approval_id}
-        )
-        return True
-    return False
-
-
-def _set_approval(
-    connection: Connection,
-    approval_id: str,
-    expected: ApprovalStatus,
-    new: ApprovalStatus,
-    **fields: Any,
-) -> None:
-    assignments = ", ".join(f"{name} = ?" for name in fields)
-    sql = "UPDATE approvals SET status = ?" + (f", {assignments}" if assignments else "")
-    cursor = connection.execute(
-        sql + " WHERE approval_id = ? AND status = ?",
-        (str(new), *fields.values(), approval_id, str(expected)),
-    )
-    if cursor.rowcount != 1:
-        raise RunStateError(f"approval {sanitize(approval_id)} was decided by someone else first")
-
-
-def end_run(
-    store: Store,
-    connection: Connection,
-    run_id: str,
-    status: RunStatus,
-    reason: str,
-    result: str | None = None,
-) -> None:
-    """Move a non-terminal run to a terminal status (compare-and-set), with its event."""
-    cursor = connection.execute(
-        "UPDATE runs SET status = ?, reason = ?, result = ?, updated_at = ?,"
-        " lease_owner = NULL, lease_expires_at = NULL"
-        " WHERE run_id = ? AND status IN ('running', 'waiting_for_approval')",
-        (str(status), reason, result, utc_now(), run_id),
-    )
-    if cursor.rowcount != 1:
-        raise RunStateError(f"run {sanitize(run_id)} already ended")
-    payload: dict[str, Any] = {"status": str(status), "reason": reason}
-    if result is not None:
-        payload["result"] = result
-    store.append_event(connection, run_id, f"run_{status}", payload)
+    return utc_at(store.write_time(time.time()))
 
 
 def approve(
@@ -161,13 +79,13 @@ def approve(
     now = time.time()
     with store.transaction() as connection:
         approval = _load_waiting(connection, store, run_id, approval_id)
-        if expire_if_due(store, connection, approval, now):
+        if ledger.expire_approval_if_due(store, connection, approval, now):
             expired = approval.approval_id
         else:
             expired = None
             _check_hash(approval, approval_hash)
-            _record_decision(
-                store, connection, approval, ApprovalStatus.APPROVED, "approval_granted", by, note,
+            ledger.grant(
+                store, connection, approval, by=by, note=note, decided_at=_decided_at(store),
                 grant_expires_at=(
                     None if grant_ttl is None else store.write_time(now) + grant_ttl
                 ),
@@ -195,15 +113,7 @@ def reject(
     with store.transaction() as connection:
         approval = _load_waiting(connection, store, run_id, approval_id)
         _check_hash(approval, approval_hash)
-        _record_decision(
-            store, connection, approval, ApprovalStatus.REJECTED, "approval_rejected", by, note
-        )
-        connection.execute(
-            "UPDATE steps SET status = 'denied', observation_kind = 'denied', content = ?,"
-            " finished_at = ? WHERE run_id = ? AND step = ?",
-            (note or "the operator rejected this request", utc_now(), run_id, approval.step),
-        )
-        end_run(store, connection, run_id, RunStatus.CANCELLED, "approval_rejected", None)
+        ledger.reject(store, connection, approval, by=by, note=note, decided_at=_decided_at(store))
     return store.get_approval(approval.approval_id)
 
 
@@ -215,11 +125,5 @@ def cancel(
         run = store.get_run(run_id)
         if run.status.terminal:
             raise RunStateError(f"run {sanitize(run_id)} already ended ({run.status})")
-        connection.execute(
-            "UPDATE approvals SET status = 'superseded'"
-            " WHERE run_id = ? AND status IN ('pending', 'approved')",
-            (run_id,),
-        )
-        store.append_event(connection, run_id, "operator_cancelled", {"by": by})
-        end_run(store, connection, run_id, RunStatus.CANCELLED, reason)
+        ledger.cancel_run(store, connection, run_id, by, reason)
     return store.get_run(run_id)

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import enum
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, runtime_checkable
 
+from .errors import RegistrationError, SchemaError
+from .sanitize import sanitize
+from .schema import CompiledSchema, compile_schema
+
 __all__ = [
     "TOOL_NAME_PATTERN",
+    "CheckedTool",
     "SideEffect",
     "Tool",
     "ToolCall",
     "ToolResult",
     "ToolSpec",
+    "check_tool",
 ]
 
 TOOL_NAME_PATTERN: Final = re.compile(r"^[a-zA-Z0-9_-]{1,64}\Z")
@@ -76,3 +83,48 @@ class Tool(Protocol):
     def spec(self) -> ToolSpec: ...
 
     async def call(self, call: ToolCall) -> ToolResult: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedTool:
+    """A tool `check_tool` accepted: its spec, and its input schema compiled."""
+
+    tool: Tool
+    spec: ToolSpec
+    schema: CompiledSchema
+
+
+def check_tool(tool: Any) -> CheckedTool:
+    """Check that `tool` can be registered (a well-formed `ToolSpec`, a `call` method, an
+    input schema that compiles); `RegistrationError` or `SchemaError` naming what is wrong."""
+    spec = getattr(tool, "spec", None)
+    if not isinstance(spec, ToolSpec):
+        raise RegistrationError(f"{type(tool).__name__} has no ToolSpec `spec`")
+    name = spec.name
+    if not isinstance(name, str) or not TOOL_NAME_PATTERN.match(name):
+        raise RegistrationError(
+            f"tool name {sanitize(repr(name))} does not match ^[a-zA-Z0-9_-]{{1,64}}$"
+        )
+    if not isinstance(spec.description, str) or not spec.description.strip():
+        raise RegistrationError(f'tool "{name}" has no description')
+    if not isinstance(spec.side_effect, SideEffect):
+        raise RegistrationError(f'tool "{name}" has no side-effect class')
+    timeout = spec.timeout
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise RegistrationError(f'tool "{name}" needs a positive timeout in seconds')
+    if not isinstance(spec.input_schema, Mapping):
+        raise RegistrationError(f'tool "{name}" has no input schema object')
+    if spec.input_schema.get("type") != "object":
+        raise RegistrationError(f'tool "{name}": the input schema must describe an object')
+    if not callable(getattr(tool, "call", None)):
+        raise RegistrationError(f'tool "{name}" has no call method')
+    try:
+        compiled = compile_schema(spec.input_schema)
+    except SchemaError as exc:
+        raise SchemaError(f'tool "{name}": {exc}') from None
+    return CheckedTool(tool, spec, compiled)

@@ -217,7 +217,7 @@ async def test_a_gate_that_could_not_record_or_release_a_run_takes_it_over_itsel
         raise StoreError("database gone for a moment")
 
     monkeypatch.setattr(gate, "_write_result", refused)
-    monkeypatch.setattr(gate, "_clear_lease", refused)
+    monkeypatch.setattr(gate._leases, "_clear", refused)
     with pytest.raises(ResultNotRecorded):
         await gate.step(run_id, Decision.tool_call("write", "{}"))
     monkeypatch.undo()
@@ -450,7 +450,7 @@ async def test_a_gate_keeps_no_lease_token_for_runs_that_ended_or_wait(
         await gate.step(run_id, Decision.tool_call("read", '{"path": "a"}'))
     waiting = await gate.start("waits")
     await gate.step(waiting, Decision.tool_call("write", '{"path": "a"}'))
-    assert gate._lease_tokens == {}
+    assert gate._leases.held_runs == frozenset()
 
 
 # -- the lease kept through a long call, without a task for a short one ------------
@@ -465,7 +465,7 @@ def _renewing_tasks() -> list[str]:
         awaited: object = task.get_coro()
         while awaited is not None:
             name = getattr(awaited, "__qualname__", "")
-            if name.endswith(("_heartbeat", "_renew")):
+            if name.endswith((".heartbeat", "._renew")):
                 found.append(name)
                 break
             awaited = getattr(awaited, "cr_await", None)
@@ -473,15 +473,15 @@ def _renewing_tasks() -> list[str]:
 
 
 def _counting_renewals(gate: Gate) -> list[float]:
-    """When each of `gate`'s lease renewals happened (monotonic), appended as they happen."""
+    """When each of `gate`'s lease renewals (`Leases.renew`) happened (monotonic)."""
     renewed_at: list[float] = []
-    renew = gate.renew_lease
+    renew = gate._leases.renew
 
     def counting(run_id: str) -> bool:
         renewed_at.append(time.monotonic())
         return renew(run_id)
 
-    gate.renew_lease = counting  # type: ignore[method-assign]
+    gate._leases.renew = counting  # type: ignore[method-assign]
     return renewed_at
 
 
@@ -552,7 +552,7 @@ async def test_a_lease_renewal_that_fails_never_turns_the_calls_result_into_a_fa
     store = open_store(tmp_path / "runs.db")
     tool = _Hook("write", timeout=20.0, content='{"written":true}')
     gate = Gate(store, [tool], policy=_ALLOW_ALL, lease_ttl=0.9)
-    renew = gate.renew_lease
+    renew = gate._leases.renew
     attempts: list[float] = []
 
     def failing_twice(run_id: str) -> bool:
@@ -561,7 +561,7 @@ async def test_a_lease_renewal_that_fails_never_turns_the_calls_result_into_a_fa
             raise RuntimeError("the renewal broke")
         return renew(run_id)
 
-    gate.renew_lease = failing_twice  # type: ignore[method-assign]
+    gate._leases.renew = failing_twice  # type: ignore[method-assign]
     expiry: list[float | None] = []
 
     async def during() -> None:

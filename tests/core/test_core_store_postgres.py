@@ -178,10 +178,10 @@ async def test_a_lease_is_judged_on_the_database_clock_not_the_hosts(
     await first.step(run_id, Decision.tool_call("read", '{"path": "a"}'))
     # A second host whose clock runs an hour ahead would see the lease as lapsed.
     second = Gate(open_store(url), [read], lease_ttl=30.0)
-    import agentrt.gate
+    import time
 
-    real_time = agentrt.gate.time.time
-    monkeypatch.setattr(agentrt.gate.time, "time", lambda: real_time() + 3600.0)
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 3600.0)
     with pytest.raises(RunLeased):
         await second.step(run_id, Decision.tool_call("read", '{"path": "b"}'))
     monkeypatch.undo()

@@ -244,6 +244,11 @@ class Scenario:
 # -- the proxy's call path (the one place that reaches into private modules) --------
 
 
+def _import_the_proxy() -> None:
+    import agentrt.proxy._calls
+    import agentrt.proxy._index  # noqa: F401
+
+
 def _proxy_calls(store: Store, tools: list[Any], *, owner: str, session: str) -> Any:
     """The proxy's in-process call path as `agentrt proxy` builds it (proxy/_server.py),
     over `tools`: `handle(tool, arguments)` answers one host `tools/call`."""
@@ -470,6 +475,10 @@ SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
 
 @contextmanager
 def _frozen(monkeypatch: pytest.MonkeyPatch, database: str | Path) -> Iterator[Scenario]:
+    # Importing the proxy draws ids of its own (its telemetry's uuid4s): done here, before
+    # the world is frozen, so the draws a scenario sees do not depend on whether another
+    # test in the same process imported the proxy first.
+    _import_the_proxy()
     trace = SqlTrace(real_now=time.time())
     world = FrozenWorld()
     trace.install(monkeypatch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sqlite3
@@ -191,6 +192,26 @@ def test_a_stale_hash_is_refused_with_the_commands_message(
     assert answer.status_code == 409
     assert "is not the request that was shown (the hash differs)" in answer.json()["error"]
     assert _state(produced)[0] == "pending"
+
+
+def test_a_decision_with_a_repeated_key_is_refused_and_the_approval_stays_pending(
+    inbox: Inbox, produced: Produced
+) -> None:
+    before = _state(produced)
+    fields = _decision(inbox, produced)
+    del fields["verdict"]
+    # A reader keeping the first key sees a rejection, one keeping the last an approval.
+    body = '{"verdict": "reject", ' + json.dumps(fields)[1:-1] + ', "verdict": "approve"}'
+    with inbox.client(**_page_headers(inbox)) as client:
+        answer = client.post(
+            "/api/decide", content=body, headers={"Content-Type": "application/json"}
+        )
+    assert answer.status_code == 400
+    assert answer.json()["error"] == (
+        'the decision is refused: the key "verdict" is repeated in one object'
+    )
+    assert _state(produced) == before
+    assert before[0] == "pending"
 
 
 def test_reject_through_the_api_cancels_the_run_with_the_note(

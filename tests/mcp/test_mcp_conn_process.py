@@ -146,6 +146,25 @@ async def test_a_server_ignoring_sigterm_and_eof_is_killed(
         kill_quietly(pid)
 
 
+async def test_an_impolite_close_cuts_a_polite_close_under_way_short(tmp_path: Path) -> None:
+    # The default graces (2 s after stdin's end, 2 s after SIGTERM): a stubborn server
+    # would hold a polite close for 4 s, past the grace a host gives the proxy.
+    pidfile = tmp_path / "pid"
+    server = stdio_server({"ignore_sigterm": True, "ignore_eof": True, "pidfile": str(pidfile)})
+    connection = await connect(server)
+    pid = read_json(pidfile)["pid"]
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(connection.aclose)
+            await anyio.sleep(0.1)
+            started = anyio.current_time()
+            await connection.aclose(polite=False)
+            assert process_gone(pid)
+        assert anyio.current_time() - started < 1.0
+    finally:
+        kill_quietly(pid)
+
+
 async def test_concurrent_close_from_several_tasks_stops_the_server_once(
     tmp_path: Path, short_grace: None
 ) -> None:

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import sys
+import unicodedata
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -174,3 +178,128 @@ def test_the_proxy_still_starts_a_server_over_a_sibling_directory(layout: Layout
     config = load_config(_write_config(layout, command, [f"ROOTS=/etc:{layout.sandbox}"]))
     assert config.servers[0].server.command == command
     assert os.path.isdir(layout.sandbox)
+
+
+# The directory holding the operator's files, as people name them: a space
+# (macOS's `Application Support`), quotes, separators, and letters outside ASCII.
+AWKWARD_NAMES = [
+    "Application Support",
+    "it's mine",
+    'the "best" one',
+    "données partagées ☃",
+    "a,b;c:d (1)",
+]
+
+# Each way an argument or an environment entry hands a server a directory.
+SPELLINGS: list[tuple[str, str]] = [
+    ("{conf}", ""),
+    ("{conf}/", ""),
+    ("{conf}/proxy.json", ""),
+    ("--root={conf}", ""),
+    ("--dirs=/etc,{conf}", ""),
+    ("/etc:{conf}", ""),
+    ("/etc;{state}", ""),
+    ("-r{conf}", ""),
+    ("file://{conf}", ""),
+    ("{conf}/*", ""),
+    ("ls {conf}", ""),
+    ("{root}/{{sandbox,conf}}", ""),
+    ("", "ROOTS=/etc:{conf}"),
+    ("", "X=--root={conf}"),
+    ("", "X=file://{db}"),
+    ("", "ALLOWED_ROOT={state}"),
+]
+
+
+@pytest.fixture(params=AWKWARD_NAMES)
+def awkward(request: pytest.FixtureRequest, tmp_path: Path) -> Layout:
+    root = tmp_path / request.param
+    root.mkdir()
+    return Layout(root)
+
+
+def _spelled(layout: Layout, template: str) -> str:
+    return template.format(
+        conf=layout.conf, state=layout.state, db=layout.database, root=layout.root
+    )
+
+
+@pytest.mark.parametrize(("argument", "env"), SPELLINGS)
+def test_every_spelling_is_refused_when_the_path_holds_a_space_a_quote_or_unicode(
+    awkward: Layout, argument: str, env: str
+) -> None:
+    arguments = [_spelled(awkward, argument)] if argument else []
+    environment = [_spelled(awkward, env)] if env else []
+    server = Server(name="fs", command=["node", "server.js", *arguments], env=environment)
+    # From `/`, so that no token is refused only for being relative to the layout.
+    found = find_operator_file_reach(server, awkward.protected, cwd="/")
+    assert found is not None, f"{argument or env} passed"
+    assert found.protected in {str(path) for path in awkward.protected}
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "ls {quoted}",  # a shell's single quotes, 'it'\''s mine' for a quote inside
+        "ls {escaped}",  # a shell's backslashes: Application\ Support
+        'exec serve "{conf}" --verbose',
+        "cd /tmp && ls {conf}/fs.manifest.json",
+    ],
+)
+def test_a_shell_string_quoting_the_path_is_refused(awkward: Layout, command: str) -> None:
+    text = command.format(
+        conf=awkward.conf,
+        quoted=shlex.quote(str(awkward.conf)),
+        escaped=re.sub(r"([\s'\"\\(),;:])", r"\\\1", str(awkward.conf)),
+    )
+    assert awkward.reach("-c", text) is not None
+
+
+@pytest.mark.parametrize(("on_disk", "written"), [("NFD", "NFC"), ("NFC", "NFD")])
+def test_a_path_written_in_the_other_unicode_normalization_is_refused(
+    tmp_path: Path, on_disk: Literal["NFC", "NFD"], written: Literal["NFC", "NFD"]
+) -> None:
+    # macOS opens `données` composed or decomposed as one directory; the guard must too.
+    root = tmp_path / unicodedata.normalize(on_disk, "Données partagées")
+    root.mkdir()
+    layout = Layout(root)
+    spelled = unicodedata.normalize(written, f"--root={layout.conf}")
+    assert spelled != f"--root={layout.conf}"
+    assert layout.reach(spelled) == unicodedata.normalize(written, str(layout.config))
+
+
+def test_a_link_whose_name_holds_a_space_is_followed(awkward: Layout) -> None:
+    # `innocent files` is no component of a protected path: the guard joins the two
+    # words because an entry so named exists, then resolves the link.
+    (awkward.sandbox / "innocent files").symlink_to(awkward.state, target_is_directory=True)
+    assert awkward.reach(f"--root={awkward.sandbox}/innocent files") == str(awkward.database)
+
+
+@pytest.mark.parametrize(
+    "argument",
+    [
+        "{sandbox}",
+        "--root={sandbox}",
+        "--dirs={sandbox},/usr/share",
+        "/etc:{sandbox}",
+        "ls {sandbox} /usr/bin",
+        "{root}/conf-backup",
+    ],
+)
+def test_siblings_of_an_awkward_directory_still_pass(awkward: Layout, argument: str) -> None:
+    spelled = argument.format(sandbox=awkward.sandbox, root=awkward.root)
+    assert awkward.reach(spelled) is None
+    assert awkward.reach(env=[f"ARG={spelled}"]) is None
+
+
+@pytest.mark.parametrize(("argument", "env"), [s for s in SPELLINGS if "{root}" not in s[0]])
+def test_the_proxy_refuses_each_spelling_under_application_support(
+    tmp_path: Path, argument: str, env: str
+) -> None:
+    root = tmp_path / "Library" / "Application Support" / "agentrt"
+    root.mkdir(parents=True)
+    layout = Layout(root)
+    command = [sys.executable, "server.py"] + ([_spelled(layout, argument)] if argument else [])
+    environment = [_spelled(layout, env)] if env else []
+    with pytest.raises(ConfigError, match="forge an approval"):
+        load_config(_write_config(layout, command, environment))

@@ -76,7 +76,7 @@ async def test_the_proxy_serves_on_uvloop_and_falls_back_to_asyncios_loop_withou
     # it serves on, and without uvloop the factory leaves the standard library's in place.
     import uvloop
 
-    from agentrt.proxy._server import event_loop_factory
+    from agentrt.proxy._lifecycle import event_loop_factory
 
     assert "(event loop: uvloop)" in running.stderr.read_text()
     assert event_loop_factory() is uvloop.new_event_loop

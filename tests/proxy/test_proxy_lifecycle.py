@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 from proxy_helpers import (
     RULES,
     RawHost,
@@ -191,3 +194,139 @@ async def test_calls_from_one_host_are_handled_concurrently(tmp_path: Path) -> N
             group.start_soon(slow)
             group.start_soon(quick)
     assert finished == ["quick", "slow"]
+
+
+# Claude Code closes an MCP server with SIGINT, SIGTERM 0.11 s later, SIGKILL 0.4 s after that.
+HOST_SECOND_SIGNAL = 0.11
+HOST_SIGKILL = 0.4
+
+
+async def _close_as_a_host_does(process: Any, first: int, second: int) -> float:
+    """Signal `process` on a host's schedule; the seconds from the first signal to its exit
+    (a SIGKILL at the end of the grace, as the host sends it, shows as -9)."""
+    started = anyio.current_time()
+    process.send_signal(first)
+    with anyio.move_on_after(HOST_SECOND_SIGNAL):
+        await process.wait()
+    if process.returncode is None:
+        process.send_signal(second)
+        with anyio.move_on_after(HOST_SIGKILL):
+            await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+    return anyio.current_time() - started
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("SIGINT", "SIGTERM"), ("SIGINT", "SIGINT"), ("SIGTERM", "SIGTERM"), ("SIGTERM", "SIGINT")],
+)
+async def test_a_second_signal_records_the_call_in_flight_as_an_unknown_outcome_and_exits_0(
+    tmp_path: Path, first: str, second: str
+) -> None:
+    setup = await build_setup(tmp_path, rules=SLOW_RULES)
+    async with RawHost.start(setup) as raw:
+        request_id = await raw.call("up_write_note", {"note": "slow", "seconds": 20})
+        await until(lambda: len(setup.started()) == 1)
+        async with anyio.create_task_group() as group:
+            answers: list[dict[str, Any]] = []
+
+            async def read_answer() -> None:
+                answers.append(await raw.response(request_id))
+
+            group.start_soon(read_answer)
+            took = await _close_as_a_host_does(
+                raw.process, getattr(signal, first), getattr(signal, second)
+            )
+            with anyio.fail_after(5):
+                await until(lambda: bool(answers))
+    assert raw.process.returncode == 0, setup.stderr()
+    assert took < HOST_SECOND_SIGNAL + HOST_SIGKILL
+    # The host was answered, and the record says what the answer says: sent, outcome unknown.
+    assert result_text(answers[0]).startswith("UNKNOWN_OUTCOME: ")
+    assert setup.executions() == []
+    with open_store(setup.database, read_only=True) as store:
+        [run] = store.list_runs(limit=100)
+        assert run.status is RunStatus.WAITING_FOR_APPROVAL
+        approval = store.latest_approval(run.run_id)
+        assert approval is not None and approval.kind == "unknown_outcome"
+        assert store.verify_chain().ok
+
+
+@pytest.mark.parametrize("first", ["SIGINT", "SIGTERM"])
+async def test_signals_stay_caught_until_the_proxy_has_exited(tmp_path: Path, first: str) -> None:
+    setup = await build_setup(tmp_path, rules=SLOW_RULES)
+    async with RawHost.start(setup) as raw:
+        others = [signal.SIGINT, signal.SIGTERM]
+        raw.process.send_signal(getattr(signal, first))
+        # A signal every 10 ms, alternating, until the process is gone: none may kill it.
+        with anyio.fail_after(10):
+            for count in range(10_000):
+                with anyio.move_on_after(0.01):
+                    await raw.process.wait()
+                if raw.process.returncode is not None:
+                    break
+                with contextlib.suppress(ProcessLookupError):
+                    raw.process.send_signal(others[count % 2])
+    assert raw.process.returncode == 0, setup.stderr()
+
+
+# Another writer on the database: a transaction holding the write lock for 0.3 s
+# every 0.45 s, until the file argv[2] appears.
+_BUSY_WRITER = """
+import os, sys, time
+from agentrt.store import open_store
+with open_store(sys.argv[1]) as store:
+    print("writing", flush=True)
+    while not os.path.exists(sys.argv[2]):
+        with store.transaction() as connection:
+            store.append_event(connection, "busy-writer", "held", {})
+            time.sleep(0.3)
+        time.sleep(0.15)
+"""
+
+
+@pytest.mark.timeout(150)
+async def test_proxies_starting_together_on_one_database_while_another_writes_all_start(
+    tmp_path: Path,
+) -> None:
+    database = tmp_path / "shared" / "proxy.db"
+    database.parent.mkdir(mode=0o700)
+    setups = [
+        await build_setup(tmp_path / f"proxy-{number}", database=str(database))
+        for number in range(4)
+    ]
+    stop = tmp_path / "stop-writing"
+    answers: dict[int, str] = {}
+    async with await anyio.open_process(
+        [sys.executable, "-c", _BUSY_WRITER, str(database), str(stop)]
+    ) as writer:
+        assert writer.stdout is not None
+        assert await BufferedByteReceiveStream(writer.stdout).receive_until(b"\n", 64) == (
+            b"writing"
+        )
+
+        async def start_and_call(number: int) -> None:
+            try:
+                async with RawHost.start(setups[number]) as raw:
+                    request = await raw.call("up_write_note", {"note": f"from {number}"})
+                    answers[number] = result_text(await raw.response(request))
+                    await raw.process.stdin.aclose()
+                    with anyio.fail_after(30):
+                        answers[number] += f" / exit {await raw.process.wait()}"
+            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):
+                answers[number] = "exited at start: " + setups[number].stderr()[-300:]
+
+        try:
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as group:
+                    for number in range(len(setups)):
+                        group.start_soon(start_and_call, number)
+        finally:
+            stop.touch()
+            with anyio.fail_after(10):
+                await writer.wait()
+    assert answers == {number: f"noted from {number} / exit 0" for number in range(4)}
+    with open_store(database, read_only=True) as store:
+        assert store.verify_chain().ok and store.check_anchor().ok

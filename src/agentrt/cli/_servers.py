@@ -404,10 +404,9 @@ def proxy(
     It opens (and creates, if need be) the database the configuration names.
     """
     from ..proxy import serve
+    from ..proxy._lifecycle import exit_process
 
-    status = serve(config_path, http=http_address, allow_remote=allow_remote, token=token)
-    if status:
-        raise SystemExit(status)
+    exit_process(serve(config_path, http=http_address, allow_remote=allow_remote, token=token))
 
 
 @click.command(short_help="Run the end-to-end demo.")

@@ -27,6 +27,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .. import approvals
+from ..canonical import JSONBoundaryError, parse_json
 from ..errors import AgentrtError, RunNotFound
 from ..sanitize import sanitize
 from ..store import Store
@@ -235,9 +236,11 @@ def create_app(state: InboxState) -> Any:
         if len(body) > _MAX_BODY:
             return _error(413, "the decision is too large")
         try:
-            decision = json.loads(body)
-        except ValueError:
-            return _error(400, "the decision is not JSON")
+            # parse_json, like every other JSON input: with a repeated "verdict",
+            # a reader keeping the last would approve what a reader keeping the first rejects.
+            decision = parse_json(body)
+        except JSONBoundaryError as exc:
+            return _error(400, f"the decision is refused: {exc}")
         if not isinstance(decision, dict):
             return _error(400, "the decision must be a JSON object")
         verdict = decision.get("verdict")

@@ -227,20 +227,25 @@ class Connection:
 
     # -- public ----------------------------------------------------------------
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, polite: bool = True) -> None:
         """End the session and, for stdio, the server's whole process group.
 
         Idempotent; several tasks may call it at once (all return once it is
         done); a call in flight fails with `ConnectionClosed`.  The shutdown
         runs shielded: cancelling a caller never leaves a server half-stopped.
+        `polite=False` kills a stdio server without the graces (end of stdin,
+        then SIGTERM), also when a polite close is already waiting through them:
+        for a process whose own host is about to kill it.
         """
         if self._closing is not None:
+            if not polite:
+                await self._transport.aclose(polite=False)
             await self._closing.wait()
             return
         self._closing = anyio.Event()
         try:
             with anyio.CancelScope(shield=True):
-                await self._transport.aclose()
+                await self._transport.aclose(polite=polite)
         finally:
             self._closing.set()
 

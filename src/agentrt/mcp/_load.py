@@ -12,11 +12,9 @@ import anyio.lowlevel
 
 from ..canonical import JSONBoundaryError, parse_json, sha256_hex
 from ..errors import RegistrationError
-from ..gate import Gate
 from ..sanitize import sanitize
 from ..schema import check_self_contained
-from ..store import Store, open_store
-from ..tools import TOOL_NAME_PATTERN, SideEffect, Tool, ToolSpec
+from ..tools import TOOL_NAME_PATTERN, SideEffect, Tool, ToolSpec, check_tool
 from . import _connection
 from ._errors import LoadError
 from ._manifest import Manifest, PinnedTool, description_hash, schema_text
@@ -189,23 +187,17 @@ def _recheck(
     def recheck(raw_tools: list[_connection.RawTool]) -> dict[str, str]:
         live = {raw.name: raw.raw for raw in raw_tools if raw.name is not None}
         refused: dict[str, str] = {}
-        with open_store(":memory:") as check_store:
-            for name, spec in specs.items():
-                try:
-                    tool, _ = _check_tool(
-                        server,
-                        manifest.tools[name],
-                        rules[name],
-                        live.get(name),
-                        upstream,
-                        check_store,
-                    )
-                    if tool.spec != spec:
-                        raise _Refused("it would now register differently from when it was loaded")
-                except _Refused as refusal:
-                    refused[name] = str(refusal)
-                except Exception as exc:
-                    refused[name] = f"it could not be checked: {type(exc).__name__}: {exc}"
+        for name, spec in specs.items():
+            try:
+                tool, _ = _check_tool(
+                    server, manifest.tools[name], rules[name], live.get(name), upstream
+                )
+                if tool.spec != spec:
+                    raise _Refused("it would now register differently from when it was loaded")
+            except _Refused as refusal:
+                refused[name] = str(refusal)
+            except Exception as exc:
+                refused[name] = f"it could not be checked: {type(exc).__name__}: {exc}"
         return refused
 
     return recheck
@@ -233,45 +225,40 @@ async def _check_all(
                 Refusal(tool=f"(unnamed, listed {index + 1})", reason="it has no string name")
             )
     holders: dict[str, str] = {}
-    # One in-memory store serves every tool's runtime check: building a Gate
-    # registers and checks tools and never reads or writes its store.
-    with open_store(":memory:") as check_store:
-        for name in sorted(manifest.tools):
-            rule = rules.get(name)
-            if rule is None:
-                report.unclassified.append(name)
-                continue
-            phase.enter(f'checking the tool "{name}"')
-            # The checks are synchronous; a checkpoint per tool lets the deadline fire between them.
-            await anyio.lowlevel.checkpoint()
-            try:
-                tool, hint_mismatch = _check_tool(
-                    server, manifest.tools[name], rule, live.get(name), upstream, check_store
-                )
-                holder = holders.get(tool.spec.name)
-                if holder is not None:
-                    raise _Refused(f'the name "{tool.spec.name}" is already taken by "{holder}"')
-            except _Refused as refused:
-                report.refused.append(Refusal(tool=name, reason=str(refused)))
-                continue
-            except Exception as exc:
-                # A schema no check foresaw must cost only its own tool, never the whole load.
-                report.refused.append(
-                    Refusal(
-                        tool=name, reason=f"it could not be checked: {type(exc).__name__}: {exc}"
-                    )
-                )
-                continue
-            holders[tool.spec.name] = name
-            tools.append(tool)
-            report.registered.append(
-                Registration(
-                    tool=name,
-                    name=tool.spec.name,
-                    side_effect=rule.side_effect,
-                    hint_mismatch=hint_mismatch,
-                )
+    for name in sorted(manifest.tools):
+        rule = rules.get(name)
+        if rule is None:
+            report.unclassified.append(name)
+            continue
+        phase.enter(f'checking the tool "{name}"')
+        # The checks are synchronous; a checkpoint per tool lets the deadline fire between them.
+        await anyio.lowlevel.checkpoint()
+        try:
+            tool, hint_mismatch = _check_tool(
+                server, manifest.tools[name], rule, live.get(name), upstream
             )
+            holder = holders.get(tool.spec.name)
+            if holder is not None:
+                raise _Refused(f'the name "{tool.spec.name}" is already taken by "{holder}"')
+        except _Refused as refused:
+            report.refused.append(Refusal(tool=name, reason=str(refused)))
+            continue
+        except Exception as exc:
+            # A schema no check foresaw must cost only its own tool, never the whole load.
+            report.refused.append(
+                Refusal(tool=name, reason=f"it could not be checked: {type(exc).__name__}: {exc}")
+            )
+            continue
+        holders[tool.spec.name] = name
+        tools.append(tool)
+        report.registered.append(
+            Registration(
+                tool=name,
+                name=tool.spec.name,
+                side_effect=rule.side_effect,
+                hint_mismatch=hint_mismatch,
+            )
+        )
     report.unpinned.extend(sorted(name for name in live if name not in manifest.tools))
     return tools, report
 
@@ -282,7 +269,6 @@ def _check_tool(
     rule: Rule,
     raw_tool: Mapping[str, Any] | None,
     upstream: Upstream,
-    check_store: Store,
 ) -> tuple[ServerTool, str]:
     """Run the checks in order; raise `_Refused` naming the first that failed."""
     if raw_tool is None:
@@ -354,7 +340,11 @@ def _check_tool(
             raw_tool["outputSchema"] if isinstance(raw_tool.get("outputSchema"), dict) else None
         ),
     )
-    _check_runtime_accepts(tool, check_store)
+    try:
+        # The runtime's own rules, as the gate registers a tool.
+        check_tool(tool)
+    except RegistrationError as exc:
+        raise _Refused(f"the runtime refuses it: {exc}") from None
     return tool, hint_mismatch
 
 
@@ -446,11 +436,3 @@ def _restricted_schema(schema: dict[str, Any], hidden: list[str]) -> dict[str, A
             # Draft-04 forbids an empty "required"; no list says the same thing.
             del restricted["required"]
     return restricted
-
-
-def _check_runtime_accepts(tool: ServerTool, store: Store) -> None:
-    """Build the runtime over this one tool, so the check is the runtime's own rules."""
-    try:
-        Gate(store, [tool])
-    except RegistrationError as exc:
-        raise _Refused(f"the runtime refuses it: {exc}") from None

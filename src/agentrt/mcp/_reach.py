@@ -5,14 +5,18 @@ database, or a directory holding one, could rewrite the policy or forge an
 approval.  Servers take paths in many spellings, so every argument and every
 `env` value is split into each path-like token it could hold: a `file:` URL
 (percent-decoded), the parts of a comma, colon, semicolon or whitespace list
-(`--dirs=/etc,/srv`, `/etc:/srv`, `sh -c "serve /srv"`), the value of
-`--opt=VALUE` and of `-oVALUE`, and each choice of a brace list
+(`--dirs=/etc,/srv`, `/etc:/srv`, `sh -c "serve /srv"`), every run of those
+parts that a real path could hold (`/Users/me/Application Support/agentrt`,
+whose space continues a protected path's component or an existing entry's
+name), the words of a shell string with its quotes and backslashes undone,
+the value of `--opt=VALUE` and of `-oVALUE`, and each choice of a brace list
 (`/srv/{conf,data}`).  A glob reaches a protected path when the literal
 directory it starts from holds it and the glob's first pattern component
 matches the next component of that path (`CONF/*`, `co*/x`, `*.json` next
 to the configuration).  Each token is resolved as the
 server would resolve it (relative to its working directory, `~` expanded,
-`..` and symbolic links followed) and compared with the protected paths.
+`..` and symbolic links followed) and compared with the protected paths, in
+either Unicode normalization (macOS takes `é` composed or not as one name).
 
 This is a guard, not a boundary: it reads what the operator wrote, not what
 the server does.  A server can still reach any file its user can by a path
@@ -21,11 +25,15 @@ nobody handed it; only a sandbox stops that.
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import fnmatch
 import os
 import re
+import shlex
+import unicodedata
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -33,8 +41,8 @@ from ._server import Server
 
 __all__ = ["OperatorFileReach", "find_operator_file_reach", "path_tokens"]
 
-# Where one path in a list or a shell string ends and the next begins.
-_SEPARATORS: Final = re.compile(r"[,;:=\s'\"`()<>|&]+")
+# Where one path in a list or a shell string may end and the next begin.
+_SEPARATORS: Final = frozenset(",;:='\"`()<>|&") | frozenset(" \t\n\r\f\v")
 _GLOB: Final = re.compile(r"[*?\[]")
 _BRACES: Final = re.compile(r"\{([^{}]*,[^{}]*)\}")
 _URL: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
@@ -49,8 +57,12 @@ class OperatorFileReach:
     protected: str
 
 
-def path_tokens(value: str) -> list[str]:
-    """Every path-like token `value` could hand a server, `value` itself first."""
+def path_tokens(value: str, joins: Callable[[str], bool]) -> list[str]:
+    """Every path-like token `value` could hand a server, `value` itself first.
+
+    `joins` says whether a text ending in a separator could begin a path, so
+    that a path holding that separator is a token too (`_PathBeginnings`).
+    """
     tokens: list[str] = []
     seen: set[str] = set()
     pending = [value]
@@ -78,8 +90,70 @@ def path_tokens(value: str) -> list[str]:
             # /srv/{conf,data} is /srv/conf and /srv/data to a shell or a glob library.
             head, tail = token[: braces.start()], token[braces.end() :]
             pending.extend(head + choice + tail for choice in braces.group(1).split(","))
-        pending.extend(part for part in _SEPARATORS.split(token) if part != token)
+        if any(char in token for char in "'\"\\"):
+            # A shell string's quoted or escaped word is one path to the shell:
+            # 'it'\''s', Application\ Support.
+            with contextlib.suppress(ValueError):  # unbalanced quotes: the spans still stand
+                pending.extend(shlex.split(token))
+        pending.extend(span for span in _spans(token, joins) if span != token)
     return tokens
+
+
+def _spans(token: str, joins: Callable[[str], bool]) -> Iterator[str]:
+    """Each part of `token` between separators, and each run of parts `joins` lets through.
+
+    A run starts at the beginning or after any separator and crosses a
+    separator only when `joins` says the text up to and including it could
+    begin a path: a space inside a real path does not end it.
+    """
+    starts = [0] + [index + 1 for index, char in enumerate(token) if char in _SEPARATORS]
+    for start in starts:
+        end = start
+        while end < len(token):
+            if token[end] in _SEPARATORS:
+                if end > start:
+                    yield token[start:end]
+                if not joins(token[start : end + 1]):
+                    break
+            end += 1
+        else:
+            if end > start:
+                yield token[start:]
+
+
+class _PathBeginnings:
+    """Whether a text ending in a separator could begin a path a server is handed.
+
+    It could when the separator continues the text's last component into a
+    component of a protected path, or into the name of an entry that exists
+    in the directory the text names (a link named `my link` to the
+    configuration's directory is as real as the directory).
+    """
+
+    def __init__(self, targets: Iterable[str], cwd: str) -> None:
+        self._components = {part for target in targets for part in target.split(os.sep) if part}
+        self._cwd = cwd
+        # The names in each directory a text names, sorted, so that a prefix is one
+        # binary search however many entries it holds and separators a value has.
+        self._names: dict[str, list[str]] = {}
+
+    def __call__(self, text: str) -> bool:
+        head, slash, partial = text.rpartition("/")
+        if any(component.startswith(partial) for component in self._components):
+            return True
+        names = self._names.get(head + slash)
+        if names is None:
+            names = self._names[head + slash] = self._sorted_names(head + slash)
+        index = bisect.bisect_left(names, partial)
+        return index < len(names) and names[index].startswith(partial)
+
+    def _sorted_names(self, named: str) -> list[str]:
+        # An absolute path replaces cwd; `/etc ` begins in `/`, `ls ` in cwd.
+        directory = os.path.join(self._cwd, os.path.expanduser(named or "."))
+        try:
+            return sorted(os.listdir(directory))
+        except OSError:  # not a directory, or one this user cannot list: nothing begins there
+            return []
 
 
 def _resolved_forms(token: str, cwd: str) -> set[str]:
@@ -125,12 +199,19 @@ def find_operator_file_reach(
     targets: list[str] = []
     for path in protected:
         for form in (os.path.abspath(path), os.path.realpath(path)):
-            if form not in targets:
-                targets.append(form)
+            # macOS's file systems take a name in either Unicode normalization as one name.
+            for spelled in (
+                form,
+                unicodedata.normalize("NFC", form),
+                unicodedata.normalize("NFD", form),
+            ):
+                if spelled not in targets:
+                    targets.append(spelled)
     values = [(argument, argument) for argument in server.command]
     values += [(entry, entry.partition("=")[2]) for entry in server.env]
+    joins = _PathBeginnings(targets, directory)
     for shown, value in values:
-        for token in path_tokens(value):
+        for token in path_tokens(value, joins):
             glob = _GLOB.search(token)
             for target in targets:
                 forms = _resolved_forms(token, directory)

@@ -225,6 +225,8 @@ class StdioTransport:
     # The connection's handler of notifications (progress); None drops them.
     listener: Callable[[Incoming], Awaitable[None]] | None = None
     _stopping: bool = False
+    # False once any caller wants the server gone without the graces.
+    _polite: bool = True
 
     def stderr_tail(self) -> str:
         return self.stderr.text() if self.stderr is not None else ""
@@ -503,20 +505,24 @@ class StdioTransport:
         """Stop the server and its whole process group; a second call does nothing.
 
         `polite=False` skips the graces (end of stdin, SIGTERM): for a session
-        that is already broken, before the server is started again.
+        that is already broken, before the server is started again, or for a
+        process whose host is about to kill it.  Called so while a polite stop is
+        under way, it cuts what is left of that stop's graces short.
         """
         self._break(self._closed_error())
         if self._stopping:
+            self._polite = self._polite and polite
             return
         self._stopping = True
-        await self._stop_process(polite)
+        self._polite = polite
+        await self._stop_process()
 
-    async def _stop_process(self, polite: bool) -> None:
+    async def _stop_process(self) -> None:
         self._close_stdin()
-        exited = await self._wait_for_exit(GRACE_AFTER_STDIN_CLOSED if polite else 0.0)
-        if not exited and polite:
+        exited = await self._wait_for_exit(GRACE_AFTER_STDIN_CLOSED, grace=True)
+        if not exited and self._polite:
             self._signal_group(signal.SIGTERM)
-            exited = await self._wait_for_exit(GRACE_AFTER_SIGTERM)
+            exited = await self._wait_for_exit(GRACE_AFTER_SIGTERM, grace=True)
         # Always, even after a clean exit: the server is not reaped yet, so its
         # id still names this group and cannot have been reused; whatever it
         # left behind (a launcher's node process, a daemon) dies with it.
@@ -586,9 +592,13 @@ class StdioTransport:
         """True once the server has exited, without reaping it."""
         return self._exit_status() is not None
 
-    async def _wait_for_exit(self, limit: float) -> bool:
+    async def _wait_for_exit(self, limit: float, *, grace: bool = False) -> bool:
+        """Whether the server exited within `limit`; a `grace` ends as soon as the stop
+        is no longer polite."""
         with anyio.move_on_after(limit):
             while not self._exited():
+                if grace and not self._polite:
+                    return False  # not exited: checked just above
                 self._drain_stdout()
                 await anyio.sleep(_EXIT_POLL_INTERVAL)
             return True

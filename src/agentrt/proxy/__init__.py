@@ -9,7 +9,8 @@ exact request, executed upstream only when allowed, and recorded again.
 from __future__ import annotations
 
 from ._answers import Prefix
-from ._server import STATUS_TOOL, serve, serve_config
+from ._lifecycle import serve, serve_config
+from ._status import STATUS_TOOL
 from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config, parse_duration
 
 __all__ = [

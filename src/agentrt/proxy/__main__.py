@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-from ._server import serve
+from ._lifecycle import exit_process, serve
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,4 +23,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -56,6 +56,7 @@ it catches a database driver's errors (`tests/test_architecture.py`).
 
 from ._anchor import postgres_anchor_path
 from ._chain import GENESIS_HASH, event_hash
+from ._chain import _disagreement as _disagreement  # not public: for agentrt.ledger (*)
 from ._open import is_postgres_url, open_store
 from ._reads import _LIST_RUNS as _LIST_RUNS  # not public: a test compares it with a sort
 from ._records import (
@@ -72,6 +73,8 @@ from ._records import (
     StepStatus,
     approval_hash,
 )
+from ._records import _row_to_run as _row_to_run  # (*)
+from ._records import _run_status as _run_status  # (*) until the ledger moves in here
 from ._schema import SCHEMA_VERSION
 from ._sqlite import DATABASE_ERRORS, INTEGRITY_ERRORS
 from ._store import Store

@@ -4,7 +4,6 @@ after the fact; `verify_state` checks the tables against the events."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Mapping
 from typing import Any, Final
@@ -135,73 +134,12 @@ class _Chain:
         gate acts on were not changed behind them (an approval set to
         `approved` by hand, a cancelled run set back to running).
         """
-        runs: dict[str, tuple[str, int, str]] = {}
-        approvals: dict[str, tuple[str, int, str]] = {}
-        open_approvals: dict[str, list[str]] = {}
-        granted: set[str] = set()
-        checked = 0
+        # The replay is the ledger's, driven by the table of transitions it writes by
+        # (`events.TRANSITIONS`); imported here because the ledger is built on this module.
+        from ..ledger import verify_state
+
         with self._lock:
-            cursor = self._connection.execute(
-                "SELECT seq, run_id, type, payload FROM events WHERE type IN ("
-                "'run_started', 'approval_requested', 'approval_granted', 'approval_rejected',"
-                " 'approval_expired', 'run_resumed', 'operator_cancelled', 'run_completed',"
-                " 'run_failed', 'run_cancelled') ORDER BY seq"
-            )
-            for seq, run_id, type_, payload_text in cursor:
-                checked += 1
-                payload = json.loads(payload_text)
-                active = open_approvals.setdefault(run_id, [])
-                approval_id = str(payload.get("approval_id", ""))
-                if type_ == "run_started":
-                    runs[run_id] = ("running", seq, type_)
-                elif type_ == "approval_requested":
-                    for earlier in active:
-                        approvals[earlier] = ("superseded", seq, type_)
-                    active[:] = [approval_id]
-                    approvals[approval_id] = ("pending", seq, type_)
-                    runs[run_id] = ("waiting_for_approval", seq, type_)
-                elif type_ == "approval_granted":
-                    approvals[approval_id] = ("approved", seq, type_)
-                    granted.add(approval_id)
-                elif type_ in ("approval_rejected", "approval_expired"):
-                    approvals[approval_id] = (type_.removeprefix("approval_"), seq, type_)
-                    if approval_id in active:
-                        active.remove(approval_id)
-                elif type_ == "run_resumed":
-                    if approval_id not in granted:
-                        return StateReport(
-                            False, f"event {seq}",
-                            f"event {seq} resumes run {sanitize(run_id)} on approval "
-                            f"{sanitize(approval_id)}, which no approval_granted event granted",
-                            checked,
-                        )  # fmt: skip
-                    approvals[approval_id] = ("used", seq, type_)
-                    if approval_id in active:
-                        active.remove(approval_id)
-                    runs[run_id] = ("running", seq, type_)
-                elif type_ == "operator_cancelled":
-                    for earlier in active:
-                        approvals[earlier] = ("superseded", seq, type_)
-                    active.clear()
-                else:
-                    runs[run_id] = (type_.removeprefix("run_"), seq, type_)
-                    if payload.get("reason") == "grant_expired":
-                        for earlier in active:
-                            if approvals.get(earlier, ("",))[0] == "approved":
-                                approvals[earlier] = ("expired", seq, type_)
-            for row in self._connection.execute(
-                "SELECT run_id, status FROM runs ORDER BY created_seq"
-            ):
-                problem = _disagreement("run", row[0], row[1], runs.get(row[0]))
-                if problem is not None:
-                    return StateReport(False, f"run {sanitize(row[0])}", problem, checked)
-            for row in self._connection.execute(
-                "SELECT approval_id, status FROM approvals ORDER BY created_seq"
-            ):
-                problem = _disagreement("approval", row[0], row[1], approvals.get(row[0]))
-                if problem is not None:
-                    return StateReport(False, f"approval {sanitize(row[0])}", problem, checked)
-        return StateReport(True, None, "every run and approval matches its events", checked)
+            return verify_state(self._connection)
 
 
 def _disagreement(

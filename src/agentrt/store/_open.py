@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-from ..errors import StoreError, UnsafeDatabase, newer_build
+from ..errors import StoreBusy, StoreError, UnsafeDatabase, newer_build
 from ..sanitize import sanitize
+from . import _store
 from ._anchor import _anchor_directory, _refuse_if_anchored, postgres_anchor_path
 from ._records import AnchorReport
 from ._schema import _MIGRATIONS, SCHEMA_VERSION, _split_sql
@@ -20,16 +25,53 @@ from ._sqlite import (
     _check_version,
     _connect,
     _create_database,
+    _is_busy,
     _migrate,
     _read_version,
     _tighten_sidecars,
 )
-from ._store import _BUSY_DEADLINE_S, Store
+from ._store import Store
+
+_T = TypeVar("_T")
 
 
 def is_postgres_url(target: object) -> bool:
     """Whether a database target is a PostgreSQL URL rather than a file path."""
     return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+@dataclass(frozen=True, slots=True)
+class _OpeningDeadline:
+    """The one busy deadline of opening a database: every step of `open_store` (reading
+    the header, the checks, switching to WAL, migrating, checking the anchor) waits out
+    another process's lock until it, as a write does, and then says so (`StoreBusy`)."""
+
+    label: str
+    seconds: float
+    at: float
+
+    @classmethod
+    def start(cls, label: str) -> _OpeningDeadline:
+        return cls(label, _store._BUSY_DEADLINE_S, time.monotonic() + _store._BUSY_DEADLINE_S)
+
+    def left(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+    def wait_out(self, step: Callable[[], _T]) -> _T:
+        """`step()`, tried again in short attempts while the database is busy, until the
+        deadline.  A step is one read or one transaction, so trying it again is safe."""
+        while True:
+            try:
+                return step()
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise
+            if time.monotonic() >= self.at:
+                raise StoreBusy(
+                    f"database {sanitize(self.label)} stayed locked by another process for "
+                    f"{self.seconds:g}s while it was being opened; nothing was written"
+                )
+            time.sleep(0.005)
 
 
 def open_store(
@@ -60,6 +102,7 @@ def open_store(
     file_path = Path(path)
     label = str(file_path)
     anchor_path = label + ".anchor"
+    deadline = _OpeningDeadline.start(label)
     if not read_only:
         _check_directories(file_path)
     exists = _check_file(file_path)
@@ -68,30 +111,30 @@ def open_store(
             raise StoreError(f"database {sanitize(label)} does not exist")
         _create_database(file_path, anchor_path)
         _check_file(file_path)
-    _check_header(file_path)
+    deadline.wait_out(lambda: _check_header(file_path))
     _tighten_sidecars(file_path)
     if read_only:
         uri = file_path.resolve().as_uri() + "?mode=ro"
         connection = _connect(uri, uri=True, label=label)
         try:
             connection.execute("PRAGMA query_only = ON")
-            _check_contents(connection, label)
-            _check_version(connection, label, allow_older=False)
+            deadline.wait_out(lambda: _check_contents(connection, label))
+            deadline.wait_out(lambda: _check_version(connection, label, allow_older=False))
         except BaseException:
             connection.close()
             raise
         return Store(connection, label, True, anchor_path)
     connection = _connect(label, uri=False)
     try:
-        _check_contents(connection, label)
-        connection.execute("PRAGMA journal_mode = WAL")
+        deadline.wait_out(lambda: _check_contents(connection, label))
+        deadline.wait_out(lambda: connection.execute("PRAGMA journal_mode = WAL"))
         connection.execute("PRAGMA synchronous = FULL")
         if create:
-            if 0 < _read_version(connection, label) < SCHEMA_VERSION:
-                _refuse_lost(Store(connection, label, False, anchor_path))
-            _migrate(connection, label)
+            if 0 < deadline.wait_out(lambda: _read_version(connection, label)) < SCHEMA_VERSION:
+                _refuse_lost(_opening(Store(connection, label, False, anchor_path), deadline))
+            deadline.wait_out(lambda: _migrate(connection, label))
         else:
-            _check_version(connection, label, allow_older=False)
+            deadline.wait_out(lambda: _check_version(connection, label, allow_older=False))
     except sqlite3.DatabaseError as exc:
         connection.close()
         raise StoreError(f"database {sanitize(label)} cannot be opened: {exc}") from None
@@ -99,7 +142,15 @@ def open_store(
         connection.close()
         raise
     _tighten_sidecars(file_path)
-    return _anchored(Store(connection, label, False, anchor_path))
+    store = _anchored(_opening(Store(connection, label, False, anchor_path), deadline))
+    store.busy_deadline = _store._BUSY_DEADLINE_S
+    return store
+
+
+def _opening(store: Store, deadline: _OpeningDeadline) -> Store:
+    """`store` waiting out a busy database only for what is left of opening's deadline."""
+    store.busy_deadline = deadline.left()
+    return store
 
 
 def _refuse_lost(store: Store) -> AnchorReport:
@@ -131,7 +182,7 @@ def _open_postgres(url: str, *, read_only: bool, create: bool) -> Store:
         raise StoreError(
             "a postgresql:// database needs psycopg: install agentrt[postgres]"
         ) from None
-    connection = _postgres.connect(url, read_only=read_only, lock_timeout_s=_BUSY_DEADLINE_S)
+    connection = _postgres.connect(url, read_only=read_only, lock_timeout_s=_store._BUSY_DEADLINE_S)
     label = connection.label
     backend = _postgres.PostgresBackend(connection)
     # This host's head anchor for it (decision 0015, amended): checked like SQLite's.

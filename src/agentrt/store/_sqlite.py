@@ -41,7 +41,7 @@ DATABASE_ERRORS: Final[tuple[type[Exception], ...]] = (sqlite3.Error, StoreError
 _BUSY_TIMEOUT_MS: Final = 100
 
 
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
+def _is_busy(exc: sqlite3.Error) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
         return int(code) & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
@@ -198,10 +198,14 @@ def _check_header(path: Path) -> None:
             f"database {sanitize(str(path))} is an empty file, not an agentrt database; "
             "agentrt creates only a path that does not exist: remove it or choose another path"
         )
-    probe = sqlite3.connect(f"{Path(os.path.abspath(path)).as_uri()}?mode=ro", uri=True)
+    probe = sqlite3.connect(
+        f"{Path(os.path.abspath(path)).as_uri()}?mode=ro", uri=True, timeout=_BUSY_TIMEOUT_MS / 1000
+    )
     try:
         probe.execute("PRAGMA schema_version").fetchone()
-    except sqlite3.DatabaseError:
+    except sqlite3.DatabaseError as exc:
+        if _is_busy(exc):
+            raise  # another process holds it: not a verdict on the file
         raise StoreError(
             f"{sanitize(str(path))} is not a SQLite database, so not an agentrt one; "
             "agentrt will not write into it"
@@ -217,6 +221,8 @@ def _check_contents(connection: sqlite3.Connection, label: str) -> None:
         objects = connection.execute("SELECT type, name FROM sqlite_master").fetchall()
         problems = [row[0] for row in connection.execute("PRAGMA quick_check(1)").fetchall()]
     except sqlite3.DatabaseError as exc:
+        if _is_busy(exc):
+            raise  # another process holds it: not a verdict on the file
         raise UnsafeDatabase(
             f"database {sanitize(label)} cannot be read ({exc}): it is damaged or not an "
             "agentrt database; restore it from a copy"
@@ -265,6 +271,8 @@ def _read_version(connection: sqlite3.Connection, label: str) -> int:
     try:
         return int(connection.execute("PRAGMA user_version").fetchone()[0])
     except sqlite3.DatabaseError as exc:
+        if _is_busy(exc):
+            raise  # another process holds it: not a verdict on the file
         raise StoreError(f"{sanitize(label)} is not an agentrt database: {exc}") from None
 
 

@@ -1,0 +1,353 @@
+"""The MCP requests a host sends the proxy, each answered through the gate or refused.
+
+`tools/list` offers the loaded tools (with the operator's classification as
+their hints) and `gate_status`; `tools/call` hands a call to the proxy's own
+task (`Proxy.start`) and waits for its answer, or for a server's question to
+hand the host (`input_required`); `prompts/get` and `resources/read` are
+gated like calls, under tool names the host never sees; subscriptions,
+completion and the logging level are forwarded to the server they concern.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server as LowLevelServer
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
+
+from ..canonical import plain_json
+from ..tools import SideEffect
+from ._answers import Answer, bounded
+from ._input_required import HostCall, Question
+from ._proxy import Proxy
+from ._status import STATUS_TOOL
+from .config import DEFAULT_SERVER_TIMEOUT
+
+__all__ = ["Handlers"]
+
+# What one round of a host's call ends in: the gate's answer, or a server's question.
+_Round = Answer | Question
+_T = TypeVar("_T")
+
+
+class Handlers:
+    """The host-facing MCP server's request handlers, over one `Proxy`."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+        # Hosts subscribed to each resource URI (notifications/resources/updated): by the
+        # host's MCP session id over HTTP (one stdio host), its latest session object.
+        self.subscribers: dict[str, dict[str, Any]] = {}
+        for name in proxy.offered.tools:
+            # A server offering prompts or resources may tell of a resource's update.
+            proxy.offered.upstreams[name].connection.on_notification = self._upstream_notified
+
+    def server(self) -> LowLevelServer[Any]:
+        with warnings.catch_warnings():
+            # Logging is deprecated in the 2026-07-28 revision; 2025 hosts still set a level.
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            return self._server()
+
+    def _server(self) -> LowLevelServer[Any]:
+        return LowLevelServer(
+            "agentrt-proxy",
+            version="0.1.0",
+            instructions=(
+                "Tools here pass through a gate: some calls wait for a person's approval. "
+                "Read each answer's first word; follow what it says."
+            ),
+            on_list_tools=self._list_tools,
+            # A raw input-required result: the SDK's typed requests would drop what the
+            # server sent (an elicitation's legacy enumNames).
+            on_call_tool=self._call_tool,  # type: ignore[arg-type]
+            # Hosts ask for these whatever the capabilities say; with nothing pinned, "none".
+            on_list_resources=self._list_resources,
+            on_list_resource_templates=self._list_resource_templates,
+            on_read_resource=self._read_resource,
+            on_subscribe_resource=self._subscribe,
+            on_unsubscribe_resource=self._unsubscribe,
+            on_list_prompts=self._list_prompts,
+            on_get_prompt=self._get_prompt,
+            on_completion=self._complete,
+            on_set_logging_level=self._set_logging_level,
+        )
+
+    async def _set_logging_level(
+        self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams
+    ) -> types.EmptyResult:
+        # One level for the process: the servers' logging is forwarded from then on.
+        self.proxy.log_level = str(params.level)
+        for upstream in self.proxy.upstreams.values():
+            capabilities = upstream.connection.capabilities
+            if isinstance(capabilities, dict) and "logging" in capabilities:
+                # Each server then filters at the source too; one that refuses changes nothing.
+                with contextlib.suppress(Exception):
+                    await upstream.connection.request(
+                        "logging/setLevel", {"level": self.proxy.log_level}, timeout=5.0
+                    )
+        return types.EmptyResult()
+
+    # -- prompts, resources, completion ----------------------------------------
+
+    async def _list_prompts(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        return types.ListPromptsResult(
+            prompts=[
+                types.Prompt.model_validate(raw) for raw, _ in self.proxy.offered.prompts.values()
+            ]
+        )
+
+    async def _list_resources(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        return types.ListResourcesResult(
+            resources=[
+                types.Resource.model_validate(raw) for raw, _ in self.proxy.offered.resources
+            ]
+        )
+
+    async def _list_resource_templates(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(
+            resource_templates=[
+                types.ResourceTemplate.model_validate(raw)
+                for raw, _ in self.proxy.offered.templates
+            ]
+        )
+
+    async def _get_prompt(
+        self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult:
+        entry = self.proxy.offered.prompts.get(params.name)
+        if entry is None:
+            raise MCPError(-32602, f"there is no prompt {bounded(params.name, 80)}")
+        arguments: dict[str, Any] = {"name": params.name}
+        if params.arguments is not None:
+            arguments["arguments"] = dict(params.arguments)
+        answer = await self._gated(
+            ctx, self.proxy.offered.tools[entry[1]][0], arguments, params.meta
+        )
+        return types.GetPromptResult.model_validate(_offer_result(answer))
+
+    async def _read_resource(
+        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        server = self.proxy.offered.server_of_uri(uri)
+        if server is None or server not in self.proxy.offered.tools:
+            raise MCPError(-32002, f"there is no resource {bounded(uri, 200)}")
+        answer = await self._gated(
+            ctx, self.proxy.offered.tools[server][1], {"uri": uri}, params.meta
+        )
+        return types.ReadResourceResult.model_validate(_offer_result(answer))
+
+    async def _subscribe(
+        self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
+        uri = str(params.uri)
+        # Subscribed first: a server may send the first update before it answers.
+        subscribed = self.subscribers.setdefault(uri, {})
+        key = _host_key(ctx)
+        subscribed[key] = ctx.session
+        try:
+            await self._forward_subscription("resources/subscribe", uri)
+        except MCPError:
+            subscribed.pop(key, None)
+            raise
+        return types.EmptyResult()
+
+    async def _unsubscribe(
+        self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        uri = str(params.uri)
+        self.subscribers.get(uri, {}).pop(_host_key(ctx), None)
+        if not self.subscribers.get(uri):
+            self.subscribers.pop(uri, None)
+            await self._forward_subscription("resources/unsubscribe", uri)
+        return types.EmptyResult()
+
+    async def _forward_subscription(self, method: str, uri: str) -> None:
+        server = self.proxy.offered.server_of_uri(uri)
+        upstream = self.proxy.offered.upstreams.get(server) if server is not None else None
+        if upstream is None:
+            raise MCPError(-32002, f"there is no resource {bounded(uri, 200)}")
+        try:
+            await upstream.ready()
+            await upstream.connection.request(method, {"uri": uri}, timeout=10.0)
+        except Exception as exc:
+            raise MCPError(-32603, f"{method} failed: {bounded(str(exc), 300)}") from None
+
+    async def _upstream_notified(self, method: str, params: dict[str, Any]) -> None:
+        """A server's notification other than progress and logging: a resource update goes
+        to the host sessions subscribed to it; the rest is dropped."""
+        uri = params.get("uri")
+        if method != "notifications/resources/updated" or not isinstance(uri, str):
+            return
+        for key, session in list(self.subscribers.get(uri, {}).items()):
+            try:
+                await session.send_resource_updated(uri)
+            except Exception:
+                self.subscribers.get(uri, {}).pop(key, None)  # that host went away
+
+    async def _complete(
+        self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
+    ) -> types.CompleteResult:
+        ref = params.ref
+        if isinstance(ref, types.PromptReference):
+            entry = self.proxy.offered.prompts.get(ref.name)
+            server = entry[1] if entry is not None else None
+        else:
+            server = self.proxy.offered.server_of_uri(ref.uri)
+        upstream = self.proxy.offered.upstreams.get(server) if server is not None else None
+        capabilities = upstream.connection.capabilities if upstream is not None else None
+        if (
+            upstream is None
+            or not isinstance(capabilities, dict)
+            or "completions" not in (capabilities)
+        ):
+            return types.CompleteResult(completion=types.Completion(values=[]))
+        request = params.model_dump(by_alias=True, mode="json", exclude_none=True)
+        try:
+            await upstream.ready()
+            result = await upstream.connection.request("completion/complete", request, timeout=10.0)
+            return types.CompleteResult.model_validate(plain_json(result))
+        except Exception as exc:
+            raise MCPError(-32603, f"completion failed: {bounded(str(exc), 300)}") from None
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        # The hints a host sees are the operator's classification, never the server's claims.
+        tools = [
+            types.Tool(
+                name=spec.name,
+                title=self.proxy.listed.get(spec.name, (None, None))[0],
+                description=spec.description,
+                input_schema=plain_json(spec.input_schema),
+                output_schema=self.proxy.listed.get(spec.name, (None, None))[1],
+                annotations=types.ToolAnnotations(
+                    read_only_hint=spec.side_effect is SideEffect.READ_ONLY,
+                    destructive_hint=spec.side_effect is SideEffect.DESTRUCTIVE,
+                ),
+            )
+            for spec in self.proxy.calls.specs
+            if spec.name not in self.proxy.hidden
+        ]
+        tools.append(self.proxy.status.listed())
+        return types.ListToolsResult(tools=tools)
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult | dict[str, Any]:
+        raw = ctx.params or {}
+        call: HostCall | None = None
+        outcome: _Round
+        if raw.get("requestState") is not None or raw.get("inputResponses") is not None:
+            # A retry answering a server's question resumes the call its state names; it
+            # never starts one.
+            resumed = self._resume(params.name, params.arguments, raw)
+            if isinstance(resumed, HostCall):
+                call, resumed.ctx = resumed, ctx
+            else:
+                outcome = resumed
+        elif params.name == STATUS_TOOL:
+            outcome = await self.proxy.status.answer(params.arguments)
+        elif params.name in self.proxy.hidden:
+            # The proxy's own names for prompts/get and resources/read are not tools.
+            outcome = Answer.invalid(params.name, "there is no tool with this name")
+        else:
+            started = self.proxy.start(ctx, params.name, params.arguments, params.meta)
+            if isinstance(started, HostCall):
+                call = started
+            else:
+                outcome = started
+        if call is not None:
+            outcome = await self._attended(call, call.next_round)
+            if isinstance(outcome, Question):
+                return self._input_required(call, outcome)
+        assert isinstance(outcome, Answer)
+        return self._tool_result(params.name, outcome)
+
+    def _resume(self, tool: str, arguments: dict[str, Any] | None, raw: Any) -> HostCall | Answer:
+        """The suspended call a retry's state names, its answer delivered; else the refusal."""
+        state = raw.get("requestState")
+        if state is None:
+            return Answer("inputResponses without the requestState they answer resume "
+                          "nothing; nothing was run.", True)  # fmt: skip
+        resumed = self.proxy.suspended.resume(state, tool, arguments, raw.get("inputResponses"))
+        if isinstance(resumed, str):
+            return Answer(resumed, True)
+        return resumed
+
+    def _input_required(self, call: HostCall, question: Question) -> dict[str, Any]:
+        """The host's call answered with the server's question and the state of its retry."""
+        state = self.proxy.suspended.issue(
+            call, question, self.proxy.timeouts.get(call.tool, DEFAULT_SERVER_TIMEOUT)
+        )
+        return {
+            "resultType": "input_required",
+            "inputRequests": {question.key: question.wire()},
+            "requestState": state,
+        }
+
+    def _tool_result(self, name: str, answer: Answer) -> types.CallToolResult:
+        result = (
+            types.CallToolResult.model_validate(answer.result_object)
+            if answer.result_object is not None
+            else types.CallToolResult(
+                content=[types.TextContent(type="text", text=answer.text)],
+                is_error=answer.is_error,
+            )
+        )
+        if (
+            self.proxy.listed.get(name, (None, None))[1] is not None
+            and result.structured_content is None
+        ):
+            # Both official clients refuse a success without the structured content an
+            # outputSchema promises; the gate's own prose (PENDING_APPROVAL, …) has none.
+            result.is_error = True
+        return result
+
+    async def _gated(
+        self,
+        ctx: ServerRequestContext[Any],
+        tool: str,
+        arguments: dict[str, Any] | None,
+        request_meta: Any,
+    ) -> Answer:
+        """A prompt's get or a resource's read: its server is never asked anything."""
+        call = self.proxy.start(ctx, tool, arguments, request_meta)
+        if isinstance(call, Answer):
+            return call
+        return await self._attended(call, call.answer)
+
+    async def _attended(self, call: HostCall, wait: Callable[[], Awaitable[_T]]) -> _T:
+        """Wait for `call`'s next round with the host request of `call.ctx` waiting on it;
+        a host that goes away (or is handed a question) no longer waits."""
+        call.waiting = True
+        try:
+            return await wait()
+        finally:
+            call.waiting = False
+
+
+def _host_key(ctx: ServerRequestContext[Any]) -> str:
+    """Which host a request came from: its MCP session id over HTTP; stdio has one host."""
+    headers = getattr(ctx.request, "headers", None)
+    session_id = headers.get("mcp-session-id") if headers is not None else None
+    return str(session_id) if session_id else "stdio"
+
+
+def _offer_result(answer: Answer) -> dict[str, Any]:
+    """A prompt's or resource's result as forwarded, or the gate's refusal as an error."""
+    if answer.result_object is not None:
+        return answer.result_object
+    # DENIED, PENDING_APPROVAL, TOOL_ERROR, ...: the same prose a tool call gets, as an error.
+    raise MCPError(-32603, answer.text)

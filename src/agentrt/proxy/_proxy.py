@@ -1,0 +1,286 @@
+"""The proxy's state for one process, and the task each host call runs in.
+
+`Proxy` is built once the upstream servers loaded: the store, the call
+index, the gate over the loaded tools (each watched for a call cut off
+before its server answered) and the proxy's policy.  `Proxy.start` hands a
+host's call to `Calls` in a task the proxy owns, not the host's request: a
+host that cancels a call stops waiting for it, but the upstream call
+finishes and is recorded, and an identical call then gets it as `DUPLICATE`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from dataclasses import dataclass, field
+from typing import IO, Any, Final
+
+import anyio
+from anyio.abc import TaskGroup
+from mcp.server.context import ServerRequestContext
+
+from ..canonical import canonical_json, plain_json
+from ..gate import Gate, Limits
+from ..mcp._connection import UPSTREAM_ASK, UPSTREAM_LOG
+from ..mcp._tool import UPSTREAM_PROGRESS, ServerTool
+from ..policy import Outcome
+from ..sanitize import sanitize
+from ..store import Store
+from ..tools import Tool
+from ._answers import Answer, bounded
+from ._calls import CALL_RUN, Calls, WatchedTool, new_owner, proxy_policy
+from ._client_requests import asker_for
+from ._forward import Forwarded
+from ._index import CallIndex
+from ._input_required import HostCall, Suspended
+from ._offers import Offered, OfferTool, hidden_name
+from ._status import GateStatus
+from .config import DEFAULT_SERVER_TIMEOUT, ProxyConfig, UpstreamConfig
+
+__all__ = ["Loaded", "Proxy", "log_line"]
+
+# A loaded tool, and the configuration of the server it came from.
+Loaded = tuple[Tool, UpstreamConfig]
+
+_LOG_LEVELS: Final = (
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+)
+
+
+def log_line(stream: IO[str], line: str) -> None:
+    """One line on the operator's log (the proxy's stderr)."""
+    stream.write(line + "\n")
+    stream.flush()
+
+
+@dataclass
+class _InFlight:
+    """Calls the proxy is still working on, so shutdown can wait for them."""
+
+    count: int = 0
+    idle: anyio.Event = field(default_factory=anyio.Event)
+
+    def enter(self) -> None:
+        self.count += 1
+
+    def leave(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self.idle.set()
+
+    async def wait(self) -> None:
+        while self.count:
+            self.idle = anyio.Event()
+            await self.idle.wait()
+
+
+class Proxy:
+    """The proxy's state for one process: store, index, gate and the calls in flight."""
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        store: Store,
+        tools: list[Loaded],
+        log: IO[str],
+        offered: Offered | None = None,
+    ) -> None:
+        self.config = config
+        self.offered = offered if offered is not None else Offered()
+        # Each served tool's server, for the operator's client_requests rule of its call.
+        self.server_of: dict[str, UpstreamConfig] = {tool.spec.name: up for tool, up in tools}
+        # How long a suspended call waits for a stateless host's answer: the call's timeout.
+        self.timeouts = {tool.spec.name: tool.spec.timeout for tool, _ in tools}
+        # The request states issued to stateless hosts, each naming a suspended call.
+        self.suspended = Suspended()
+        # Each loaded server's session, for the requests that are not calls (logging/setLevel).
+        self.upstreams = {
+            up.server.name: tool.upstream for tool, up in tools if isinstance(tool, ServerTool)
+        }
+        self.store = store
+        self.log = log
+        owner = new_owner()
+        self.index = CallIndex(store, config.session, owner, config.lease_ttl)
+        cut_off: set[tuple[str, int]] = set()
+        sent: set[str] = set()
+        forwarded: dict[str, Forwarded] = {}
+        repeat_windows: dict[str, float] = {}
+        # The server's own `title` and `outputSchema`, listed for results forwarded as sent.
+        self.listed: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
+        watched: list[Tool] = []
+        for tool, upstream in tools:
+            name = tool.spec.name
+            as_sent = upstream.results == "as_sent"
+            on_server = tool.server_tool_name if isinstance(tool, ServerTool) else name
+            extra = upstream.tool_rules.get(on_server)
+            if extra is not None and extra.repeat_window is not None:
+                repeat_windows[name] = extra.repeat_window
+            if isinstance(tool, ServerTool):
+                schema = plain_json(tool.output_schema) if as_sent and tool.output_schema else None
+                self.listed[name] = (tool.title, schema)
+            watched.append(
+                WatchedTool(
+                    tool,
+                    cut_off,
+                    sent,
+                    forwarded=forwarded if as_sent else None,
+                    max_result_bytes=upstream.max_result_bytes if as_sent else None,
+                )
+            )
+        # prompts/get and resources/read of each server that offers them: read-only gate tools
+        # the host never sees, so each one is recorded and decided like a call.
+        self.hidden: set[str] = set()
+        resource_rules: dict[str, tuple[tuple[str, Outcome], ...]] = {}
+        taken = {tool.spec.name for tool in watched}
+        for position, upstream in enumerate(config.servers):
+            name = upstream.server.name
+            offering = self.offered.upstreams.get(name)
+            if offering is None or not self.offered.offers_anything(name):
+                continue
+            get_name = hidden_name("prompt", name, position)
+            read_name = hidden_name("resource", name, position)
+            if get_name in taken or read_name in taken:
+                log_line(log, f"agentrt proxy: server {sanitize(name)}: its prompts and resources "
+                     "are not offered: a tool already has the proxy's name for them")  # fmt: skip
+                self.offered.drop(name)
+                continue
+            self.offered.tools[name] = (get_name, read_name)
+            for tool_name, method in ((get_name, "prompts/get"), (read_name, "resources/read")):
+                watched.append(
+                    OfferTool(
+                        name=tool_name,
+                        method=method,
+                        server=name,
+                        upstream=offering,
+                        timeout=upstream.server.default_timeout or DEFAULT_SERVER_TIMEOUT,
+                        max_result_bytes=upstream.max_result_bytes,
+                        forwarded=forwarded,
+                    )
+                )
+                self.hidden.add(tool_name)
+            resource_rules[read_name] = upstream.resource_rules
+        # Conditions, each rule's `outcome` and `fixed` values, and the policy's identity.
+        self.policy = proxy_policy(config, store)
+        self.policy.resource_rules = resource_rules
+        self.gate = Gate(
+            store,
+            watched,
+            policy=self.policy,
+            limits=Limits(approval_ttl=config.approval_ttl, grant_ttl=config.grant_ttl),
+            owner=owner,
+            lease_ttl=config.lease_ttl,
+        )
+        self.calls = Calls(
+            gate=self.gate,
+            index=self.index,
+            policy=self.policy,
+            cut_off=cut_off,
+            sent=sent,
+            session=config.session,
+            database=str(config.database),
+            hold=config.hold,
+            repeat_window=config.repeat_window,
+            max_pending=config.max_pending,
+            log=log,
+            repeat_windows=repeat_windows,
+            forwarded=forwarded,
+        )
+        self.status = GateStatus(store, self.index, functools.partial(log_line, log))
+        self.in_flight = _InFlight()
+        # Set while the proxy serves (`_lifecycle.running`): calls are taken only then.
+        self.work: TaskGroup | None = None
+        self.call_tasks: set[asyncio.Task[None]] = set()
+        # The level a host set with logging/setLevel; None forwards no server logging.
+        self.log_level: str | None = None
+
+    def start(
+        self,
+        ctx: ServerRequestContext[Any],
+        tool: str,
+        arguments: dict[str, Any] | None,
+        request_meta: Any,
+    ) -> HostCall | Answer:
+        """Hand the call to the gate in a task the proxy owns; its answer arrives on the
+        returned `HostCall`."""
+        if self.calls.closing.is_set() or self.work is None:
+            return Answer.unrecorded()
+        call = HostCall(ctx, tool, arguments)
+        meta = request_meta or {}
+        wants_progress = meta.get("progress_token", meta.get("progressToken")) is not None
+
+        async def progress(elapsed: float, message: str) -> None:
+            if not call.waiting:
+                return
+            # A host that went away must not break the call it left behind.
+            with contextlib.suppress(Exception):
+                await call.ctx.session.report_progress(elapsed, None, message)
+
+        async def upstream_progress(value: float, total: float | None, text: str | None) -> None:
+            # The server's progress for this call, under the host's own token.
+            if call.waiting and wants_progress:
+                with contextlib.suppress(Exception):
+                    await call.ctx.session.report_progress(
+                        value, total, sanitize(text)[:500] if text is not None else None
+                    )
+
+        async def upstream_log(level: str, logger: str | None, data: Any) -> None:
+            # Only at or above the level the host set; sanitized, like any server text.
+            # A server's log lines are the host session's, not this call's: whichever call
+            # reads them passes them on, a call its host gave up on included (it goes on,
+            # and may be the one reading the server's stdout for the others).
+            wanted = self.log_level
+            if wanted is None or level not in _LOG_LEVELS:
+                return
+            if _LOG_LEVELS.index(level) < _LOG_LEVELS.index(wanted):
+                return
+            text = data if isinstance(data, str) else canonical_json(data)
+            with contextlib.suppress(Exception):
+                await call.ctx.session.send_log_message(
+                    level,  # type: ignore[arg-type]
+                    bounded(text, 2000),
+                    logger=bounded(logger, 100) if logger is not None else None,
+                )
+
+        runs: list[str] = []
+        upstream = self.server_of.get(tool)
+
+        async def work() -> None:
+            UPSTREAM_PROGRESS.set(upstream_progress if wants_progress else None)
+            UPSTREAM_LOG.set(upstream_log)
+            CALL_RUN.set(runs)
+            if upstream is not None:
+                UPSTREAM_ASK.set(
+                    asker_for(
+                        upstream,
+                        call,
+                        self.store,
+                        runs,
+                        self.timeouts.get(tool, DEFAULT_SERVER_TIMEOUT),
+                    )
+                )
+            answer = Answer.unavailable("the gate could not complete this call.")
+            try:
+                answer = await self.calls.handle(tool, arguments, progress, request_meta)
+            except Exception as exc:
+                log_line(self.log, f"agentrt proxy: a call to {sanitize(tool)} failed: "
+                         f"{sanitize(str(exc))}")  # fmt: skip
+            finally:
+                self.in_flight.leave()
+                call.finish(answer)
+
+        self.in_flight.enter()
+        # A bare asyncio task, not a child of `work`: `running` waits for every call
+        # through `in_flight` before the group ends, and `work` catches its own failures,
+        # so the group's bookkeeping bought nothing for ~3% of a proxied call's CPU.
+        task = asyncio.get_running_loop().create_task(work())
+        self.call_tasks.add(task)
+        task.add_done_callback(self.call_tasks.discard)
+        return call

@@ -1,0 +1,143 @@
+"""`gate_status`: the proxy's own tool, which tells the model what became of its requests.
+
+It reads the database and nothing else: it never runs, decides, approves or
+writes anything, and it knows only the approvals of its own session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import mcp_types as types
+
+from ..errors import RunNotFound
+from ..sanitize import sanitize
+from ..store import ApprovalStatus, Store
+from ._answers import Answer, bounded
+from ._index import CallIndex, CallRow, Settled
+
+__all__ = ["STATUS_TOOL", "GateStatus"]
+
+STATUS_TOOL: Final = "gate_status"
+_STATUS_SCHEMA: Final = {
+    "type": "object",
+    "properties": {
+        "approval_id": {
+            "type": "string",
+            "description": "The approval id a PENDING_APPROVAL answer named (optional).",
+        }
+    },
+    "additionalProperties": False,
+}
+_STATUS_DESCRIPTION: Final = (
+    "Say which of this session's requests wait for a person's approval, or, given an "
+    "approval_id, what became of that request. It only reads; it never runs, approves or "
+    "changes anything."
+)
+
+
+class GateStatus:
+    """Answers `gate_status` for one session, from its call index and the store."""
+
+    def __init__(self, store: Store, index: CallIndex, log: Callable[[str], None]) -> None:
+        self.store = store
+        self.index = index
+        self.log = log
+
+    def listed(self) -> types.Tool:
+        """The tool as `tools/list` offers it: read-only, one optional argument."""
+        return types.Tool(
+            name=STATUS_TOOL,
+            description=_STATUS_DESCRIPTION,
+            input_schema=dict(_STATUS_SCHEMA),
+            annotations=types.ToolAnnotations(read_only_hint=True),
+        )
+
+    async def answer(self, arguments: dict[str, Any] | None) -> Answer:
+        """Answer from the database alone: never executes, decides or writes a run.
+
+        Never raises: a store that cannot be read is told as such, and no
+        answer names a run, a path or the database.
+        """
+        try:
+            return await self.store.run(self._read, arguments)
+        except Exception as exc:
+            self.log(f"agentrt proxy: gate_status could not read the database: "
+                     f"{sanitize(str(exc))}")  # fmt: skip
+            return Answer.status_unavailable()
+
+    def _read(self, arguments: dict[str, Any] | None) -> Answer:
+        arguments = arguments or {}
+        unknown = sorted(set(arguments) - {"approval_id"})
+        if unknown:
+            return Answer.invalid(STATUS_TOOL, f"unknown argument {unknown[0]!r}")
+        approval_id = arguments.get("approval_id")
+        if approval_id is None:
+            waiting = self.index.waiting()
+            if not waiting:
+                return Answer("No request of this session waits for a person's approval.", False)
+            lines = [f"{len(waiting)} request(s) wait for a person's decision:"]
+            for row, waits in waiting:
+                lines.append(
+                    f"- approval {waits.approval_id}: {row.tool} "
+                    f"({_status_word(waits.kind)}), waiting since {waits.created_at}"
+                )
+            return Answer("\n".join(lines), False)
+        if not isinstance(approval_id, str):
+            return Answer.invalid(STATUS_TOOL, "approval_id must be a string")
+        try:
+            approval = self.store.get_approval(approval_id)
+        except RunNotFound:
+            approval = None
+        if approval is None or self.index.get(approval.run_id) is None:
+            # Another session's approvals are not this model's business.
+            return Answer(
+                f"There is no approval {bounded(approval_id, 80)} in this session.", False
+            )
+        described = {
+            ApprovalStatus.PENDING: "is waiting for a person's decision",
+            ApprovalStatus.APPROVED: (
+                "was approved and has not run yet: it runs on the next call of the tool with "
+                "exactly the same arguments"
+            ),
+            ApprovalStatus.USED: _what_ran(self.index.get(approval.run_id)),
+            ApprovalStatus.REJECTED: "was rejected",
+            ApprovalStatus.EXPIRED: "expired before anyone decided; the call did not run",
+            ApprovalStatus.SUPERSEDED: "was replaced by a newer request for the same call",
+        }[approval.status]
+        note = (
+            f' The reviewer said: "{bounded(approval.note)}".'
+            if approval.status is ApprovalStatus.REJECTED and approval.note
+            else ""
+        )
+        return Answer(
+            f"Approval {approval.approval_id} for {approval.tool} {described}.{note}", False
+        )
+
+
+def _what_ran(row: CallRow | None) -> str:
+    """What the executed step recorded, for an approval that was used."""
+    outcome = row.outcome if row is not None else None
+    if outcome == Settled.RESULT:
+        return "was approved and the call ran: the server returned a result"
+    if outcome == Settled.TOOL_ERROR:
+        return "was approved and the call ran: the server reported an error"
+    if outcome == Settled.DENIED:
+        return "was approved, but the policy denied the call when it was to run; it did not run"
+    if outcome == Settled.INVALID:
+        return "was approved, but the call was refused as invalid; it did not run"
+    if row is not None and row.unknown_outcome:
+        return (
+            "was approved and the call was sent, but its outcome is unknown; a person decides "
+            "what happens next"
+        )
+    return "was approved and the call is running or its outcome is not recorded yet"
+
+
+def _status_word(kind: str) -> str:
+    if kind == "interrupted_side_effect":
+        return "an earlier attempt was cut off"
+    if kind == "unknown_outcome":
+        return "an earlier attempt's outcome is unknown"
+    return "needs approval"
