@@ -57,7 +57,13 @@ class ToolSpec:
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
-    """One execution of a tool: the validated arguments as JSON text, and where it belongs."""
+    """One execution of a tool: the validated arguments as JSON text, and where it belongs.
+
+    `context` is whatever the caller of `Gate.step` (or `start_and_step`, `resume`)
+    handed it for this call, passed through untouched: the gate never reads it.  An
+    MCP server's tool takes an `agentrt.mcp.CallContext` there (its progress, log
+    lines and requests relayed to a host); other tools may ignore it.
+    """
 
     args: str
     tool: str = ""
@@ -65,6 +71,7 @@ class ToolCall:
     step: int = 0
     attempt: int = 1
     metadata: Mapping[str, str] = field(default_factory=dict)
+    context: object | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -388,6 +388,34 @@ async def test_approve_then_resume_executes_the_recorded_request_once(db: Path) 
     assert gate.store.latest_approval(run_id).status is ApprovalStatus.USED  # type: ignore[union-attr]
 
 
+async def test_the_gate_hands_a_calls_context_to_the_tool_untouched(db: Path) -> None:
+    # The caller's per-call channels reach the tool explicitly, on its `ToolCall`, by
+    # whichever path executes it: a first step, a later step, a resumed approval.
+    read = RecordingTool("read", SideEffect.READ_ONLY)
+    write = RecordingTool("write", SideEffect.LOCAL_MUTATION)
+    gate = Gate(open_store(db), [read, write], policy=approval_policy())
+    first, later, resumed = object(), object(), object()
+    _, started = await gate.start_and_step(
+        "read twice, then write",
+        Decision.tool_call("read", '{"path": "a"}'),
+        run_id="run-with-context",
+        admit=lambda connection: (True, None),
+        context=first,
+    )
+    assert started is not None and started.observation is not None
+    await gate.step("run-with-context", Decision.tool_call("read", '{"path": "b"}'), context=later)
+    await gate.step("run-with-context", Decision.tool_call("read", '{"path": "c"}'))
+    waiting = await gate.step(
+        "run-with-context", Decision.tool_call("write", WRITE_ARGS), context=object()
+    )
+    assert waiting.approval is not None
+    approve(gate.store, "run-with-context", approval_hash=waiting.approval.approval_hash)
+    await gate.resume("run-with-context", context=resumed)
+    assert [call.context for call in read.calls] == [first, later, None]
+    assert read.calls[0].context is first and read.calls[1].context is later
+    assert len(write.calls) == 1 and write.calls[0].context is resumed
+
+
 class _NamedApprovalPolicy:
     """`approval_policy()` under a declared identity."""
 

@@ -162,6 +162,77 @@ def test_a_write_waits_out_a_busy_database_only_until_its_deadline(tmp_path: Pat
     assert store.head()[0] == 1
 
 
+@pytest.mark.timeout(60)
+async def test_a_renewal_stuck_on_a_locked_database_does_not_hold_back_the_result(
+    tmp_path: Path,
+) -> None:
+    """Issue 38: the lease's renewal and then the result's write meet another writer's
+    lock.  The call must learn its result was not recorded one busy deadline after the
+    tool returned, not once the renewal has also waited out its own."""
+    database = tmp_path / "runs.db"
+    store = open_store(database)
+    store.busy_deadline = 2.0
+    tool = _Hook("write", timeout=20.0)
+    # Lease 3 s: the call outlasts half of it, so its first renewal falls due 1 s in.
+    gate = Gate(store, [tool], policy=_ALLOW_ALL, lease_ttl=3.0)
+    run_id = await gate.start("write while another writer takes the database")
+    held = threading.Event()
+    holders: list[threading.Thread] = []
+    returned: list[float] = []
+
+    async def during() -> None:
+        # Held past both waits: the renewal's (1 s to 3 s) and the result's.
+        holders.append(_hold_write_lock(database, 6.0, held))
+        await anyio.to_thread.run_sync(held.wait)
+        await anyio.sleep(1.5)
+        returned.append(time.monotonic())
+
+    tool.during = during
+    with pytest.raises(ResultNotRecorded) as refused:
+        await gate.step(run_id, Decision.tool_call("write", "{}"))
+    waited = time.monotonic() - returned[0]
+    assert isinstance(refused.value.cause, StoreBusy)
+    assert waited < store.busy_deadline + 0.75, f"told {waited:.2f}s after the tool returned"
+    holders[0].join()
+    step = store.get_step(run_id, 1)
+    assert step is not None and step.status is StepStatus.EXECUTING
+    assert store.verify_chain().ok and store.verify_state().ok
+    assert len(tool.calls) == 1
+
+
+async def test_a_write_queued_behind_one_waiting_on_a_locked_database_waits_one_deadline(
+    tmp_path: Path,
+) -> None:
+    """Issue 38: a write submitted while the store's writer waits out another process's
+    lock for an earlier one gives up one deadline after it was submitted, not after the
+    earlier write's wait and then a whole one of its own."""
+    database = tmp_path / "runs.db"
+    store = open_store(database)
+    store.busy_deadline = 2.0
+    held = threading.Event()
+    holder = _hold_write_lock(database, 6.0, held)
+    await anyio.to_thread.run_sync(held.wait)
+    waits: dict[str, float] = {}
+
+    def append(connection: sqlite3.Connection, name: str) -> None:
+        store.append_event(connection, "r", name, {})
+
+    async def write(name: str) -> None:
+        began = time.monotonic()
+        with pytest.raises(StoreBusy):
+            await store.write(append, name)
+        waits[name] = time.monotonic() - began
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(write, "first")
+        await anyio.sleep(0.5)
+        group.start_soon(write, "queued")
+    assert waits["first"] < store.busy_deadline + 0.5, waits
+    assert waits["queued"] < store.busy_deadline + 0.5, waits
+    holder.join()
+    assert store.head()[0] == 0
+
+
 # -- item 3: a result is recorded only by the lease holder, and never lost ----
 
 

@@ -49,6 +49,20 @@ def test_the_gate_and_the_operators_decisions_write_no_sql() -> None:
         assert ".execute(" not in path.read_text(), path
 
 
+def test_a_calls_channels_travel_in_its_context_not_in_context_variables() -> None:
+    # A context variable set by the proxy and read below the gate is a channel the gate
+    # carries without knowing it: the call path passes an explicit `CallContext` instead.
+    # (The schema's regex deadline is no call's channel: it bounds one match, inside it.)
+    offenders = [
+        (str(path.relative_to(SRC)), line.strip())
+        for path in sorted(SRC.rglob("*.py"))
+        if path.relative_to(SRC).as_posix() != "schema.py"
+        for line in path.read_text().splitlines()
+        if re.search(r"\bcontextvars\b|\bContextVar\b", line)
+    ]
+    assert offenders == []
+
+
 def test_mcp_checks_a_tool_without_importing_the_gate() -> None:
     imports = [
         (path.name, line.strip())

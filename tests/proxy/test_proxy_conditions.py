@@ -7,10 +7,13 @@ import hashlib
 import json
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from proxy_helpers import AGENTRT, FILESYSTEM_SERVER, ProxySetup, host, text_of, write_private
 
 from agentrt.mcp import Server, pin
@@ -220,6 +223,7 @@ async def test_a_broken_expression_refuses_the_load(tmp_path: Path) -> None:
         ([{"if": "true", "outcome": "allow", "because": "x"}], 'unknown field "because"'),
         ([{"if": "true", "outcome": "maybe"}], '"outcome" must be allow'),
         ([{"if": "x" * 2001, "outcome": "allow"}], "longer than 2000 characters"),
+        ([{"if": "args.xs.reduce(r, x, 0, r + x) > 9", "outcome": "deny"}], "uses reduce()"),
         ({"if": "true"}, '"when" must be a list'),
     ],
 )
@@ -509,3 +513,446 @@ async def test_a_condition_that_cannot_decide_under_a_denying_rule_outcome_denie
     outside = ToolRequest(spec, "{}", {"path": str(tmp_path / "b.txt")}, "s.1", 1)
     assert (await policy.evaluate(outside, run)).outcome is Outcome.DENY
     store.close()
+
+
+# -- the budget: text the model sends cannot stall the proxy ---------------------
+
+# 28 letters and a `!`: cel-python's own duration() backtracked over it for 38 s
+# holding the interpreter lock, each letter more doubling that.
+CRAFTED_DURATION = "a" * 28 + "!"
+UNTYPED_UPSTREAM = Path(__file__).parent / "servers" / "untyped_upstream.py"
+
+
+async def _decided_beside_a_ticker(conditions: Any, arguments: Any) -> tuple[Any, float, float]:
+    """The verdict of `decide`, how long it took, and the longest gap of a ticker that
+    ticks every 2 ms on the same event loop meanwhile."""
+    import time
+
+    import anyio
+
+    gaps: list[float] = []
+    finished = anyio.Event()
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while not finished.is_set():
+            await anyio.sleep(0.002)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(tick)
+        await anyio.sleep(0.02)
+        started = time.monotonic()
+        verdict = await conditions.decide(arguments)
+        elapsed = time.monotonic() - started
+        finished.set()
+    return verdict, elapsed, max(gaps)
+
+
+async def test_a_crafted_duration_neither_stalls_the_event_loop_nor_decides() -> None:
+    conditions = _tool_conditions("duration(args.wait) < duration('1h')")
+    verdict, elapsed, longest_gap = await _decided_beside_a_ticker(
+        conditions, {"wait": CRAFTED_DURATION}
+    )
+    assert longest_gap < 0.1, f"the event loop stood still for {longest_gap:.2f}s"
+    assert elapsed < 0.5
+    assert verdict.error and verdict.outcome == "require_approval"
+    assert "'duration()' cannot read" in verdict.reason
+
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("expression", "arguments"),
+    [
+        ("duration(args.s) < duration('1h')", {"s": "9" * (MiB - 64)}),
+        ("duration(args.s) < duration('1h')", {"s": "1." * 40 + "x"}),
+        ("timestamp(args.s) < timestamp('2030-01-01T00:00:00Z')", {"s": "2" * (MiB - 64)}),
+        ("timestamp(args.s) < timestamp('2030-01-01T00:00:00Z')", {"s": "2025"}),
+        ("int(args.s) < 10", {"s": "9" * (MiB - 64)}),
+        ("uint(args.s) < 10u", {"s": "9" * (MiB - 64)}),
+        ("double(args.s) < 10.0", {"s": "9" * (MiB - 64)}),
+        ("bool(args.s)", {"s": "t" * (MiB - 64)}),
+        ("timestamp('2030-01-01T00:00:00Z').getHours(args.s) < 12", {"s": "A" * (MiB - 64)}),
+        # A directory of the zone database: its OSError escaped the evaluator.
+        ("timestamp('2030-01-01T00:00:00Z').getHours(args.s) < 12", {"s": "America"}),
+        # RE2's slowest path: 64 KiB through a program of 9,003 steps took 6 s.
+        ("args.s.matches('(.*){1000}')", {"s": "a" * 65536}),
+        ("args.s.matches(args.p)", {"s": "a", "p": "(a|b)" * 1000}),
+        # 16 characters RE2 compiles (holding the interpreter lock) until it is too large.
+        ("args.s.matches(args.p)", {"s": "a", "p": "(?:\\pL{1,1000})"}),
+    ],
+    ids=[
+        "duration-1MiB", "duration-crafted-fraction", "timestamp-1MiB", "timestamp-lenient",
+        "int-1MiB", "uint-1MiB", "double-1MiB", "bool-1MiB", "time-zone-1MiB",
+        "time-zone-directory", "matches-over-budget", "matches-long-pattern",
+        "matches-pattern-too-large",
+    ],
+)  # fmt: skip
+async def test_text_the_model_sends_is_refused_in_bounded_time_by_every_parsing_function(
+    expression: str, arguments: dict[str, Any]
+) -> None:
+    verdict, elapsed, longest_gap = await _decided_beside_a_ticker(
+        _tool_conditions(expression), arguments
+    )
+    assert longest_gap < 0.1, f"the event loop stood still for {longest_gap:.2f}s"
+    assert elapsed < 0.5
+    assert verdict is not None and verdict.error, verdict
+    assert verdict.outcome == "require_approval"
+
+
+def test_matches_searches_within_its_budget_and_refuses_beyond_it() -> None:
+    import re2
+
+    from agentrt.proxy._cel import MATCH_STEPS
+
+    pattern = "^/srv/[a-z]{1,200}[.]txt$"
+    matching = _tool_conditions(f"args.path.matches('{pattern}')")
+    assert matching.decide_now({"path": "/srv/notes.txt"}).outcome == "allow"
+    assert matching.decide_now({"path": "/srv/notes.txt.sh"}) is None
+    # Text long enough that its bytes times the pattern's program exceed the budget.
+    steps = re2.compile(pattern).programsize
+    refused = matching.decide_now({"path": "/srv/" + "a" * (MATCH_STEPS // steps)})
+    assert refused.error and "more than its budget" in refused.reason
+
+
+# -- types: a value of a type the operator does not take waits for a person --------
+
+# For each family of operators, a value the model may send where the tool's schema pins no
+# type; cel-python evaluated each of these by Python's rules (marked *) or its own.
+WRONG_TYPES = [
+    # comparison
+    ("args.amount <= 100", {"amount": True}),  # * True <= 100
+    ("args.amount > 100", {"amount": "500"}),
+    ("args.mode != 'danger'", {"mode": ["danger"]}),
+    ("args.n == 3.0", {"n": 3}),
+    # arithmetic
+    ("args.amount + 1 <= 100", {"amount": True}),  # * True + 1 == 2
+    ("-args.amount < 0", {"amount": True}),
+    ("args.s * 2 == 'aa'", {"s": "a"}),
+    ("args.xs * 2 == [1, 1]", {"xs": [1]}),  # * list repetition
+    ("args.n % 2 == 0", {"n": 4.0}),
+    # in
+    ("'rm' in args.argv", {"argv": "rm -rf /"}),  # * tested single characters
+    ("'rm' in args.argv", {"argv": ["ls", 1]}),
+    ("1 in args.m", {"m": {"1": "x"}}),
+    # logical not, and, or, the conditional
+    ("!('rm' in args.cmd)", {"cmd": "rm -rf /"}),  # * true
+    ("!args.safe", {"safe": "false"}),
+    ("args.force || false", {"force": 1}),
+    ("true && args.force", {"force": "yes"}),
+    ("args.force ? true : false", {"force": 1}),
+    # string functions
+    ("args.cmd.contains('rm')", {"cmd": ["rm -rf /"]}),  # * list membership
+    ("args.cmd.startsWith('rm')", {"cmd": ["rm"]}),
+    ("args.cmd.matches('^rm')", {"cmd": 7}),
+    ("args.s[0] == 'r'", {"s": "rm"}),
+    # size
+    ("size(args.content) < 10", {"content": None}),  # * size(null) == 0
+    ("size(args.content) < 10", {"content": 12345678901}),
+    # macros range over lists and maps, not a string's characters
+    ("!args.users.exists(u, u == 'root')", {"users": "root"}),  # * true
+    ("args.users.all(u, u != 'root')", {"users": "root"}),  # * true
+    ("has(args.opts.force)", {"opts": "force"}),
+    # duration and timestamp
+    ("duration(args.wait) < duration('1h')", {"wait": 30}),  # * thirty seconds
+    ("duration(args.wait) < duration('1h')", {"wait": True}),  # * one second
+    ("duration(args.wait) < duration('1h')", {"wait": "30d"}),  # * thirty days
+    ("timestamp(args.at) > timestamp('2020-01-01T00:00:00Z')", {"at": "2025"}),  # * lenient
+    ("timestamp(args.at) > timestamp('2020-01-01T00:00:00Z')", {"at": 1700000000}),
+    ("timestamp(args.at).getHours() < 12", {"at": "2025-01-01"}),
+    # conversions
+    ("int(args.n) < 10", {"n": True}),  # * int(true) == 1
+    ("int(args.n) < 10", {"n": "0x5"}),  # * read as hexadecimal
+    ("bool(args.b)", {"b": "5"}),  # * true
+]
+
+
+@pytest.mark.parametrize(("expression", "arguments"), WRONG_TYPES)
+def test_a_value_of_a_type_the_operator_does_not_take_waits_for_a_person(
+    expression: str, arguments: dict[str, Any]
+) -> None:
+    for outcome in ("allow", "deny"):
+        verdict = _tool_conditions(expression, outcome).decide_now(arguments)
+        assert verdict is not None and verdict.error, (outcome, verdict)
+        assert verdict.outcome == "require_approval"
+
+
+# The same operators on the types they take decide as CEL says: nothing above was bought
+# by refusing what is right.
+WELL_TYPED = [
+    ("args.amount <= 100", {"amount": 100}, True),
+    ("args.amount <= 100", {"amount": 101}, False),
+    ("args.amount < 2.5 && args.amount > 2", {"amount": Decimal("2.25")}, True),
+    ("args.i < 2.5", {"i": 2}, True),
+    ("args.mode != 'danger'", {"mode": "safe"}, True),
+    ("args.x == null", {"x": None}, True),
+    ("args.x != null", {"x": [1]}, True),
+    ("[1, 'a'] == args.xs", {"xs": [1, "a"]}, True),
+    ("{'k': [1]} == args.m", {"m": {"k": [1]}}, True),
+    ("args.amount + 1 == 101", {"amount": 100}, True),
+    ("args.a + args.b == 'xy'", {"a": "x", "b": "y"}, True),
+    ("args.xs + [2] == [1, 2]", {"xs": [1]}, True),
+    ("args.n / 2 == 2 && args.n % 3 == 1 && args.n * 2 == 8", {"n": 4}, True),
+    ("'rm' in args.argv", {"argv": ["rm", "-rf"]}, True),
+    ("'rm' in args.argv", {"argv": ["ls", None]}, False),
+    ("'k' in args.m", {"m": {"k": 1}}, True),
+    ("!('rm' in args.cmd)", {"cmd": ["ls"]}, True),
+    ("args.missing == 1 || true", {}, True),
+    ("args.cmd.contains('rm') && args.cmd.startsWith('sudo')", {"cmd": "sudo rm"}, True),
+    ("args.cmd.endsWith('.sh') || args.cmd.matches('^a+$')", {"cmd": "aaa"}, True),
+    ("size(args.s) == 2 && args.s.size() == 2", {"s": "éé"}, True),
+    ("size(args.xs) == 2 && size(args.m) == 1", {"xs": [1, 2], "m": {"a": 1}}, True),
+    ("args.users.exists(u, u == 'root')", {"users": ["me", "root"]}, True),
+    ("args.users.all(u, u != 'root')", {"users": ["me", 1, "root"]}, False),
+    ("args.users.exists_one(u, u == 'me')", {"users": ["me", "you"]}, True),
+    ("args.users.map(u, u + '!') == ['me!']", {"users": ["me"]}, True),
+    ("args.users.filter(u, u != 'me') == ['you']", {"users": ["me", "you"]}, True),
+    ("args.m.all(key, key.startsWith('x'))", {"m": {"x1": 1, "x2": 2}}, True),
+    ("has(args.opts.force)", {"opts": {"force": True}}, True),
+    ("has(args.opts.force)", {"opts": {}}, False),
+    ("duration(args.wait) < duration('1h')", {"wait": "59m59.5s"}, True),
+    ("duration(args.wait) == duration('1500ms')", {"wait": "1.5s"}, True),
+    ("duration(args.wait) > duration('0')", {"wait": "-2h"}, False),
+    ("string(duration(args.wait)) == '90.25s'", {"wait": "1m30.25s"}, True),
+    ("timestamp(args.at) > timestamp('2020-01-01T00:00:00Z')",
+     {"at": "2025-06-01T10:00:00.5+02:00"}, True),
+    ("timestamp(args.at).getHours('Europe/Paris') == 12", {"at": "2025-06-01T10:00:00Z"}, True),
+    ("timestamp(args.b) - timestamp(args.a) == duration('2h')",
+     {"a": "2025-01-01T00:00:00Z", "b": "2025-01-01T02:00:00Z"}, True),
+    ("int(args.n) == -42 && uint(args.u) == 7u && double(args.d) == 2.5",
+     {"n": "-42", "u": "7", "d": "2.5"}, True),
+    ("bool(args.b) && string(args.n) == '3'", {"b": "true", "n": 3}, True),
+    ("string(args.b) == 'true'", {"b": True}, True),  # cel-python spelled it 'True'
+    ("type(args.n) == int && type(args.s) == string && type(args.x) == null_type",
+     {"n": 1, "s": "s", "x": None}, True),
+    ("type(args.n) == int", {"n": "1"}, False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("expression", "arguments", "holds"), WELL_TYPED)
+def test_well_typed_conditions_decide_as_cel_says(
+    expression: str, arguments: dict[str, Any], holds: bool
+) -> None:
+    verdict = _tool_conditions(expression).decide_now(arguments)
+    assert (verdict.outcome, verdict.error) == ("allow", False) if holds else verdict is None
+
+
+def test_every_function_cel_python_defines_is_replaced_by_a_typed_one() -> None:
+    # A new cel-python with a function of its own must not slip in with Python's rules.
+    from celpy.evaluation import base_functions
+
+    from agentrt.proxy._cel import FUNCTIONS
+
+    kept = {name for name in base_functions if FUNCTIONS.get(name) is base_functions[name]}
+    assert set(base_functions) <= set(FUNCTIONS)
+    assert kept == {"type"}
+
+
+# -- through the proxy: a tool whose schema pins no type ----------------------------
+
+
+async def _untyped(root: Path, when: list[dict[str, Any]], local_mutation: str) -> ProxySetup:
+    conf = root / "conf"
+    log = root / "upstream.log"
+    command = [sys.executable, str(UNTYPED_UPSTREAM)]
+    environment = [f"PROXY_UPSTREAM_LOG={log}"]
+    manifest = await pin(Server(name="untyped", command=command, env=environment))
+    write_private(conf / "untyped.manifest.json", manifest.to_json())
+    document: dict[str, Any] = {
+        "database": "proxy.db",
+        "session": "untyped-session",
+        "hold": "300ms",
+        "max_pending": 50,
+        "policy": {"local_mutation": local_mutation},
+        "servers": [
+            {
+                "name": "untyped",
+                "command": command,
+                "env": environment,
+                "default_timeout": "10s",
+                "manifest": "untyped.manifest.json",
+                "rules": {"run": {"side_effect": "local_mutation", "when": when}},
+            }
+        ],
+    }
+    config_path = write_private(conf / "proxy.json", json.dumps(document))
+    return ProxySetup(
+        root=root, config_path=config_path, database=conf / "proxy.db", upstream_log=log,
+        stderr_path=root / "proxy.stderr", document=document,
+    )  # fmt: skip
+
+
+def _decisions(setup: ProxySetup) -> list[dict[str, Any]]:
+    with open_store(setup.database, read_only=True, create=False) as store:
+        runs = sorted(store.list_runs(limit=100), key=lambda run: run.created_at)
+        return [
+            event.payload
+            for run in runs
+            for event in store.list_events(run.run_id)
+            if event.type == "policy_decided"
+        ]
+
+
+@pytest.mark.slow
+async def test_a_crafted_duration_through_the_proxy_waits_while_pings_are_answered(
+    tmp_path: Path,
+) -> None:
+    import time
+
+    import anyio
+    from proxy_helpers import RawHost, until
+
+    when = [{"if": "duration(args.wait) < duration('1h')", "outcome": "allow"}]
+    setup = await _untyped(tmp_path, when, "require_approval")
+    latencies = []
+    async with RawHost.start(setup) as raw:
+        await raw.call("untyped_run", {"wait": CRAFTED_DURATION})
+        # Pings for a second while the call is decided: each is answered at once.
+        with anyio.fail_after(100):
+            for _ in range(10):
+                sent = time.monotonic()
+                await raw.request("ping", {})
+                latencies.append(time.monotonic() - sent)
+                await anyio.sleep(0.1)
+        await until(lambda: len(_decisions(setup)) == 1)
+    assert max(latencies) < 0.5, f"a ping waited {max(latencies):.1f}s"
+    [decided] = _decisions(setup)
+    assert decided["outcome"] == "require_approval"
+    assert "'duration()' cannot read" in decided["reason"]
+    assert setup.executions() == []
+
+
+# For each family, a deny condition the wrong type slipped past under Python's rules (the
+# upstream ran); each is picked by `args.family`, so `false && error` keeps the others out.
+FAMILIES = {
+    "comparison": ("args.amount > 100", {"amount": True}),
+    "arithmetic": ("args.amount + 1 > 100", {"amount": True}),
+    "in": ("'rm' in args.argv", {"argv": "rm -rf /"}),
+    "not": ("!args.dry_run", {"dry_run": "false"}),
+    "and": ("args.force && args.recursive", {"force": 1, "recursive": True}),
+    "or": ("args.force || args.recursive", {"force": 1, "recursive": False}),
+    "string": ("args.cmd.contains('rm')", {"cmd": ["rm -rf /"]}),
+    "size": ("size(args.content) > 10", {"content": None}),
+    "macro": ("args.users.exists(u, u == 'root')", {"users": "root"}),
+    "duration": ("duration(args.wait) > duration('1h')", {"wait": 30}),
+    "timestamp": ("timestamp(args.at) > timestamp('2020-01-01T00:00:00Z')", {"at": "2025"}),
+}
+
+
+@pytest.mark.slow
+async def test_a_wrong_type_in_each_operator_family_waits_and_the_upstream_never_runs(
+    tmp_path: Path,
+) -> None:
+    when = [
+        {"if": f"args.family == '{family}' && ({expression})", "outcome": "deny",
+         "reason": f"{family} says no"}
+        for family, (expression, _) in FAMILIES.items()
+    ]  # fmt: skip
+    setup = await _untyped(tmp_path, when, "allow")
+    async with host(setup) as session:
+        answers = {
+            family: text_of(await session.call_tool("untyped_run", {"family": family, **wrong}))
+            for family, (_, wrong) in FAMILIES.items()
+        }
+        assert setup.executions() == []
+        # Well-typed calls still decide: one each way.
+        denied = await session.call_tool("untyped_run", {"family": "in", "argv": ["rm", "-rf"]})
+        ran = await session.call_tool("untyped_run", {"family": "in", "argv": ["ls"]})
+    for family, answer in answers.items():
+        assert answer.startswith("PENDING_APPROVAL: "), (family, answer)
+    assert text_of(denied).startswith("DENIED: ")
+    assert text_of(ran) == "ran"
+    assert setup.executions() == ['run {"argv": ["ls"], "family": "in"}']
+    reasons = [decided["reason"] for decided in _decisions(setup)]
+    assert all("cannot decide" in reason for reason in reasons[: len(FAMILIES)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("expression", "arguments"),
+    [
+        ("duration(args.wait) < duration('1h')", {"wait": CRAFTED_DURATION}),
+        # Python-level work that spends the whole budget, stopped at its deadline.
+        ("args.xs.all(a, args.xs.all(b, args.xs.all(c, a + b + c >= 0)))",
+         {"xs": list(range(300))}),
+    ],
+    ids=["crafted-duration", "whole-budget"],
+)  # fmt: skip
+async def test_sigterm_during_a_condition_is_honoured_at_once(
+    tmp_path: Path, expression: str, arguments: dict[str, Any]
+) -> None:
+    import signal
+    import time
+
+    import anyio
+    from proxy_helpers import RawHost
+
+    from agentrt.proxy._conditions import EVALUATION_SECONDS
+
+    setup = await _untyped(tmp_path, [{"if": expression, "outcome": "allow"}], "require_approval")
+    async with RawHost.start(setup) as raw:
+        call = await raw.call("untyped_run", arguments)
+        await anyio.sleep(0.3)  # the evaluation is under way
+        signalled = time.monotonic()
+        raw.process.send_signal(signal.SIGTERM)
+        with anyio.fail_after(100):
+            while "SIGTERM: finishing calls in flight" not in setup.stderr():
+                await anyio.sleep(0.01)
+            noticed = time.monotonic() - signalled
+            answer = await raw.response(call)
+            code = await raw.process.wait()
+        exited = time.monotonic() - signalled
+    assert noticed < 0.5, f"the signal was noticed after {noticed:.1f}s"
+    # The call in flight is decided within its budget, answered, and the proxy leaves.
+    assert exited < EVALUATION_SECONDS + 2, f"the proxy left {exited:.1f}s after the signal"
+    assert answer["result"]["content"][0]["text"].startswith("PENDING_APPROVAL: ")
+    assert code == 0
+    assert setup.executions() == []
+
+
+# Every operator and function, on whatever JSON the model sends for x and y.
+_EVERY_OPERATOR = [
+    "x == y", "x != y", "x < y", "x <= y", "x > y", "x >= y", "x + y == x", "x - y == x",
+    "x * y == x", "x / y == x", "x % y == x", "x in y", "!x", "x && y", "x || y",
+    "x ? true : y", "-x == y", "x[y] == y", "size(x) == 1", "x.contains(y)",
+    "x.startsWith(y)", "x.endsWith(y)", "x.matches(y)", "duration(x) > duration(y)",
+    "timestamp(x) > timestamp(y)", "timestamp('2025-01-01T00:00:00Z').getHours(y) == 1",
+    "duration(x).getMinutes() == 1", "int(x) == 1", "uint(x) == 1u", "double(x) == 1.0",
+    "string(x) == y", "bytes(x) == b'a'", "bool(x)", "type(x) == type(y)",
+    "x.all(e, e == y)", "x.exists(e, e == y)", "x.exists_one(e, e == y)",
+    "x.map(e, e) == y", "x.filter(e, e == y) == x", "has(x.a)", "bytes_len(x) > 0",
+]  # fmt: skip
+# Text each conversion reads, and a directory of the zone database, drawn half the time.
+_TRICKY = st.sampled_from(
+    ["1h", "2025-01-01T00:00:00Z", "Europe/Paris", "America", "42", "true", "(a+)+"]
+)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=30)
+    | st.decimals(allow_nan=False, allow_infinity=False) | _TRICKY,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=8,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def every_operator() -> list[Any]:
+    # Compiled once, outside the examples: cel-python raises the recursion limit as it
+    # compiles, which Hypothesis warns of inside a test.
+    return [
+        _tool_conditions(expression.replace("x", "args.x").replace("y", "args.y"))
+        for expression in _EVERY_OPERATOR
+    ]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(x=_TRICKY | _JSON, y=_TRICKY | _JSON)
+def test_no_value_the_model_sends_makes_a_condition_raise(
+    every_operator: list[Any], x: Any, y: Any
+) -> None:
+    for conditions in every_operator:
+        verdict = conditions.decide_now({"x": x, "y": y})
+        assert verdict is None or not verdict.error or verdict.outcome == "require_approval"

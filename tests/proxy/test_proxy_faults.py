@@ -177,6 +177,122 @@ async def test_a_store_failure_after_the_call_reached_the_server_answers_unknown
     assert setup.executions() == ["write_note x"]
 
 
+BUSY_DEADLINE = 3.0  # what SHORT_BUSY_DEADLINE sets
+# A proxy's own work around one call: its answer, the host's read of it, a loaded machine.
+ANSWER_SLACK = 1.5
+
+
+class _WriteLock:
+    """Another process's writer: a connection holding `BEGIN IMMEDIATE` on the database
+    from `take()` until `free()`."""
+
+    def __init__(self, database: Path) -> None:
+        self._database = database
+        self._held = threading.Event()
+        self._release = threading.Event()
+        self._thread = threading.Thread(target=self._hold, daemon=True)
+
+    def _hold(self) -> None:
+        connection = sqlite3.connect(self._database, timeout=30, isolation_level=None)
+        connection.execute("BEGIN IMMEDIATE")
+        self._held.set()
+        self._release.wait(120)
+        connection.execute("ROLLBACK")
+        connection.close()
+
+    async def take(self) -> None:
+        self._thread.start()
+        await until(self._held.is_set)
+
+    def free(self) -> None:
+        self._release.set()
+        self._thread.join()
+
+
+def _short_busy_deadline(setup: ProxySetup) -> None:
+    setup.command = lambda: [  # type: ignore[method-assign]
+        sys.executable, str(SHORT_BUSY_DEADLINE), "proxy", "--config", str(setup.config_path),
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+async def test_a_database_locked_mid_call_delays_the_answer_by_one_busy_deadline_at_most(
+    tmp_path: Path,
+) -> None:
+    """Issue 38: another process takes the write lock while a call runs and keeps it.  The
+    call outlasts half its lease, so the renewal due a third of the way in waits on the
+    lock too; the host must still be answered UNKNOWN_OUTCOME one busy deadline after the
+    server answered, not after the renewal's, the result's and the release's waits in turn
+    (three deadlines).  Once the lock is freed the record catches up."""
+    setup = await build_setup(tmp_path, rules=SLOW_RULES)
+    _short_busy_deadline(setup)
+    lock = _WriteLock(setup.database)
+    seen: dict[str, float] = {}
+    async with host(setup) as session:
+        async with anyio.create_task_group() as group:
+            answers: list[str] = []
+
+            async def call() -> None:
+                arguments = {"note": "x", "seconds": 1.5}
+                answers.append(text_of(await session.call_tool("up_write_note", arguments)))
+                seen["answered"] = time.monotonic()
+
+            group.start_soon(call)
+            await until(lambda: len(setup.started()) == 1)
+            # Taken at once: the lease's first renewal (0.67 s in, lease 2 s) meets it.
+            await lock.take()
+            await until(lambda: setup.executions() == ["write_note x"])
+            seen["returned"] = time.monotonic()
+        waited = seen["answered"] - seen["returned"]
+        [answer] = answers
+        assert answer.startswith("UNKNOWN_OUTCOME: "), answer
+        assert "Nothing ran" not in answer
+        assert waited < BUSY_DEADLINE + ANSWER_SLACK, (
+            f"the host waited {waited:.1f}s after the server answered (deadline {BUSY_DEADLINE:g}s)"
+        )
+        lock.free()
+        # The unknown outcome is marked in the background once the database is free.
+        await until(lambda: _index_rows(setup.database)[0]["unknown_outcome"] == 1, 30)
+        other = text_of(await session.call_tool("up_write_note", {"note": "other"}))
+        same = text_of(await session.call_tool("up_write_note", {"note": "x", "seconds": 1.5}))
+    # Its own process let the call go: asked again, a person decides (INTERRUPTED), at once.
+    assert same.startswith("INTERRUPTED: "), same
+    assert other.startswith("BLOCKED: "), other
+    assert setup.executions() == ["write_note x"]
+    with open_store(setup.database, read_only=True) as store:
+        assert store.verify_chain().ok and store.verify_state().ok
+        [run] = [run for run in store.list_runs() if run.status is not RunStatus.COMPLETED]
+        assert run.status is RunStatus.WAITING_FOR_APPROVAL
+        approval = store.waiting_approval(run.run_id)
+        assert approval is not None and approval.kind == "interrupted_side_effect"
+
+
+@pytest.mark.slow
+async def test_a_call_refused_for_a_locked_database_is_answered_after_one_busy_deadline(
+    tmp_path: Path,
+) -> None:
+    """Another process holds the write lock before the call: its first write gives up
+    after the busy deadline and nothing ran.  The answer must not wait a second deadline
+    to release a hold that was never written."""
+    setup = await build_setup(tmp_path, rules=SLOW_RULES)
+    _short_busy_deadline(setup)
+    lock = _WriteLock(setup.database)
+    async with host(setup) as session:
+        await session.call_tool("up_echo", {"text": "the proxy is up"})
+        await lock.take()
+        began = time.monotonic()
+        answer = text_of(await session.call_tool("up_write_note", {"note": "y"}))
+        waited = time.monotonic() - began
+        lock.free()
+        again = text_of(await session.call_tool("up_write_note", {"note": "y"}))
+    assert answer.startswith("UNAVAILABLE: ") and answer.endswith("Nothing ran."), answer
+    assert waited < BUSY_DEADLINE + ANSWER_SLACK, f"the host waited {waited:.1f}s"
+    assert again == "noted y"
+    assert setup.executions() == ["write_note y"]
+    with open_store(setup.database, read_only=True) as store:
+        assert store.verify_chain().ok and store.verify_state().ok
+
+
 @pytest.mark.slow
 async def test_a_proxy_that_lost_its_lease_mid_call_answers_unknown_outcome(
     tmp_path: Path,

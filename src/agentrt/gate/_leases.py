@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from .. import ledger
@@ -138,16 +139,26 @@ class Leases:
         beat and never fails the call it keeps: the tool's own outcome is what
         gets recorded, and the result's compare-and-set on the lease token
         still decides whether this owner holds the run when it is written.
+
+        Cancelled, the heartbeat ends at once, even while a renewal waits on a
+        database another writer holds (up to the store's busy deadline): that
+        renewal is left to finish in its worker.  Waiting for it would hold the
+        call's answer one deadline more before its result's write waits its own.
+        Landing late, it can only extend this acquisition's lease (its update
+        names the token), and never past a result that could not be written: it
+        began waiting before the result's write did, with the same deadline, so
+        it gives up first.
         """
         while True:
             if not due_now:
                 await anyio.sleep(self.ttl / 3)
             due_now = False
             try:
-                if not await self.store.run(self.renew, run_id):
-                    return
+                renewed = await anyio.to_thread.run_sync(self.renew, run_id, abandon_on_cancel=True)
             except Exception:  # noqa: S112 - bookkeeping must never falsify the call's outcome
                 continue
+            if not renewed:
+                return
 
     def kept(self, run_id: str) -> LeaseKept:
         """The lease of `run_id` kept renewed through one call (`async with`)."""
@@ -161,9 +172,10 @@ class LeaseKept:
     a third of the lease into the call, and a timer stands in for it until then:
     a call that returns sooner (nearly every call) costs no task, no task group
     and no cancellation.  On another event loop the renewing task runs for the
-    whole call, as a task group's child.  Either way it has ended before the
-    call's result is recorded, and a renewal that failed has not failed the
-    call (`Leases.heartbeat` tries again at the next beat).
+    whole call, as a task group's child.  Either way it is stopped before the
+    call's result is recorded, without waiting for a renewal stuck on a locked
+    database, and a renewal that failed has not failed the call
+    (`Leases.heartbeat` tries again at the next beat).
     """
 
     __slots__ = ("_group", "_leases", "_run_id", "_scope", "_task", "_timer")

@@ -34,14 +34,15 @@ __all__ = ["Resuming"]
 class Resuming(Stepping):
     """The gate's resuming (the public `Gate` builds on it)."""
 
-    async def resume(self, run_id: str) -> StepOutcome:
+    async def resume(self, run_id: str, *, context: object | None = None) -> StepOutcome:
         """Continue a run after an approval decision or after its process died.
 
         A waiting run whose latest approval was granted: the policy is asked
         again, and if it still allows, exactly the recorded request executes.
         A run whose process died mid-tool: a read-only step is marked
         interrupted; any other step pauses on an `interrupted_side_effect`
-        approval, since the first attempt may have taken effect.
+        approval, since the first attempt may have taken effect.  `context` reaches
+        the tool of an approved request as `step` hands it.
         """
         # The run and the time that judges its approval's expiry, in one trip to the store.
         run, now = await self.store.run(self._run_and_clock, run_id)
@@ -49,7 +50,7 @@ class Resuming(Stepping):
             raise RunStateError(f"run {sanitize(run_id)} already ended ({run.status})")
         if run.status is RunStatus.RUNNING:
             return self._settled(await self._resume_running(run, now))
-        return self._settled(await self._resume_waiting(run, now))
+        return self._settled(await self._resume_waiting(run, now, context))
 
     def _run_and_clock(self, run_id: str) -> tuple[RunRecord, float]:
         return self.store.get_run(run_id), self.store.clock()
@@ -119,7 +120,9 @@ class Resuming(Stepping):
         request = self._approval_request(run_id, step.step, step.tool, step.args, decided)
         ledger.request_approval(self.store, connection, request, now)
 
-    async def _resume_waiting(self, run: RunRecord, now: float) -> StepOutcome:
+    async def _resume_waiting(
+        self, run: RunRecord, now: float, context: object | None
+    ) -> StepOutcome:
         approval = await self.store.run(self.store.latest_approval, run.run_id)
         if approval is None:
             raise RunStateError(f"run {sanitize(run.run_id)} waits on no approval")
@@ -199,7 +202,7 @@ class Resuming(Stepping):
         if decided.outcome is Outcome.ABORT:
             return StepOutcome(run.run_id, RunStatus.FAILED, reason=decided.reason)
         return await self._execute(
-            Call(run.run_id, approval.step, registered, approval.args, token)
+            Call(run.run_id, approval.step, registered, approval.args, token, context=context)
         )
 
     def _expire_if_due(self, connection: Connection, approval: ApprovalRecord, now: float) -> bool:

@@ -121,6 +121,7 @@ class Stepping:
         metadata: Mapping[str, str] | None = None,
         admit: Callable[[Connection], tuple[bool, _A]],
         on_end: OnEnd | None = None,
+        context: object | None = None,
     ) -> tuple[_A, StepOutcome | None]:
         """Start a run and take its first step in as few commits as the step needs.
 
@@ -132,7 +133,8 @@ class Stepping:
         nothing of the run is written, and `(value, None)` comes back.  The
         policy decides before that transaction, on the run as it would start
         (no steps yet).  A decision that is not a valid call of a registered
-        tool starts the run, then is stepped as `step` would.
+        tool starts the run, then is stepped as `step` would.  `context` is
+        handed to the tool as `step` hands it.
         """
         now = time.time()
         new = self._new_run(goal, run_id, metadata, now)
@@ -151,7 +153,7 @@ class Stepping:
                 return value, None
             if view is not None:
                 self._views[run_id] = view
-            return value, await self.step(run_id, decision)
+            return value, await self.step(run_id, decision, context=context)
         assert registered is not None
         request = ToolRequest(registered.spec, decision.args, arguments, run_id, 1)
         decided = await self._evaluate(request, RunView(run_id, goal, 0, 0, dict(new.metadata)))
@@ -162,7 +164,7 @@ class Stepping:
         if not admitted:
             return value, None
         approval, token = recorded
-        call = Call(run_id, 1, registered, decision.args, token, on_end)
+        call = Call(run_id, 1, registered, decision.args, token, on_end, context=context)
         return value, self._settled(await self._carry_out(call, decided, approval))
 
     def _admit_and_insert(
@@ -241,17 +243,22 @@ class Stepping:
                 return EndReason.LOOP_DETECTED
         return None
 
-    async def step(self, run_id: str, decision: Decision) -> StepOutcome:
-        """Propose the agent's next decision for a running run and carry it out."""
+    async def step(
+        self, run_id: str, decision: Decision, *, context: object | None = None
+    ) -> StepOutcome:
+        """Propose the agent's next decision for a running run and carry it out.
+
+        `context` (the caller's per-call channels, e.g. an `agentrt.mcp.CallContext`)
+        reaches the tool on its `ToolCall`; the gate passes it on without reading it."""
         view = self._views.pop(run_id, None)
         if view is not None:
             try:
-                return self._settled(await self._step(view, decision))
+                return self._settled(await self._step(view, decision, context))
             except StaleSnapshot:
                 pass  # another writer moved the run: decide again on what it holds now
         view = await self.store.run(self._read_view, run_id)
         try:
-            return self._settled(await self._step(view, decision))
+            return self._settled(await self._step(view, decision, context))
         except StaleSnapshot:
             raise RunStateError(
                 f"run {sanitize(run_id)} moved on while this step was decided"
@@ -265,7 +272,9 @@ class Stepping:
             self._views.pop(outcome.run_id, None)
         return outcome
 
-    async def _step(self, view: RunSnapshot, decision: Decision) -> StepOutcome:
+    async def _step(
+        self, view: RunSnapshot, decision: Decision, context: object | None
+    ) -> StepOutcome:
         now = time.time()
         run = view.run
         run_id = run.run_id
@@ -301,7 +310,9 @@ class Stepping:
             self._record_step, run, step_number, registered.spec.name, args, decided, time.time()
         )
         self._notify()
-        call = Call(run_id, step_number, registered, args, token, recent=view.recent)
+        call = Call(
+            run_id, step_number, registered, args, token, recent=view.recent, context=context
+        )
         return await self._carry_out(call, decided, approval)
 
     def _check_request(
@@ -459,7 +470,9 @@ class Stepping:
 
     async def _execute(self, call: Call) -> StepOutcome:
         spec = call.tool.spec
-        request = ToolCall(args=call.args, tool=spec.name, run_id=call.run_id, step=call.step)
+        request = ToolCall(
+            args=call.args, tool=spec.name, run_id=call.run_id, step=call.step, context=call.context
+        )
         error: str | None = None
         result: ToolResult | None = None
         try:

@@ -77,7 +77,8 @@ class Call:
 
     `recent` is the run's last steps before this one, as the step was decided on
     them, or None when unknown; `on_end` is the caller's hook in the result's
-    transaction (`Gate.start_and_step`)."""
+    transaction (`Gate.start_and_step`); `context` is the caller's, handed to the
+    tool on its `ToolCall` unread."""
 
     run_id: str
     step: int
@@ -86,6 +87,7 @@ class Call:
     token: str
     on_end: OnEnd | None = None
     recent: tuple[StepRecord, ...] | None = None
+    context: object | None = None
 
 
 def owner_label() -> str:

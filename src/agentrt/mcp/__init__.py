@@ -14,11 +14,13 @@ session is not re-established.
 `pin` also pins a server's prompts, resources and resource templates (a
 description hash and a shape hash each); the proxy holds them to those pins
 and forwards them.  A server's sampling, elicitation and roots requests are
-refused unless a caller sets `UPSTREAM_ASK` and the `Server` advertises the
-capability (`client_capabilities`).
+refused unless the call carries a `CallContext` whose `ask` answers them
+(handed to `Gate.step(..., context=...)`, which passes it to the tool untouched)
+and the `Server` advertises the capability (`client_capabilities`); the same
+context relays the server's progress and log lines for that call.
 
 Out of scope: the server side of MCP, HTTP reconnection, input-required
-round trips unless a caller sets `UPSTREAM_ASK` (the proxy), and
+round trips unless a call's `CallContext` has an `ask` (the proxy's does), and
 `tools/list_changed` (ignored until the next load, or the next restart).
 """
 
@@ -28,6 +30,7 @@ from ._connection import (
     MAX_TOOLS,
     Connection,
 )
+from ._context import AskRefused, CallContext
 from ._errors import LoadError, MCPError, OperatorFileError, PinError, ServerToolError
 from ._files import owned_privately, read_manifest, read_owned, read_rules
 from ._load import Refusal, Registration, Report, load
@@ -43,6 +46,8 @@ __all__ = [
     "MAX_RESPONSE_BODY_BYTES",
     "MAX_TOOLS",
     "MAX_TOOL_PAGES",
+    "AskRefused",
+    "CallContext",
     "Connection",
     "FileRule",
     "LoadError",

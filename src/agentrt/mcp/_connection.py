@@ -36,24 +36,26 @@ The interface the pin/load code builds on:
 
 Server-to-client requests are answered with an error (`ping` with `{}`);
 nothing answers sampling, elicitation or roots on the operator's behalf.  A
-caller that does answer them (the proxy, under the operator's rule) sets
-`UPSTREAM_ASK` around its `call_tool`, and the server's request made while
-that call is the only one in flight (or, over HTTP, on that call's own
+caller that does answer them (the proxy, under the operator's rule) passes a
+`CallContext` with an `ask` to its `call_tool`, and the server's request made
+while that call is the only one in flight (or, over HTTP, on that call's own
 stream) is handed to it; any other is refused.  A call whose server answers
 with an input-required result (the 2026-07-28 revision's way of asking) has
-each of its requests handed to that caller the same way, and is retried with
+each of its requests handed to that `ask` the same way, and is retried with
 the answers and the server's `requestState` (at most `MAX_INPUT_ROUNDS`
 rounds, within the call's timeout); refused or unanswered, the
-input-required result is returned as it came.  `request()` sends any other
-client request (prompts, resources, completion, logging) and returns its
-result as parsed; `list_all()` pages a listing.  Notifications other than
-progress and logging go to `on_notification` when set, else are dropped.
+input-required result is returned as it came.  A server's log line goes to
+the `log` of the context of the request whose read (stdio) or stream (HTTP)
+delivered it: the transport names that request to `_notified`.  `request()`
+sends any other client request (prompts, resources, completion, logging) and
+returns its result as parsed; `list_all()` pages a listing.  Notifications
+other than progress and logging go to `on_notification` when set, else are
+dropped.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import importlib.metadata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -73,6 +75,7 @@ from ._connection_errors import (
     ProtocolViolation,
     ServerErrorResponse,
 )
+from ._context import Ask, AskRefused, CallContext, Progress
 from ._http import MAX_RESPONSE_BODY_BYTES, open_http
 from ._jsonrpc import (
     METHOD_NOT_FOUND,
@@ -90,7 +93,6 @@ __all__ = [
     "MAX_RESPONSE_BODY_BYTES",
     "MAX_TOOLS",
     "MAX_TOOL_PAGES",
-    "UPSTREAM_ASK",
     "AskRefused",
     "CallTimeout",
     "Connection",
@@ -136,36 +138,9 @@ class _Transport(Protocol):
 
     def negotiated(self, protocol_version: str) -> None: ...
 
-    listener: Callable[[Incoming], Awaitable[None]] | None
-
-
-Progress = Callable[[float, float | None, str | None], Awaitable[None]]
-
-UPSTREAM_LOG: contextvars.ContextVar[Callable[[str, str | None, Any], Awaitable[None]] | None] = (
-    contextvars.ContextVar("UPSTREAM_LOG", default=None)
-)
-"""Set by a caller (the proxy) that wants a server's `notifications/message` (level,
-logger, data as parsed); it is called from whichever request reads the message."""
-"""Called with `progress`, `total` and `message` for each `notifications/progress` of a call."""
-
-Ask = Callable[[str, Any], Awaitable[Any]]
-"""Answers a server's request (`method`, `params` as parsed) with its result, or raises
-`AskRefused`."""
-
-UPSTREAM_ASK: contextvars.ContextVar[Ask | None] = contextvars.ContextVar(
-    "UPSTREAM_ASK", default=None
-)
-"""Set by a caller that answers the server's sampling, elicitation or roots requests made
-during its `call_tool` (the proxy, when the operator's rule forwards them)."""
-
-
-class AskRefused(Exception):
-    """A server's request is refused: `code` and the one-sentence `message` go back to it."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+    # Handed each message the server sent unasked, with the id of the request whose
+    # read (stdio) or stream (HTTP) delivered it.
+    listener: Callable[[Incoming, int], Awaitable[None]] | None
 
 
 # How many input-required rounds one call may take, as the official SDK's client allows.
@@ -216,6 +191,9 @@ class Connection:
         self._next_progress = 0
         # The askers of the calls in flight that answer the server's own requests.
         self._askers: list[Ask] = []
+        # The context of each request in flight that carries one, by request id: a
+        # message is handed to the context of the request that read it.
+        self._contexts: dict[int, CallContext] = {}
         self.on_notification: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
         transport.listener = self._notified
         self._closing: anyio.Event | None = None
@@ -262,12 +240,13 @@ class Connection:
             return f'the session with server "{self._name()}" is not established'
         return self._transport.dead()
 
-    async def restart(self) -> None:
+    async def restart(self, *, context: CallContext | None = None) -> None:
         """Stop what is left of a dead session, start the server again and perform the handshake.
 
         The caller bounds it and lists the tools again itself.  On failure the
         session stays dead (`needs_restart()` says so), and a later call may
-        try again.  Refused with `NotSent` once `aclose()` began.
+        try again.  Refused with `NotSent` once `aclose()` began.  `context`:
+        the call the restart is for, whose `log` gets the lines read meanwhile.
         """
         if self._closing is not None:
             raise NotSent(self.server.name, f'the connection to server "{self._name()}" is closed')
@@ -280,7 +259,7 @@ class Connection:
         else:
             self._transport = open_http(self.server)
         try:
-            await self._handshake()
+            await self._handshake(context)
         except MCPConnectionError as exc:
             with anyio.CancelScope(shield=True):
                 await self._transport.aclose()
@@ -296,10 +275,12 @@ class Connection:
             raise NotSent(self.server.name, f'the connection to server "{self._name()}" is closed')
         self._live = True
 
-    async def list_tools(self) -> list[RawTool]:
-        """Every tool the server lists, in order, one `RawTool` per element, malformed ones too."""
+    async def list_tools(self, *, context: CallContext | None = None) -> list[RawTool]:
+        """Every tool the server lists, in order, one `RawTool` per element, malformed ones too.
+
+        `context`: the call the listing is for, whose `log` gets the lines read meanwhile."""
         try:
-            return await self._list_tools()
+            return await self._list_tools(context)
         except MCPConnectionError as exc:
             raise self._with_stderr(exc) from None
 
@@ -310,14 +291,17 @@ class Connection:
         *,
         timeout: float,  # noqa: ASYNC109 - the call's own bound, named by the interface
         progress: Progress | None = None,
+        context: CallContext | None = None,
     ) -> dict[str, Any]:
         """Call one tool and return its `result` object as parsed from the server's bytes.
 
         `arguments_json` must be the text of a JSON object; it is sent as
         written.  After `timeout` seconds the request is cancelled with
-        `notifications/cancelled` and `CallTimeout` is raised.  With `progress`,
-        the request carries a `progressToken` and each of the server's
-        `notifications/progress` for it is handed to `progress` (bounded, errors ignored).
+        `notifications/cancelled` and `CallTimeout` is raised.  With `progress`
+        (or the `context`'s), the request carries a `progressToken` and each of
+        the server's `notifications/progress` for it is handed to it (bounded,
+        errors ignored).  The `context`'s `log` and `ask` receive the server's log
+        lines and requests during the call (see the module's docstring).
         """
         try:
             arguments = parse_json(arguments_json)
@@ -326,7 +310,7 @@ class Connection:
         if not isinstance(arguments, dict):
             raise ValueError("the arguments must be a JSON object")
         return await self.call_tool_checked(
-            name, arguments_json, timeout=timeout, progress=progress
+            name, arguments_json, timeout=timeout, progress=progress, context=context
         )
 
     async def call_tool_checked(
@@ -336,10 +320,13 @@ class Connection:
         *,
         timeout: float,  # noqa: ASYNC109 - the call's own bound, named by the interface
         progress: Progress | None = None,
+        context: CallContext | None = None,
     ) -> dict[str, Any]:
         """`call_tool` for a caller that has already parsed `arguments_json` through
         `parse_json` and found an object (a `ServerTool`): the same call, without the
         second parse."""
+        if progress is None and context is not None:
+            progress = context.progress
         meta = ""
         token = ""
         if progress is not None:
@@ -348,12 +335,12 @@ class Connection:
             self._progress[token] = progress
             meta = f',"_meta":{{"progressToken":{canonical_json(token)}}}'
         params = f'{{"name":{canonical_json(name)},"arguments":{arguments_json}{meta}}}'
-        asker = UPSTREAM_ASK.get()
+        asker = context.ask if context is not None else None
         if asker is not None:
             self._askers.append(asker)
         deadline = anyio.current_time() + timeout
         try:
-            result = await self._request("tools/call", params, limit=timeout)
+            result = await self._request("tools/call", params, limit=timeout, context=context)
             for _round in range(MAX_INPUT_ROUNDS):
                 if asker is None or not _input_required(result):
                     break
@@ -364,7 +351,7 @@ class Connection:
                     break  # refused or unanswered: the input-required result stands
                 remaining = max(deadline - anyio.current_time(), 0.001)
                 result = await self._request(
-                    "tools/call", params[:-1] + "," + retry[1:], limit=remaining
+                    "tools/call", params[:-1] + "," + retry[1:], limit=remaining, context=context
                 )
         finally:
             self._progress.pop(token, None)
@@ -407,14 +394,16 @@ class Connection:
         params: Any = None,
         *,
         timeout: float,  # noqa: ASYNC109 - the request's own bound, like call_tool's
+        context: CallContext | None = None,
     ) -> Any:
         """Send one client request (`prompts/get`, `resources/read`, ...) and return its
         `result` as parsed from the server's bytes; `params` is plain JSON or None.
 
         After `timeout` seconds it is cancelled and `CallTimeout` raised; a
-        JSON-RPC error raises `ServerErrorResponse`."""
+        JSON-RPC error raises `ServerErrorResponse`.  The `context`'s `log` gets
+        the server's log lines read while it waits."""
         params_json = None if params is None else canonical_json(params)
-        return await self._request(method, params_json, limit=timeout)
+        return await self._request(method, params_json, limit=timeout, context=context)
 
     async def list_all(self, method: str, key: str, *, timeout: float) -> list[Any]:  # noqa: ASYNC109
         """Every element of a paged listing (`prompts/list` → `prompts`), bounded like
@@ -451,7 +440,7 @@ class Connection:
 
     # -- the handshake ---------------------------------------------------------
 
-    async def _handshake(self) -> None:
+    async def _handshake(self, context: CallContext | None = None) -> None:
         params = canonical_json(
             {
                 "protocolVersion": LATEST_HANDSHAKE_VERSION,
@@ -460,7 +449,7 @@ class Connection:
                 "clientInfo": _CLIENT_INFO,
             }
         )
-        result = await self._request("initialize", params)
+        result = await self._request("initialize", params, context=context)
         if not isinstance(result, dict):
             raise ProtocolViolation(
                 self.server.name,
@@ -482,14 +471,14 @@ class Connection:
 
     # -- listing ---------------------------------------------------------------
 
-    async def _list_tools(self) -> list[RawTool]:
+    async def _list_tools(self, context: CallContext | None) -> list[RawTool]:
         tools: list[RawTool] = []
         names: set[str] = set()
         cursors: set[str] = set()
         cursor: str | None = None
         for page in range(MAX_TOOL_PAGES):
             params = None if cursor is None else canonical_json({"cursor": cursor})
-            result = await self._request("tools/list", params)
+            result = await self._request("tools/list", params, context=context)
             if not isinstance(result, dict):
                 raise self._listing_error(f"page {page + 1} is not an object")
             # Exact keys: a page with "Tools" and no "tools" lists nothing a
@@ -531,11 +520,18 @@ class Connection:
     # -- requests --------------------------------------------------------------
 
     async def _request(
-        self, method: str, params_json: str | None, *, limit: float | None = None
+        self,
+        method: str,
+        params_json: str | None,
+        *,
+        limit: float | None = None,
+        context: CallContext | None = None,
     ) -> Any:
         self._next_id += 1
         request_id = self._next_id
         message = encode_request(request_id, method, params_json)
+        if context is not None:
+            self._contexts[request_id] = context
         try:
             # (What `anyio.fail_after` does, without its two generator layers.)
             bound = anyio.CancelScope(
@@ -559,21 +555,26 @@ class Connection:
             if method != "initialize":
                 await self._send_cancelled(request_id, "the caller gave up")
             raise
+        finally:
+            if context is not None:
+                del self._contexts[request_id]
         if answer.error is not None:
             raise ServerErrorResponse(self.server.name, method, answer.error)
         return answer.result
 
-    async def _notified(self, message: Incoming) -> None:
-        """A server's notification: progress goes to the call that asked for it; the rest
-        is dropped (a listener that raised would hand the server a way to kill the session).
-        A server's request is answered here."""
+    async def _notified(self, message: Incoming, read_by: int) -> None:
+        """A server's notification: progress goes to the call that asked for it, a log line
+        to the context of the request that read it (`read_by`); the rest is dropped (a
+        listener that raised would hand the server a way to kill the session).  A server's
+        request is answered here."""
+        context = self._contexts.get(read_by)
         if message.kind is IncomingKind.REQUEST:
-            await self._answer_request(message)
+            await self._answer_request(message, context)
             return
         if not isinstance(message.params, dict):
             return
         if message.method == "notifications/message":
-            await self._logged(message.params)
+            await self._logged(message.params, context)
             return
         if message.method != "notifications/progress":
             notified = self.on_notification
@@ -600,18 +601,24 @@ class Connection:
                 text if isinstance(text, str) else None,
             )
 
-    async def _answer_request(self, message: Incoming) -> None:
+    async def _answer_request(self, message: Incoming, context: CallContext | None) -> None:
         """Answer the server's request: ping at once; sampling, elicitation or roots through
-        the asker of the one call it can belong to, if any; anything else refused."""
+        the asker of the one call it can belong to, if any; anything else refused.
+        `context` is that of the request whose read or stream delivered it."""
         if message.method == "ping":
             await self._transport.send(answer_server_request(message))
             return
         asker: Ask | None = None
         if len(self._askers) == 1:
             asker = self._askers[0]
-        elif self.server.endpoint is not None and UPSTREAM_ASK.get() in self._askers:
-            # Over HTTP the request arrived on the stream of the call this task is reading.
-            asker = UPSTREAM_ASK.get()
+        elif (
+            self.server.endpoint is not None
+            and context is not None
+            and context.ask is not None
+            and context.ask in self._askers
+        ):
+            # Over HTTP the request arrived on the stream of that call's own request.
+            asker = context.ask
         if asker is None:
             await self._transport.send(answer_server_request(message))
             return
@@ -632,8 +639,8 @@ class Connection:
         with contextlib.suppress(MCPConnectionError):
             await self._transport.send(answer)
 
-    async def _logged(self, params: dict[str, Any]) -> None:
-        listener = UPSTREAM_LOG.get()
+    async def _logged(self, params: dict[str, Any], context: CallContext | None) -> None:
+        listener = context.log if context is not None else None
         level = params.get("level")
         if listener is None or not isinstance(level, str):
             return

@@ -59,8 +59,9 @@ class HttpTransport:
     protocol_version: str | None = None
     _in_flight: set[anyio.CancelScope] = field(default_factory=set)
     _closed: ConnectionClosed | None = None
-    # The connection's handler of notifications (progress); None drops them.
-    listener: Callable[[Incoming], Awaitable[None]] | None = None
+    # The connection's handler of the server's notifications and requests, told the id
+    # of the request on whose stream each arrived; None drops notifications.
+    listener: Callable[[Incoming, int], Awaitable[None]] | None = None
 
     def stderr_tail(self) -> str:
         return ""
@@ -170,12 +171,12 @@ class HttpTransport:
                     incoming = read_message(data)
                     if incoming.kind is IncomingKind.REQUEST:
                         if self.listener is not None:
-                            await self.listener(incoming)  # the connection answers it
+                            await self.listener(incoming, request_id)  # the connection answers it
                         else:
                             await self.send(answer_server_request(incoming))
                         continue
                     if incoming.kind is IncomingKind.NOTIFICATION and self.listener is not None:
-                        await self.listener(incoming)
+                        await self.listener(incoming, request_id)
                         continue
                     answer = self._answer(incoming, request_id, method)
                     if answer is not None:

@@ -32,7 +32,7 @@ class Server:
     `sandbox`, for a stdio server, confines it with bubblewrap; a server with a
     sandbox is never started without one.  `client_capabilities` are what the
     handshake advertises (default none): set `sampling`, `elicitation` or `roots`
-    only when a caller answers them (`UPSTREAM_ASK`); anything else is refused.
+    only when a caller answers them (a `CallContext` with an `ask`); anything else is refused.
     """
 
     name: str

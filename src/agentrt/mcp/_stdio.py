@@ -222,8 +222,9 @@ class StdioTransport:
     _broken: MCPConnectionError | None = None
     _stdin_open: bool = True
     _stdout_open: bool = True
-    # The connection's handler of notifications (progress); None drops them.
-    listener: Callable[[Incoming], Awaitable[None]] | None = None
+    # The connection's handler of the server's notifications and requests, told the id
+    # of the request whose reader read each; None drops notifications.
+    listener: Callable[[Incoming, int], Awaitable[None]] | None = None
     _stopping: bool = False
     # False once any caller wants the server gone without the graces.
     _polite: bool = True
@@ -342,7 +343,7 @@ class StdioTransport:
                     continue
                 self._reading = True
                 try:
-                    await self._read_and_dispatch_one()
+                    await self._read_and_dispatch_one(request_id)
                 finally:
                     self._reading = False
                     self._wake_waiters()
@@ -362,7 +363,7 @@ class StdioTransport:
         progress, self._progress = self._progress, anyio.Event()
         progress.set()
 
-    async def _read_and_dispatch_one(self) -> None:
+    async def _read_and_dispatch_one(self, read_by: int) -> None:
         line = await self._read_line()
         if line is None:
             return
@@ -372,7 +373,7 @@ class StdioTransport:
         message = read_message(line)
         if message.kind is IncomingKind.REQUEST:
             if self.listener is not None:
-                await self.listener(message)  # the connection answers it
+                await self.listener(message, read_by)  # the connection answers it
             else:
                 await self.send(answer_server_request(message))
         elif message.kind in (IncomingKind.RESPONSE, IncomingKind.BAD_RESPONSE):
@@ -389,7 +390,7 @@ class StdioTransport:
             else:
                 pending.message = message
         elif message.kind is IncomingKind.NOTIFICATION and self.listener is not None:
-            await self.listener(message)
+            await self.listener(message, read_by)
         # Other notifications and lines that are not JSON-RPC are ignored: a reader
         # that crashed on them would hand the server a way to kill the session.
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextvars
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -15,19 +14,14 @@ from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..sanitize import sanitize
 from ..tools import ToolCall, ToolResult, ToolSpec
 from ._connection_errors import NotSent, ServerErrorResponse
+from ._context import CallContext
 from ._errors import ServerToolError
 from ._upstream import RestartFailed
 
 if TYPE_CHECKING:
     from ._upstream import Upstream
 
-__all__ = ["UPSTREAM_PROGRESS", "ServerResult", "ServerTool", "map_result"]
-
-UPSTREAM_PROGRESS: contextvars.ContextVar[
-    Callable[[float, float | None, str | None], Awaitable[None]] | None
-] = contextvars.ContextVar("UPSTREAM_PROGRESS", default=None)
-"""Set by a caller (the proxy) around a call whose server's progress it wants handed on;
-the gate's `ToolCall` has no room for it, and the call runs in the caller's context."""
+__all__ = ["ServerResult", "ServerTool", "map_result"]
 
 TRUNCATION_MARKER: Final = "\n[truncated]"
 
@@ -60,7 +54,9 @@ class ServerTool:
     the approval hash, which covers what the model sent), and sends the call
     under the rule's timeout.  A server that died is started again first
     (`Upstream.ready`); a call that never reached the server fails with a
-    known outcome.
+    known outcome.  A `CallContext` on the `ToolCall` (handed to `Gate.step`)
+    is told the run id, then carries the server's progress, log lines and
+    requests during the call back to its caller.
     """
 
     def __init__(
@@ -104,6 +100,9 @@ class ServerTool:
         return self._tool
 
     async def call(self, call: ToolCall) -> ToolResult:
+        context = call.context if isinstance(call.context, CallContext) else None
+        if context is not None and context.on_run is not None:
+            context.on_run(call.run_id)
         where = f'server "{sanitize(self._server)}" tool "{sanitize(self._tool)}"'
         try:
             arguments = parse_json(call.args)
@@ -137,7 +136,7 @@ class ServerTool:
             # (What `anyio.fail_after` does, without its two generator layers.)
             guard = anyio.CancelScope(deadline=started + timeout)
             with guard:
-                await self._upstream.ready()
+                await self._upstream.ready(context)
                 refusal = self._upstream.refusal(self._tool)
                 if refusal:
                     raise ServerToolError(
@@ -147,7 +146,7 @@ class ServerTool:
                 remaining = max(timeout - (anyio.current_time() - started), 0.001)
                 # The arguments were parsed above and are an object (or canonical_json of one).
                 result = await self._upstream.connection.call_tool_checked(
-                    self._tool, arguments_text, timeout=remaining, progress=UPSTREAM_PROGRESS.get()
+                    self._tool, arguments_text, timeout=remaining, context=context
                 )
             if guard.cancelled_caught and anyio.current_time() >= guard.deadline:
                 raise TimeoutError

@@ -17,6 +17,7 @@ import anyio
 
 from ..sanitize import sanitize
 from ._connection import Connection, RawTool
+from ._context import CallContext
 from ._server import Server
 
 __all__ = ["Recheck", "RestartFailed", "Upstream", "stderr_line"]
@@ -58,12 +59,13 @@ class Upstream:
     def refusal(self, tool: str) -> str:
         return self._refused.get(tool, "")
 
-    async def ready(self) -> None:
+    async def ready(self, context: CallContext | None = None) -> None:
         """Return once the session can take a request, restarting the server if it died.
 
         The restart is bounded by `server.connect_timeout` and ends before the
         caller's own deadline, so a restart that cannot finish fails the call
-        as not sent instead of cutting it off.  Raises `RestartFailed`.
+        as not sent instead of cutting it off.  Raises `RestartFailed`.  A
+        restart made here is made for `context`'s call (its log lines go there).
         """
         if self._why_restart() is None:
             return
@@ -79,7 +81,7 @@ class Upstream:
                     why = self._why_restart()
                     if why is None:
                         return  # another call restarted it while this one waited
-                    await self._restart(why)
+                    await self._restart(why, context)
         except TimeoutError:
             if why is not None:
                 self._log(f"{sanitize(why)}; starting it again took longer than {limit:g}s")
@@ -93,12 +95,12 @@ class Upstream:
             why = f'the tools of server "{sanitize(self.server.name)}" were not listed again'
         return why
 
-    async def _restart(self, why: str) -> None:
+    async def _restart(self, why: str, context: CallContext | None) -> None:
         name = sanitize(self.server.name)
         self._checked = False
         try:
-            await self.connection.restart()
-            listing = await self.connection.list_tools()
+            await self.connection.restart(context=context)
+            listing = await self.connection.list_tools(context=context)
             assert self.recheck is not None
             self._refused = self.recheck(listing)
             self._checked = True

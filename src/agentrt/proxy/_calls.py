@@ -17,7 +17,6 @@ that), so other changing calls to the tool wait for a person.
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import functools
 import os
@@ -35,8 +34,9 @@ import anyio
 
 from ..agent import Decision, Observation
 from ..canonical import JSONBoundaryError, canonical_json
-from ..errors import AgentrtError, RunStateError
+from ..errors import AgentrtError, RunStateError, StoreBusy
 from ..gate import INTERRUPTED_SIDE_EFFECT, Gate, StepOutcome
+from ..mcp import CallContext
 from ..mcp._errors import ServerToolError
 from ..mcp._tool import ServerResult
 from ..policy import (
@@ -59,7 +59,6 @@ from ._offers import resource_outcome, uri_of
 from .config import ProxyConfig
 
 __all__ = [
-    "CALL_RUN",
     "UNKNOWN_OUTCOME",
     "Calls",
     "ProxyPolicy",
@@ -74,23 +73,20 @@ _PROGRESS_SECONDS: Final = 1.0
 
 Progress = Callable[[float, str], Awaitable[None]]
 
-CALL_RUN: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
-    "CALL_RUN", default=None
-)
-"""Set by the proxy around one host call: `WatchedTool` appends the run id the moment the
-gate hands it the request, so a server's request during the call is recorded in that run."""
-
 
 @dataclass(frozen=True, slots=True)
 class _Call:
     """One host call being answered: its tool, canonical arguments, progress
-    callback, and the token that names this call's hold in the index."""
+    callback, the token that names this call's hold in the index, and the
+    channels the server's progress, log lines and requests take back to the host
+    (handed to every gate operation that may execute the tool)."""
 
     spec: ToolSpec
     args: str
     progress: Progress | None
     token: str
     trace: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    context: CallContext | None = None
 
     def decision(self) -> Decision:
         return Decision.tool_call(self.spec.name, self.args)
@@ -141,9 +137,6 @@ class WatchedTool:
 
     async def call(self, call: ToolCall) -> ToolResult:
         self._sent.add(call.run_id)
-        runs = CALL_RUN.get()
-        if runs is not None:
-            runs.append(call.run_id)
         try:
             result = await self._inner.call(call)
         except anyio.get_cancelled_exc_class():
@@ -352,6 +345,10 @@ class Calls:
         # Calls sent upstream whose unknown outcome the store refused to mark.
         self._unmarked: set[str] = set()
         self._unmarked_told: set[str] = set()
+        # Calls (by run) that met a database another writer held past the store's
+        # busy deadline: nothing more is written for them before they are answered
+        # (their holds are left to lapse), so the host waits out that deadline once.
+        self._stalled: set[str] = set()
         # Set when the proxy serves the inbox: its address (never the token)
         # joins each announcement, and `on_waiting` may notify the desktop.
         self.inbox_address: str | None = None
@@ -393,8 +390,11 @@ class Calls:
         arguments: Any,
         progress: Progress | None = None,
         meta: Mapping[str, Any] | None = None,
+        *,
+        context: CallContext | None = None,
     ) -> Answer:
-        """Answer one `tools/call`; never raises for anything a host or server did."""
+        """Answer one `tools/call`; never raises for anything a host or server did.
+        `context` carries the server's progress, log lines and requests back to the host."""
         spec = self._specs.get(tool)
         if spec is None:
             return Answer.invalid(tool, "there is no tool with this name")
@@ -414,7 +414,9 @@ class Calls:
         key = call_key(tool, args)
         mutating = _mutating(spec)
         may_need_approval = self.policy.may_need_approval(spec)
-        call = _Call(spec, args, progress, secrets.token_hex(6), trace_context_metadata(meta))
+        call = _Call(
+            spec, args, progress, secrets.token_hex(6), trace_context_metadata(meta), context
+        )
         for _attempt in range(3):
             run_id = self.new_run_id()
             decide = functools.partial(
@@ -498,6 +500,7 @@ class Calls:
                 metadata={**call.trace, "proxy_session": self.session, "call_key": key},
                 admit=admit,
                 on_end=on_end,
+                context=call.context,
             )
         except Exception as exc:
             try:
@@ -506,6 +509,7 @@ class Calls:
                 self.sent.discard(run_id)
                 self.forwarded.pop(run_id, None)
                 await self._release_quietly(run_id, call.token)
+                self._stalled.discard(run_id)
         if outcome is None:
             return verdict
         assert verdict.row is not None
@@ -539,9 +543,12 @@ class Calls:
                 self.index.forget(row.run_id, call.token)
             else:
                 await self._release_quietly(row.run_id, call.token)
+            self._stalled.discard(row.run_id)
 
     async def _failed(self, run_id: str, call: _Call, exc: Exception) -> Answer:
         tool = call.spec.name
+        if _stayed_busy(exc):
+            self._stalled.add(run_id)
         if run_id not in self.sent:
             self._log(
                 f"agentrt proxy: a call to {sanitize(tool)} (run {run_id}) failed before "
@@ -591,12 +598,12 @@ class Calls:
             )
         except RunStateError:
             return None
-        outcome = await self.gate.step(row.run_id, call.decision())
+        outcome = await self.gate.step(row.run_id, call.decision(), context=call.context)
         return await self._conclude(row, call, outcome)
 
     async def _take_over(self, row: CallRow, call: _Call) -> Answer:
         try:
-            outcome = await self.gate.resume(row.run_id)
+            outcome = await self.gate.resume(row.run_id, context=call.context)
         except RunStateError:
             await self._release_quietly(row.run_id, call.token)
             return Answer.in_progress(call.spec.name)
@@ -609,7 +616,7 @@ class Calls:
                 observation = Observation(step.step, step.tool, step.args, kind, step.content or "")
                 outcome = StepOutcome(row.run_id, RunStatus.RUNNING, observation, reason=kind)
             else:
-                outcome = await self.gate.step(row.run_id, call.decision())
+                outcome = await self.gate.step(row.run_id, call.decision(), context=call.context)
         return await self._conclude(row, call, outcome)
 
     async def _conclude(
@@ -641,7 +648,7 @@ class Calls:
                 return Answer.result(outcome.result or "", self.forwarded.pop(run_id, None))
             observation = outcome.observation
             if observation is None:
-                outcome = await self.gate.step(run_id, call.decision())
+                outcome = await self.gate.step(run_id, call.decision(), context=call.context)
                 continue
             kind = observation.kind
             if kind == "result":
@@ -652,13 +659,13 @@ class Calls:
                 return Answer.result(observation.content, self.forwarded.pop(run_id, None))
             if kind == "interrupted":
                 # A read-only call cut off by a dead process simply runs again.
-                outcome = await self.gate.step(run_id, call.decision())
+                outcome = await self.gate.step(run_id, call.decision(), context=call.context)
                 continue
             if kind == "tool_error":
                 if (run_id, observation.step) in self.cut_off and _mutating(call.spec):
                     self.cut_off.discard((run_id, observation.step))
                     await self.store.run(self.index.mark_unknown_outcome, run_id)
-                    outcome = await self.gate.step(run_id, call.decision())
+                    outcome = await self.gate.step(run_id, call.decision(), context=call.context)
                     continue
                 self.cut_off.discard((run_id, observation.step))
                 await self.gate.step(run_id, Decision.fail("tool_error"))
@@ -680,6 +687,8 @@ class Calls:
         try:
             await self.store.run(self.index.settle, run_id, outcome)
         except Exception as exc:
+            if _stayed_busy(exc):
+                self._stalled.add(run_id)
             self._log(f"agentrt proxy: run {run_id} ended but its index row was not settled: "
                       f"{sanitize(str(exc))}")  # fmt: skip
 
@@ -730,7 +739,7 @@ class Calls:
 
     async def _resume_held(self, row: CallRow, call: _Call) -> Answer:
         try:
-            outcome = await self.gate.resume(row.run_id)
+            outcome = await self.gate.resume(row.run_id, context=call.context)
         except RunStateError:
             await self._release_quietly(row.run_id, call.token)
             settled = await self._settle_if_ended(row.run_id)
@@ -740,6 +749,8 @@ class Calls:
         except AgentrtError as exc:
             if row.run_id in self.sent:
                 raise  # the request reached the server: an unknown outcome, not "not run"
+            if _stayed_busy(exc):
+                self._stalled.add(row.run_id)
             await self._release_quietly(row.run_id, call.token)
             # The reason names runs and files: it is for the operator's log, not the model.
             self.log.write(f"agentrt proxy: run {row.run_id} cannot resume: {sanitize(str(exc))}\n")
@@ -748,12 +759,30 @@ class Calls:
         return await self._conclude(row, call, outcome)
 
     async def _release_quietly(self, run_id: str, token: str) -> None:
+        if run_id in self._stalled:
+            # The database stayed locked for a whole busy deadline: a release would
+            # hold the answer as long again.  Let go in memory only, as the gate does
+            # with its lease: this process counts the hold as lapsed at once, another
+            # once it runs out (`hold_ttl`: nothing renews it).
+            self.index.forget(run_id, token)
+            return
         # A hold that cannot be released is no longer renewed, and lapses by itself.
         try:
             await self.store.run(self.index.release, run_id, token)
         except Exception as exc:
             self._log(f"agentrt proxy: the hold on run {run_id} was not released (it lapses "
                       f"by itself): {sanitize(str(exc))}")  # fmt: skip
+
+
+def _stayed_busy(exc: BaseException) -> bool:
+    """Whether `exc` is, or was caused by, a database another writer held past the store's
+    busy deadline (`StoreBusy`; the gate's `ResultNotRecorded` names it as its cause)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, StoreBusy):
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def _waiting_answer(tool: str, approval: ApprovalRecord) -> Answer:

@@ -20,7 +20,7 @@ import anyio
 from mcp.server.context import ServerRequestContext
 
 from ..canonical import canonical_bytes, plain_json
-from ..mcp._connection import Ask, AskRefused
+from ..mcp._context import Ask, AskRefused
 from ..mcp._jsonrpc import METHOD_NOT_FOUND
 from ..store import Connection, Store
 from ._input_required import HostCall, is_stateless

@@ -7,7 +7,8 @@ leaves the decision to the rule or the class policy.  Everything here fails
 towards a person: an expression that does not compile refuses the
 configuration, one that cannot be evaluated (a missing field, a wrong type,
 a path that cannot be resolved, the time budget spent) decides
-`require_approval` and says why, never `allow`.
+`require_approval` and says why, never `allow`.  CEL's operators and
+functions are `_cel`'s, which type arguments as CEL does, not as Python does.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ __all__ = [
 # as long as an attacker likes; so the expression and the arguments are
 # capped, and the evaluation runs in a worker thread under a deadline that a
 # watchdog enforces: it raises the stop in that thread, again every 10 ms until it ends.
+# The stop lands between bytecodes; `_cel` keeps every C call a condition can make
+# linear in the arguments (one RE2 search is capped), so none holds the thread long.
 MAX_EXPRESSION_CHARS: Final = 2000
 MAX_CONDITIONS: Final = 32
 MAX_ARGUMENT_BYTES: Final = 1024 * 1024
@@ -145,6 +148,14 @@ def _celpy() -> Any:
     return celpy
 
 
+def _strict() -> Any:
+    """CEL's operators and functions typed strictly (`_cel`), which imports cel-python."""
+    _celpy()
+    from . import _cel
+
+    return _cel
+
+
 @dataclass(frozen=True, slots=True)
 class Condition:
     """One compiled `{"if", "outcome", "reason"}` entry."""
@@ -180,7 +191,7 @@ class ToolConditions:
         """The first condition that holds, an error verdict, or None when none holds."""
         try:
             # The thread is stopped at the deadline; this backstop is for time spent
-            # inside one C call (a regular expression), which the stop cannot cut.
+            # inside one C call (an RE2 search, capped), which the stop cannot cut.
             with anyio.fail_after(EVALUATION_SECONDS * 2):
                 return await anyio.to_thread.run_sync(
                     self.decide_now, arguments, abandon_on_cancel=True
@@ -213,7 +224,7 @@ class ToolConditions:
         return None
 
     def _activation(self, arguments: Any) -> dict[str, Any]:
-        if len(canonical_json(arguments).encode("utf-8")) > MAX_ARGUMENT_BYTES:
+        if len(canonical_json(arguments).encode("utf-8", "surrogatepass")) > MAX_ARGUMENT_BYTES:
             raise _Undecidable(
                 f"the arguments are larger than {MAX_ARGUMENT_BYTES} bytes, "
                 "more than conditions look at"
@@ -239,8 +250,12 @@ def _holds(condition: Condition, activation: dict[str, Any]) -> bool:
     try:
         value = condition.program.evaluate(activation)
     except celpy.CELEvalError as exc:
-        raise _Undecidable(_short(exc)) from None
-    except (ValueError, TypeError, KeyError, ArithmeticError, RecursionError) as exc:
+        # Where an operator refused its arguments, its own sentence says which and why.
+        refused = exc.__cause__
+        raise _Undecidable(
+            _short(refused if isinstance(refused, _strict().ArgumentError) else exc)
+        ) from None
+    except (ValueError, TypeError, LookupError, ArithmeticError, RecursionError) as exc:
         raise _Undecidable(_short(exc)) from None
     if isinstance(value, celpy.CELEvalError):
         raise _Undecidable(_short(value))
@@ -261,7 +276,10 @@ def _short(exc: BaseException) -> str:
 
 def _to_cel(value: Any) -> Any:
     """A parsed JSON value as CEL values: an integer literal is `int`, a fraction `double`."""
-    celtypes = _celpy().celtypes
+    return _cel_value(value, _celpy().celtypes)
+
+
+def _cel_value(value: Any, celtypes: Any) -> Any:
     if value is None:
         return None
     if isinstance(value, bool):
@@ -269,7 +287,8 @@ def _to_cel(value: Any) -> Any:
     if isinstance(value, int):
         if not -_INT64 <= value < _INT64:
             raise _Undecidable(f"the integer {value} is outside CEL's 64-bit int")
-        return celtypes.IntType(value)
+        # Checked above: cel-python's own constructor checks again, 20 times slower.
+        return int.__new__(celtypes.IntType, value)
     if isinstance(value, (Decimal, float)):
         number = float(value)
         if not math.isfinite(number):
@@ -278,10 +297,10 @@ def _to_cel(value: Any) -> Any:
     if isinstance(value, str):
         return celtypes.StringType(value)
     if isinstance(value, list):
-        return celtypes.ListType([_to_cel(item) for item in value])
+        return celtypes.ListType([_cel_value(item, celtypes) for item in value])
     if isinstance(value, dict):
         return celtypes.MapType(
-            {celtypes.StringType(key): _to_cel(item) for key, item in value.items()}
+            {celtypes.StringType(key): _cel_value(item, celtypes) for key, item in value.items()}
         )
     raise _Undecidable(f"a {type(value).__name__} in the arguments is not JSON")
 
@@ -413,7 +432,8 @@ def _compile_one(entry: Any, where: str) -> Condition:
     if not isinstance(reason, str):
         raise ConditionError(f'{where}: "reason" must be a string')
     celpy = _celpy()
-    environment = celpy.Environment()
+    strict = _strict()
+    environment = celpy.Environment(runner_class=strict.StrictRunner)
     try:
         tree = environment.compile(expression)
     except celpy.CELParseError as exc:
@@ -425,7 +445,13 @@ def _compile_one(entry: Any, where: str) -> Condition:
         ) from None
     except (RecursionError, ValueError) as exc:
         raise ConditionError(f'{where}: "if" does not compile: {_short(exc)}') from None
-    program = environment.program(tree, functions=dict(_FUNCTIONS))
+    for node in tree.iter_subtrees():
+        if node.data == "member_dot_arg" and str(node.children[1]) in strict.NOT_CEL_MACROS:
+            raise ConditionError(
+                f'{where}: "if" uses {node.children[1]}(), which cel-python adds to CEL '
+                "and conditions do not take"
+            )
+    program = environment.program(tree, functions={**strict.FUNCTIONS, **_FUNCTIONS})
     return Condition(expression, _OUTCOMES[outcome], reason, program)
 
 

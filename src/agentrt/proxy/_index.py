@@ -444,7 +444,9 @@ class CallIndex:
 
     def forget(self, run_id: str, token: str) -> None:
         """Stop renewing the hold of a call whose result's own commit settled its row
-        (which cleared the hold with it): nothing is left to write."""
+        (which cleared the hold with it): nothing is left to write.  Also a call's
+        hold left to lapse because the database stayed locked: this process counts it
+        lapsed at once (`_let_go`), another once `hold_ttl` has run out."""
         with self._live_lock:
             self._live.discard((run_id, self._holder(token)))
 

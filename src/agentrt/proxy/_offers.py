@@ -27,6 +27,7 @@ from ..canonical import (
     plain_json,
     sha256_hex,
 )
+from ..mcp import CallContext
 from ..mcp._errors import ServerToolError
 from ..mcp._upstream import RestartFailed, Upstream
 from ..policy import Outcome
@@ -99,9 +100,10 @@ class OfferTool:
         except JSONBoundaryError as exc:
             raise ServerToolError(f"{where}: the request is not usable JSON: {exc}") from None
         try:
-            await self._upstream.ready()
+            context = call.context if isinstance(call.context, CallContext) else None
+            await self._upstream.ready(context)
             result = await self._upstream.connection.request(
-                self._method, plain_json(params), timeout=self._spec.timeout
+                self._method, plain_json(params), timeout=self._spec.timeout, context=context
             )
         except RestartFailed as exc:
             raise ServerToolError(f"{where} was not sent: {sanitize(str(exc))}") from None

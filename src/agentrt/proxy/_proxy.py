@@ -22,14 +22,14 @@ from mcp.server.context import ServerRequestContext
 
 from ..canonical import canonical_json, plain_json
 from ..gate import Gate, Limits
-from ..mcp._connection import UPSTREAM_ASK, UPSTREAM_LOG
-from ..mcp._tool import UPSTREAM_PROGRESS, ServerTool
+from ..mcp import CallContext
+from ..mcp._tool import ServerTool
 from ..policy import Outcome
 from ..sanitize import sanitize
 from ..store import Store
 from ..tools import Tool
 from ._answers import Answer, bounded
-from ._calls import CALL_RUN, Calls, WatchedTool, new_owner, proxy_policy
+from ._calls import Calls, WatchedTool, new_owner, proxy_policy
 from ._client_requests import asker_for
 from ._forward import Forwarded
 from ._index import CallIndex
@@ -249,26 +249,23 @@ class Proxy:
                     logger=bounded(logger, 100) if logger is not None else None,
                 )
 
+        # The run ids the gate opens for this call, so a server's request is recorded in its run.
         runs: list[str] = []
         upstream = self.server_of.get(tool)
+        timeout = self.timeouts.get(tool, DEFAULT_SERVER_TIMEOUT)
+        context = CallContext(
+            progress=upstream_progress if wants_progress else None,
+            log=upstream_log,
+            ask=None if upstream is None else asker_for(upstream, call, self.store, runs, timeout),
+            on_run=runs.append,
+        )
 
         async def work() -> None:
-            UPSTREAM_PROGRESS.set(upstream_progress if wants_progress else None)
-            UPSTREAM_LOG.set(upstream_log)
-            CALL_RUN.set(runs)
-            if upstream is not None:
-                UPSTREAM_ASK.set(
-                    asker_for(
-                        upstream,
-                        call,
-                        self.store,
-                        runs,
-                        self.timeouts.get(tool, DEFAULT_SERVER_TIMEOUT),
-                    )
-                )
             answer = Answer.unavailable("the gate could not complete this call.")
             try:
-                answer = await self.calls.handle(tool, arguments, progress, request_meta)
+                answer = await self.calls.handle(
+                    tool, arguments, progress, request_meta, context=context
+                )
             except Exception as exc:
                 log_line(self.log, f"agentrt proxy: a call to {sanitize(tool)} failed: "
                          f"{sanitize(str(exc))}")  # fmt: skip

@@ -21,11 +21,12 @@ if TYPE_CHECKING:
 class _Unit:
     """One caller's `Store.write`: the function, then its outcome once its batch settled."""
 
-    __slots__ = ("_done", "_future", "_loop", "args", "error", "function", "value")
+    __slots__ = ("_done", "_future", "_loop", "args", "error", "function", "submitted", "value")
 
     def __init__(self, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self.function = function
         self.args = args
+        self.submitted = time.monotonic()
         self.value: Any = None
         self.error: BaseException | None = None
         # On asyncio the writer wakes the caller's loop directly, through a bare

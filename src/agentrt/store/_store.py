@@ -175,7 +175,9 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         (`_Unit.release`) until COMMIT returned and the anchor was written.
         """
         try:
-            self._begin()
+            # Each unit waits out a busy database one deadline from its submission,
+            # not from when an earlier batch's wait for the lock gave up.
+            self._begin(min(unit.submitted for unit in units) + self.busy_deadline)
         except BaseException as exc:
             for unit in units:
                 unit.error = exc
@@ -260,16 +262,18 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
             with self._waiters_guard:
                 self._lock_waiters -= 1
 
-    def _begin(self) -> None:
+    def _begin(self, deadline: float | None = None) -> None:
         """Take the store's lock and begin a write holding the database's write lock (the
         backend's `begin`), waiting out a busy database in short attempts (the lock
-        released between them) until `busy_deadline`.
+        released between them) until `deadline` (monotonic; `busy_deadline` from now by
+        default).
 
         On SQLite that is `BEGIN IMMEDIATE`; on PostgreSQL `BEGIN` and the write lock
         every writer takes first (the server itself waits for it up to the deadline),
         with the server's time then, which judges the write (`write_time`).
         """
-        deadline = time.monotonic() + self.busy_deadline
+        if deadline is None:
+            deadline = time.monotonic() + self.busy_deadline
         while True:
             self._acquire_lock()
             try:

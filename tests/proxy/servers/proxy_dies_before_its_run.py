@@ -33,6 +33,7 @@ async def _row_then_run(
     metadata: Any = None,
     admit: Any,
     on_end: Any = None,
+    context: Any = None,
 ) -> Any:
     """The order of a build before group commit: the index row in a commit of its own."""
     admitted, value = await self.store.write(admit)
