@@ -348,6 +348,18 @@ async def test_a_failing_write_alone_in_its_batch_leaves_nothing(database: str |
     store.close()
 
 
+@pytest.mark.anyio
+async def test_a_write_unit_and_a_run_take_keyword_arguments(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "runs.db")
+    await store.write(_note, store, "kept", fail=False)
+    with pytest.raises(_Refused):
+        await store.write(_note, store, "refused", fail=True)
+    rows = await store.run(store.query, "SELECT name FROM extensions", parameters=())
+    names = {row[0] for row in rows}
+    assert "kept" in names and "refused" not in names
+    store.close()
+
+
 class _SeeingPolicy:
     """Allows everything, noting the step count of the run view it was shown."""
 

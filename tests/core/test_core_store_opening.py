@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import agentrt.store
+import agentrt.store._store
 from agentrt import open_store
 from agentrt.errors import StoreBusy
 
@@ -105,7 +105,7 @@ def test_opening_gives_up_at_the_busy_deadline_in_one_sentence(
     # an exclusive one held past 5 s made the file "not a SQLite database".
     database = tmp_path / "runs.db"
     _database_with_one_event(database)
-    monkeypatch.setattr(agentrt.store, "_BUSY_DEADLINE_S", 0.5)
+    monkeypatch.setattr(agentrt.store._store, "_BUSY_DEADLINE_S", 0.5)
     with _lock_held(database, 20.0, lock):
         began = time.monotonic()
         with pytest.raises(StoreBusy) as refused:

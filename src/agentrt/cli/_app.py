@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import getpass
 import importlib
-import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import click
 
 from ..errors import AgentrtError, StoreError
 from ..sanitize import sanitize
-from ..store import Store, open_store
+from ..store import DATABASE_ERRORS, Store, open_store
 from ._output import Output
 
 __all__ = [
@@ -96,7 +95,7 @@ class AgentrtGroup(click.Group):
             return super().invoke(ctx)
         except StoreError as error:
             raise CommandError(sanitize(str(error)), EXIT_UNUSABLE) from error
-        except sqlite3.DatabaseError as error:
+        except DATABASE_ERRORS as error:
             # A file that is not an agentrt database (or is damaged) surfaces
             # here; naming it beats a traceback.
             raise CommandError(

@@ -9,7 +9,6 @@ one, so a call started under the old one can no longer record its result.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,8 +18,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from .. import ledger
-from ..errors import StoreError
-from ..store import Connection, RunRecord, Store
+from ..store import DATABASE_ERRORS, Connection, RunRecord, Store
 
 __all__ = ["Leases"]
 
@@ -102,7 +100,7 @@ class Leases:
             return
         try:
             await self.store.write(self._clear, run_id, token)
-        except (sqlite3.Error, StoreError):
+        except DATABASE_ERRORS:
             self._let_go.add(run_id)  # the lease then simply expires (or is taken over here)
 
     def _clear(self, connection: Connection, run_id: str, token: str) -> None:

@@ -14,7 +14,6 @@ server, never a decision of the gate.
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any, Final
 
 import anyio
@@ -23,7 +22,7 @@ from mcp.server.context import ServerRequestContext
 from ..canonical import canonical_bytes, plain_json
 from ..mcp._context import Ask, AskRefused
 from ..mcp._jsonrpc import METHOD_NOT_FOUND
-from ..store import Store
+from ..store import Connection, Store
 from ._input_required import HostCall, is_stateless
 from .config import UpstreamConfig
 
@@ -71,7 +70,7 @@ def asker_for(
             return
         run_id = runs[-1]
 
-        def append(connection: sqlite3.Connection) -> None:
+        def append(connection: Connection) -> None:
             store.append_event(connection, run_id, type_, payload)
 
         await store.write(append)

@@ -9,7 +9,11 @@ process died.  Every decision is taken inside one `BEGIN IMMEDIATE`
 transaction (on PostgreSQL, one holding the store's write lock), so two
 proxies on one database — on one machine or many — never both start the
 same call.  Holds are judged on the store's write clock (the server's, on
-PostgreSQL).
+PostgreSQL).  The index is a store extension: it writes only its own table, and a
+decision reads the runs, steps and approvals it depends on through the store's reads
+on its own transaction's connection (`Store.find_run`, `read_latest_approval`,
+`read_last_steps`), never through the store's locked read path, so each decision
+reads top to bottom in `decide_in`.
 
 A new call's row is written in the same transaction as its run and first
 step (`decide_in` inside `Gate.start_and_step`), and its settlement in the
@@ -35,7 +39,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..canonical import canonical_bytes, sha256_hex
-from ..errors import RunNotFound
 from ..store import (
     ApprovalRecord,
     ApprovalStatus,
@@ -230,12 +233,9 @@ class CallIndex:
     def _one(self, connection: Connection, run_id: str) -> CallRow:
         return self._rows(connection, "SELECT * FROM proxy_calls WHERE run_id = ?", (run_id,))[0]
 
-    def _run(self, run_id: str) -> RunRecord | None:
+    def _run(self, connection: Connection, run_id: str) -> RunRecord | None:
         """The row's run, or None when it was never started (see the module's note)."""
-        try:
-            return self.store.get_run(run_id)
-        except RunNotFound:
-            return None
+        return self.store.find_run(connection, run_id)
 
     def get(self, run_id: str) -> CallRow | None:
         with self.store.transaction() as connection:
@@ -256,8 +256,8 @@ class CallIndex:
             )
             waiting = []
             for row in rows:
-                run = self._run(row.run_id)
-                approval = self.store.waiting_approval(row.run_id)
+                run = self._run(connection, row.run_id)
+                approval = self.store.read_waiting_approval(connection, row.run_id)
                 if (
                     run is not None
                     and run.status is RunStatus.WAITING_FOR_APPROVAL
@@ -292,7 +292,7 @@ class CallIndex:
         now = self.store.write_time(time.time())
         open_rows: list[tuple[CallRow, RunRecord | None]] = []
         for row in self._rows(connection, _UNSETTLED_OF_KEY, (self.session, key)):
-            run = self._run(row.run_id)
+            run = self._run(connection, row.run_id)
             if run is not None and run.status.terminal:
                 # Ended outside any proxy (rejected, expired, cancelled by the operator).
                 self._settle_from_run(connection, row, run)
@@ -301,7 +301,7 @@ class CallIndex:
         # 1. a run waiting on an approval for this very request
         for row, run in open_rows:
             if run is not None and run.status is RunStatus.WAITING_FOR_APPROVAL:
-                approval = self.store.latest_approval(row.run_id)
+                approval = self.store.read_latest_approval(connection, row.run_id)
                 return Verdict(Action.COLLECT, row, approval)
         # 2. a run executing under a live hold; 3. one a dead process left running
         # (or never started: the row's run then begins under its id)
@@ -320,7 +320,8 @@ class CallIndex:
             else ()
         ):
             if row.outcome in (Settled.REJECTED, Settled.CANCELLED):
-                return Verdict(Action.REJECTED, row, self.store.latest_approval(row.run_id))
+                approval = self.store.read_latest_approval(connection, row.run_id)
+                return Verdict(Action.REJECTED, row, approval)
             if row.outcome == Settled.EXPIRED:
                 return Verdict(Action.EXPIRED, row)
             return Verdict(Action.DUPLICATE, row)
@@ -332,7 +333,7 @@ class CallIndex:
                 " AND unknown_outcome = 1",
                 (self.session, tool),
             ):
-                blocking_run = self._run(row.run_id)
+                blocking_run = self._run(connection, row.run_id)
                 if blocking_run is not None and not blocking_run.status.terminal:
                     return Verdict(Action.BLOCKED, row)
         if may_need_approval and self._pending_count(connection) >= max_pending:
@@ -369,13 +370,13 @@ class CallIndex:
             "SELECT * FROM proxy_calls WHERE session = ? AND settled = 0",
             (self.session,),
         ):
-            approval = self.store.latest_approval(row.run_id)
+            approval = self.store.read_latest_approval(connection, row.run_id)
             if approval is not None and approval.status is ApprovalStatus.PENDING:
                 count += 1
         return count
 
     def _settle_from_run(self, connection: Connection, row: CallRow, run: RunRecord) -> CallRow:
-        steps = self.store.last_steps(row.run_id, 1)
+        steps = self.store.read_last_steps(connection, row.run_id, 1)
         kind = steps[0].observation_kind if steps else None
         outcome = outcome_of_ended_run(run, kind)
         settled_at = iso_to_epoch(run.updated_at)
@@ -490,7 +491,7 @@ class CallIndex:
             if not rows:
                 return None
             row = rows[0]
-            run = self._run(run_id)
+            run = self._run(connection, run_id)
             if row.settled or run is None or not run.status.terminal:
                 return row
             return self._settle_from_run(connection, row, run)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import sys
 
-import agentrt.store
+import agentrt.store._store
 from agentrt.cli import cli
 
-agentrt.store._BUSY_DEADLINE_S = 3.0  # type: ignore[misc]  # read by each Store it opens
+agentrt.store._store._BUSY_DEADLINE_S = 3.0  # type: ignore[misc]  # read by each Store it opens, and opening
 
 if __name__ == "__main__":
     cli(sys.argv[1:], prog_name="agentrt")

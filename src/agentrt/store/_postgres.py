@@ -18,7 +18,8 @@ agree on who holds what.
 Credentials come only from libpq's environment (`PGPASSWORD`, a pgpass file,
 a service): a URL holding a password is refused, so no password is ever
 written into an event, a log or an error.  This module imports psycopg; the
-store imports this module only for a `postgresql://` URL.
+store imports this module only for a `postgresql://` URL.  `PostgresBackend` holds
+the store's hooks for PostgreSQL (`_backend.Backend`).
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ import psycopg.conninfo
 import psycopg.errors
 import psycopg.rows
 
-from .errors import StoreBusy, StoreConflict, StoreError, UnsafeDatabase, newer_build
-from .sanitize import sanitize
+from ..errors import StoreBusy, StoreConflict, StoreError, UnsafeDatabase, newer_build
+from ..sanitize import sanitize
+from ._records import Connection
 
 __all__ = [
     "WRITE_LOCK",
+    "PostgresBackend",
     "PostgresConnection",
     "connect",
     "redacted",
@@ -341,6 +344,35 @@ class PostgresConnection:
     def close(self) -> None:
         self._closed = True  # on purpose: never opened again
         self._connection.close()
+
+
+class PostgresBackend:
+    """The store's hooks for PostgreSQL (see `Backend`): the write lock and the clock are
+    the server's, and each host keeps its own head anchor for the database."""
+
+    name: Final = "postgresql"
+    server_clock: Final = "SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8"
+    anchor_per_host: Final = True
+
+    def __init__(self, connection: PostgresConnection) -> None:
+        self._connection = connection
+
+    def begin(self, connection: Connection) -> float | None:
+        """`BEGIN` and the write lock, waited for by the server (a wait past the lock
+        timeout is `StoreBusy`); the server's time then."""
+        return self._connection.begin_write()  # the adapter: the store's connection
+
+    def is_busy(self, error: Exception) -> bool:
+        return False  # the server waits; the adapter says a wait too long as StoreBusy
+
+    def ddl(self, statement: str) -> str:
+        return widen_types(statement)
+
+    def lost_events(self, anchor: str) -> str:
+        return (
+            f"(an older backup restored, or the database emptied or recreated; "
+            f"if it was reset on purpose, remove {anchor} to start afresh)"
+        )
 
 
 def _open(parameters: dict[str, Any], label: str) -> psycopg.Connection[Any]:

@@ -1,0 +1,109 @@
+"""The store: runs, steps, approvals and a hash-chained event log, in SQLite.
+
+(Or in PostgreSQL, for a `postgresql://` URL: the same SQL through an adapter
+with the same connection surface, `_postgres.py`; decision 0015.  What
+follows describes SQLite; the PostgreSQL differences are in that module and
+in the store's hooks for each backend, `_backend.py`.)
+
+Tables are the state; events are the explanation.  Every state change is
+written in the same transaction as its event, and each event's hash covers the
+previous event's hash and its own canonical content, so `verify_chain` finds
+the first event that was altered, removed or inserted after the fact.
+
+The database is the operator's: whoever can write it can forge an approval.
+So a new file is created owner-only (0600, whatever the umask), a file that
+group or others can write is refused, a symbolic link is refused, and a
+database from a newer build is refused rather than misread.
+
+A database that is not ours, or lost what it held, is refused too: an
+existing file is opened only if it already holds the agentrt schema (never
+initialised in place), holds no trigger or view, and passes SQLite's quick
+check; and a **head anchor** beside it (`<db>.anchor`: the last committed
+event's seq and hash) refuses a database whose chain is behind it — a WAL
+deleted after a crash, an old copy restored, a truncated file.  (On
+PostgreSQL each host keeps its own anchor for the database, in its state
+directory: `postgres_anchor_path`.)
+
+Store work is synchronous, on one connection under the store's lock; async
+code runs it off the event loop with `Store.run` (a worker thread) and
+`Store.write` (the store's one writer thread), so neither an fsync nor a busy
+wait ever stalls the loop.  The writer **commits in groups**: the `write`
+units of concurrent callers share one SQLite transaction, each in its own
+savepoint (a failing unit rolls back only itself), and every caller is
+answered only after that transaction's COMMIT returned and the anchor was
+written — so nothing a caller is told is ahead of the disk.  A busy database
+is waited on in short steps until a deadline (`StoreBusy`), never for ever.
+
+The rooms, each a module of this package:
+
+- `_store.py`: `Store`, its lock and transactions, `run` and `write`;
+- `_group_commit.py`: the writer thread and the units it commits in groups;
+- `_reads.py`: runs, steps, approvals and events read back as records;
+- `_records.py`: the statuses, the records and reports, the row mappers;
+- `_chain.py`: hashing and appending events, `verify_chain`, `verify_state`;
+- `_anchor.py`: the head anchor, written after each commit and checked at opening;
+- `_schema.py`: the core migrations and the extensions' own (the proxy's call
+  index, `proxy/_index.py`; the accounting, `accounting.py`);
+- `_open.py`: `open_store`, for a file or a URL;
+- `_sqlite.py`: opening a SQLite file safely, and SQLite's hooks;
+- `_postgres.py`: the PostgreSQL adapter, and PostgreSQL's hooks;
+- `_backend.py`: the hooks themselves, what differs between the two;
+- `_times.py`: times as the store writes them.
+
+Nothing above the store writes SQL but its two extensions, and nothing above
+it catches a database driver's errors (`tests/test_architecture.py`).
+"""
+
+from ._anchor import postgres_anchor_path
+from ._chain import GENESIS_HASH, event_hash
+from ._chain import _disagreement as _disagreement  # not public: for agentrt.ledger (*)
+from ._open import is_postgres_url, open_store
+from ._reads import _LIST_RUNS as _LIST_RUNS  # not public: a test compares it with a sort
+from ._records import (
+    AnchorReport,
+    ApprovalRecord,
+    ApprovalStatus,
+    ChainReport,
+    Connection,
+    Event,
+    RunRecord,
+    RunStatus,
+    StateReport,
+    StepRecord,
+    StepStatus,
+    approval_hash,
+)
+from ._records import _row_to_run as _row_to_run  # (*)
+from ._records import _run_status as _run_status  # (*) until the ledger moves in here
+from ._schema import SCHEMA_VERSION
+from ._sqlite import DATABASE_ERRORS, INTEGRITY_ERRORS
+from ._store import Store
+from ._times import epoch_to_iso, iso_to_epoch, utc_at, utc_now
+
+__all__ = [
+    "DATABASE_ERRORS",
+    "GENESIS_HASH",
+    "INTEGRITY_ERRORS",
+    "SCHEMA_VERSION",
+    "AnchorReport",
+    "ApprovalRecord",
+    "ApprovalStatus",
+    "ChainReport",
+    "Connection",
+    "Event",
+    "RunRecord",
+    "RunStatus",
+    "StateReport",
+    "StepRecord",
+    "StepStatus",
+    "Store",
+    "approval_hash",
+    "epoch_to_iso",
+    "event_hash",
+    "is_postgres_url",
+    "iso_to_epoch",
+    "open_store",
+    "postgres_anchor_path",
+    "utc_at",
+    "utc_now",
+]

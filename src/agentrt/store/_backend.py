@@ -1,0 +1,55 @@
+"""The backend: what differs between SQLite and PostgreSQL beneath the store's SQL, as a
+few hooks the store calls (as DBOS's SQLite and PostgreSQL system databases override
+only hooks).  SQL is written once, in SQLite's dialect, for both."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ._records import Connection
+
+__all__ = ["Backend", "Busy"]
+
+
+class Busy(Exception):
+    """A backend's `begin` found the database locked by another writer: try again."""
+
+
+class Backend(Protocol):
+    """What differs between SQLite and PostgreSQL beneath the store's SQL, as hooks the
+    store calls: `_sqlite.SqliteBackend` and `_postgres.PostgresBackend`."""
+
+    @property
+    def name(self) -> str:
+        """`"sqlite"` or `"postgresql"`."""
+        ...
+
+    @property
+    def server_clock(self) -> str | None:
+        """A read of the database server's clock (epoch seconds), or None where this
+        host's clock judges."""
+        ...
+
+    @property
+    def anchor_per_host(self) -> bool:
+        """Whether each host keeps its own head anchor (a host without one is no fault
+        of the database's)."""
+        ...
+
+    def begin(self, connection: Connection) -> float | None:
+        """Start a write transaction holding the database's write lock; the server's time
+        then, or None.  Raises `Busy` when another writer holds the lock."""
+        ...
+
+    def is_busy(self, error: Exception) -> bool:
+        """Whether a read failed only because another writer held the database."""
+        ...
+
+    def ddl(self, statement: str) -> str:
+        """A migration's statement (written in SQLite's dialect) as this database takes it."""
+        ...
+
+    def lost_events(self, anchor: str) -> str:
+        """How committed events are lost from this kind of database, as an error says it
+        (`anchor`: where the head anchor is)."""
+        ...

@@ -1,0 +1,155 @@
+"""The chain: each event's hash covers the previous event's hash and its own canonical
+content, so `verify_chain` finds the first event that was altered, removed or inserted
+after the fact; `verify_state` checks the tables against the events."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any, Final
+
+from ..canonical import canonical_json, json_string, parse_json, sha256_hex
+from ..sanitize import sanitize
+from ._records import ChainReport, Connection, Event, StateReport
+from ._times import utc_now
+
+GENESIS_HASH: Final = "0" * 64
+
+
+def event_hash(
+    prev_hash: str, seq: int, run_id: str, type_: str, payload_text: str, created_at: str
+) -> str:
+    """SHA-256 of the canonical envelope of one event, over its payload text as stored.
+
+    The envelope is the canonical JSON of `{created_at, payload, prev_hash,
+    run_id, seq, type}` with the stored payload text spliced in verbatim, so any
+    change to the stored bytes (even whitespace) breaks the chain, and nothing
+    is parsed or re-encoded to hash it.
+    """
+    envelope = (
+        '{"created_at":' + json_string(created_at)
+        + ',"payload":' + payload_text
+        + ',"prev_hash":' + json_string(prev_hash)
+        + ',"run_id":' + json_string(run_id)
+        + ',"seq":' + str(seq)
+        + ',"type":' + json_string(type_)
+        + "}"
+    )  # fmt: skip
+    return sha256_hex(envelope.encode("utf-8"))
+
+
+class _Chain:
+    """The store's part that extends and checks the chain (a mixin of `Store`)."""
+
+    # The store's, set by `Store.__init__`.
+    _connection: Connection
+    _lock: threading.RLock
+    _pending_events: list[Event]
+    _head: tuple[int, str] | None
+
+    def append_event(
+        self, connection: Connection, run_id: str, type_: str, payload: Mapping[str, Any]
+    ) -> Event:
+        """Append one event to the chain; call inside `transaction()` or a `write` unit."""
+        head = self._head
+        if head is None:
+            row = connection.execute(
+                "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
+            ).fetchone()
+            head = (row[0], row[1]) if row else (0, GENESIS_HASH)
+        seq, prev_hash = head[0] + 1, head[1]
+        created_at = utc_now()
+        payload_text = canonical_json(payload)
+        digest = event_hash(prev_hash, seq, run_id, type_, payload_text, created_at)
+        connection.execute(
+            "INSERT INTO events (seq, run_id, type, payload, created_at, prev_hash, hash)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (seq, run_id, type_, payload_text, created_at, prev_hash, digest),
+        )
+        event = Event(seq, run_id, type_, dict(payload), created_at, prev_hash, digest)
+        self._pending_events.append(event)
+        self._head = (seq, digest)
+        return event
+
+    def verify_chain(self, from_seq: int | None = None, to_seq: int | None = None) -> ChainReport:
+        """Recompute the hash chain over [from_seq, to_seq] and report the first break."""
+        start = max(from_seq or 1, 1)
+        with self._lock:
+            if start > 1:
+                previous = self._connection.execute(
+                    "SELECT hash FROM events WHERE seq = ?", (start - 1,)
+                ).fetchone()
+                prev_hash = previous[0] if previous else None
+            else:
+                prev_hash = GENESIS_HASH
+            cursor = self._connection.execute(
+                "SELECT * FROM events WHERE seq >= ? AND (? IS NULL OR seq <= ?) ORDER BY seq",
+                (start, to_seq, to_seq),
+            )
+            expected_seq = start
+            head_seq, head_hash, checked = start - 1, prev_hash or "", 0
+            for row in cursor:
+                seq = row["seq"]
+                if seq != expected_seq:
+                    return ChainReport(
+                        False, head_seq, head_hash, expected_seq,
+                        f"event {expected_seq} is missing", checked,
+                    )  # fmt: skip
+                if prev_hash is not None and row["prev_hash"] != prev_hash:
+                    return ChainReport(
+                        False, head_seq, head_hash, seq,
+                        f"event {seq} does not chain to event {seq - 1}", checked,
+                    )  # fmt: skip
+                payload_text = row["payload"]
+                try:
+                    if not isinstance(payload_text, str):
+                        raise ValueError("not text")
+                    parse_json(payload_text)
+                except ValueError:
+                    return ChainReport(
+                        False, head_seq, head_hash, seq,
+                        f"event {seq} has a payload that is not valid JSON", checked,
+                    )  # fmt: skip
+                digest = event_hash(
+                    row["prev_hash"], seq, str(row["run_id"]), str(row["type"]), payload_text,
+                    str(row["created_at"]),
+                )  # fmt: skip
+                if digest != row["hash"]:
+                    return ChainReport(
+                        False, head_seq, head_hash, seq,
+                        f"event {seq} does not match its hash (its content was changed)", checked,
+                    )  # fmt: skip
+                prev_hash = row["hash"]
+                head_seq, head_hash = seq, row["hash"]
+                expected_seq += 1
+                checked += 1
+        return ChainReport(True, head_seq, head_hash, None, "intact", checked)
+
+    def verify_state(self) -> StateReport:
+        """Check the tables against the events: every run's and approval's status is
+        the one its latest state event leaves, and every `run_resumed` on an
+        approval follows that approval's `approval_granted`.
+
+        The chain proves the events were not changed; this proves the rows the
+        gate acts on were not changed behind them (an approval set to
+        `approved` by hand, a cancelled run set back to running).
+        """
+        # The replay is the ledger's, driven by the table of transitions it writes by
+        # (`events.TRANSITIONS`); imported here because the ledger is built on this module.
+        from ..ledger import verify_state
+
+        with self._lock:
+            return verify_state(self._connection)
+
+
+def _disagreement(
+    kind: str, key: str, status: str, derived: tuple[str, int, str] | None
+) -> str | None:
+    if derived is None:
+        return f"{kind} {sanitize(key)} ({sanitize(str(status))}) has no event that created it"
+    if derived[0] == status:
+        return None
+    return (
+        f"{kind} {sanitize(key)} is {sanitize(str(status))} but its latest state event "
+        f"(event {derived[1]}, {derived[2]}) leaves it {derived[0]}"
+    )

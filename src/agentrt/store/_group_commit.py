@@ -1,0 +1,120 @@
+"""Group commit: the store's one writer thread gathers the `Store.write` units of
+concurrent callers into one transaction, each in its own savepoint, and answers every
+caller only after that transaction's COMMIT returned."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio.to_thread
+
+if TYPE_CHECKING:
+    from ._store import Store
+
+
+class _Unit:
+    """One caller's `Store.write`: the function, then its outcome once its batch settled."""
+
+    __slots__ = ("_done", "_future", "_loop", "args", "error", "function", "submitted", "value")
+
+    def __init__(self, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.function = function
+        self.args = args
+        self.submitted = time.monotonic()
+        self.value: Any = None
+        self.error: BaseException | None = None
+        # On asyncio the writer wakes the caller's loop directly, through a bare
+        # future (no thread per waiter, no event object between them); on another
+        # backend the caller waits in a worker thread.
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        if self._loop is not None:
+            self._future: asyncio.Future[None] | None = self._loop.create_future()
+            self._done: threading.Event | None = None
+        else:
+            self._future = None
+            self._done = threading.Event()
+
+    def release(self) -> None:
+        """Called by the writer once the unit's outcome is final and durable."""
+        if self._done is not None:
+            self._done.set()
+        elif self._loop is not None and self._future is not None:
+            with contextlib.suppress(RuntimeError):  # the caller's loop already closed
+                self._loop.call_soon_threadsafe(_resolve, self._future)
+
+    async def settled(self) -> None:
+        if self._future is not None:
+            await self._future
+        elif self._done is not None:
+            await anyio.to_thread.run_sync(self._done.wait)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+# Enough to share one fsync among many callers, few enough that one batch's
+# savepoints keep the write lock only briefly.
+_MAX_BATCH: Final = 256
+
+
+class _Writer:
+    """The store's one writer thread: takes the queued `write` units, commits them in
+    groups, and answers their callers after each group's COMMIT."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._queue: queue.SimpleQueue[_Unit | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"agentrt-writer {store.path}", daemon=True
+        )
+        self.batches = 0
+        self._thread.start()
+
+    def submit(self, unit: _Unit) -> None:
+        self._queue.put(unit)
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is None:
+                return
+            units = [first]
+            # Whatever queued while the last batch committed joins this one:
+            # nobody waits for a timer, and under load every fsync is shared.
+            # (This thread is the queue's only reader: not empty means a get succeeds.)
+            while len(units) < _MAX_BATCH and not self._queue.empty():
+                unit = self._queue.get_nowait()
+                if unit is None:
+                    stopping = True
+                    break
+                units.append(unit)
+            # Readers and sync transactions waiting for the store's lock go first.
+            for _ in range(20):
+                if not self._store._lock_waiters:
+                    break
+                time.sleep(0.0001)
+            try:
+                self._store._commit_batch(units)
+            except BaseException as exc:  # never leave a caller waiting
+                for unit in units:
+                    if unit.error is None:
+                        unit.error, unit.value = exc, None
+            self.batches += 1
+            for unit in units:  # last: each wakes a caller, who wants the lock next
+                unit.release()

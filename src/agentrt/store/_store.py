@@ -1,0 +1,393 @@
+"""The store: one database's connection under one lock, its transactions, and the
+`Store` object that gathers the store's parts (its reads, the chain, the head anchor, the
+extensions' tables), each in a module of its own.
+
+Store work is synchronous, on one connection under the store's lock; async code runs it
+off the event loop with `Store.run` (a worker thread) and `Store.write` (the store's one
+writer thread, `_group_commit`), so neither an fsync nor a busy wait ever stalls the
+loop.  What differs between SQLite and PostgreSQL is a handful of hooks (`Backend`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar
+
+import anyio.to_thread
+
+from ..errors import StoreBusy, StoreError
+from ..sanitize import sanitize
+from ._anchor import _AnchorFile, _Anchoring
+from ._backend import Backend, Busy
+from ._chain import _Chain
+from ._group_commit import _Unit, _Writer
+from ._reads import _Reads
+from ._records import Connection, Event, RunRecord, RunStatus, _row_to_run, _run_status
+from ._schema import _Extensions
+from ._sqlite import SqliteBackend
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
+
+# The store retries a busy database (releasing its own lock in between, so reads go on)
+# until `Store.busy_deadline`, then says so in one sentence.
+_BUSY_DEADLINE_S: Final = 30.0
+
+
+@functools.cache
+def _counting(failed: bool, returning: str) -> str:
+    streak = "consecutive_failures + 1" if failed else "0"
+    return (
+        f"UPDATE runs SET consecutive_failures = {streak}, updated_at = ?"
+        f" WHERE run_id = ? AND lease_token = ? RETURNING {returning}"
+    )
+
+
+class Store(_Reads, _Chain, _Anchoring, _Extensions):
+    """One database of runs, steps, approvals and events (SQLite, or PostgreSQL for a
+    `postgresql://` URL).  Use `open_store`."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        path: str,
+        read_only: bool,
+        anchor_path: str | None = None,
+        backend: Backend | None = None,
+    ) -> None:
+        self._connection = connection
+        # What differs between SQLite (the default) and PostgreSQL, as hooks.
+        self._backend: Backend = SqliteBackend(path) if backend is None else backend
+        # On PostgreSQL, the server's time when the write transaction in progress took
+        # the write lock: leases and holds are judged on it (`write_time`).
+        self._server_now: float | None = None
+        self._lock = threading.RLock()
+        self.path = path
+        self.read_only = read_only
+        self.anchor_path = anchor_path
+        self.busy_deadline = _BUSY_DEADLINE_S
+        # Events of the transaction (or savepoint) in progress: only the thread
+        # holding _lock touches them.  Moved to _committed_events after COMMIT.
+        self._pending_events: list[Event] = []
+        # The chain head (seq, hash) as this transaction left it, read from the
+        # database once per transaction: BEGIN IMMEDIATE holds the write lock and
+        # `append_event` is the only writer of events, so it cannot move under us.
+        self._head: tuple[int, str] | None = None
+        self._events_lock = threading.Lock()
+        self._committed_events: list[Event] = []
+        self._writer: _Writer | None = None
+        self._writer_guard = threading.Lock()
+        self._anchor: _AnchorFile | None = None
+        self._waiters_guard = threading.Lock()
+        self._lock_waiters = 0
+        self.commits = 0
+        """COMMITs this store's connection has made (each one fsync of the WAL)."""
+
+    # -- off the event loop --------------------------------------------------
+
+    async def run(self, function: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Run blocking store work (a transaction, a read) in a worker thread.
+
+        An fsync or a busy wait on a locked database then stalls only that
+        worker, never the event loop (heartbeats keep beating).  The store's
+        lock still serialises the work on its one connection.  A cancelled
+        caller waits for the work to finish, so nobody is ever told less than
+        what the database holds.
+        """
+        return await anyio.to_thread.run_sync(functools.partial(function, *args, **kwargs))
+
+    async def write(
+        self,
+        function: Callable[Concatenate[Connection, _P], _T],
+        /,
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> _T:
+        """Run `function(connection, *args)` as one atomic unit, answered once it is durable.
+
+        The store's writer thread gathers the units of concurrent callers into
+        one transaction (group commit), each unit in its own savepoint: a unit
+        that raises rolls back only its own writes (and its events) and its
+        caller gets the exception; the others commit.  The call returns only
+        after the COMMIT holding the unit returned (and the head anchor was
+        written), so what the caller is told is on disk.  A cancelled caller
+        waits for its unit to be settled, as with `run`.
+        """
+        if self.read_only:
+            raise StoreError(f"database {sanitize(self.path)} is open read-only")
+        if kwargs:  # (none on the hot paths: a unit is called with its positional arguments)
+            function = functools.partial(function, **kwargs)
+        unit = _Unit(function, args)
+        future = unit._future
+        with anyio.CancelScope(shield=True):
+            # Submitted last, just before this task yields: the writer wakes needing
+            # the interpreter lock, and the loop lets go of it only once it waits.
+            self._writer_thread().submit(unit)
+            if future is not None:
+                await future  # (what `settled` awaits, one coroutine frame fewer)
+            else:
+                await unit.settled()
+        if unit.error is not None:
+            raise unit.error
+        return unit.value  # type: ignore[no-any-return]
+
+    def _writer_thread(self) -> _Writer:
+        with self._writer_guard:
+            if self._writer is None:
+                self._writer = _Writer(self)
+            return self._writer
+
+    # -- the backend's clock ------------------------------------------------
+
+    @property
+    def backend(self) -> str:
+        """`"postgresql"` or `"sqlite"`."""
+        return self._backend.name
+
+    def clock(self) -> float:
+        """Now, as approvals are judged outside a write: on PostgreSQL the server's clock
+        (one round trip), on SQLite this host's.  Blocking on PostgreSQL: call it in
+        `Store.run`."""
+        server_clock = self._backend.server_clock
+        if server_clock is None:
+            return time.time()
+        return float(self._query(server_clock)[0][0])
+
+    def write_time(self, now: float) -> float:
+        """The time that judges leases, holds and approvals inside a write: on PostgreSQL
+        the server's clock when the transaction took the write lock (so hosts whose
+        clocks disagree still agree on who holds a run and what expired), on SQLite
+        `now` (one host's clock)."""
+        return now if self._server_now is None else self._server_now
+
+    # -- transactions --------------------------------------------------------
+
+    def _commit_batch(self, units: list[_Unit]) -> None:
+        """On the writer thread: one transaction over `units`, each in a savepoint.
+
+        Every unit's outcome is set before this returns; none is released
+        (`_Unit.release`) until COMMIT returned and the anchor was written.
+        """
+        try:
+            # Each unit waits out a busy database one deadline from its submission,
+            # not from when an earlier batch's wait for the lock gave up.
+            self._begin(min(unit.submitted for unit in units) + self.busy_deadline)
+        except BaseException as exc:
+            for unit in units:
+                unit.error = exc
+            return
+        connection = self._connection
+        # A unit alone in its batch needs no savepoint: the transaction is its own.
+        alone = len(units) == 1
+        try:
+            self._head = None
+            committed: list[Event] = []
+            kept: list[_Unit] = []
+            for unit in units:
+                if not connection.in_transaction:
+                    # An earlier failure made SQLite roll the whole transaction
+                    # back (disk full, I/O error): nothing of this batch stands.
+                    break
+                head = self._head
+                self._pending_events = []
+                if not alone:
+                    connection.execute("SAVEPOINT unit")
+                try:
+                    unit.value = unit.function(connection, *unit.args)
+                except BaseException as exc:
+                    unit.error = exc
+                    self._pending_events = []
+                    self._head = head
+                    if connection.in_transaction:
+                        if alone:
+                            connection.execute("ROLLBACK")
+                        else:
+                            connection.execute("ROLLBACK TO unit")
+                            connection.execute("RELEASE unit")
+                    continue
+                if not alone:
+                    connection.execute("RELEASE unit")
+                committed.extend(self._pending_events)
+                kept.append(unit)
+            self._pending_events = []
+            if connection.in_transaction:
+                connection.execute("COMMIT")
+                self.commits += 1
+            elif alone:
+                pass  # its unit failed and rolled the transaction back
+            else:
+                lost = StoreError(
+                    f"database {sanitize(self.path)} rolled back a write after an error in "
+                    "another one; nothing of it was written"
+                )
+                for unit in kept:
+                    unit.error, unit.value = lost, None
+                committed = []
+                kept = []
+        except BaseException as exc:
+            self._pending_events = []
+            if connection.in_transaction:
+                with contextlib.suppress(sqlite3.Error, StoreError):
+                    connection.execute("ROLLBACK")
+            for unit in units:
+                if unit.error is None:
+                    unit.error, unit.value = exc, None
+            return
+        finally:
+            self._head = None
+            self._server_now = None
+            self._lock.release()
+        if committed:
+            with self._events_lock:
+                self._committed_events.extend(committed)
+            self._advance_anchor(committed[-1].seq, committed[-1].hash)
+
+    def _acquire_lock(self) -> None:
+        """Take the store's lock, counted while waiting, so the writer thread can
+        give way between batches (`_Writer._loop`) instead of taking it straight
+        back: Python's locks do not hand over to a waiter."""
+        if self._lock.acquire(blocking=False):
+            return
+        with self._waiters_guard:
+            self._lock_waiters += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._waiters_guard:
+                self._lock_waiters -= 1
+
+    def _begin(self, deadline: float | None = None) -> None:
+        """Take the store's lock and begin a write holding the database's write lock (the
+        backend's `begin`), waiting out a busy database in short attempts (the lock
+        released between them) until `deadline` (monotonic; `busy_deadline` from now by
+        default).
+
+        On SQLite that is `BEGIN IMMEDIATE`; on PostgreSQL `BEGIN` and the write lock
+        every writer takes first (the server itself waits for it up to the deadline),
+        with the server's time then, which judges the write (`write_time`).
+        """
+        if deadline is None:
+            deadline = time.monotonic() + self.busy_deadline
+        while True:
+            self._acquire_lock()
+            try:
+                self._server_now = self._backend.begin(self._connection)
+                return
+            except Busy:
+                self._lock.release()
+            except BaseException:
+                self._lock.release()
+                raise
+            if time.monotonic() >= deadline:
+                raise StoreBusy(
+                    f"database {sanitize(self.path)} stayed locked by another writer for "
+                    f"{self.busy_deadline:g}s; nothing was written"
+                )
+            time.sleep(0.005)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A write transaction (`BEGIN IMMEDIATE`): committed on success, rolled back on error."""
+        if self.read_only:
+            raise StoreError(f"database {sanitize(self.path)} is open read-only")
+        self._begin()
+        try:
+            connection = self._connection
+            self._pending_events = []
+            self._head = None
+            try:
+                yield connection
+                connection.execute("COMMIT")
+                self.commits += 1
+            except BaseException:
+                self._pending_events = []
+                if connection.in_transaction:
+                    # The connection rolls back on its own when it cannot.
+                    with contextlib.suppress(sqlite3.Error, StoreError):
+                        connection.execute("ROLLBACK")
+                raise
+            events, self._pending_events = self._pending_events, []
+            if events:
+                with self._events_lock:
+                    self._committed_events.extend(events)
+                self._advance_anchor(events[-1].seq, events[-1].hash)
+        finally:
+            self._head = None
+            self._server_now = None
+            self._lock.release()
+
+    def take_committed_events(self) -> list[Event]:
+        """Events appended by transactions that have committed since the last call."""
+        with self._events_lock:
+            events, self._committed_events = self._committed_events, []
+            return events
+
+    def close(self) -> None:
+        """Settle every `write` already submitted, stop the writer, close the connection."""
+        with self._writer_guard:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.stop()
+        with self._lock:
+            self._connection.close()
+            if self._anchor is not None:
+                self._anchor.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- the locked read path (the reads not handed a write's connection) ------
+
+    def query(self, sql: str, parameters: Sequence[Any] = ()) -> list[Any]:
+        """Rows of one read (readable by index and by column name), on the store's
+        connection under its lock: for the store's own modules (accounting), never a write."""
+        return self._query(sql, parameters)
+
+    def _query(self, sql: str, parameters: Sequence[Any] = ()) -> list[Any]:
+        deadline = time.monotonic() + self.busy_deadline
+        while True:
+            self._acquire_lock()
+            try:
+                rows: list[Any] = self._connection.execute(sql, parameters).fetchall()
+                return rows
+            except Exception as exc:
+                # Inside a transaction the lock is ours: busy cannot happen there.
+                if not self._backend.is_busy(exc) or self._connection.in_transaction:
+                    raise
+            finally:
+                self._lock.release()
+            if time.monotonic() >= deadline:
+                raise StoreBusy(
+                    f"database {sanitize(self.path)} stayed locked for {self.busy_deadline:g}s"
+                )
+            time.sleep(0.005)
+
+    # -- the gate's count of a result, inside its write: a compare-and-set on the lease
+    # token that started the call (a write, kept with the run's row until the ledger
+    # holds every transition)
+
+    def count_result(
+        self, connection: Connection, run_id: str, token: str, *, failed: bool, at: str
+    ) -> RunRecord | None:
+        """Inside a write: count a step's result on the run (its failure streak, its
+        update time), compared and set on the lease token that started the call;
+        the row as this left it, or None if the run is no longer under `token`."""
+        row = connection.execute(_counting(failed, "*"), (at, run_id, token)).fetchone()
+        return None if row is None else _row_to_run(row)
+
+    def count_last_result(
+        self, connection: Connection, run_id: str, token: str, *, failed: bool, at: str
+    ) -> RunStatus | None:
+        """`count_result` for a terminal tool's step, from which no view of the run is
+        built: the run's status as this left it, the only field its caller reads, or None."""
+        row = connection.execute(_counting(failed, "status"), (at, run_id, token)).fetchone()
+        return None if row is None else _run_status(row[0])
