@@ -28,11 +28,6 @@ EXTENSIONS = frozenset({"agentrt.proxy._index", "agentrt.accounting"})
 # What the store may import from the rest of agentrt: helpers that import nothing above them.
 LEAVES = frozenset({"agentrt.canonical", "agentrt.errors", "agentrt.sanitize"})
 DRIVERS = frozenset({"sqlite3", "psycopg"})
-# agentrt.ledger (every transition's SQL) and agentrt.events (its table) are to move into
-# store/; until then the ledger writes SQL outside it and the store imports it (verify_state).
-UNTIL_LEDGER_MOVES_IN = pytest.mark.xfail(
-    strict=True, reason="until ledger.py and events.py move into store/"
-)
 
 # A string that is a statement (it begins with a keyword) or holds one (a clause only SQL has).
 _STATEMENT = re.compile(
@@ -169,7 +164,6 @@ def test_the_package_is_read_whole() -> None:
     assert len(names) > 80
 
 
-@UNTIL_LEDGER_MOVES_IN
 def test_no_sql_outside_the_store_and_its_extensions() -> None:
     found = [
         f"{name} {finding}"
@@ -180,7 +174,6 @@ def test_no_sql_outside_the_store_and_its_extensions() -> None:
     assert found == []
 
 
-@UNTIL_LEDGER_MOVES_IN
 def test_the_store_imports_nothing_above_it() -> None:
     store = {name for name in _modules() if _in_store(name)}
     reached = _reached(store)

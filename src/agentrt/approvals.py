@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 
-from . import ledger
 from .errors import ApprovalError, ApprovalHashMismatch, RunStateError
 from .sanitize import sanitize
 from .store import (
@@ -20,6 +19,7 @@ from .store import (
     RunRecord,
     RunStatus,
     Store,
+    ledger,
     utc_at,
 )
 

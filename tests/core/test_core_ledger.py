@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentrt import Gate, RegistrationError, SideEffect, open_store
-from agentrt.events import TRANSITIONS, EndReason, EventType
+from agentrt.store.events import TRANSITIONS, EndReason, EventType
 from agentrt.tools import check_tool
 
 from .helpers import RecordingTool

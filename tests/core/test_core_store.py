@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-import agentrt.ledger as ledger
+import agentrt.store.ledger as ledger
 from agentrt import (
     Decision,
     Gate,

@@ -16,7 +16,7 @@ recorded raises `ResultNotRecorded` rather than being lost.
 The rooms: `_stepping.py` (start, validate, ask the policy, execute, record),
 `_resuming.py` (approvals, take-over, supersede), `_leases.py` (this gate's
 leases as one object), `_values.py` (limits, outcomes, the inputs handed between
-rooms).  No room writes SQL: every write is a transition of `agentrt.ledger`.
+rooms).  No room writes SQL: every write is a transition of `agentrt.store.ledger`.
 """
 
 from __future__ import annotations

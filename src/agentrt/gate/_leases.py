@@ -17,8 +17,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
-from .. import ledger
-from ..store import DATABASE_ERRORS, Connection, RunRecord, Store
+from ..store import DATABASE_ERRORS, Connection, RunRecord, Store, ledger
 
 __all__ = ["Leases"]
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import time
 
-from .. import ledger
 from ..agent import Observation
 from ..canonical import canonical_json, parse_json
 from ..errors import ApprovalError, ApprovalHashMismatch, RunStateError
-from ..events import EndReason
 from ..policy import Outcome, PolicyDecision, ToolRequest
 from ..sanitize import sanitize
 from ..store import (
@@ -23,7 +21,9 @@ from ..store import (
     StepRecord,
     approval_hash,
     iso_to_epoch,
+    ledger,
 )
+from ..store.events import EndReason
 from ..tools import SideEffect
 from ._stepping import Stepping
 from ._values import INTERRUPTED_SIDE_EFFECT, Call, StepOutcome

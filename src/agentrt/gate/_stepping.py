@@ -1,5 +1,5 @@
 """Stepping: a run started, each decision validated, put to the policy, executed and
-recorded.  Every write is a ledger transition (`agentrt.ledger`); this room decides
+recorded.  Every write is a ledger transition (`agentrt.store.ledger`); this room decides
 which, and carries out the call between the two commits of an allowed step."""
 
 from __future__ import annotations
@@ -11,11 +11,9 @@ from typing import Any, TypeVar
 
 import anyio
 
-from .. import ledger
 from ..agent import Decision, DecisionKind, Observation
 from ..canonical import JSONBoundaryError, parse_json
 from ..errors import ResultNotRecorded, RunStateError, StoreBusy
-from ..events import EndReason
 from ..policy import Outcome, Policy, PolicyDecision, RunView, ToolRequest
 from ..sanitize import sanitize
 from ..store import (
@@ -27,8 +25,10 @@ from ..store import (
     StepRecord,
     StepStatus,
     Store,
+    ledger,
     utc_now,
 )
+from ..store.events import EndReason
 from ..tools import CheckedTool, ToolCall, ToolResult
 from ._leases import Leases
 from ._values import (

@@ -36,6 +36,10 @@ is waited on in short steps until a deadline (`StoreBusy`), never for ever.
 
 The rooms, each a module of this package:
 
+- `ledger.py`: every write of a run, step or approval, one typed function per
+  transition (its compare-and-set and its event), and `verify_state`;
+- `events.py`: the event vocabulary (`EventType`, `EndReason`) and the legal
+  transitions as data (`TRANSITIONS`), which drive both the ledger and `verify_state`;
 - `_store.py`: `Store`, its lock and transactions, `run` and `write`;
 - `_group_commit.py`: the writer thread and the units it commits in groups;
 - `_reads.py`: runs, steps, approvals and events read back as records;
@@ -56,7 +60,6 @@ it catches a database driver's errors (`tests/test_architecture.py`).
 
 from ._anchor import postgres_anchor_path
 from ._chain import GENESIS_HASH, event_hash
-from ._chain import _disagreement as _disagreement  # not public: for agentrt.ledger (*)
 from ._open import is_postgres_url, open_store
 from ._reads import _LIST_RUNS as _LIST_RUNS  # not public: a test compares it with a sort
 from ._records import (
@@ -73,8 +76,6 @@ from ._records import (
     StepStatus,
     approval_hash,
 )
-from ._records import _row_to_run as _row_to_run  # (*)
-from ._records import _run_status as _run_status  # (*) until the ledger moves in here
 from ._schema import SCHEMA_VERSION
 from ._sqlite import DATABASE_ERRORS, INTEGRITY_ERRORS
 from ._store import Store

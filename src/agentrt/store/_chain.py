@@ -136,7 +136,7 @@ class _Chain:
         """
         # The replay is the ledger's, driven by the table of transitions it writes by
         # (`events.TRANSITIONS`); imported here because the ledger is built on this module.
-        from ..ledger import verify_state
+        from .ledger import verify_state
 
         with self._lock:
             return verify_state(self._connection)

@@ -27,7 +27,7 @@ from ._backend import Backend, Busy
 from ._chain import _Chain
 from ._group_commit import _Unit, _Writer
 from ._reads import _Reads
-from ._records import Connection, Event, RunRecord, RunStatus, _row_to_run, _run_status
+from ._records import Connection, Event
 from ._schema import _Extensions
 from ._sqlite import SqliteBackend
 
@@ -38,15 +38,6 @@ _P = ParamSpec("_P")
 # The store retries a busy database (releasing its own lock in between, so reads go on)
 # until `Store.busy_deadline`, then says so in one sentence.
 _BUSY_DEADLINE_S: Final = 30.0
-
-
-@functools.cache
-def _counting(failed: bool, returning: str) -> str:
-    streak = "consecutive_failures + 1" if failed else "0"
-    return (
-        f"UPDATE runs SET consecutive_failures = {streak}, updated_at = ?"
-        f" WHERE run_id = ? AND lease_token = ? RETURNING {returning}"
-    )
 
 
 class Store(_Reads, _Chain, _Anchoring, _Extensions):
@@ -370,24 +361,3 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
                     f"database {sanitize(self.path)} stayed locked for {self.busy_deadline:g}s"
                 )
             time.sleep(0.005)
-
-    # -- the gate's count of a result, inside its write: a compare-and-set on the lease
-    # token that started the call (a write, kept with the run's row until the ledger
-    # holds every transition)
-
-    def count_result(
-        self, connection: Connection, run_id: str, token: str, *, failed: bool, at: str
-    ) -> RunRecord | None:
-        """Inside a write: count a step's result on the run (its failure streak, its
-        update time), compared and set on the lease token that started the call;
-        the row as this left it, or None if the run is no longer under `token`."""
-        row = connection.execute(_counting(failed, "*"), (at, run_id, token)).fetchone()
-        return None if row is None else _row_to_run(row)
-
-    def count_last_result(
-        self, connection: Connection, run_id: str, token: str, *, failed: bool, at: str
-    ) -> RunStatus | None:
-        """`count_result` for a terminal tool's step, from which no view of the run is
-        built: the run's status as this left it, the only field its caller reads, or None."""
-        row = connection.execute(_counting(failed, "status"), (at, run_id, token)).fetchone()
-        return None if row is None else _run_status(row[0])

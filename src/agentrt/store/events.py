@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from .store import ApprovalStatus, RunStatus
+from ._records import ApprovalStatus, RunStatus
 
 __all__ = [
     "ENDS_EXPIRING_GRANT",

@@ -18,8 +18,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .canonical import canonical_json, parse_json
-from .errors import LeaseLost, RunLeased, RunStateError
+from ..canonical import canonical_json, parse_json
+from ..errors import LeaseLost, RunLeased, RunStateError
+from ..sanitize import sanitize
+from ._chain import _disagreement
+from ._records import (
+    ApprovalRecord,
+    ApprovalStatus,
+    Connection,
+    RunRecord,
+    RunStatus,
+    StateReport,
+    StepStatus,
+    _row_to_run,
+    _run_status,
+    approval_hash,
+)
+from ._sqlite import INTEGRITY_ERRORS
+from ._store import Store
+from ._times import epoch_to_iso, utc_now
 from .events import (
     ENDS_EXPIRING_GRANT,
     OPEN_APPROVAL,
@@ -29,24 +46,6 @@ from .events import (
     EventType,
     Transition,
     status_test,
-)
-from .sanitize import sanitize
-from .store import (
-    INTEGRITY_ERRORS,
-    ApprovalRecord,
-    ApprovalStatus,
-    Connection,
-    RunRecord,
-    RunStatus,
-    StateReport,
-    StepStatus,
-    Store,
-    _disagreement,
-    _row_to_run,
-    _run_status,
-    approval_hash,
-    epoch_to_iso,
-    utc_now,
 )
 
 __all__ = [
