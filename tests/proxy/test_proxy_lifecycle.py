@@ -201,15 +201,22 @@ HOST_SECOND_SIGNAL = 0.11
 HOST_SIGKILL = 0.4
 
 
+def _signal(process: Any, number: int) -> None:
+    """Send `number` to `process` as a host does, with kill(2) alone: `Process.send_signal`
+    first polls (waitpid) the child, which can reap an exiting proxy under asyncio's child
+    watcher, which then reports exit status 255 for it ("Unknown child process")."""
+    os.kill(process.pid, number)
+
+
 async def _close_as_a_host_does(process: Any, first: int, second: int) -> float:
     """Signal `process` on a host's schedule; the seconds from the first signal to its exit
     (a SIGKILL at the end of the grace, as the host sends it, shows as -9)."""
     started = anyio.current_time()
-    process.send_signal(first)
+    _signal(process, first)
     with anyio.move_on_after(HOST_SECOND_SIGNAL):
         await process.wait()
     if process.returncode is None:
-        process.send_signal(second)
+        _signal(process, second)
         with anyio.move_on_after(HOST_SIGKILL):
             await process.wait()
     if process.returncode is None:
@@ -259,7 +266,7 @@ async def test_signals_stay_caught_until_the_proxy_has_exited(tmp_path: Path, fi
     setup = await build_setup(tmp_path, rules=SLOW_RULES)
     async with RawHost.start(setup) as raw:
         others = [signal.SIGINT, signal.SIGTERM]
-        raw.process.send_signal(getattr(signal, first))
+        _signal(raw.process, getattr(signal, first))
         # A signal every 10 ms, alternating, until the process is gone: none may kill it.
         with anyio.fail_after(10):
             for count in range(10_000):
@@ -268,7 +275,7 @@ async def test_signals_stay_caught_until_the_proxy_has_exited(tmp_path: Path, fi
                 if raw.process.returncode is not None:
                     break
                 with contextlib.suppress(ProcessLookupError):
-                    raw.process.send_signal(others[count % 2])
+                    _signal(raw.process, others[count % 2])
     assert raw.process.returncode == 0, setup.stderr()
 
 
