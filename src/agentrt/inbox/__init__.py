@@ -8,8 +8,9 @@ store holds and decides through the same `agentrt.approvals.approve` and
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
+
+from .._lazy import lazy_names
 
 if TYPE_CHECKING:
     from ._app import CSP, InboxState, create_app
@@ -58,8 +59,4 @@ _WHERE: Final = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(where, __name__), name)
+__getattr__ = lazy_names(__name__, _WHERE, globals())

@@ -12,8 +12,9 @@ Arguments and results are left out unless the operator sets `content`.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
+
+from .._lazy import lazy_names
 
 if TYPE_CHECKING:
     from ._exporter import (
@@ -63,10 +64,4 @@ _WHERE: Final = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(where, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _WHERE, globals())
