@@ -22,6 +22,7 @@ from .agent import Decision, StepInput
 from .errors import AgentrtError
 from .sanitize import sanitize
 from .store import Event, RunStatus, Store, iso_to_epoch
+from .store.events import EventType
 
 __all__ = [
     "DEFAULT_PRICES",
@@ -516,7 +517,9 @@ class RunMeter(ModelMeter):
                 "note": report.note,
                 "error": report.error,
             }
-            event = self.store.append_event(connection, self.run_id, "model_attempt", payload)
+            event = self.store.append_event(
+                connection, self.run_id, EventType.MODEL_ATTEMPT.value, payload
+            )
             connection.execute(
                 "INSERT INTO model_attempts (run_id, step, attempt, provider, model, started_at,"
                 " finished_at, outcome, stop_reason, input_tokens, output_tokens,"
@@ -541,7 +544,7 @@ class RunMeter(ModelMeter):
                 self.store.append_event(
                     connection,
                     self.run_id,
-                    "model_limit_reached",
+                    EventType.MODEL_LIMIT_REACHED.value,
                     {"step": self.step, "limit": limit.reason, "detail": str(limit)},
                 )
 

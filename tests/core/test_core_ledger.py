@@ -73,6 +73,19 @@ def test_mcp_checks_a_tool_without_importing_the_gate() -> None:
     assert imports == []
 
 
+def _event_type_member(node: ast.expr) -> str | None:
+    """The string of `EventType.NAME.value` (or `EventType.NAME`) written in source, else None."""
+    if isinstance(node, ast.Attribute) and node.attr == "value":
+        node = node.value
+    if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "EventType"
+    ):
+        return str(EventType[node.attr])
+    return None
+
+
 def test_every_event_type_the_source_writes_is_in_the_vocabulary() -> None:
     # Each `append_event(connection, run, TYPE, ...)` names its type by a literal or a
     # module constant; every such value must be a member, or the vocabulary is not whole.
@@ -101,19 +114,21 @@ def test_every_event_type_the_source_writes_is_in_the_vocabulary() -> None:
                 written.add(kind.value)
             elif isinstance(kind, ast.Name) and kind.id in constants:
                 written.add(constants[kind.id])
+            elif (member := _event_type_member(kind)) is not None:
+                written.add(member)
     assert written, "no append_event call was found"
     assert written <= {str(member) for member in EventType}, written - set(EventType)
-    assert {"model_attempt", "model_limit_reached"} <= written  # accounting's literals
+    assert {"model_attempt", "model_limit_reached"} <= written  # accounting's
     # The proxy records a server's requests under a type it passes through a variable:
     # its two constants.  (Read, not imported: importing the proxy draws uuid4s, which
     # would shift the frozen draws of the golden scenarios that run after this test.)
     client_requests = ast.parse((SRC / "proxy" / "_client_requests.py").read_text())
     named = {
-        node.target.id: node.value.value
+        node.target.id: _event_type_member(node.value)
         for node in ast.walk(client_requests)
         if isinstance(node, ast.AnnAssign)
         and isinstance(node.target, ast.Name)
-        and isinstance(node.value, ast.Constant)
+        and node.value is not None
     }
     assert {named["CLIENT_REQUEST_EVENT"], named["CLIENT_REQUEST_ANSWERED"]} <= set(EventType)
 

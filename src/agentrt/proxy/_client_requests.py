@@ -23,13 +23,14 @@ from ..canonical import canonical_bytes, plain_json
 from ..mcp._context import Ask, AskRefused
 from ..mcp._jsonrpc import METHOD_NOT_FOUND
 from ..store import Connection, Store
+from ..store.events import EventType
 from ._input_required import HostCall, is_stateless
 from .config import UpstreamConfig
 
 __all__ = ["CLIENT_REQUEST_ANSWERED", "CLIENT_REQUEST_EVENT", "asker_for"]
 
-CLIENT_REQUEST_EVENT: Final = "client_request"
-CLIENT_REQUEST_ANSWERED: Final = "client_request_answered"
+CLIENT_REQUEST_EVENT: Final = EventType.CLIENT_REQUEST.value
+CLIENT_REQUEST_ANSWERED: Final = EventType.CLIENT_REQUEST_ANSWERED.value
 # How much of a request's params or an answer's content an event keeps.
 _RECORDED_BYTES: Final = 4096
 _KINDS: Final = {
