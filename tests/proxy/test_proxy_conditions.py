@@ -551,12 +551,19 @@ async def _decided_beside_a_ticker(conditions: Any, arguments: Any) -> tuple[Any
     return verdict, elapsed, max(gaps)
 
 
+# The longest the event loop may stand still while a condition is decided.  The defect
+# this guards against held it 5.9-38 s; a megabyte of arguments is read on the loop in
+# linear time (0.02-0.12 s measured on a loaded 2-core CI machine), so the bound leaves
+# room for the machine's noise and still fails by two orders of magnitude on the defect.
+LOOP_STALL_BOUND = 0.5
+
+
 async def test_a_crafted_duration_neither_stalls_the_event_loop_nor_decides() -> None:
     conditions = _tool_conditions("duration(args.wait) < duration('1h')")
     verdict, elapsed, longest_gap = await _decided_beside_a_ticker(
         conditions, {"wait": CRAFTED_DURATION}
     )
-    assert longest_gap < 0.1, f"the event loop stood still for {longest_gap:.2f}s"
+    assert longest_gap < LOOP_STALL_BOUND, f"the event loop stood still for {longest_gap:.2f}s"
     assert elapsed < 0.5
     assert verdict.error and verdict.outcome == "require_approval"
     assert "'duration()' cannot read" in verdict.reason
@@ -598,7 +605,7 @@ async def test_text_the_model_sends_is_refused_in_bounded_time_by_every_parsing_
     verdict, elapsed, longest_gap = await _decided_beside_a_ticker(
         _tool_conditions(expression), arguments
     )
-    assert longest_gap < 0.1, f"the event loop stood still for {longest_gap:.2f}s"
+    assert longest_gap < LOOP_STALL_BOUND, f"the event loop stood still for {longest_gap:.2f}s"
     assert elapsed < 0.5
     assert verdict is not None and verdict.error, verdict
     assert verdict.outcome == "require_approval"
