@@ -250,7 +250,7 @@ def _import_the_proxy() -> None:
 
 
 def _proxy_calls(store: Store, tools: list[Any], *, owner: str, session: str) -> Any:
-    """The proxy's in-process call path as `agentrt proxy` builds it (proxy/_server.py),
+    """The proxy's in-process call path as `agentrt proxy` builds it (proxy/_proxy.py),
     over `tools`: `handle(tool, arguments)` answers one host `tools/call`."""
     from agentrt.proxy._calls import Calls, ProxyPolicy, WatchedTool
     from agentrt.proxy._index import CallIndex
