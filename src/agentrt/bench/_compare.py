@@ -80,7 +80,7 @@ def _check_comparable(
     if results.commit != first.commit and not allow_mixed_commits:
         raise BenchError(
             f"{sanitize(source)} measured commit {results.commit} but {sanitize(first_source)} "
-            f"commit {first.commit}; pass --allow-mixed-commits to compare them anyway"
+            f"measured commit {first.commit}; pass --allow-mixed-commits to compare them anyway"
         )
 
 
@@ -120,7 +120,9 @@ def _report(results: Results, columns: list[_Column]) -> list[str]:
         ),
     ]
     for index, outcome in enumerate(taxonomy.outcomes):
-        over = "judged trials" if outcome.over is None else f"trials expecting `{outcome.over}`"
+        over = (
+            "judged trials" if outcome.over is None else f"judged trials expecting `{outcome.over}`"
+        )
         cells = [_count(column.summary.outcomes[index][1]) for column in columns]
         lines += _row(f"`{outcome.name}` | {outcome.outcome_class.value} | {over}", cells)
     unsafe_cells = [_count(column.summary.unsafe) for column in columns]
