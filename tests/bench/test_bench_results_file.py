@@ -307,3 +307,47 @@ def test_any_mutation_of_a_summary_is_refused(results: Results, data: st.DataObj
         parent[key] = replacement
     with pytest.raises(BenchError):
         decode_results(encoded(document), "r.json")
+
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+def _every_place(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    places = [path]
+    if isinstance(value, dict):
+        for key, item in value.items():
+            places += _every_place(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            places += _every_place(item, (*path, index))
+    return places
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_any_change_anywhere_is_read_or_refused_in_one_sentence(data: st.DataObject) -> None:
+    document: Any = {"root": example_document()}
+    path = data.draw(st.sampled_from(_every_place(document["root"])))
+    parent: Any = document
+    key: Any = "root"
+    for step in path:
+        parent, key = parent[key], step
+    if isinstance(parent, dict) and data.draw(st.booleans()):
+        del parent[key]
+    else:
+        parent[key] = data.draw(_json_values)
+    try:
+        decode_results(encoded(document["root"]), "r.json")
+    except BenchError as error:
+        assert str(error).startswith("results file r.json: ")
+        assert "\n" not in str(error)
