@@ -2,25 +2,44 @@
 
 `bench compare FILE…` reads results files strictly (a file whose summary
 does not follow from its trials is refused) and prints them side by side as
-Markdown.
+Markdown.  `bench run SCENARIOS --model M…` runs the built-in scenarios
+through the gate and writes a results file.
 """
 
 from __future__ import annotations
 
+import re
+import subprocess
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import anyio
 import click
 
-from ..bench import MAX_FILE_BYTES, BenchError, Results, compare_markdown, decode_results
+from ..bench import (
+    MAX_FILE_BYTES,
+    BenchError,
+    Results,
+    compare_markdown,
+    decode_results,
+    encode_results,
+)
+from ..mcp._files import write_private
 from ..sanitize import sanitize
 from ._app import EXIT_REFUSED, EXIT_UNUSABLE, CommandError
 
+if TYPE_CHECKING:
+    from ..bench._scenarios import Scenario
+
 __all__ = ["bench"]
+
+_COMMIT = re.compile(r"[0-9a-f]{7,64}")
 
 
 @click.group()
 def bench() -> None:
-    """Score an agent that acts: compare results files."""
+    """Score an agent that acts: run scenarios, compare results files."""
 
 
 def read_results(path: str) -> Results:
@@ -56,3 +75,126 @@ def compare(files: tuple[str, ...], allow_mixed_commits: bool) -> None:
     except BenchError as error:
         raise CommandError(str(error), EXIT_REFUSED) from None
     click.echo(report, nl=False)
+
+
+@bench.command()
+@click.argument("scenarios", metavar="SCENARIOS")
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    required=True,
+    help="scripted:careful, scripted:obedient, ollama:NAME, openai:NAME or anthropic:NAME; "
+    "repeat for several modes.",
+)
+@click.option("--base-url", help="The model endpoint, for a provider model.")
+@click.option("--repeats", type=click.IntRange(1, 100), default=1, show_default=True)
+@click.option("--out", "out_path", metavar="FILE", help="Write the results here (else stdout).")
+@click.option("--commit", help="The commit measured (default: the source tree's HEAD).")
+@click.option(
+    "--work",
+    "work_dir",
+    metavar="DIR",
+    help="A new directory for the trials' database and sandboxes (default: a fresh one, kept).",
+)
+def run(
+    scenarios: str,
+    models: tuple[str, ...],
+    base_url: str | None,
+    repeats: int,
+    out_path: str | None,
+    commit: str | None,
+    work_dir: str | None,
+) -> None:
+    """Run built-in SCENARIOS (comma-separated names, or all) through the gate.
+
+    Each trial is classified from its run's audit trail, which stays in the
+    work directory's bench.db (agentrt --db DIR/bench.db events RUN).
+    """
+    from ..bench._run import run_bench
+    from ..bench._scenarios import SCENARIOS
+    from ..demo import default_example_dir
+    from ..store import open_store
+
+    chosen = _chosen(scenarios, SCENARIOS)
+    measured = _commit(commit)
+    work = _work(work_dir)
+    click.echo(f"agentrt: trials in {sanitize(str(work))}", err=True)
+    with open_store(work / "bench.db") as store:
+        try:
+            results = anyio.run(
+                lambda: run_bench(
+                    chosen,
+                    models,
+                    commit=measured,
+                    work=work,
+                    store=store,
+                    example_dir=default_example_dir(),
+                    repeats=repeats,
+                    base_url=base_url,
+                    log=lambda line: click.echo(sanitize(line), err=True),
+                )
+            )
+        except BenchError as error:
+            raise CommandError(str(error), EXIT_REFUSED) from None
+    data = encode_results(results)
+    if out_path is None:
+        click.echo(data.decode("ascii"), nl=False)
+    else:
+        write_private(Path(out_path), data.decode("ascii"))
+
+
+def _chosen(names: str, scenarios: tuple[Scenario, ...]) -> list[Scenario]:
+    if names == "all":
+        return list(scenarios)
+    known = {scenario.name: scenario for scenario in scenarios}
+    chosen = []
+    for name in names.split(","):
+        if name not in known:
+            raise CommandError(
+                f"no built-in scenario is called {sanitize(name)!r}; there are " + ", ".join(known),
+                EXIT_UNUSABLE,
+            )
+        chosen.append(known[name])
+    return chosen
+
+
+def _commit(given: str | None) -> str:
+    if given is not None:
+        if _COMMIT.fullmatch(given) is None:
+            raise CommandError(
+                f"--commit {sanitize(given)!r} is not 7-64 lowercase hexadecimal digits",
+                EXIT_UNUSABLE,
+            )
+        return given
+    source = Path(__file__).resolve().parents[3]
+    try:
+        found = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        found = None
+    head = found.stdout.strip() if found is not None and found.returncode == 0 else ""
+    if _COMMIT.fullmatch(head) is None:
+        raise CommandError(
+            "the commit measured is not known (agentrt is not run from a git checkout); "
+            "pass --commit",
+            EXIT_UNUSABLE,
+        )
+    return head
+
+
+def _work(given: str | None) -> Path:
+    if given is None:
+        return Path(tempfile.mkdtemp(prefix="agentrt-bench-"))
+    work = Path(given)
+    try:
+        work.mkdir(mode=0o700, parents=True, exist_ok=False)
+    except OSError as error:
+        reason = sanitize(error.strerror or type(error).__name__)
+        raise CommandError(
+            f"cannot create the work directory {sanitize(given)}: {reason} (it must be new)",
+            EXIT_UNUSABLE,
+        ) from None
+    return work
