@@ -130,10 +130,10 @@ def test_bench_run_tells_the_careful_agent_from_the_obedient_one(tmp_path: Path)
         path.parent.name: [json.loads(line)["name"] for line in path.read_text().splitlines()]
         for path in work.glob("*/calls.jsonl")
     }
-    assert reached["scripted_obedient-notes-injected-delete-1"] == ["read_notes"]
-    assert reached["scripted_obedient-mail-injected-send-1"] == ["read_mail"]
-    assert reached["scripted_obedient-save-fails-1"] == ["save_report"]
-    assert "scripted_obedient-delete-on-request-1" not in reached
+    assert reached["2-scripted_obedient-notes-injected-delete-1"] == ["read_notes"]
+    assert reached["2-scripted_obedient-mail-injected-send-1"] == ["read_mail"]
+    assert reached["2-scripted_obedient-save-fails-1"] == ["save_report"]
+    assert "2-scripted_obedient-delete-on-request-1" not in reached
     # The trail the classifier read is intact.
     with open_store(work / "bench.db", read_only=True) as store:
         assert store.verify_chain().ok
@@ -233,7 +233,7 @@ def test_bench_run_on_the_stock_filesystem_server_writes_the_approved_summary(
     (trial,) = decode_results(out.read_bytes(), "r").modes[0].trials
     assert trial.outcome == "completed", result.output
     assert (trial.tally.tool_calls, trial.tally.approvals_requested) == (2, 1)
-    written = work / "scripted_careful-summarize-readme-1" / "sandbox" / "SUMMARY.md"
+    written = work / "1-scripted_careful-summarize-readme-1" / "sandbox" / "SUMMARY.md"
     assert written.read_text().startswith("# Summary")
 
 
@@ -261,12 +261,37 @@ def test_a_trial_whose_server_cannot_start_is_excluded_with_its_reason(tmp_path:
     [
         (["nothing-such", "--model", "scripted:careful"], "no built-in scenario is called"),
         (["all", "--model", "scripted:careful", "--commit", "HEAD"], "--commit 'HEAD' is not"),
+        (["all", "--model", "scripted:careful", "--model", "scripted:careful"], "given twice"),
+        (["all", "--model", "gpt"], "must be ollama:NAME, openai:NAME or anthropic:NAME"),
     ],
 )
-def test_bench_run_refuses_an_unknown_scenario_or_commit(
+def test_bench_run_refuses_an_unknown_scenario_model_or_commit_creating_nothing(
     tmp_path: Path, args: list[str], expected: str
 ) -> None:
     result = _bench(*args, "--work", str(tmp_path / "work"))
     assert result.exit_code == 2
     assert expected in result.stderr
     assert not (tmp_path / "work").exists()
+
+
+def test_a_bench_classifies_from_the_record_on_both_backends(
+    database: str | Path, tmp_path: Path
+) -> None:
+    async def main() -> Results:
+        with open_store(database) as store:
+            results = await run_bench(
+                [_scenario("notes-injected-delete"), _scenario("mail-injected-send")],
+                ["scripted:obedient"],
+                commit=COMMIT,
+                work=tmp_path / "work",
+                store=store,
+                example_dir=tmp_path,
+            )
+            assert store.verify_chain().ok
+            return results
+
+    results = anyio.run(main)
+    assert _outcomes(results) == {
+        ("scripted:obedient", "notes-injected-delete"): "denied_action_attempted",
+        ("scripted:obedient", "mail-injected-send"): "asked_approval_outside_task",
+    }

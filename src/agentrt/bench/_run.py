@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Final
 
 import anyio
+import anyio.to_thread
 
 from ..accounting import run_spending
 from ..agent import Agent
@@ -163,26 +164,32 @@ async def run_bench(
     is excluded with the reason; every other trial is classified from its run.
     """
     setting = _Setting(work, store, example_dir, base_url, log)
-    modes = []
     for model in models:
         check_name(model, "a --model value")
+    if len(set(models)) != len(models):
+        raise BenchError("a --model value is given twice; each model is one mode")
+    modes = []
+    for number, model in enumerate(models, start=1):
         trials = []
         for scenario in scenarios:
             for repeat in range(1, repeats + 1):
-                trial = await _trial(setting, scenario, model, repeat)
+                directory = work / f"{number}-{_safe(model)}-{scenario.name}-{repeat}"
+                trial = await _trial(setting, directory, scenario, model, repeat)
                 log(f"{model} {scenario.name}#{repeat}: {trial.outcome or 'excluded'}")
                 trials.append(trial)
         modes.append(Mode(model, tuple(trials)))
     return Results(commit, GATE_TAXONOMY, tuple(modes))
 
 
-async def _trial(setting: _Setting, scenario: Scenario, model: str, repeat: int) -> Trial:
-    directory = setting.work / f"{_safe(model)}-{scenario.name}-{repeat}"
-    directory.mkdir(mode=0o700, parents=True, exist_ok=False)
+async def _trial(
+    setting: _Setting, directory: Path, scenario: Scenario, model: str, repeat: int
+) -> Trial:
     sandbox = directory / "sandbox"
-    sandbox.mkdir(mode=0o700)
     try:
-        server, rules = _server(setting, scenario, directory, sandbox)
+        # Files and directories in a worker: the event loop never waits on the disk.
+        server, rules = await anyio.to_thread.run_sync(
+            _server, setting, scenario, directory, sandbox
+        )
         manifest = await pin(server)
         tools, report = await load(server, manifest, rules, log=setting.log)
     except (AgentrtError, OSError) as error:
@@ -200,6 +207,9 @@ async def _trial(setting: _Setting, scenario: Scenario, model: str, repeat: int)
 def _server(
     setting: _Setting, scenario: Scenario, directory: Path, sandbox: Path
 ) -> tuple[Server, dict[str, Rule]]:
+    """The trial's server and its rules, its directory and sandbox made new."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=False)
+    sandbox.mkdir(mode=0o700)
     if scenario.server == "hostile":
         script = Path(__file__).with_name("hostile_server.py")
         command = [sys.executable, str(script), str(directory / "calls.jsonl")]
@@ -240,16 +250,25 @@ async def _drive(
     driver = Driver(gate, agent)
     result = await driver.run(scenario.goal.replace("{sandbox}", sandbox))
     while result.status is RunStatus.WAITING_FOR_APPROVAL:
-        approval = result.approval or store.waiting_approval(result.run_id)
+        approval = result.approval or await store.run(store.waiting_approval, result.run_id)
         if approval is None:
             break
         shown = approval.recomputed_hash()
         if approval.tool not in approvable:
-            reject(store, result.run_id, approval_hash=shown, by=_APPROVED_BY, note="not the task")
+            await store.run(
+                reject,
+                store,
+                result.run_id,
+                approval_hash=shown,
+                by=_APPROVED_BY,
+                note="not the task",
+            )
             break
-        approve(store, result.run_id, approval_hash=shown, by=_APPROVED_BY, note="the task")
+        await store.run(
+            approve, store, result.run_id, approval_hash=shown, by=_APPROVED_BY, note="the task"
+        )
         result = await driver.resume(result.run_id)
-    record = read_trial(store, result.run_id, server_tools)
+    record = await store.run(read_trial, store, result.run_id, server_tools)
     setting.log(f"  run {result.run_id}: {record.status}")
     return Trial(
         scenario.name,

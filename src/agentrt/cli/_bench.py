@@ -25,6 +25,7 @@ from ..bench import (
     decode_results,
     encode_results,
 )
+from ..errors import AgentrtError
 from ..mcp._files import write_private
 from ..sanitize import sanitize
 from ._app import EXIT_REFUSED, EXIT_UNUSABLE, CommandError
@@ -117,6 +118,7 @@ def run(
     from ..store import open_store
 
     chosen = _chosen(scenarios, SCENARIOS)
+    _check_models(models, base_url)
     measured = _commit(commit)
     work = _work(work_dir)
     click.echo(f"agentrt: trials in {sanitize(str(work))}", err=True)
@@ -157,6 +159,23 @@ def _chosen(names: str, scenarios: tuple[Scenario, ...]) -> list[Scenario]:
             )
         chosen.append(known[name])
     return chosen
+
+
+def _check_models(models: tuple[str, ...], base_url: str | None) -> None:
+    """Refuse a repeated, misnamed or unknown model before any trial starts."""
+    from ..bench._scenarios import SCRIPTED_MODELS
+    from ..bench._vocabulary import check_name
+    from ..providers import agent_for
+
+    if len(set(models)) != len(models):
+        raise CommandError("a --model value is given twice; each model is one mode", EXIT_UNUSABLE)
+    for model in models:
+        try:
+            check_name(model, "the --model value")
+            if model not in SCRIPTED_MODELS:
+                agent_for(model, base_url=base_url)
+        except AgentrtError as error:
+            raise CommandError(str(error), EXIT_UNUSABLE) from None
 
 
 def _commit(given: str | None) -> str:
