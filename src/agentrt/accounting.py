@@ -509,6 +509,9 @@ class RunMeter(ModelMeter):
                 "attempt": attempt,
                 "provider": report.provider,
                 "model": report.model,
+                # When the request went out: a span of the attempt needs its start, and the
+                # event is written when it ended.
+                "started_at": report.started_at,
                 "outcome": str(report.outcome),
                 "stop_reason": report.stop_reason,
                 "usage": None if reported is None else _usage_json(reported),
