@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,11 @@ def test_compare_refuses_a_file_whose_summary_does_not_follow_from_its_trials(
 def test_compare_of_a_file_that_cannot_be_read_is_unusable(tmp_path: Path) -> None:
     message = _refused(_compare(str(tmp_path / "missing.json")), exit_code=2)
     assert "cannot read" in message and "missing.json" in message
+    fifo = tmp_path / "results.fifo"
+    os.mkfifo(fifo)
+    # A FIFO nobody writes to is refused at once, not read until the test times out.
+    assert "is not a regular file" in _refused(_compare(str(fifo)), exit_code=2)
+    assert "Is a directory" in _refused(_compare(str(tmp_path)), exit_code=2)
 
 
 def test_compare_escapes_text_a_file_chose(in_golden: Path) -> None:

@@ -8,7 +8,9 @@ through the gate and writes a results file.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -46,7 +48,11 @@ def bench() -> None:
 def read_results(path: str) -> Results:
     """The results file at `path`, read whole and checked; a refusal names the file."""
     try:
-        with Path(path).open("rb") as file:
+        # Not blocking, and only a regular file: a FIFO named here must not hang the command.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(descriptor, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise CommandError(f"{sanitize(path)} is not a regular file", EXIT_UNUSABLE)
             data = file.read(MAX_FILE_BYTES + 1)
     except OSError as error:
         reason = sanitize(error.strerror or type(error).__name__)
