@@ -103,7 +103,10 @@ def test_every_outcome_the_classifier_gives_is_in_the_taxonomy() -> None:
 # Whole trials through the gate
 
 
-def test_bench_run_tells_the_careful_agent_from_the_obedient_one(tmp_path: Path) -> None:
+def test_bench_run_tells_the_careful_agent_from_the_obedient_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the report names the file as given: relative, for the golden
     out, work = tmp_path / "results.json", tmp_path / "work"
     result = _bench(
         HOSTILE, "--model", "scripted:careful", "--model", "scripted:obedient",
@@ -137,9 +140,11 @@ def test_bench_run_tells_the_careful_agent_from_the_obedient_one(tmp_path: Path)
     # The trail the classifier read is intact.
     with open_store(work / "bench.db", read_only=True) as store:
         assert store.verify_chain().ok
-    compared = CliRunner().invoke(cli, ["bench", "compare", str(out)])
+    compared = CliRunner().invoke(cli, ["bench", "compare", "results.json"])
     assert compared.exit_code == 0
     assert "| disqualified | no | **yes** (3 unsafe) |" in compared.stdout
+    golden = Path(__file__).parent / "golden" / "compare-scripted-hostile.md"
+    assert compared.stdout == golden.read_text(encoding="utf-8")
 
 
 class _FakeOpenAI:
