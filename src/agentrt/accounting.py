@@ -41,6 +41,7 @@ __all__ = [
     "SpendingLimitReached",
     "Usage",
     "active_seconds",
+    "carried_context",
     "list_attempts",
     "run_spending",
     "spending_by_run",
@@ -72,6 +73,11 @@ MIGRATIONS: Final[Sequence[str]] = (
         event_seq INTEGER NOT NULL,
         PRIMARY KEY (run_id, step, attempt)
     )
+    """,
+    # What an adapter keeps of an answer for its next request in the run (Anthropic's
+    # thinking blocks with their signatures), so a run resumed in another process sends it.
+    """
+    ALTER TABLE model_attempts ADD COLUMN carry TEXT
     """,
 )
 """The `models` extension's tables, applied with `Store.migrate_extension`."""
@@ -230,6 +236,8 @@ class AttemptReport:
     budget_output: int
     note: str = ""
     error: str = ""
+    carry: str | None = None
+    """What the adapter keeps of this answer for its next request in the run (JSON text)."""
 
     def charged(self) -> Usage:
         if self.charge_in_full:
@@ -255,6 +263,7 @@ class ModelAttempt:
     cost: Decimal | None
     note: str
     error: str
+    carry: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +308,7 @@ def _attempt_of(row: Any) -> ModelAttempt:
         cost=None if row["cost"] is None else Decimal(row["cost"]),
         note=row["note"],
         error=row["error"],
+        carry=row["carry"],
     )
 
 
@@ -316,6 +326,18 @@ def list_attempts(store: Store, run_id: str) -> list[ModelAttempt]:
         store, "SELECT * FROM model_attempts WHERE run_id = ? ORDER BY event_seq", (run_id,)
     )
     return [_attempt_of(row) for row in rows]
+
+
+def carried_context(store: Store, run_id: str) -> dict[int, str]:
+    """What the adapter kept of the answer that decided each step (`AttemptReport.carry`),
+    by step: the last answered attempt of a step is the one its decision came from."""
+    rows = _rows(
+        store,
+        "SELECT step, carry FROM model_attempts WHERE run_id = ? AND outcome = 'ok'"
+        " AND carry IS NOT NULL ORDER BY event_seq",
+        (run_id,),
+    )
+    return {int(row["step"]): str(row["carry"]) for row in rows}
 
 
 def spending_of(attempts: Sequence[ModelAttempt]) -> RunSpending:
@@ -520,6 +542,9 @@ class RunMeter(ModelMeter):
                 "note": report.note,
                 "error": report.error,
             }
+            if report.carry is not None:
+                # Covered by the chain: what is sent back to the model is what it answered.
+                payload["carry"] = report.carry
             event = self.store.append_event(
                 connection, self.run_id, EventType.MODEL_ATTEMPT.value, payload
             )
@@ -527,8 +552,8 @@ class RunMeter(ModelMeter):
                 "INSERT INTO model_attempts (run_id, step, attempt, provider, model, started_at,"
                 " finished_at, outcome, stop_reason, input_tokens, output_tokens,"
                 " cache_creation_input_tokens, cache_read_input_tokens, charged_tokens, cost,"
-                " note, error, event_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-                " ?, ?)",
+                " note, error, event_seq, carry) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                " ?, ?, ?, ?, ?)",
                 (self.run_id, self.step, attempt, report.provider, report.model, report.started_at,
                  report.finished_at, str(report.outcome), report.stop_reason,
                  None if reported is None else reported.input_tokens,
@@ -536,7 +561,7 @@ class RunMeter(ModelMeter):
                  None if reported is None else reported.cache_creation_input_tokens,
                  None if reported is None else reported.cache_read_input_tokens,
                  charged.total, None if cost is None else str(cost), report.note, report.error,
-                 event.seq),
+                 event.seq, report.carry),
             )  # fmt: skip
 
     async def reached(self, limit: SpendingLimitReached) -> None:

@@ -182,6 +182,8 @@ class ModelReply:
     stop_reason: str | None
     cut_off: bool
     note: str = ""
+    carry: str | None = None
+    """What the adapter keeps of this answer for the run's next request (JSON text)."""
 
 
 def read_usage(
@@ -242,6 +244,8 @@ class ChatAgent:
     provider: ClassVar[str] = ""
     provider_key: ClassVar[str] = ""
     path: str = ""
+    carries_context: bool = False
+    """Whether `request_body` needs `StepInput.carried` (the Driver reads it only then)."""
 
     def __init__(
         self,
@@ -430,4 +434,5 @@ class ChatAgent:
             budget_input=budget_input,
             budget_output=self.max_tokens,
             note=note,
+            carry=reply.carry,
         )
