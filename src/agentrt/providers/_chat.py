@@ -257,6 +257,7 @@ class ChatAgent:
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         retry: RetryPolicy | None = None,
+        record_replies: bool = False,
     ) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ProviderError(f"max_tokens must be a positive integer, not {max_tokens!r}")
@@ -267,6 +268,8 @@ class ChatAgent:
         self._client_factory = http_client_factory
         self._timeout = timeout
         self._max_response_bytes = max_response_bytes
+        self.record_replies = record_replies
+        """Keep each answer's body, byte for byte, with its attempt (for `replay_client`)."""
 
     def __repr__(self) -> str:
         # Never the key.
@@ -353,7 +356,8 @@ class ChatAgent:
                 )
                 await meter.record(self._report(started_at, body, failure=unusable))
                 raise unusable from None
-            await meter.record(self._report(started_at, body, reply=reply))
+            raw = answer.raw if self.record_replies else None
+            await meter.record(self._report(started_at, body, reply=reply, raw=raw))
             if not reply.cut_off:
                 return reply.decision
             cut_offs += 1
@@ -399,6 +403,7 @@ class ChatAgent:
         *,
         reply: ModelReply | None = None,
         failure: AttemptError | None = None,
+        raw: bytes | None = None,
     ) -> AttemptReport:
         budget_input = len(canonical_bytes(body))
         if failure is not None:
@@ -435,4 +440,5 @@ class ChatAgent:
             budget_output=self.max_tokens,
             note=note,
             carry=reply.carry,
+            reply=raw,
         )

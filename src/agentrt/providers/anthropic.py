@@ -115,6 +115,7 @@ class AnthropicAgent(ChatAgent):
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         retry: RetryPolicy | None = None,
+        record_replies: bool = False,
         extra_body: Mapping[str, Any] | None = None,
         thinking_budget: int | None = None,
         strict_tools: bool = False,
@@ -141,6 +142,7 @@ class AnthropicAgent(ChatAgent):
             max_response_bytes=max_response_bytes,
             max_tokens=max_tokens,
             retry=retry,
+            record_replies=record_replies,
         )
         self.path = _messages_path(base_url)
         self._extra_body = dict(extra_body) if extra_body is not None else {}
