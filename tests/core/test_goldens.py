@@ -427,6 +427,37 @@ async def interrupted_side_effect(scenario: Scenario) -> None:
     assert len(tool.calls) == 2
 
 
+async def reconciled_after_a_crash(scenario: Scenario) -> None:
+    from agentrt.errors import ResultNotRecorded
+    from agentrt.gate import Interrupted, Reconciliation
+
+    store = scenario.open()
+    tool = _DiesMidCall()
+    allow_all = ClassPolicy({SideEffect.LOCAL_MUTATION: Outcome.ALLOW})
+
+    async def it_ran(call: Interrupted) -> Reconciliation:
+        return Reconciliation.ran(ToolResult('{"ok":true}', "found written"), "the file is there")
+
+    dying = Gate(store, [tool], policy=allow_all, owner="gate-dying", lease_ttl=30.0)
+    heir = Gate(store, [tool], policy=allow_all, owner="gate-heir", lease_ttl=30.0,
+                reconcile=it_ran)  # fmt: skip
+    scenario.trace.action("start")
+    run_id = await dying.start("write while dying")
+    taken: list[StepOutcome] = []
+
+    async def lapse_and_take_over() -> None:
+        scenario.world.advance(30.25)
+        taken.append(await scenario.call("resume by the heir mid-call", heir.resume(run_id)))
+        scenario.trace.action("the dead call's result")
+
+    scenario.trace.action("step write")
+    tool.during = lapse_and_take_over
+    with pytest.raises(ResultNotRecorded):
+        await dying.step(run_id, Decision.tool_call("write", "{}"))
+    assert taken[0].reason == "reconciled"
+    assert len(tool.calls) == 1
+
+
 async def proxied_call(scenario: Scenario) -> None:
     store = scenario.open()
     read = RecordingTool("files_read", SideEffect.READ_ONLY, content='{"text":"hello"}')
@@ -467,6 +498,7 @@ SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
     "grant_expiry": (grant_expiry, False),
     "take_over_after_a_dead_lease": (take_over_after_a_dead_lease, False),
     "interrupted_side_effect": (interrupted_side_effect, False),
+    "reconciled_after_a_crash": (reconciled_after_a_crash, False),
     "proxied_call": (proxied_call, True),
     "proxied_duplicate": (proxied_duplicate, True),
     "unknown_outcome": (unknown_outcome, True),

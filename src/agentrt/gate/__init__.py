@@ -14,7 +14,8 @@ per-acquisition token, compared and set), and a result that cannot be
 recorded raises `ResultNotRecorded` rather than being lost.
 
 The rooms: `_stepping.py` (start, validate, ask the policy, execute, record),
-`_resuming.py` (approvals, take-over, supersede), `_leases.py` (this gate's
+`_resuming.py` (approvals, take-over, supersede), `_reconcile.py` (a consumer's
+verdict on a cut-off action), `_leases.py` (this gate's
 leases as one object), `_values.py` (limits, outcomes, the inputs handed between
 rooms).  No room writes SQL: every write is a transition of `agentrt.store.ledger`.
 """
@@ -30,10 +31,20 @@ from ..policy import DefaultPolicy, Policy
 from ..store import Event, Store
 from ..tools import CheckedTool, Tool, ToolSpec, check_tool
 from ._leases import Leases
+from ._reconcile import Interrupted, Reconciler, Reconciliation, Verdict
 from ._resuming import Resuming
 from ._values import INTERRUPTED_SIDE_EFFECT, Limits, RunSnapshot, StepOutcome, owner_label
 
-__all__ = ["INTERRUPTED_SIDE_EFFECT", "Gate", "Limits", "StepOutcome"]
+__all__ = [
+    "INTERRUPTED_SIDE_EFFECT",
+    "Gate",
+    "Interrupted",
+    "Limits",
+    "Reconciler",
+    "Reconciliation",
+    "StepOutcome",
+    "Verdict",
+]
 
 
 class Gate(Resuming):
@@ -49,8 +60,10 @@ class Gate(Resuming):
         observers: Sequence[Callable[[Event], object]] = (),
         owner: str | None = None,
         lease_ttl: float = 30.0,
+        reconcile: Reconciler | None = None,
     ) -> None:
         self.store = store
+        self.reconcile = reconcile
         self.policy = policy if policy is not None else DefaultPolicy()
         self.limits = limits if limits is not None else Limits()
         self.observers = tuple(observers)

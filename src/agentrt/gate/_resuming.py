@@ -19,12 +19,14 @@ from ..store import (
     RunRecord,
     RunStatus,
     StepRecord,
+    StepStatus,
     approval_hash,
     iso_to_epoch,
     ledger,
 )
 from ..store.events import EndReason
 from ..tools import SideEffect
+from ._reconcile import Interrupted, Reconciler, Reconciliation, Verdict, ask_reconciler
 from ._stepping import Stepping
 from ._values import INTERRUPTED_SIDE_EFFECT, Call, StepOutcome
 
@@ -33,6 +35,9 @@ __all__ = ["Resuming"]
 
 class Resuming(Stepping):
     """The gate's resuming (the public `Gate` builds on it)."""
+
+    reconcile: Reconciler | None = None
+    """The consumer's hook on a cut-off mutation (`Gate(reconcile=…)`; `_reconcile.py`)."""
 
     async def resume(self, run_id: str, *, context: object | None = None) -> StepOutcome:
         """Continue a run after an approval decision or after its process died.
@@ -52,14 +57,48 @@ class Resuming(Stepping):
             return self._settled(await self._resume_running(run, now))
         return self._settled(await self._resume_waiting(run, now, context))
 
+    async def _reconciled(self, run: RunRecord, now: float) -> tuple[int, Reconciliation] | None:
+        """The consumer's verdict on the step a dead process left executing, when a
+        reconcile hook is set, the step is a mutation, and its lease has lapsed."""
+        if self.reconcile is None:
+            return None
+        if run.lease_owner not in (None, self.owner) and (run.lease_expires_at or 0.0) > now:
+            return None  # its process may be alive: the take-over refuses, and asks nothing
+        steps = await self.store.run(self.store.list_steps, run.run_id)
+        executing = next((s for s in steps if s.status is StepStatus.EXECUTING), None)
+        if executing is None:
+            return None
+        registered = self._tools.get(executing.tool)
+        if registered is None or registered.spec.side_effect is SideEffect.READ_ONLY:
+            return None
+        interrupted = Interrupted(run.run_id, executing.step, executing.tool, executing.args)
+        answer = await ask_reconciler(self.reconcile, interrupted, registered.spec.timeout)
+        return executing.step, answer
+
     def _run_and_clock(self, run_id: str) -> tuple[RunRecord, float]:
         return self.store.get_run(run_id), self.store.clock()
 
     async def _resume_running(self, run: RunRecord, now: float) -> StepOutcome:
-        step_record, current, approval = await self.store.write(self._take_over, run, now)
+        verdict = await self._reconciled(run, now)
+        step_record, current, approval = await self.store.write(self._take_over, run, now, verdict)
         self._notify()
         if step_record is None:
             return StepOutcome(run.run_id, RunStatus.RUNNING, reason="taken_over")
+        if verdict is not None and verdict[0] == step_record.step:
+            settled = verdict[1]
+            if settled.verdict is Verdict.RAN and settled.result is not None:
+                observation = Observation(
+                    step_record.step, step_record.tool, step_record.args, "result",
+                    settled.result.content,
+                )  # fmt: skip
+                return StepOutcome(run.run_id, current, observation, reason="reconciled")
+            if settled.verdict is Verdict.DID_NOT_RUN:
+                observation = Observation(
+                    step_record.step, step_record.tool, step_record.args, "interrupted",
+                    "the tool was interrupted before it returned, and the consumer's check "
+                    "found it did not take effect; it may be called again",
+                )  # fmt: skip
+                return StepOutcome(run.run_id, current, observation, reason="reconciled")
         if current is RunStatus.WAITING_FOR_APPROVAL:
             return StepOutcome(
                 run.run_id, current, approval=approval, reason=INTERRUPTED_SIDE_EFFECT
@@ -71,9 +110,14 @@ class Resuming(Stepping):
         return StepOutcome(run.run_id, RunStatus.RUNNING, observation, reason="interrupted")
 
     def _take_over(
-        self, connection: Connection, run: RunRecord, now: float
+        self,
+        connection: Connection,
+        run: RunRecord,
+        now: float,
+        verdict: tuple[int, Reconciliation] | None = None,
     ) -> tuple[StepRecord | None, RunStatus, ApprovalRecord | None]:
-        """Take over a running run whose process died: its `executing` step is interrupted."""
+        """Take over a running run whose process died: its `executing` step is interrupted,
+        or settled by the consumer's `verdict` on that very step."""
         ledger.expect_status(connection, run.run_id)
         fresh = self.store.get_run(run.run_id)
         now = self.store.write_time(now)
@@ -92,6 +136,19 @@ class Resuming(Stepping):
             return None, RunStatus.RUNNING, None
         step_record = self.store.get_step(run.run_id, executing)
         assert step_record is not None
+        if verdict is not None and verdict[0] == executing:
+            settled = verdict[1]
+            registered = self._tools.get(step_record.tool)
+            result = settled.result
+            ledger.reconcile_interrupted(
+                self.store, connection, run.run_id, executing, step_record.tool,
+                verdict=str(settled.verdict), note=settled.note,
+                content=result.content if result is not None else None,
+                summary=f"reconciled: {result.summary}" if result and result.summary else None,
+                terminal=registered is not None and registered.spec.terminal,
+            )  # fmt: skip
+            if settled.verdict is not Verdict.UNKNOWN:
+                return step_record, self.store.get_run(run.run_id).status, None
         self._interrupt(connection, run.run_id, step_record, now)
         current = self.store.get_run(run.run_id).status
         return step_record, current, self.store.waiting_approval(run.run_id)

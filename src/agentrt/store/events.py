@@ -56,6 +56,8 @@ class EventType(enum.StrEnum):
     APPROVAL_GRANTED = "approval_granted"
     APPROVAL_REJECTED = "approval_rejected"
     APPROVAL_EXPIRED = "approval_expired"
+    # A consumer's verdict on a cut-off action before the gate pauses on it.
+    STEP_RECONCILED = "step_reconciled"
     # Model accounting (`accounting.py`).
     MODEL_ATTEMPT = "model_attempt"
     MODEL_LIMIT_REACHED = "model_limit_reached"

@@ -429,6 +429,56 @@ def interrupt_step(
     _append(store, connection, run_id, EventType.STEP_INTERRUPTED, {"step": step, "tool": tool})
 
 
+def reconcile_interrupted(
+    store: Store,
+    connection: Connection,
+    run_id: str,
+    step: int,
+    tool: str,
+    *,
+    verdict: str,
+    note: str,
+    content: str | None = None,
+    summary: str | None = None,
+    terminal: bool = False,
+) -> None:
+    """A consumer's verdict on a step whose process died mid-tool (`step_reconciled`).
+
+    `ran`: the step succeeds with the result the consumer shows (a terminal
+    tool's run completes with it); `did_not_run`: the step ends interrupted and
+    may be asked again; `unknown`: only the event, and the caller pauses the run
+    on an `interrupted_side_effect` approval as without a verdict.
+    """
+    payload: dict[str, object] = {"step": step, "tool": tool, "verdict": verdict, "note": note}
+    if verdict == "ran":
+        assert content is not None
+        connection.execute(
+            _SET_STEP,
+            (str(StepStatus.SUCCEEDED), "result", content, summary or "reconciled: it ran",
+             utc_now(), run_id, step),
+        )  # fmt: skip
+        connection.execute(
+            "UPDATE runs SET consecutive_failures = 0, updated_at = ? WHERE run_id = ?",
+            (utc_now(), run_id),
+        )
+        payload["content"] = content
+    elif verdict == "did_not_run":
+        connection.execute(
+            _SET_STEP,
+            (str(StepStatus.INTERRUPTED), "interrupted", _DID_NOT_RUN, None, utc_now(), run_id,
+             step),
+        )  # fmt: skip
+    _append(store, connection, run_id, EventType.STEP_RECONCILED, payload)
+    if verdict == "ran" and terminal:
+        end_run(store, connection, run_id, RunStatus.COMPLETED, EndReason.COMPLETED, content)
+
+
+_DID_NOT_RUN: Final = (
+    "the tool was interrupted before it returned, and the consumer's check found it did not "
+    "take effect; it may be called again"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class CallResult:
     """What one call of a tool returned, as its step records it.
