@@ -24,7 +24,16 @@ from ..store import (
     ledger,
 )
 from ..store.events import EndReason
-from ..tools import SideEffect
+from ..tools import SideEffect, ToolCall
+from ._preconditions import (
+    PRECONDITION_UNAVAILABLE,
+    StateCheck,
+    approved_state,
+    bind_state,
+    read_state,
+    stale_text,
+    unavailable_text,
+)
 from ._stepping import Stepping
 from ._values import INTERRUPTED_SIDE_EFFECT, Call, StepOutcome
 
@@ -177,6 +186,34 @@ class Resuming(Stepping):
         arguments = parse_json(approval.args)
         request = ToolRequest(registered.spec, approval.args, arguments, run.run_id, approval.step)
         decided = await self._evaluate(request, run)
+        state: StateCheck | None = None
+        bound_to = approved_state(approval.capability)
+        if bound_to is not None:
+            # The person approved this request against a state: read it again, and
+            # run nothing unless it is still that state.
+            state = await read_state(registered, ToolCall(
+                args=approval.args, tool=approval.tool, run_id=run.run_id, step=approval.step,
+                context=context,
+            ))  # fmt: skip
+            if state.error is not None:
+                await self.store.write(self._record_state, approval, state)
+                self._notify()
+                observation = Observation(approval.step, approval.tool, approval.args, "denied",
+                                          unavailable_text(approval.tool, state.error))  # fmt: skip
+                return StepOutcome(
+                    run.run_id, RunStatus.WAITING_FOR_APPROVAL, observation, approval=approval,
+                    reason=PRECONDITION_UNAVAILABLE,
+                )  # fmt: skip
+            if state.digest != bound_to:
+                await self.store.write(self._stale, approval, state)
+                self._notify()
+                observation = Observation(approval.step, approval.tool, approval.args, "denied",
+                                          stale_text(approval.tool))  # fmt: skip
+                return StepOutcome(
+                    run.run_id, RunStatus.CANCELLED, observation, reason=EndReason.STALE.value
+                )
+            if decided.outcome is Outcome.REQUIRE_APPROVAL:
+                decided = bind_state(decided, state)
         if decided.outcome is Outcome.REQUIRE_APPROVAL and approval.kind != INTERRUPTED_SIDE_EFFECT:
             fresh_hash = approval_hash(
                 decided.kind or "approval",
@@ -193,7 +230,7 @@ class Resuming(Stepping):
                     reason="approval_superseded",
                 )  # fmt: skip
 
-        token = await self.store.write(self._use_approval, approval, decided)
+        token = await self.store.write(self._use_approval, approval, decided, state)
         self._notify()
         if decided.outcome is Outcome.DENY:
             observation = Observation(approval.step, approval.tool, approval.args, "denied",
@@ -204,6 +241,19 @@ class Resuming(Stepping):
         return await self._execute(
             Call(run.run_id, approval.step, registered, approval.args, token, context=context)
         )
+
+    def _record_state(
+        self, connection: Connection, approval: ApprovalRecord, state: StateCheck
+    ) -> None:
+        ledger.record_state_read(self.store, connection, approval.run_id, approval.step,
+                                 state.record())  # fmt: skip
+
+    def _stale(self, connection: Connection, approval: ApprovalRecord, state: StateCheck) -> None:
+        """The state changed since the approval: record the read, and end the run `stale`."""
+        self._record_state(connection, approval, state)
+        assert state.digest is not None
+        ledger.stale_approval(self.store, connection, approval, state.digest,
+                              stale_text(approval.tool))  # fmt: skip
 
     def _expire_if_due(self, connection: Connection, approval: ApprovalRecord, now: float) -> bool:
         return ledger.expire_approval_if_due(self.store, connection, approval, now)
@@ -225,9 +275,15 @@ class Resuming(Stepping):
         )  # fmt: skip
 
     def _use_approval(
-        self, connection: Connection, approval: ApprovalRecord, decided: PolicyDecision
+        self,
+        connection: Connection,
+        approval: ApprovalRecord,
+        decided: PolicyDecision,
+        state: StateCheck | None = None,
     ) -> str:
         """Spend a granted approval (once: compare-and-set) and carry out the policy's outcome."""
+        if state is not None:
+            self._record_state(connection, approval, state)
         fresh = ledger.use_approval(
             self.store, connection, approval,
             self._naming_policy({"outcome": str(decided.outcome)}),

@@ -1,0 +1,170 @@
+"""Preconditions in the library: a tool's `fingerprint(call)` binds the state an
+approval was decided against; a different state at execution time runs nothing and
+ends the run `stale`; a read that fails or hangs fails closed.  Both backends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from agentrt import Decision, Gate
+from agentrt.approvals import approve
+from agentrt.store import ApprovalStatus, RunStatus, StepStatus, open_store
+from agentrt.tools import SideEffect, StateRead, ToolCall
+
+from .helpers import RecordingTool, approval_policy
+
+pytestmark = pytest.mark.anyio
+
+WRITE = '{"path": "notes.txt", "content": "new\\n"}'
+
+
+class FileTool(RecordingTool):
+    """A write whose state is one entry of `files`: `fingerprint` reads it, `call` writes it."""
+
+    def __init__(self, files: dict[str, str], **options: Any) -> None:
+        super().__init__("write", SideEffect.LOCAL_MUTATION, **options)
+        self.files = files
+        self.reads = 0
+        self.read_error: Exception | None = None
+        self.read_delay = 0.0
+
+    async def fingerprint(self, call: ToolCall) -> StateRead:
+        self.reads += 1
+        if self.read_delay:
+            await anyio.sleep(self.read_delay)
+        if self.read_error is not None:
+            raise self.read_error
+        return StateRead(self.files.get("notes.txt"), "read", '{"path":"notes.txt"}')
+
+
+async def _waiting(database: str | Path, files: dict[str, str], **options: Any) -> Any:
+    store = open_store(database)
+    tool = FileTool(files, **options)
+    gate = Gate(store, [tool], policy=approval_policy())
+    run_id = await gate.start("write a note")
+    outcome = await gate.step(run_id, Decision.tool_call("write", WRITE))
+    return store, tool, gate, run_id, outcome
+
+
+async def test_an_approval_binds_the_state_read_and_runs_once_when_it_is_unchanged(
+    database: str | Path,
+) -> None:
+    store, tool, gate, run_id, outcome = await _waiting(database, {"notes.txt": "old\n"})
+    try:
+        approval = outcome.approval
+        assert approval is not None and isinstance(approval.capability, dict)
+        assert len(approval.capability["state"]) == 64
+        assert approval.presentation["state"]["content"] == "old\n"
+        approve(store, run_id, approval_hash=approval.approval_hash, by="alice")
+        resumed = await gate.resume(run_id)
+        assert resumed.observation is not None and resumed.observation.kind == "result"
+        assert len(tool.calls) == 1 and tool.reads == 2
+        reads = [e for e in store.list_events(run_id) if e.type == "state_read"]
+        assert [e.payload["state"] for e in reads] == [approval.capability["state"]] * 2
+        assert store.verify_chain().ok and store.verify_state().ok
+    finally:
+        store.close()
+
+
+async def test_a_changed_state_runs_nothing_and_ends_the_run_stale(database: str | Path) -> None:
+    files = {"notes.txt": "old\n"}
+    store, tool, gate, run_id, outcome = await _waiting(database, files)
+    try:
+        assert outcome.approval is not None
+        approve(store, run_id, approval_hash=outcome.approval.approval_hash, by="alice")
+        files["notes.txt"] = "someone else's edit\n"
+        resumed = await gate.resume(run_id)
+        assert tool.calls == []
+        assert (resumed.status, resumed.reason) == (RunStatus.CANCELLED, "stale")
+        assert resumed.observation is not None
+        assert resumed.observation.content.startswith("STALE: ")
+        run = store.get_run(run_id)
+        assert (run.status, run.reason) == (RunStatus.CANCELLED, "stale")
+        assert store.get_approval(outcome.approval.approval_id).status is ApprovalStatus.STALE
+        (step,) = store.list_steps(run_id)
+        assert step.status is StepStatus.DENIED
+        assert "approval_stale" in [e.type for e in store.list_events(run_id)]
+        assert store.verify_chain().ok and store.verify_state().ok
+    finally:
+        store.close()
+
+
+async def test_a_file_that_appears_after_the_approval_makes_it_stale(
+    database: str | Path,
+) -> None:
+    files: dict[str, str] = {}
+    store, tool, gate, run_id, outcome = await _waiting(database, files)
+    try:
+        assert outcome.approval is not None
+        assert outcome.approval.presentation["state"]["absent"] is True
+        approve(store, run_id, approval_hash=outcome.approval.approval_hash, by="alice")
+        files["notes.txt"] = "appeared\n"
+        resumed = await gate.resume(run_id)
+        assert resumed.reason == "stale" and tool.calls == []
+    finally:
+        store.close()
+
+
+async def test_a_precondition_that_fails_offers_no_approval_and_runs_nothing(
+    database: str | Path,
+) -> None:
+    store = open_store(database)
+    try:
+        tool = FileTool({})
+        tool.read_error = OSError("disk unreadable")
+        gate = Gate(store, [tool], policy=approval_policy())
+        run_id = await gate.start("write a note")
+        outcome = await gate.step(run_id, Decision.tool_call("write", WRITE))
+        assert outcome.approval is None and outcome.reason == "precondition_unavailable"
+        assert outcome.observation is not None
+        assert outcome.observation.content.startswith("UNAVAILABLE: ")
+        assert "disk unreadable" in outcome.observation.content
+        assert store.waiting_approval(run_id) is None and tool.calls == []
+        (read,) = [e for e in store.list_events(run_id) if e.type == "state_read"]
+        assert "disk unreadable" in read.payload["error"]
+        assert store.verify_chain().ok and store.verify_state().ok
+    finally:
+        store.close()
+
+
+async def test_a_precondition_that_hangs_fails_closed_at_its_timeout(
+    database: str | Path,
+) -> None:
+    files = {"notes.txt": "old\n"}
+    store, tool, gate, run_id, outcome = await _waiting(database, files, timeout=0.5)
+    try:
+        assert outcome.approval is not None
+        approve(store, run_id, approval_hash=outcome.approval.approval_hash, by="alice")
+        tool.read_delay = 5.0
+        resumed = await gate.resume(run_id)
+        assert resumed.reason == "precondition_unavailable" and tool.calls == []
+        assert resumed.observation is not None
+        assert "did not answer within 0.5s" in resumed.observation.content
+        # Still granted: once the state can be read again (and is unchanged), it runs once.
+        assert store.get_approval(outcome.approval.approval_id).status is ApprovalStatus.APPROVED
+        tool.read_delay = 0.0
+        again = await gate.resume(run_id)
+        assert again.observation is not None and again.observation.kind == "result"
+        assert len(tool.calls) == 1
+    finally:
+        store.close()
+
+
+async def test_a_tool_without_a_precondition_hashes_its_approval_as_before(
+    database: str | Path,
+) -> None:
+    store = open_store(database)
+    try:
+        tool = RecordingTool("write", SideEffect.LOCAL_MUTATION)
+        gate = Gate(store, [tool], policy=approval_policy())
+        run_id = await gate.start("write a note")
+        outcome = await gate.step(run_id, Decision.tool_call("write", WRITE))
+        assert outcome.approval is not None
+        assert "state" not in outcome.approval.capability
+        assert not [e for e in store.list_events(run_id) if e.type == "state_read"]
+    finally:
+        store.close()
