@@ -1,0 +1,202 @@
+"""A rule's precondition through a real `agentrt proxy` in front of the stock filesystem
+server, driven by the official SDK's client: an approval binds the file it was decided
+against, a changed file answers STALE and keeps the other edit, a fresh approval shows
+the new state and writes once.  Both backends."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proxy_helpers import FILESYSTEM_SERVER, ProxySetup, host, text_of, write_private
+
+from agentrt.mcp import Server, pin
+from agentrt.proxy.config import ConfigError, load_config
+from agentrt.store import ApprovalStatus, open_store
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120), pytest.mark.slow]
+
+READ = {"tool": "read_text_file", "arguments": {"path": "$.path"}, "absent_when": "ENOENT"}
+
+
+def _rules(precondition: dict[str, Any] | None = READ) -> dict[str, Any]:
+    write: dict[str, Any] = {"side_effect": "local_mutation", "allow_hint_mismatch": True}
+    edit: dict[str, Any] = {"side_effect": "local_mutation", "allow_hint_mismatch": True}
+    if precondition is not None:
+        write["precondition"] = precondition
+        edit["precondition"] = {"tool": "read_text_file", "arguments": {"path": "$.path"}}
+    return {
+        "read_text_file": {"side_effect": "read_only"},
+        "list_directory": {"side_effect": "read_only"},
+        "write_file": write,
+        "edit_file": edit,
+    }
+
+
+async def _filesystem(
+    root: Path, database: str | Path, rules: dict[str, Any] | None = None
+) -> tuple[ProxySetup, Path]:
+    sandbox = (root / "sandbox").resolve()
+    sandbox.mkdir()
+    conf = root / "conf"
+    command = ["node", str(FILESYSTEM_SERVER), str(sandbox)]
+    manifest = await pin(Server(name="fs", command=command, connect_timeout=30.0))
+    write_private(conf / "fs.manifest.json", manifest.to_json())
+    on_postgres = str(database).startswith("postgresql://")
+    document: dict[str, Any] = {
+        "database": str(database) if on_postgres else "proxy.db",
+        "session": "fs-session",
+        "hold": "300ms",
+        "policy": {"read_only": "allow", "local_mutation": "require_approval"},
+        "servers": [
+            {
+                "name": "fs",
+                "command": command,
+                "default_timeout": "10s",
+                "manifest": "fs.manifest.json",
+                "rules": rules if rules is not None else _rules(),
+            }
+        ],
+    }
+    config_path = write_private(conf / "proxy.json", json.dumps(document))
+    setup = ProxySetup(
+        root=root, config_path=config_path,
+        database=str(database) if on_postgres else conf / "proxy.db",
+        upstream_log=root / "none.log", stderr_path=root / "proxy.stderr", document=document,
+    )  # fmt: skip
+    return setup, sandbox
+
+
+def _state_of(setup: ProxySetup) -> dict[str, Any]:
+    _run_id, approval_id = setup.waiting_commands()[-1]
+    state = setup.approval(approval_id).presentation["state"]
+    assert isinstance(state, dict)
+    return state
+
+
+async def test_a_write_approved_against_a_file_that_changed_is_stale_and_keeps_the_edit(
+    tmp_path: Path, database: str | Path
+) -> None:
+    setup, sandbox = await _filesystem(tmp_path, database)
+    notes = sandbox / "notes.md"
+    notes.write_text("first line\n")
+    write = {"path": str(notes), "content": "first line\nmodel's line\n"}
+    async with host(setup) as session:
+        asked = await session.call_tool("fs_write_file", write)
+        assert text_of(asked).startswith("PENDING_APPROVAL: ")
+        assert _state_of(setup)["content"] == "first line\n"
+        setup.approve_latest()
+        notes.write_text("first line\nsomeone else's line\n")
+        stale = await session.call_tool("fs_write_file", write)
+        assert text_of(stale).startswith("STALE: "), text_of(stale)
+        assert "nothing ran" in text_of(stale)
+        assert notes.read_text() == "first line\nsomeone else's line\n"
+        asked_again = await session.call_tool("fs_write_file", write)
+        assert text_of(asked_again).startswith("PENDING_APPROVAL: ")
+        assert _state_of(setup)["content"] == "first line\nsomeone else's line\n"
+        setup.approve_latest()
+        written = await session.call_tool("fs_write_file", write)
+        assert written.is_error is False, text_of(written)
+        duplicate = await session.call_tool("fs_write_file", write)
+    assert notes.read_text() == "first line\nmodel's line\n"
+    assert text_of(duplicate).startswith("DUPLICATE: ")
+    with open_store(setup.database, create=False) as store:
+        stale_runs = [run for run in store.list_runs() if run.reason == "stale"]
+        assert len(stale_runs) == 1
+        assert store.verify_chain().ok and store.verify_state().ok
+    assert "changed after it was approved" in setup.stderr()
+
+
+async def test_a_write_to_a_file_that_does_not_exist_binds_its_absence(
+    tmp_path: Path, database: str | Path
+) -> None:
+    setup, sandbox = await _filesystem(tmp_path, database)
+    fresh, appearing = sandbox / "fresh.md", sandbox / "appearing.md"
+    async with host(setup) as session:
+        asked = await session.call_tool("fs_write_file", {"path": str(fresh), "content": "a\n"})
+        assert text_of(asked).startswith("PENDING_APPROVAL: ")
+        assert _state_of(setup)["absent"] is True
+        setup.approve_latest()
+        written = await session.call_tool("fs_write_file", {"path": str(fresh), "content": "a\n"})
+        assert written.is_error is False, text_of(written)
+        # A file that appears between the approval and the execution.
+        await session.call_tool("fs_write_file", {"path": str(appearing), "content": "mine\n"})
+        setup.approve_latest()
+        appearing.write_text("theirs\n")
+        stale = await session.call_tool(
+            "fs_write_file", {"path": str(appearing), "content": "mine\n"}
+        )
+    assert fresh.read_text() == "a\n"
+    assert text_of(stale).startswith("STALE: ")
+    assert appearing.read_text() == "theirs\n"
+
+
+async def test_a_precondition_that_fails_offers_no_approval_and_names_its_error(
+    tmp_path: Path, database: str | Path
+) -> None:
+    # Without absent_when, the missing file's ENOENT is an error: it fails closed.
+    rules = _rules({"tool": "read_text_file", "arguments": {"path": "$.path"}})
+    setup, sandbox = await _filesystem(tmp_path, database, rules)
+    target = sandbox / "missing.md"
+    async with host(setup) as session:
+        answer = await session.call_tool("fs_write_file", {"path": str(target), "content": "x"})
+        listing = await session.call_tool("fs_list_directory", {"path": str(sandbox)})
+    assert text_of(answer).startswith("UNAVAILABLE: "), text_of(answer)
+    assert "fs_write_file" in text_of(answer) and "Nothing ran." in text_of(answer)
+    assert listing.is_error is False
+    assert not target.exists()
+    assert setup.waiting_commands() == []
+    assert "fs_read_text_file" in setup.stderr() and "ENOENT" in setup.stderr()
+    with open_store(setup.database, create=False) as store:
+        (run,) = [run for run in store.list_runs() if run.reason == "precondition_unavailable"]
+        assert store.latest_approval(run.run_id) is None
+        errors = [e.payload["error"] for e in store.list_events(run.run_id)
+                  if e.type == "state_read"]  # fmt: skip
+        assert len(errors) == 1 and "fs_read_text_file" in errors[0]
+        assert store.verify_chain().ok
+
+
+async def test_an_edit_binds_the_real_file(tmp_path: Path, database: str | Path) -> None:
+    setup, sandbox = await _filesystem(tmp_path, database)
+    notes = sandbox / "notes.md"
+    notes.write_text("alpha\nbeta\n")
+    edit = {"path": str(notes), "edits": [{"oldText": "beta", "newText": "gamma"}]}
+    async with host(setup) as session:
+        await session.call_tool("fs_edit_file", edit)
+        assert _state_of(setup)["content"] == "alpha\nbeta\n"
+        setup.approve_latest()
+        edited = await session.call_tool("fs_edit_file", edit)
+    assert edited.is_error is False, text_of(edited)
+    assert notes.read_text() == "alpha\ngamma\n"
+    with open_store(setup.database, create=False) as store:
+        assert [a.status for a in _approvals(store)] == [ApprovalStatus.USED]
+
+
+def _approvals(store: Any) -> list[Any]:
+    return [
+        approval
+        for run in store.list_runs()
+        if (approval := store.latest_approval(run.run_id)) is not None
+    ]
+
+
+@pytest.mark.parametrize(
+    ("precondition", "refusal"),
+    [
+        ({"tool": "write_file", "arguments": {"path": "$.path"}}, "classified read_only"),
+        ({"tool": "no_such_tool"}, "classified read_only"),
+        ({"tool": "read_text_file", "arguments": {"path": "$path"}}, 'not a path such as "$.path"'),
+        ({"tool": "read_text_file", "extra": 1}, 'unknown field "extra"'),
+        ({"arguments": {}}, "needs the name of a read-only tool"),
+    ],
+)
+async def test_a_precondition_that_is_not_a_read_of_this_server_is_refused_at_load(
+    tmp_path: Path, precondition: dict[str, Any], refusal: str
+) -> None:
+    setup, _sandbox = await _filesystem(tmp_path, tmp_path / "unused.db", _rules(precondition))
+    with pytest.raises(ConfigError) as refused:
+        load_config(setup.config_path)
+    assert refusal in str(refused.value)
+    assert "\n" not in str(refused.value)
