@@ -6,12 +6,14 @@ the new state and writes once.  Both backends."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from proxy_helpers import FILESYSTEM_SERVER, ProxySetup, host, text_of, write_private
+from proxy_helpers import AGENTRT, FILESYSTEM_SERVER, ProxySetup, host, text_of, write_private
 
+from agentrt.cli._review import review_lines
 from agentrt.mcp import Server, pin
 from agentrt.proxy.config import ConfigError, load_config
 from agentrt.store import ApprovalStatus, open_store
@@ -200,3 +202,54 @@ async def test_a_precondition_that_is_not_a_read_of_this_server_is_refused_at_lo
         load_config(setup.config_path)
     assert refusal in str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+def _show(setup: ProxySetup) -> str:
+    run_id, _approval_id = setup.waiting_commands()[-1]
+    shown = subprocess.run(
+        [str(AGENTRT), "--db", str(setup.database), "show", run_id],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout
+
+
+async def test_the_approval_shows_a_write_as_a_diff_against_the_file_read(
+    tmp_path: Path,
+) -> None:
+    setup, sandbox = await _filesystem(tmp_path, tmp_path / "conf" / "proxy.db")
+    notes, fresh = sandbox / "notes.md", sandbox / "fresh.md"
+    notes.write_text("".join(f"line {n}\n" for n in range(1, 2001)))
+    new = notes.read_text().replace("line 1500\n", "line fifteen hundred\n")
+    edit = {"path": str(notes), "edits": [{"oldText": "line 7\n", "newText": "line seven\n"}]}
+    async with host(setup) as session:
+        await session.call_tool("fs_write_file", {"path": str(notes), "content": new})
+        write_view = _show(setup)
+        await session.call_tool("fs_write_file", {"path": str(fresh), "content": "hello\n"})
+        absent_view = _show(setup)
+        await session.call_tool("fs_edit_file", edit)
+        edit_view = _show(setup)
+        _run_id, approval_id = setup.waiting_commands()[-1]
+        inbox = approval_view_of(setup, approval_id)
+    # A large file: its change, with line numbers, not the file.
+    assert "@@ -1497,7 +1497,7 @@" in write_view
+    assert "- line 1500" in write_view and "+ line fifteen hundred" in write_view
+    assert "line 1000" not in write_view.split("change")[-1]
+    assert "the file does not exist yet" in absent_view and "+ hello" in absent_view
+    assert "- line 7" in edit_view and "+ line seven" in edit_view
+    assert "@@ -4,7 +4,7 @@" in edit_view
+    (change,) = [block for block in inbox["edits"] if "against the state read" in block["label"]]
+    assert {"sign": "+", "text": "line seven"} in change["diff"]
+    # The whole file read stays one flag away.
+    assert not [line for line in edit_view.splitlines() if line.startswith("state read ")]
+    with open_store(setup.database, create=False) as store:
+        full = "\n".join(review_lines(store.get_approval(approval_id), full=True))
+    (row,) = [line for line in full.splitlines() if line.startswith("state read ")]
+    assert "2000 lines" in row and "line 1999" in full
+
+
+def approval_view_of(setup: ProxySetup, approval_id: str) -> dict[str, Any]:
+    from agentrt.inbox._views import approval_view
+
+    with open_store(setup.database, create=False) as store:
+        return approval_view(store, store.get_approval(approval_id), {})
