@@ -109,6 +109,21 @@ async def test_a_write_approved_against_a_file_that_changed_is_stale_and_keeps_t
         assert len(stale_runs) == 1
         assert store.verify_chain().ok and store.verify_state().ok
     assert "changed after it was approved" in setup.stderr()
+    shown = _agentrt("--db", str(setup.database), "show", stale_runs[0].run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert "step 1: its state read with fs_read_text_file: sha256 " in shown.stdout
+    assert "went stale: the state changed after it was approved" in shown.stdout
+    verified = _agentrt("--db", str(setup.database), "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    # Reads now denied: recheck names the precondition reads that would fail closed.
+    setup.document["policy"] = {"read_only": "deny", "local_mutation": "require_approval"}
+    setup.rewrite()
+    rechecked = _agentrt("recheck", "--config", str(setup.config_path), "--json")
+    assert rechecked.returncode == 0, rechecked.stderr
+    records = [json.loads(line) for line in rechecked.stdout.splitlines()]
+    differences = [record for record in records if record["record"] == "difference"]
+    assert {record["tool"] for record in differences} == {"fs_read_text_file"}
+    assert len(differences) == 4  # each run read its state when asked and before it ran
 
 
 async def test_a_write_to_a_file_that_does_not_exist_binds_its_absence(
@@ -153,6 +168,9 @@ async def test_a_precondition_that_fails_offers_no_approval_and_names_its_error(
     assert "fs_read_text_file" in setup.stderr() and "ENOENT" in setup.stderr()
     with open_store(setup.database, create=False) as store:
         (run,) = [run for run in store.list_runs() if run.reason == "precondition_unavailable"]
+        shown = _agentrt("--db", str(setup.database), "show", run.run_id)
+        assert "step 1: its precondition failed: " in shown.stdout
+        assert "fs_read_text_file" in shown.stdout and "ENOENT" in shown.stdout
         assert store.latest_approval(run.run_id) is None
         errors = [e.payload["error"] for e in store.list_events(run.run_id)
                   if e.type == "state_read"]  # fmt: skip
@@ -202,6 +220,13 @@ async def test_a_precondition_that_is_not_a_read_of_this_server_is_refused_at_lo
         load_config(setup.config_path)
     assert refusal in str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+def _agentrt(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(AGENTRT), *arguments], capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
 
 
 def _show(setup: ProxySetup) -> str:
