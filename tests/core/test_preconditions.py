@@ -4,6 +4,7 @@ ends the run `stale`; a read that fails or hangs fails closed.  Both backends.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -166,5 +167,67 @@ async def test_a_tool_without_a_precondition_hashes_its_approval_as_before(
         assert outcome.approval is not None
         assert "state" not in outcome.approval.capability
         assert not [e for e in store.list_events(run_id) if e.type == "state_read"]
+    finally:
+        store.close()
+
+
+class CutOffWrite(FileTool):
+    """Writes, then fails as a call cut off after it took effect; may judge a retry done."""
+
+    def __init__(self, files: dict[str, str], *, reconcile: bool) -> None:
+        super().__init__(files)
+        self.reconcile = reconcile
+
+    async def call(self, call: ToolCall) -> Any:
+        self.calls.append(call)
+        self.files["notes.txt"] = json.loads(call.args)["content"]
+        raise TimeoutError("cut off")
+
+    def reconciled(self, call: ToolCall, current: StateRead, approved: str | None) -> bool:
+        return self.reconcile and current.content == json.loads(call.args)["content"]
+
+
+async def _cut_off_retry(database: str | Path, *, reconcile: bool) -> Any:
+    store = open_store(database)
+    tool = CutOffWrite({"notes.txt": "old\n"}, reconcile=reconcile)
+    gate = Gate(store, [tool], policy=approval_policy())
+    run_id = await gate.start("write a note")
+    asked = await gate.step(run_id, Decision.tool_call("write", WRITE))
+    assert asked.approval is not None
+    approve(store, run_id, approval_hash=asked.approval.approval_hash, by="alice")
+    failed = await gate.resume(run_id)
+    assert failed.observation is not None and failed.observation.kind == "tool_error"
+    retried = await gate.step(run_id, Decision.tool_call("write", WRITE))
+    return store, tool, run_id, retried
+
+
+async def test_a_retry_whose_state_already_is_its_result_is_reconciled_not_run(
+    database: str | Path,
+) -> None:
+    store, tool, run_id, retried = await _cut_off_retry(database, reconcile=True)
+    try:
+        assert len(tool.calls) == 1
+        assert retried.reason == "reconciled" and retried.approval is None
+        assert retried.observation is not None and retried.observation.kind == "result"
+        assert retried.observation.content.startswith('"reconciled: ')
+        step = store.get_step(run_id, 2)
+        assert step is not None and step.status is StepStatus.SUCCEEDED
+        assert "step_reconciled" in [e.type for e in store.list_events(run_id)]
+        assert store.verify_chain().ok and store.verify_state().ok
+    finally:
+        store.close()
+
+
+async def test_a_retry_without_reconcile_asks_and_shows_the_state_against_the_approved(
+    database: str | Path,
+) -> None:
+    from agentrt.cli._review import review_lines
+
+    store, tool, _run_id, retried = await _cut_off_retry(database, reconcile=False)
+    try:
+        assert retried.approval is not None and len(tool.calls) == 1
+        shown = "\n".join(review_lines(retried.approval))
+        assert "the state changed since it was approved before" in shown
+        assert "already holds the intended result" in shown
     finally:
         store.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -278,3 +279,96 @@ def approval_view_of(setup: ProxySetup, approval_id: str) -> dict[str, Any]:
 
     with open_store(setup.database, create=False) as store:
         return approval_view(store, store.get_approval(approval_id), {})
+
+
+SLOW_FILES = Path(__file__).parent / "servers" / "slow_files.py"
+
+
+async def _slow_files(
+    root: Path, database: str | Path, *, reconcile: bool
+) -> tuple[ProxySetup, Path]:
+    """A proxy in front of `slow_files.py`, whose write takes effect and then outlasts the
+    rule's one-second timeout the first time: an unknown outcome that did happen."""
+    sandbox = (root / "sandbox").resolve()
+    sandbox.mkdir()
+    conf = root / "conf"
+    log = root / "writes.log"
+    command = [sys.executable, str(SLOW_FILES)]
+    environment = [f"SLOW_FILES_LOG={log}"]
+    manifest = await pin(
+        Server(name="files", command=command, env=environment, connect_timeout=30.0)
+    )
+    write_private(conf / "files.manifest.json", manifest.to_json())
+    write: dict[str, Any] = {
+        "side_effect": "local_mutation", "allow_hint_mismatch": True, "timeout": "1s",
+        "precondition": {"tool": "read_file", "arguments": {"path": "$.path"},
+                         "absent_when": "ENOENT"},
+    }  # fmt: skip
+    if reconcile:
+        write["reconcile"] = True
+    on_postgres = str(database).startswith("postgresql://")
+    document: dict[str, Any] = {
+        "database": str(database) if on_postgres else "proxy.db",
+        "session": "files-session",
+        "hold": "300ms",
+        "policy": {"read_only": "allow", "local_mutation": "require_approval"},
+        "servers": [
+            {
+                "name": "files",
+                "command": command,
+                "env": environment,
+                "manifest": "files.manifest.json",
+                "rules": {"read_file": {"side_effect": "read_only"}, "write_file": write},
+            }
+        ],
+    }
+    config_path = write_private(conf / "proxy.json", json.dumps(document))
+    setup = ProxySetup(
+        root=root, config_path=config_path,
+        database=str(database) if on_postgres else conf / "proxy.db",
+        upstream_log=log, stderr_path=root / "proxy.stderr", document=document,
+    )  # fmt: skip
+    return setup, sandbox
+
+
+async def test_a_cut_off_write_that_took_effect_is_reconciled_and_never_run_again(
+    tmp_path: Path, database: str | Path
+) -> None:
+    setup, sandbox = await _slow_files(tmp_path, database, reconcile=True)
+    notes = sandbox / "notes.md"
+    notes.write_text("old\n")
+    write = {"path": str(notes), "content": "new\n", "seconds": 3}
+    async with host(setup) as session:
+        asked = await session.call_tool("files_write_file", write)
+        assert text_of(asked).startswith("PENDING_APPROVAL: ")
+        setup.approve_latest()
+        reconciled = await session.call_tool("files_write_file", write)
+        again = await session.call_tool("files_write_file", write)
+    assert reconciled.is_error is False, text_of(reconciled)
+    assert text_of(reconciled).startswith("reconciled: ")
+    assert text_of(again).startswith("DUPLICATE: ")
+    assert setup.executions("write_file") == ["write_file notes.md"]
+    assert notes.read_text() == "new\n"
+    with open_store(setup.database, create=False) as store:
+        (run,) = store.list_runs()
+        events = [event.type for event in store.list_events(run.run_id)]
+        assert "step_reconciled" in events and events.count("tool_started") == 1
+        assert store.verify_chain().ok and store.verify_state().ok
+
+
+async def test_a_cut_off_write_without_reconcile_shows_it_took_effect_and_waits(
+    tmp_path: Path,
+) -> None:
+    setup, sandbox = await _slow_files(tmp_path, tmp_path / "conf" / "proxy.db", reconcile=False)
+    notes = sandbox / "notes.md"
+    notes.write_text("old\n")
+    write = {"path": str(notes), "content": "new\n", "seconds": 3}
+    async with host(setup) as session:
+        await session.call_tool("files_write_file", write)
+        setup.approve_latest()
+        unknown = await session.call_tool("files_write_file", write)
+    assert text_of(unknown).startswith("UNKNOWN_OUTCOME: "), text_of(unknown)
+    shown = _show(setup)
+    assert "the state changed since it was approved before" in shown
+    assert "already holds the intended result" in shown
+    assert setup.executions("write_file") == ["write_file notes.md"]

@@ -24,6 +24,7 @@ from ._values import error_text
 __all__ = [
     "MAX_STATE_CHARS",
     "PRECONDITION_UNAVAILABLE",
+    "RECONCILED",
     "STALE",
     "StateCheck",
     "approved_state",
@@ -38,6 +39,11 @@ PRECONDITION_UNAVAILABLE: Final = "precondition_unavailable"
 STALE: Final = "stale"
 MAX_STATE_CHARS: Final = 200_000
 """The most of a state's text an approval keeps for its view (its digest covers all of it)."""
+RECONCILED: Final = "reconciled"
+RECONCILED_CONTENT: Final = (
+    '"reconciled: the state already is what this call would make it (an earlier, approved '
+    'attempt took effect), so it was not run again"'
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +53,10 @@ class StateCheck:
     read: StateRead | None
     digest: str | None
     error: str | None
+    # The digest an earlier, spent approval of this same request bound (a retry of a
+    # call cut off mid-way), and whether the state already is that call's intended result.
+    approved: str | None = None
+    reconciled: bool = False
 
     def record(self) -> dict[str, Any]:
         """The `state_read` event's payload (the step is added by the ledger)."""
@@ -77,7 +87,10 @@ async def read_state(registered: CheckedTool, call: ToolCall) -> StateCheck:
     fingerprint = getattr(registered.tool, "fingerprint", None)
     if not callable(fingerprint):
         return StateCheck(None, None, f"the tool {name} no longer has a precondition")
-    timeout = registered.spec.timeout
+    # A precondition may declare its own bound (the proxy's: its read tool's timeout).
+    declared = getattr(registered.tool, "fingerprint_timeout", None)
+    timeout = declared if isinstance(declared, (int, float)) and declared > 0 else None
+    timeout = timeout or registered.spec.timeout
     try:
         with anyio.fail_after(timeout):
             read = await fingerprint(call)
@@ -109,6 +122,8 @@ def bind_state(decided: PolicyDecision, check: StateCheck) -> PolicyDecision:
     if content is not None:
         shown["content"] = content[:MAX_STATE_CHARS]
         shown["truncated"] = len(content) > MAX_STATE_CHARS
+    if check.approved is not None:
+        shown["approved_state"] = check.approved
     return PolicyDecision(
         decided.outcome,
         decided.reason,
@@ -116,6 +131,15 @@ def bind_state(decided: PolicyDecision, check: StateCheck) -> PolicyDecision:
         {**_as_object(decided.capability, "capability"), "state": check.digest},
         {**_as_object(decided.presentation, "presented"), "state": shown},
     )
+
+
+def approved_content(presentation: Any) -> str | None:
+    """The whole state text an approval was shown, if it kept all of it."""
+    state = presentation.get("state") if isinstance(presentation, Mapping) else None
+    if isinstance(state, Mapping) and state.get("truncated") is False:
+        content = state.get("content")
+        return content if isinstance(content, str) else None
+    return None
 
 
 def approved_state(capability: Any) -> str | None:

@@ -4,6 +4,7 @@ which, and carries out the call between the two commits of an allowed step."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +19,7 @@ from ..policy import Outcome, Policy, PolicyDecision, RunView, ToolRequest
 from ..sanitize import sanitize
 from ..store import (
     ApprovalRecord,
+    ApprovalStatus,
     Connection,
     Event,
     RunRecord,
@@ -33,7 +35,11 @@ from ..tools import CheckedTool, ToolCall, ToolResult
 from ._leases import Leases
 from ._preconditions import (
     PRECONDITION_UNAVAILABLE,
+    RECONCILED,
+    RECONCILED_CONTENT,
     StateCheck,
+    approved_content,
+    approved_state,
     bind_state,
     has_precondition,
     read_state,
@@ -346,12 +352,36 @@ class Stepping:
         if decided.outcome is not Outcome.REQUIRE_APPROVAL or not has_precondition(registered):
             return decided, None
         name = registered.spec.name
-        state = await read_state(
-            registered, ToolCall(args=args, tool=name, run_id=run_id, step=step, context=context)
-        )
-        if state.error is not None:
+        call = ToolCall(args=args, tool=name, run_id=run_id, step=step, context=context)
+        state = await read_state(registered, call)
+        if state.error is not None or state.read is None:
             return decided, state
+        # Only a later step can repeat an approved one (a first step has nothing before it).
+        earlier = None if step == 1 else await self.store.run(
+            self._approved_before, run_id, name, args
+        )  # fmt: skip
+        if earlier is not None:
+            # The same request was approved and started before (its outcome unknown): the
+            # view compares against that state, and the tool may judge it already done.
+            state = dataclasses.replace(state, approved=approved_state(earlier.capability))
+            reconciled = getattr(registered.tool, "reconciled", None)
+            if callable(reconciled) and reconciled(
+                call, state.read, approved_content(earlier.presentation)
+            ):
+                return decided, dataclasses.replace(state, reconciled=True)
         return bind_state(decided, state), state
+
+    def _approved_before(self, run_id: str, tool: str, args: str) -> ApprovalRecord | None:
+        """The run's latest approval if it was spent on this very request with a state."""
+        approval = self.store.latest_approval(run_id)
+        if (
+            approval is not None
+            and approval.status is ApprovalStatus.USED
+            and (approval.tool, approval.args) == (tool, args)
+            and approved_state(approval.capability) is not None
+        ):
+            return approval
+        return None
 
     def _check_request(
         self, tool_name: str, args: str
@@ -471,6 +501,12 @@ class Stepping:
             ledger.end_run(self.store, connection, run.run_id, RunStatus.FAILED,
                            EndReason.POLICY_ERROR if decided.reason.startswith("policy_error")
                            else EndReason.POLICY_ABORT)  # fmt: skip
+        elif state is not None and state.reconciled:
+            ledger.record_state_read(self.store, connection, run.run_id, step_number,
+                                     state.record())  # fmt: skip
+            terminal = self._tools[name].spec.terminal
+            ledger.reconcile_step(self.store, connection, run.run_id, step_number, name,
+                                  RECONCILED_CONTENT, terminal=terminal)  # fmt: skip
         elif state is not None and state.error is not None:
             # Fail closed: no approval is offered for a state nobody could read.
             ledger.record_state_read(self.store, connection, run.run_id, step_number,
@@ -505,6 +541,14 @@ class Stepping:
         state: StateCheck | None = None,
     ) -> StepOutcome:
         """What follows a recorded step: its observation, its approval, or its call."""
+        if state is not None and state.reconciled:
+            observation = Observation(
+                call.step, call.tool.spec.name, call.args, "result", RECONCILED_CONTENT
+            )
+            if call.tool.spec.terminal:
+                return StepOutcome(call.run_id, RunStatus.COMPLETED, observation,
+                                   result=RECONCILED_CONTENT, reason=RECONCILED)  # fmt: skip
+            return StepOutcome(call.run_id, RunStatus.RUNNING, observation, reason=RECONCILED)
         if state is not None and state.error is not None:
             observation = Observation(
                 call.step, call.tool.spec.name, call.args, "denied",

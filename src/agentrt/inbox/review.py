@@ -27,6 +27,7 @@ __all__ = [
     "TextReview",
     "displayed_hash",
     "edits_of",
+    "intended_content",
     "pretty_json_lines",
     "sanitized_line",
     "size_of",
@@ -235,8 +236,49 @@ def state_changes(approval: ApprovalRecord) -> list[StateChange]:
             f"{edit}'s old text is not in the file as it was read: the server will refuse it"
             for edit in missing
         )
+    notes.extend(_retry_notes(approval.capability, state, old, new))
     diff = _unified(old, new)
     return [StateChange(label, size_of(old), size_of(new), diff, tuple(notes))]
+
+
+def _retry_notes(
+    capability: Any, state: Mapping[str, Any], current: str, intended: str
+) -> list[str]:
+    """For a request approved and started before (its outcome unknown, or cut off): the
+    state now against the state that approval bound and against the intended result."""
+    approved = state.get("approved_state")
+    if not isinstance(approved, str):
+        return []
+    now = capability.get("state") if isinstance(capability, Mapping) else None
+    notes = [
+        "the state is the one approved before: the earlier attempt did not change it"
+        if now == approved
+        else "the state changed since it was approved before: the earlier attempt "
+        "(or someone else) changed it"
+    ]
+    if state.get("absent") is not True and current == intended:
+        notes.append(
+            "the state already holds the intended result: the earlier attempt appears to "
+            "have taken effect, and running it again changes nothing"
+        )
+    return notes
+
+
+def intended_content(arguments: Any, old: str | None) -> str | None:
+    """What a write or an edit means the state to become: a write's new content, or an
+    edit's replacements applied to `old` (None when one of them is not in it, or the
+    call is neither)."""
+    if not isinstance(arguments, Mapping):
+        return None
+    written = _written(arguments)
+    if written is not None:
+        return written
+    if old is None:
+        return None
+    applied = _applied_edits(old, _edit_pairs(arguments))
+    if applied is None or applied[1]:
+        return None
+    return applied[0]
 
 
 def _written(arguments: Mapping[str, Any]) -> str | None:

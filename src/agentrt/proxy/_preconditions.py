@@ -29,12 +29,35 @@ class StatefulTool(WatchedTool):
     """
 
     def __init__(
-        self, inner: Tool, precondition: Precondition, reader: Tool, **watched: Any
+        self,
+        inner: Tool,
+        precondition: Precondition,
+        reader: Tool,
+        *,
+        reconcile: bool = False,
+        **watched: Any,
     ) -> None:
         super().__init__(inner, **watched)
         self.precondition = precondition
+        self.reconcile = reconcile
         self._reader: CheckedTool = check_tool(reader)
         self.policy: Policy | None = None
+
+    @property
+    def fingerprint_timeout(self) -> float:
+        """The read's own timeout bounds it, not the (possibly shorter) write's."""
+        return self._reader.spec.timeout
+
+    def reconciled(self, call: ToolCall, current: StateRead, approved: str | None) -> bool:
+        """Whether `current` already is what `call` would make it, its earlier approved
+        attempt having taken effect (only under a rule with `"reconcile": true`)."""
+        if not self.reconcile or current.content is None:
+            return False
+        # Here, not at the top: a proxy that serves no inbox never imports it otherwise.
+        from ..inbox.review import intended_content
+
+        intended = intended_content(parse_json(call.args), approved)
+        return intended is not None and intended == current.content
 
     @property
     def reader_spec(self) -> ToolSpec:

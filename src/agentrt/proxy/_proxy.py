@@ -130,7 +130,11 @@ class Proxy:
             }
             if extra is not None and extra.precondition is not None:
                 reader = precondition_reader(tools, upstream, extra.precondition)
-                watched.append(StatefulTool(tool, extra.precondition, reader, **watching))
+                watched.append(
+                    StatefulTool(
+                        tool, extra.precondition, reader, reconcile=extra.reconcile, **watching
+                    )
+                )
             else:
                 watched.append(WatchedTool(tool, **watching))
         # prompts/get and resources/read of each server that offers them: read-only gate tools

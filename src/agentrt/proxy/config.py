@@ -127,7 +127,7 @@ _CLIENT_REQUESTS: Final = {
 }
 _RESOURCE_RULE_FIELDS: Final = frozenset({"uri", "outcome"})
 # Rule fields only the proxy reads; the rest of a rule is checked as a rules file is.
-_PROXY_RULE_FIELDS: Final = frozenset({"repeat_window", "outcome", "precondition"})
+_PROXY_RULE_FIELDS: Final = frozenset({"repeat_window", "outcome", "precondition", "reconcile"})
 _RESULT_MODES: Final = frozenset({"as_sent", "flattened"})
 # "0s", "0", "0ms", "0m0s": a duration that is off.
 _ZERO_DURATION: Final = re.compile(r"^(?:0+(?:\.0*)?(?:ns|us|µs|ms|s|m|h)?)+$")
@@ -155,6 +155,9 @@ class ToolRule:
     # The read-only tool of the same server whose result the tool's approvals bind
     # (`_precondition_rule.py`).
     precondition: Precondition | None = None
+    # A retry of a cut-off call whose state already is its intended result is settled
+    # as reconciled instead of asking a person (needs a precondition).
+    reconcile: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -554,10 +557,18 @@ def _proxy_rule_fields(
                 precondition = parse_precondition(entry["precondition"], where)
             except ValueError as exc:
                 raise ConfigError(f"{reader.path}: {exc}") from None
+        reconcile = entry.get("reconcile", False)
+        if not isinstance(reconcile, bool):
+            raise ConfigError(f"{reader.path}: {where} reconcile must be true or false")
+        if reconcile and precondition is None:
+            raise ConfigError(
+                f"{reader.path}: {where} reconcile needs a precondition to read the state with"
+            )
         if repeat_window is not None or outcome is not None or precondition is not None:
             tool_rules[tool] = ToolRule(
-                repeat_window=repeat_window, outcome=outcome, precondition=precondition
-            )
+                repeat_window=repeat_window, outcome=outcome, precondition=precondition,
+                reconcile=reconcile,
+            )  # fmt: skip
         rest[tool] = {
             name: value for name, value in entry.items() if name not in _PROXY_RULE_FIELDS
         }

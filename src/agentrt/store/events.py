@@ -60,6 +60,7 @@ class EventType(enum.StrEnum):
     # state changed before it could be spent (`gate/_preconditions.py`).
     STATE_READ = "state_read"
     APPROVAL_STALE = "approval_stale"
+    STEP_RECONCILED = "step_reconciled"
     # Model accounting (`accounting.py`).
     MODEL_ATTEMPT = "model_attempt"
     MODEL_LIMIT_REACHED = "model_limit_reached"

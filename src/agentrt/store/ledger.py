@@ -65,6 +65,7 @@ __all__ = [
     "grant",
     "interrupt_step",
     "mark_executing",
+    "reconcile_step",
     "record_invalid_step",
     "record_result",
     "record_state_read",
@@ -732,6 +733,32 @@ def stale_approval(
     )  # fmt: skip
     deny_step(store, connection, approval.run_id, approval.step, reason)
     end_run(store, connection, approval.run_id, RunStatus.CANCELLED, EndReason.STALE)
+
+
+def reconcile_step(
+    store: Store,
+    connection: Connection,
+    run_id: str,
+    step: int,
+    tool: str,
+    content: str,
+    *,
+    terminal: bool,
+) -> None:
+    """A retried request whose state already is its intended result: the step succeeds
+    without running (`step_reconciled`); a terminal tool's run completes with it."""
+    connection.execute(
+        _SET_STEP,
+        (str(StepStatus.SUCCEEDED), "result", content, "reconciled", utc_now(), run_id, step),
+    )
+    connection.execute(
+        "UPDATE runs SET consecutive_failures = 0, updated_at = ? WHERE run_id = ?",
+        (utc_now(), run_id),
+    )
+    _append(store, connection, run_id, EventType.STEP_RECONCILED,
+            {"step": step, "tool": tool, "content": content})  # fmt: skip
+    if terminal:
+        end_run(store, connection, run_id, RunStatus.COMPLETED, EndReason.COMPLETED, content)
 
 
 # -- the check -----------------------------------------------------------------
