@@ -5,6 +5,11 @@ ends the run `stale`; a read that fails or hangs fails closed.  Both backends.""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +18,9 @@ import pytest
 
 from agentrt import Decision, Gate
 from agentrt.approvals import approve
+from agentrt.errors import RunLeased
 from agentrt.store import ApprovalStatus, RunStatus, StepStatus, open_store
-from agentrt.tools import SideEffect, StateRead, ToolCall
+from agentrt.tools import SideEffect, StateRead, ToolCall, ToolResult, ToolSpec
 
 from .helpers import RecordingTool, approval_policy
 
@@ -229,5 +235,98 @@ async def test_a_retry_without_reconcile_asks_and_shows_the_state_against_the_ap
         shown = "\n".join(review_lines(retried.approval))
         assert "the state changed since it was approved before" in shown
         assert "already holds the intended result" in shown
+    finally:
+        store.close()
+
+
+# A process that writes the file, then dies before its call returns (killed by the test).
+DYING_WRITER = textwrap.dedent(
+    """
+    import json, sys, anyio
+    from pathlib import Path
+    from agentrt import (ClassPolicy, Decision, Gate, Outcome, SideEffect, StateRead,
+                         ToolResult, ToolSpec, open_store)
+
+    FILE = Path(sys.argv[2])
+
+    class Write:
+        spec = ToolSpec("write", "writes", {"type": "object"}, SideEffect.LOCAL_MUTATION, 60.0)
+        async def fingerprint(self, call):
+            return StateRead(FILE.read_text() if FILE.exists() else None, "read", "{}")
+        async def call(self, call):
+            FILE.write_text(json.loads(call.args)["content"])
+            print("started", flush=True)
+            await anyio.sleep(60)
+            return ToolResult("{}")
+
+    async def main():
+        policy = ClassPolicy({SideEffect.LOCAL_MUTATION: Outcome.ALLOW})
+        gate = Gate(open_store(sys.argv[1]), [Write()], policy=policy, lease_ttl=1.0)
+        await gate.start("dies", run_id="dying")
+        await gate.step("dying", Decision.tool_call("write", sys.argv[3]))
+
+    anyio.run(main)
+    """
+)
+
+
+class DiskWrite:
+    """The same write, in this process: its state is the file on disk."""
+
+    def __init__(self, path: Path) -> None:
+        self.spec = ToolSpec("write", "writes", {"type": "object"}, SideEffect.LOCAL_MUTATION, 5.0)
+        self.path = path
+        self.calls: list[ToolCall] = []
+
+    async def fingerprint(self, call: ToolCall) -> StateRead:
+        return StateRead(self.path.read_text() if self.path.exists() else None, "read", "{}")
+
+    async def call(self, call: ToolCall) -> ToolResult:
+        self.calls.append(call)
+        self.path.write_text(json.loads(call.args)["content"])
+        return ToolResult('{"ok":true}')
+
+
+@pytest.mark.timeout(60)
+async def test_an_interrupted_write_is_asked_again_bound_to_the_state_it_left(
+    database: str | Path, tmp_path: Path
+) -> None:
+    from agentrt.cli._review import review_lines
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("old\n")
+    child = subprocess.Popen(
+        [sys.executable, "-c", DYING_WRITER, str(database), str(notes), WRITE],
+        stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == b"started"
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=10)
+    store = open_store(database)
+    try:
+        tool = DiskWrite(notes)
+        heir = Gate(store, [tool], policy=approval_policy())
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                taken = await heir.resume("dying")
+                break
+            except RunLeased:
+                assert time.monotonic() < deadline
+                await anyio.sleep(0.2)
+        approval = taken.approval
+        assert approval is not None and approval.kind == "interrupted_side_effect"
+        assert approval.presentation["state"]["content"] == "new\n"
+        assert "may have taken effect" in approval.presentation["warning"]
+        shown = "\n".join(review_lines(approval))
+        assert "no change: the new content is the content read" in shown
+        # Someone edits the file before the person decides: running it again is stale.
+        approve(store, "dying", approval_hash=approval.approval_hash, by="alice")
+        notes.write_text("their edit\n")
+        resumed = await heir.resume("dying")
+        assert resumed.reason == "stale" and tool.calls == []
+        assert notes.read_text() == "their edit\n"
+        assert store.verify_chain().ok and store.verify_state().ok
     finally:
         store.close()

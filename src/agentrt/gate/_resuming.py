@@ -5,6 +5,7 @@ when it may have taken effect)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from ..agent import Observation
@@ -30,6 +31,7 @@ from ._preconditions import (
     StateCheck,
     approved_state,
     bind_state,
+    has_precondition,
     read_state,
     stale_text,
     unavailable_text,
@@ -70,6 +72,8 @@ class Resuming(Stepping):
         if step_record is None:
             return StepOutcome(run.run_id, RunStatus.RUNNING, reason="taken_over")
         if current is RunStatus.WAITING_FOR_APPROVAL:
+            if approval is not None:
+                approval = await self._bind_interrupted(approval, now)
             return StepOutcome(
                 run.run_id, current, approval=approval, reason=INTERRUPTED_SIDE_EFFECT
             )
@@ -241,6 +245,62 @@ class Resuming(Stepping):
         return await self._execute(
             Call(run.run_id, approval.step, registered, approval.args, token, context=context)
         )
+
+    async def _bind_interrupted(self, approval: ApprovalRecord, now: float) -> ApprovalRecord:
+        """An interrupted call of a tool with a precondition: its approval is asked again
+        bound to the state as it is now (what the dead attempt left), shown against the
+        state its own approval bound and the intended result.  A read that fails leaves
+        the approval unbound, recorded; a person still decides."""
+        registered = self._tools.get(approval.tool)
+        if registered is None or not has_precondition(registered):
+            return approval
+        state = await read_state(registered, ToolCall(
+            args=approval.args, tool=approval.tool, run_id=approval.run_id, step=approval.step,
+        ))  # fmt: skip
+        if state.error is not None:
+            await self.store.write(self._record_state, approval, state)
+            self._notify()
+            return approval
+        earlier = await self.store.run(self._spent_on, approval)
+        if earlier is not None:
+            state = dataclasses.replace(state, approved=approved_state(earlier.capability))
+        decided = bind_state(
+            PolicyDecision.require_approval(
+                approval.kind, approval.capability, approval.presentation,
+                "a mutating tool was interrupted",
+            ),
+            state,
+        )  # fmt: skip
+        bound = await self.store.write(self._supersede_bound, approval, decided, state, now)
+        self._notify()
+        return bound
+
+    def _spent_on(self, approval: ApprovalRecord) -> ApprovalRecord | None:
+        """The approval spent on this very step before (its `run_resumed`), if it bound a state."""
+        for event in reversed(self.store.list_events(approval.run_id, limit=10_000)):
+            spent = event.payload.get("approval_id")
+            if event.type != "run_resumed" or not isinstance(spent, str):
+                continue
+            earlier = self.store.get_approval(spent)
+            if (earlier.step, earlier.tool, earlier.args) == (
+                approval.step,
+                approval.tool,
+                approval.args,
+            ) and approved_state(earlier.capability) is not None:
+                return earlier
+            return None
+        return None
+
+    def _supersede_bound(
+        self,
+        connection: Connection,
+        approval: ApprovalRecord,
+        decided: PolicyDecision,
+        state: StateCheck,
+        now: float,
+    ) -> ApprovalRecord:
+        self._record_state(connection, approval, state)
+        return self._supersede(connection, approval, decided, now)
 
     def _record_state(
         self, connection: Connection, approval: ApprovalRecord, state: StateCheck
