@@ -372,3 +372,22 @@ async def test_a_cut_off_write_without_reconcile_shows_it_took_effect_and_waits(
     assert "the state changed since it was approved before" in shown
     assert "already holds the intended result" in shown
     assert setup.executions("write_file") == ["write_file notes.md"]
+
+
+@pytest.mark.parametrize(
+    ("rule", "refusal"),
+    [
+        ({"reconcile": True}, "reconcile needs a precondition"),
+        ({"reconcile": "yes", "precondition": READ}, "reconcile must be true or false"),
+    ],
+)
+async def test_a_reconcile_without_a_precondition_or_not_a_flag_is_refused_at_load(
+    tmp_path: Path, rule: dict[str, Any], refusal: str
+) -> None:
+    rules = _rules(None)
+    rules["write_file"].update(rule)
+    setup, _sandbox = await _filesystem(tmp_path, tmp_path / "unused.db", rules)
+    with pytest.raises(ConfigError) as refused:
+        load_config(setup.config_path)
+    assert refusal in str(refused.value) and '"write_file"' in str(refused.value)
+    assert "\n" not in str(refused.value)
