@@ -94,7 +94,10 @@ async def test_a_write_approved_against_a_file_that_changed_is_stale_and_keeps_t
         notes.write_text("first line\nsomeone else's line\n")
         stale = await session.call_tool("fs_write_file", write)
         assert text_of(stale).startswith("STALE: "), text_of(stale)
-        assert "nothing ran" in text_of(stale)
+        assert (
+            "the state changed after it was approved; nothing ran; calling again asks for a "
+            "new approval" in text_of(stale)
+        )
         assert notes.read_text() == "first line\nsomeone else's line\n"
         asked_again = await session.call_tool("fs_write_file", write)
         assert text_of(asked_again).startswith("PENDING_APPROVAL: ")

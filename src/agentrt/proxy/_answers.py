@@ -225,9 +225,9 @@ class Answer:
         """An approved call whose precondition read a different state than the one approved."""
         return cls._prose(
             Prefix.STALE,
-            f"the call to {tool} was approved, but the state it acts on changed after it was "
-            "approved; nothing ran; calling again with the same arguments asks for a new "
-            "approval, which a person decides against the state as it is now.",
+            f"the call to {tool} was not run: the state changed after it was approved; "
+            "nothing ran; calling again asks for a new approval (with the same arguments; a "
+            "person decides it against the state as it is now).",
         )
 
     @classmethod
