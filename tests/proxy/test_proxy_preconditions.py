@@ -288,7 +288,7 @@ SLOW_FILES = Path(__file__).parent / "servers" / "slow_files.py"
 
 
 async def _slow_files(
-    root: Path, database: str | Path, *, reconcile: bool
+    root: Path, database: str | Path, *, reconcile: bool, read_seconds: float = 0
 ) -> tuple[ProxySetup, Path]:
     """A proxy in front of `slow_files.py`, whose write takes effect and then outlasts the
     rule's one-second timeout the first time: an unknown outcome that did happen."""
@@ -304,8 +304,8 @@ async def _slow_files(
     write_private(conf / "files.manifest.json", manifest.to_json())
     write: dict[str, Any] = {
         "side_effect": "local_mutation", "allow_hint_mismatch": True, "timeout": "1s",
-        "precondition": {"tool": "read_file", "arguments": {"path": "$.path"},
-                         "absent_when": "ENOENT"},
+        "precondition": {"tool": "read_file", "absent_when": "ENOENT",
+                         "arguments": {"path": "$.path", "seconds": read_seconds}},
     }  # fmt: skip
     if reconcile:
         write["reconcile"] = True
@@ -321,7 +321,10 @@ async def _slow_files(
                 "command": command,
                 "env": environment,
                 "manifest": "files.manifest.json",
-                "rules": {"read_file": {"side_effect": "read_only"}, "write_file": write},
+                "rules": {
+                    "read_file": {"side_effect": "read_only", "timeout": "1s"},
+                    "write_file": write,
+                },
             }
         ],
     }
@@ -394,3 +397,20 @@ async def test_a_reconcile_without_a_precondition_or_not_a_flag_is_refused_at_lo
         load_config(setup.config_path)
     assert refusal in str(refused.value) and '"write_file"' in str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+async def test_a_precondition_that_hangs_offers_no_approval_and_runs_nothing(
+    tmp_path: Path, database: str | Path
+) -> None:
+    setup, sandbox = await _slow_files(tmp_path, database, reconcile=False, read_seconds=30)
+    notes = sandbox / "notes.md"
+    async with host(setup) as session:
+        answer = await session.call_tool("files_write_file", {"path": str(notes), "content": "x\n"})
+        read = await session.call_tool("files_read_file", {"path": str(sandbox / "none")})
+    assert text_of(answer).startswith("UNAVAILABLE: "), text_of(answer)
+    assert "Nothing ran." in text_of(answer)
+    # The server answers other calls meanwhile (here the missing file's own error).
+    assert "ENOENT" in text_of(read)
+    assert not notes.exists() and setup.executions("write_file") == []
+    assert "files_read_file did not answer within 1s" in setup.stderr()
+    assert setup.waiting_commands() == []

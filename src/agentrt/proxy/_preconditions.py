@@ -5,7 +5,7 @@ failure fails closed (the gate offers no approval, runs nothing)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import anyio
 
@@ -20,6 +20,8 @@ from ._precondition_rule import Precondition, PreconditionError
 from .config import ConfigError, UpstreamConfig
 
 __all__ = ["StatefulTool", "precondition_reader"]
+
+_POLICY_MARGIN: Final = 5.0
 
 
 class StatefulTool(WatchedTool):
@@ -45,8 +47,9 @@ class StatefulTool(WatchedTool):
 
     @property
     def fingerprint_timeout(self) -> float:
-        """The read's own timeout bounds it, not the (possibly shorter) write's."""
-        return self._reader.spec.timeout
+        """The gate's backstop: the read's own timeout bounds it (and its error names the
+        read tool), not the possibly shorter write's; the margin covers asking the policy."""
+        return self._reader.spec.timeout + _POLICY_MARGIN
 
     def reconciled(self, call: ToolCall, current: StateRead, approved: str | None) -> bool:
         """Whether `current` already is what `call` would make it, its earlier approved

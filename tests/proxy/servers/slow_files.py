@@ -1,9 +1,10 @@
 """A small file server for the precondition tests: stdio JSON-RPC, standard library only.
 
 `read_file` answers a file's text (a missing one is an error naming ENOENT, as the
-stock filesystem server's is); `write_file` writes first and then, the first time
-for a given content, waits `seconds` before answering, so a proxy whose timeout is
-shorter gives up on a write that did take effect (an unknown outcome).  Every write
+stock filesystem server's is), after `seconds` when asked to hang; `write_file`
+writes first and then, the first time for a given content, waits `seconds` before
+answering, so a proxy whose timeout is shorter gives up on a write that did take
+effect (an unknown outcome).  Every write
 appends one line to $SLOW_FILES_LOG, so a test counts them from outside.
 """
 
@@ -25,8 +26,9 @@ TOOLS: list[dict[str, Any]] = [
     {
         "name": "read_file",
         "description": "Read a file's text.",
-        "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}},
-                        "required": ["path"], "additionalProperties": False},
+        "inputSchema": {"type": "object", "properties": {
+            "path": {"type": "string"}, "seconds": {"type": "number"}},
+            "required": ["path"], "additionalProperties": False},
         "annotations": {"readOnlyHint": True},
     },
     {
@@ -53,6 +55,7 @@ def _text(text: str, is_error: bool = False) -> dict[str, Any]:
 def _call(request_id: Any, name: str, arguments: dict[str, Any]) -> None:
     path = Path(arguments["path"])
     if name == "read_file":
+        time.sleep(float(arguments.get("seconds", 0)))  # a read that hangs, when asked to
         try:
             result = _text(path.read_text())
         except FileNotFoundError:
