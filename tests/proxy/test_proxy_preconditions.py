@@ -414,3 +414,29 @@ async def test_a_precondition_that_hangs_offers_no_approval_and_runs_nothing(
     assert not notes.exists() and setup.executions("write_file") == []
     assert "files_read_file did not answer within 1s" in setup.stderr()
     assert setup.waiting_commands() == []
+
+
+async def test_a_precondition_that_fails_before_the_run_keeps_the_grant_and_runs_nothing(
+    tmp_path: Path, database: str | Path
+) -> None:
+    setup, sandbox = await _filesystem(tmp_path, database)
+    notes = sandbox / "notes.md"
+    notes.write_text("first\n")
+    write = {"path": str(notes), "content": "second\n"}
+    async with host(setup) as session:
+        await session.call_tool("fs_write_file", write)
+        approval = setup.approve_latest()
+        # The file is swapped for a directory: the re-read errors (not ENOENT).
+        notes.unlink()
+        notes.mkdir()
+        unavailable = await session.call_tool("fs_write_file", write)
+        assert text_of(unavailable).startswith("UNAVAILABLE: "), text_of(unavailable)
+        assert notes.is_dir()
+        assert setup.approval(approval.approval_id).status is ApprovalStatus.APPROVED
+        # The same state back: the grant still holds, and the write runs once.
+        notes.rmdir()
+        notes.write_text("first\n")
+        written = await session.call_tool("fs_write_file", write)
+    assert written.is_error is False, text_of(written)
+    assert notes.read_text() == "second\n"
+    assert "fs_read_text_file" in setup.stderr()
