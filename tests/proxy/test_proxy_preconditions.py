@@ -99,6 +99,9 @@ async def test_a_write_approved_against_a_file_that_changed_is_stale_and_keeps_t
             "new approval" in text_of(stale)
         )
         assert notes.read_text() == "first line\nsomeone else's line\n"
+        stale_id = setup.waiting_commands()[-1][1]
+        status = await session.call_tool("gate_status", {"approval_id": stale_id})
+        assert "changed before it ran; it did not run" in text_of(status), text_of(status)
         asked_again = await session.call_tool("fs_write_file", write)
         assert text_of(asked_again).startswith("PENDING_APPROVAL: ")
         assert _state_of(setup)["content"] == "first line\nsomeone else's line\n"
