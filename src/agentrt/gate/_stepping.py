@@ -171,8 +171,10 @@ class Stepping:
         assert registered is not None
         request = ToolRequest(registered.spec, decision.args, arguments, run_id, 1)
         decided = await self._evaluate(request, RunView(run_id, goal, 0, 0, dict(new.metadata)))
-        decided, state = await self._with_state(registered, decided, run_id, 1, decision.args,
-                                                context)  # fmt: skip
+        state: StateCheck | None = None
+        if decided.outcome is Outcome.REQUIRE_APPROVAL and has_precondition(registered):
+            decided, state = await self._with_state(registered, decided, run_id, 1,
+                                                    decision.args, context)  # fmt: skip
         admitted, value, recorded = await self.store.write(
             self._admit_and_record, admit, new, registered.spec.name, decision.args, decided, now,
             state,
@@ -326,8 +328,10 @@ class Stepping:
 
         request = ToolRequest(registered.spec, args, arguments, run_id, step_number)
         decided = await self._evaluate(request, run)
-        decided, state = await self._with_state(registered, decided, run_id, step_number, args,
-                                                context)  # fmt: skip
+        state: StateCheck | None = None
+        if decided.outcome is Outcome.REQUIRE_APPROVAL and has_precondition(registered):
+            decided, state = await self._with_state(registered, decided, run_id, step_number,
+                                                    args, context)  # fmt: skip
         approval, token = await self.store.write(
             self._record_step, run, step_number, registered.spec.name, args, decided, time.time(),
             state,
@@ -346,11 +350,10 @@ class Stepping:
         step: int,
         args: str,
         context: object | None,
-    ) -> tuple[PolicyDecision, StateCheck | None]:
+    ) -> tuple[PolicyDecision, StateCheck]:
         """An approval of a tool with a precondition is decided against the state it
-        will act on: read it now and bind it in (a read that fails offers no approval)."""
-        if decided.outcome is not Outcome.REQUIRE_APPROVAL or not has_precondition(registered):
-            return decided, None
+        will act on: read it now and bind it in (a read that fails offers no approval).
+        (Called only then: an allowed call's path makes no extra await.)"""
         name = registered.spec.name
         call = ToolCall(args=args, tool=name, run_id=run_id, step=step, context=context)
         state = await read_state(registered, call)
