@@ -48,7 +48,7 @@ if TYPE_CHECKING:
         Store,
         open_store,
     )
-    from .tools import SideEffect, Tool, ToolCall, ToolResult, ToolSpec
+    from .tools import SideEffect, StateRead, Tool, ToolCall, ToolResult, ToolSpec
     from .trace import JsonlTrace, TextTrace
 
 __all__ = [
@@ -82,6 +82,7 @@ __all__ = [
     "RunView",
     "SchemaError",
     "SideEffect",
+    "StateRead",
     "StepInput",
     "StepOutcome",
     "StepRecord",
@@ -152,6 +153,7 @@ _WHERE: Final = {
     "SideEffect": ".tools",
     "Tool": ".tools",
     "ToolCall": ".tools",
+    "StateRead": ".tools",
     "ToolResult": ".tools",
     "ToolSpec": ".tools",
     "JsonlTrace": ".trace",

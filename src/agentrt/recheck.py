@@ -77,8 +77,12 @@ async def recheck(
                 break
             seen += 1
             recorded: dict[int, tuple[Outcome, str, str | None]] = {}
+            reads: list[tuple[int, str, str]] = []
             for event in store.list_events(run.run_id, limit=10_000):
                 payload = event.payload
+                if event.type == "state_read" and isinstance(payload, dict):
+                    reads.extend(_precondition_read(payload))
+                    continue
                 if event.type != "policy_decided" or not isinstance(payload, dict):
                     continue
                 step = payload.get("step")
@@ -131,7 +135,42 @@ async def recheck(
                             would_policy_id=_policy_id(policy),
                         )
                     )
+            # A precondition's read ran only because the policy allowed it (the proxy asks
+            # it first); one it would not allow now fails closed: nothing would be approved.
+            for step, tool, args in reads:
+                spec = by_name.get(tool)
+                if spec is None:
+                    continue  # a library tool's own fingerprint, which no policy decided
+                request = ToolRequest(spec, args, parse_json(args), run.run_id, step)
+                view = RunView(run.run_id, "precondition", 0, 0, {})
+                try:
+                    decided = await policy.evaluate(request, view)
+                except Exception as exc:
+                    decided = PolicyDecision.abort(f"policy_error: {exc}")
+                checked += 1
+                if decided.outcome is not Outcome.ALLOW:
+                    differences.append(
+                        Difference(
+                            run_id=run.run_id, step=step, tool=tool, args=args,
+                            was=Outcome.ALLOW, would=decided.outcome,
+                            was_reason=f"the precondition read of step {step}",
+                            would_reason=decided.reason, was_policy_id=None,
+                            would_policy_id=_policy_id(policy),
+                        )
+                    )  # fmt: skip
     return Recheck(checked, skipped, differences)
+
+
+def _precondition_read(payload: dict[str, object]) -> list[tuple[int, str, str]]:
+    """The `(step, tool, args)` of a `state_read` event that read (not one that failed)."""
+    step, tool, args = payload.get("step"), payload.get("tool"), payload.get("args")
+    if not isinstance(step, int) or not isinstance(tool, str) or not isinstance(args, str):
+        return []
+    try:
+        parse_json(args)
+    except JSONBoundaryError:
+        return []
+    return [(step, tool, args)]
 
 
 def _policy_id(policy: Policy) -> str | None:

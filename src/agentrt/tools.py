@@ -19,6 +19,7 @@ __all__ = [
     "TOOL_NAME_PATTERN",
     "CheckedTool",
     "SideEffect",
+    "StateRead",
     "Tool",
     "ToolCall",
     "ToolResult",
@@ -82,6 +83,24 @@ class ToolResult:
 
     content: str
     summary: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StateRead:
+    """The state a request would act on, as a tool's `fingerprint(call)` read it.
+
+    A tool may provide `async def fingerprint(self, call: ToolCall) -> StateRead`:
+    the gate then reads the state when it asks for an approval, binds its
+    SHA-256 into the approval, and reads it again before the approved call runs
+    (a different state: nothing runs, the run ends `stale`).  `content` is the
+    state as text, or None when there is none yet (a file that does not exist);
+    `tool` and `args` name the read that produced it, for the record and the
+    approval's view.  Raising from `fingerprint` fails closed: nothing runs.
+    """
+
+    content: str | None
+    tool: str = ""
+    args: str = "{}"
 
 
 @runtime_checkable

@@ -134,11 +134,12 @@ def test_every_event_type_the_source_writes_is_in_the_vocabulary() -> None:
 
 
 def test_the_state_events_of_the_table_are_the_ones_verify_state_has_always_replayed() -> None:
-    # Their order is part of the check's statement: the SQL must not change with the refactor.
+    # Their order is part of the check's statement: the SQL must not change with the refactor,
+    # and a new transition is appended after them (issue #31's `approval_stale`).
     assert list(TRANSITIONS) == [
         "run_started", "approval_requested", "approval_granted", "approval_rejected",
         "approval_expired", "run_resumed", "operator_cancelled", "run_completed", "run_failed",
-        "run_cancelled",
+        "run_cancelled", "approval_stale",
     ]  # fmt: skip
     assert str(EndReason.GRANT_EXPIRED) == "grant_expired"
 

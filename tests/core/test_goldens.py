@@ -66,6 +66,7 @@ from agentrt import (
     Limits,
     Outcome,
     SideEffect,
+    StateRead,
     StepOutcome,
     Store,
     ToolCall,
@@ -487,6 +488,36 @@ async def unknown_outcome(scenario: Scenario) -> None:
     assert len(write.calls) == 1
 
 
+class _StatefulWrite(RecordingTool):
+    """A write whose precondition reads `state` (None: absent)."""
+
+    def __init__(self) -> None:
+        super().__init__("write", SideEffect.LOCAL_MUTATION)
+        self.state: str | None = "line one\n"
+
+    async def fingerprint(self, call: ToolCall) -> StateRead:
+        return StateRead(self.state, "read", '{"path":"notes.txt"}')
+
+
+async def stale(scenario: Scenario) -> None:
+    store = scenario.open()
+    write = _StatefulWrite()
+    gate = Gate(store, [write], policy=approval_policy(), owner="gate-a")
+    scenario.trace.action("start")
+    run_id = await gate.start("write a note")
+    outcome = await scenario.call(
+        "step write", gate.step(run_id, Decision.tool_call("write", WRITE_ARGS))
+    )
+    assert outcome.approval is not None
+    scenario.world.advance(5)
+    scenario.trace.action("approve")
+    approve(store, run_id, approval_hash=outcome.approval.approval_hash, by="alice")
+    write.state = "someone else's line\n"
+    scenario.world.advance(1)
+    ended = await scenario.call("resume on a changed state", gate.resume(run_id))
+    assert ended.reason == "stale" and write.calls == []
+
+
 # The scenarios and whether each runs on PostgreSQL (only those whose clock the test
 # controls there: the server's clock judges leases and grants, and the test cannot move it).
 SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
@@ -502,6 +533,7 @@ SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
     "proxied_call": (proxied_call, True),
     "proxied_duplicate": (proxied_duplicate, True),
     "unknown_outcome": (unknown_outcome, True),
+    "stale": (stale, True),
 }
 
 

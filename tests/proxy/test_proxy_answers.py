@@ -16,6 +16,7 @@ ERRORS = {
     "DUPLICATE",
     "BLOCKED",
     "UNAVAILABLE",
+    "STALE",
     "TOOL_ERROR",
 }
 
@@ -34,6 +35,7 @@ def every_answer() -> list[Answer]:
         Answer.duplicate("t", 0.0, True),
         Answer.blocked("t"),
         Answer.unavailable("busy."),
+        Answer.stale("t"),
         Answer.tool_error('server "s" tool "t" reported an error: no such file'),
     ]
 

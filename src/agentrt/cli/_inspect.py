@@ -315,7 +315,8 @@ def show(settings: Settings, run_id: str, limit: int, offset: int) -> None:
         steps = store.list_steps(run_id, limit=limit, offset=offset)
         approval = store.waiting_approval(run_id)
         attempts = list_attempts(store, run_id)
-        decided_by = _policy_ids(store.list_events(run_id, limit=10_000))
+        run_events = store.list_events(run_id, limit=10_000)
+        decided_by = _policy_ids(run_events)
     spent = spending_of(attempts)
     if output.json:
         output.record({"record": "run", **_run_json(run)})
@@ -329,6 +330,8 @@ def show(settings: Settings, run_id: str, limit: int, offset: int) -> None:
         for attempt in attempts:
             output.record(_attempt_json(attempt))
         output.record(_spending_json(spent))
+        for line in _state_lines(run_events):
+            output.record({"record": "state", "line": line})
         if approval is not None:
             output.record(approval_json(approval))
         return
@@ -350,6 +353,8 @@ def show(settings: Settings, run_id: str, limit: int, offset: int) -> None:
     for policy_id, numbers in _steps_by_policy(decided_by, steps).items():
         noun = "step" if len(numbers) == 1 else "steps"
         output.line(f"policy {sanitize(policy_id)} decided {noun} {', '.join(numbers)}")
+    for line in _state_lines(run_events):
+        output.line(line)
     if approval is None:
         return
     output.line()
@@ -365,6 +370,28 @@ def show(settings: Settings, run_id: str, limit: int, offset: int) -> None:
         for line in review_lines(approval):
             output.line(line)
         output.fields(_decided_fields(approval))
+
+
+def _state_lines(events: list[Event]) -> list[str]:
+    """What each precondition read (or why it could not), and each approval that went stale."""
+    lines: list[str] = []
+    for event in events:
+        payload = event.payload
+        step = payload.get("step")
+        if event.type == "state_read":
+            error, tool, state = payload.get("error"), payload.get("tool"), payload.get("state")
+            if isinstance(error, str):
+                lines.append(f"step {step}: its precondition failed: {sanitize(error)}")
+            elif isinstance(tool, str):
+                read = "absent" if payload.get("absent") is True else f"sha256 {state}"
+                lines.append(f"step {step}: its state read with {sanitize(tool)}: {read}")
+        elif event.type == "approval_stale":
+            lines.append(
+                f"approval {sanitize(str(payload.get('approval_id')))} went stale: the state "
+                f"changed after it was approved (now sha256 {payload.get('current_state')}); "
+                "nothing ran"
+            )
+    return lines
 
 
 def _policy_ids(events: list[Event]) -> dict[int, str]:

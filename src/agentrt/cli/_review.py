@@ -13,6 +13,7 @@ from ..inbox.review import (
     edits_of,
     parsed_arguments,
     size_of,
+    state_changes,
     text_review,
 )
 from ..sanitize import sanitize
@@ -121,6 +122,17 @@ def _echoes(approval: ApprovalRecord, arguments: Any) -> dict[str, str]:
     shown = presentation.get("arguments")
     if shown is not None and jsonable(shown) == jsonable(arguments):
         folded["arguments"] = "(exactly the arguments printed below)"
+    state = presentation.get("state")
+    if isinstance(state, Mapping):
+        content = state.get("content")
+        read = "absent" if state.get("absent") is True else (
+            size_of(content) if isinstance(content, str) else "read"
+        )  # fmt: skip
+        tool = state.get("tool")
+        folded["state"] = (
+            f"({read}, read with {sanitize(tool) if isinstance(tool, str) else 'its precondition'}"
+            "; the change below is against it; --full prints it)"
+        )
     preview = presentation.get("preview")
     if isinstance(preview, str) and preview:
         for name, item in arguments.items():
@@ -129,6 +141,26 @@ def _echoes(approval: ApprovalRecord, arguments: Any) -> dict[str, str]:
                 folded["preview"] = f"({what} of arguments.{sanitize(str(name))}, below)"
                 break
     return folded
+
+
+def _state_rows(approval: ApprovalRecord, full: bool) -> list[_Row]:
+    """The state a precondition read (its text with --full) and the change against it: hunks
+    keep their line numbers, every other line is signed, notes come first."""
+    rows: list[_Row] = []
+    presentation = approval.presentation
+    state = presentation.get("state") if isinstance(presentation, Mapping) else None
+    if isinstance(state, Mapping) and full and isinstance(state.get("content"), str):
+        value, under = _text_value(state["content"], full)
+        rows.append(("state read", value, under))
+    for change in state_changes(approval):
+        under = [f"{_INDENT}! {note}" for note in change.notes] + [
+            f"{_INDENT}{line.text}" if line.sign == "@" else f"{_INDENT}{line.sign} {line.text}"
+            for line in change.diff
+        ]
+        rows.append(
+            ("change", f"{change.label}: old {change.old_size}, new {change.new_size}:", under)
+        )
+    return rows
 
 
 def review_lines(approval: ApprovalRecord, *, full: bool = False) -> list[str]:
@@ -145,6 +177,7 @@ def review_lines(approval: ApprovalRecord, *, full: bool = False) -> list[str]:
         ("kind", *_value(approval.kind, full)),
         *_members("capability", approval.capability, full, {}),
         *_members("presentation", approval.presentation, full, echoes),
+        *_state_rows(approval, full),
     ]
     if isinstance(arguments, Mapping) and arguments:
         rows.append(("arguments", f"{size_of(approval.args)} of JSON:", []))

@@ -5,6 +5,7 @@ when it may have taken effect)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from ..agent import Observation
@@ -25,7 +26,17 @@ from ..store import (
     ledger,
 )
 from ..store.events import EndReason
-from ..tools import SideEffect
+from ..tools import SideEffect, ToolCall
+from ._preconditions import (
+    PRECONDITION_UNAVAILABLE,
+    StateCheck,
+    approved_state,
+    bind_state,
+    has_precondition,
+    read_state,
+    stale_text,
+    unavailable_text,
+)
 from ._reconcile import Interrupted, Reconciler, Reconciliation, Verdict, ask_reconciler
 from ._stepping import Stepping
 from ._values import INTERRUPTED_SIDE_EFFECT, Call, StepOutcome
@@ -100,6 +111,8 @@ class Resuming(Stepping):
                 )  # fmt: skip
                 return StepOutcome(run.run_id, current, observation, reason="reconciled")
         if current is RunStatus.WAITING_FOR_APPROVAL:
+            if approval is not None:
+                approval = await self._bind_interrupted(approval, now)
             return StepOutcome(
                 run.run_id, current, approval=approval, reason=INTERRUPTED_SIDE_EFFECT
             )
@@ -234,6 +247,34 @@ class Resuming(Stepping):
         arguments = parse_json(approval.args)
         request = ToolRequest(registered.spec, approval.args, arguments, run.run_id, approval.step)
         decided = await self._evaluate(request, run)
+        state: StateCheck | None = None
+        bound_to = approved_state(approval.capability)
+        if bound_to is not None:
+            # The person approved this request against a state: read it again, and
+            # run nothing unless it is still that state.
+            state = await read_state(registered, ToolCall(
+                args=approval.args, tool=approval.tool, run_id=run.run_id, step=approval.step,
+                context=context,
+            ))  # fmt: skip
+            if state.error is not None:
+                await self.store.write(self._record_state, approval, state)
+                self._notify()
+                observation = Observation(approval.step, approval.tool, approval.args, "denied",
+                                          unavailable_text(approval.tool, state.error))  # fmt: skip
+                return StepOutcome(
+                    run.run_id, RunStatus.WAITING_FOR_APPROVAL, observation, approval=approval,
+                    reason=PRECONDITION_UNAVAILABLE,
+                )  # fmt: skip
+            if state.digest != bound_to:
+                await self.store.write(self._stale, approval, state)
+                self._notify()
+                observation = Observation(approval.step, approval.tool, approval.args, "denied",
+                                          stale_text(approval.tool))  # fmt: skip
+                return StepOutcome(
+                    run.run_id, RunStatus.CANCELLED, observation, reason=EndReason.STALE.value
+                )
+            if decided.outcome is Outcome.REQUIRE_APPROVAL:
+                decided = bind_state(decided, state)
         if decided.outcome is Outcome.REQUIRE_APPROVAL and approval.kind != INTERRUPTED_SIDE_EFFECT:
             fresh_hash = approval_hash(
                 decided.kind or "approval",
@@ -250,7 +291,7 @@ class Resuming(Stepping):
                     reason="approval_superseded",
                 )  # fmt: skip
 
-        token = await self.store.write(self._use_approval, approval, decided)
+        token = await self.store.write(self._use_approval, approval, decided, state)
         self._notify()
         if decided.outcome is Outcome.DENY:
             observation = Observation(approval.step, approval.tool, approval.args, "denied",
@@ -261,6 +302,75 @@ class Resuming(Stepping):
         return await self._execute(
             Call(run.run_id, approval.step, registered, approval.args, token, context=context)
         )
+
+    async def _bind_interrupted(self, approval: ApprovalRecord, now: float) -> ApprovalRecord:
+        """An interrupted call of a tool with a precondition: its approval is asked again
+        bound to the state as it is now (what the dead attempt left), shown against the
+        state its own approval bound and the intended result.  A read that fails leaves
+        the approval unbound, recorded; a person still decides."""
+        registered = self._tools.get(approval.tool)
+        if registered is None or not has_precondition(registered):
+            return approval
+        state = await read_state(registered, ToolCall(
+            args=approval.args, tool=approval.tool, run_id=approval.run_id, step=approval.step,
+        ))  # fmt: skip
+        if state.error is not None:
+            await self.store.write(self._record_state, approval, state)
+            self._notify()
+            return approval
+        earlier = await self.store.run(self._spent_on, approval)
+        if earlier is not None:
+            state = dataclasses.replace(state, approved=approved_state(earlier.capability))
+        decided = bind_state(
+            PolicyDecision.require_approval(
+                approval.kind, approval.capability, approval.presentation,
+                "a mutating tool was interrupted",
+            ),
+            state,
+        )  # fmt: skip
+        bound = await self.store.write(self._supersede_bound, approval, decided, state, now)
+        self._notify()
+        return bound
+
+    def _spent_on(self, approval: ApprovalRecord) -> ApprovalRecord | None:
+        """The approval spent on this very step before (its `run_resumed`), if it bound a state."""
+        for event in reversed(self.store.list_events(approval.run_id, limit=10_000)):
+            spent = event.payload.get("approval_id")
+            if event.type != "run_resumed" or not isinstance(spent, str):
+                continue
+            earlier = self.store.get_approval(spent)
+            if (earlier.step, earlier.tool, earlier.args) == (
+                approval.step,
+                approval.tool,
+                approval.args,
+            ) and approved_state(earlier.capability) is not None:
+                return earlier
+            return None
+        return None
+
+    def _supersede_bound(
+        self,
+        connection: Connection,
+        approval: ApprovalRecord,
+        decided: PolicyDecision,
+        state: StateCheck,
+        now: float,
+    ) -> ApprovalRecord:
+        self._record_state(connection, approval, state)
+        return self._supersede(connection, approval, decided, now)
+
+    def _record_state(
+        self, connection: Connection, approval: ApprovalRecord, state: StateCheck
+    ) -> None:
+        ledger.record_state_read(self.store, connection, approval.run_id, approval.step,
+                                 state.record())  # fmt: skip
+
+    def _stale(self, connection: Connection, approval: ApprovalRecord, state: StateCheck) -> None:
+        """The state changed since the approval: record the read, and end the run `stale`."""
+        self._record_state(connection, approval, state)
+        assert state.digest is not None
+        ledger.stale_approval(self.store, connection, approval, state.digest,
+                              stale_text(approval.tool))  # fmt: skip
 
     def _expire_if_due(self, connection: Connection, approval: ApprovalRecord, now: float) -> bool:
         return ledger.expire_approval_if_due(self.store, connection, approval, now)
@@ -282,9 +392,15 @@ class Resuming(Stepping):
         )  # fmt: skip
 
     def _use_approval(
-        self, connection: Connection, approval: ApprovalRecord, decided: PolicyDecision
+        self,
+        connection: Connection,
+        approval: ApprovalRecord,
+        decided: PolicyDecision,
+        state: StateCheck | None = None,
     ) -> str:
         """Spend a granted approval (once: compare-and-set) and carry out the policy's outcome."""
+        if state is not None:
+            self._record_state(connection, approval, state)
         fresh = ledger.use_approval(
             self.store, connection, approval,
             self._naming_policy({"outcome": str(decided.outcome)}),

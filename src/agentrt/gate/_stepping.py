@@ -4,6 +4,7 @@ which, and carries out the call between the two commits of an allowed step."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +19,7 @@ from ..policy import Outcome, Policy, PolicyDecision, RunView, ToolRequest
 from ..sanitize import sanitize
 from ..store import (
     ApprovalRecord,
+    ApprovalStatus,
     Connection,
     Event,
     RunRecord,
@@ -31,6 +33,18 @@ from ..store import (
 from ..store.events import EndReason
 from ..tools import CheckedTool, ToolCall, ToolResult
 from ._leases import Leases
+from ._preconditions import (
+    PRECONDITION_UNAVAILABLE,
+    RECONCILED,
+    RECONCILED_CONTENT,
+    StateCheck,
+    approved_content,
+    approved_state,
+    bind_state,
+    has_precondition,
+    read_state,
+    unavailable_text,
+)
 from ._values import (
     MAX_ERROR_CHARS,
     Call,
@@ -157,15 +171,20 @@ class Stepping:
         assert registered is not None
         request = ToolRequest(registered.spec, decision.args, arguments, run_id, 1)
         decided = await self._evaluate(request, RunView(run_id, goal, 0, 0, dict(new.metadata)))
+        state: StateCheck | None = None
+        if decided.outcome is Outcome.REQUIRE_APPROVAL and has_precondition(registered):
+            decided, state = await self._with_state(registered, decided, run_id, 1,
+                                                    decision.args, context)  # fmt: skip
         admitted, value, recorded = await self.store.write(
-            self._admit_and_record, admit, new, registered.spec.name, decision.args, decided, now
-        )
+            self._admit_and_record, admit, new, registered.spec.name, decision.args, decided, now,
+            state,
+        )  # fmt: skip
         self._notify()
         if not admitted:
             return value, None
         approval, token = recorded
         call = Call(run_id, 1, registered, decision.args, token, on_end, context=context)
-        return value, self._settled(await self._carry_out(call, decided, approval))
+        return value, self._settled(await self._carry_out(call, decided, approval, state))
 
     def _admit_and_insert(
         self, connection: Connection, admit: Callable[[Connection], tuple[bool, _A]], new: NewRun
@@ -184,6 +203,7 @@ class Stepping:
         args: str,
         decided: PolicyDecision,
         now: float,
+        state: StateCheck | None = None,
     ) -> tuple[bool, _A, tuple[ApprovalRecord | None, str]]:
         admitted, value = admit(connection)
         if not admitted:
@@ -193,7 +213,9 @@ class Stepping:
         return (
             True,
             value,
-            self._record_step(connection, view.run, 1, name, args, decided, now, leased=started),
+            self._record_step(
+                connection, view.run, 1, name, args, decided, now, state, leased=started
+            ),
         )
 
     def _insert_run(
@@ -306,14 +328,63 @@ class Stepping:
 
         request = ToolRequest(registered.spec, args, arguments, run_id, step_number)
         decided = await self._evaluate(request, run)
+        state: StateCheck | None = None
+        if decided.outcome is Outcome.REQUIRE_APPROVAL and has_precondition(registered):
+            decided, state = await self._with_state(registered, decided, run_id, step_number,
+                                                    args, context)  # fmt: skip
         approval, token = await self.store.write(
-            self._record_step, run, step_number, registered.spec.name, args, decided, time.time()
-        )
+            self._record_step, run, step_number, registered.spec.name, args, decided, time.time(),
+            state,
+        )  # fmt: skip
         self._notify()
         call = Call(
             run_id, step_number, registered, args, token, recent=view.recent, context=context
         )
-        return await self._carry_out(call, decided, approval)
+        return await self._carry_out(call, decided, approval, state)
+
+    async def _with_state(
+        self,
+        registered: CheckedTool,
+        decided: PolicyDecision,
+        run_id: str,
+        step: int,
+        args: str,
+        context: object | None,
+    ) -> tuple[PolicyDecision, StateCheck]:
+        """An approval of a tool with a precondition is decided against the state it
+        will act on: read it now and bind it in (a read that fails offers no approval).
+        (Called only then: an allowed call's path makes no extra await.)"""
+        name = registered.spec.name
+        call = ToolCall(args=args, tool=name, run_id=run_id, step=step, context=context)
+        state = await read_state(registered, call)
+        if state.error is not None or state.read is None:
+            return decided, state
+        # Only a later step can repeat an approved one (a first step has nothing before it).
+        earlier = None if step == 1 else await self.store.run(
+            self._approved_before, run_id, name, args
+        )  # fmt: skip
+        if earlier is not None:
+            # The same request was approved and started before (its outcome unknown): the
+            # view compares against that state, and the tool may judge it already done.
+            state = dataclasses.replace(state, approved=approved_state(earlier.capability))
+            reconciled = getattr(registered.tool, "reconciled", None)
+            if callable(reconciled) and reconciled(
+                call, state.read, approved_content(earlier.presentation)
+            ):
+                return decided, dataclasses.replace(state, reconciled=True)
+        return bind_state(decided, state), state
+
+    def _approved_before(self, run_id: str, tool: str, args: str) -> ApprovalRecord | None:
+        """The run's latest approval if it was spent on this very request with a state."""
+        approval = self.store.latest_approval(run_id)
+        if (
+            approval is not None
+            and approval.status is ApprovalStatus.USED
+            and (approval.tool, approval.args) == (tool, args)
+            and approved_state(approval.capability) is not None
+        ):
+            return approval
+        return None
 
     def _check_request(
         self, tool_name: str, args: str
@@ -402,6 +473,7 @@ class Stepping:
         args: str,
         decided: PolicyDecision,
         now: float,
+        state: StateCheck | None = None,
         *,
         leased: str | None = None,
     ) -> tuple[ApprovalRecord | None, str]:
@@ -432,7 +504,22 @@ class Stepping:
             ledger.end_run(self.store, connection, run.run_id, RunStatus.FAILED,
                            EndReason.POLICY_ERROR if decided.reason.startswith("policy_error")
                            else EndReason.POLICY_ABORT)  # fmt: skip
+        elif state is not None and state.reconciled:
+            ledger.record_state_read(self.store, connection, run.run_id, step_number,
+                                     state.record())  # fmt: skip
+            terminal = self._tools[name].spec.terminal
+            ledger.reconcile_step(self.store, connection, run.run_id, step_number, name,
+                                  RECONCILED_CONTENT, terminal=terminal)  # fmt: skip
+        elif state is not None and state.error is not None:
+            # Fail closed: no approval is offered for a state nobody could read.
+            ledger.record_state_read(self.store, connection, run.run_id, step_number,
+                                     state.record())  # fmt: skip
+            ledger.deny_step(self.store, connection, run.run_id, step_number,
+                             unavailable_text(name, state.error))  # fmt: skip
         elif decided.outcome is Outcome.REQUIRE_APPROVAL:
+            if state is not None:
+                ledger.record_state_read(self.store, connection, run.run_id, step_number,
+                                         state.record())  # fmt: skip
             approval = ledger.request_approval(
                 self.store, connection,
                 self._approval_request(run.run_id, step_number, name, args, decided), now,
@@ -450,9 +537,29 @@ class Stepping:
     # -- carrying out a recorded step -----------------------------------------
 
     async def _carry_out(
-        self, call: Call, decided: PolicyDecision, approval: ApprovalRecord | None
+        self,
+        call: Call,
+        decided: PolicyDecision,
+        approval: ApprovalRecord | None,
+        state: StateCheck | None = None,
     ) -> StepOutcome:
         """What follows a recorded step: its observation, its approval, or its call."""
+        if state is not None and state.reconciled:
+            observation = Observation(
+                call.step, call.tool.spec.name, call.args, "result", RECONCILED_CONTENT
+            )
+            if call.tool.spec.terminal:
+                return StepOutcome(call.run_id, RunStatus.COMPLETED, observation,
+                                   result=RECONCILED_CONTENT, reason=RECONCILED)  # fmt: skip
+            return StepOutcome(call.run_id, RunStatus.RUNNING, observation, reason=RECONCILED)
+        if state is not None and state.error is not None:
+            observation = Observation(
+                call.step, call.tool.spec.name, call.args, "denied",
+                unavailable_text(call.tool.spec.name, state.error),
+            )  # fmt: skip
+            return StepOutcome(
+                call.run_id, RunStatus.RUNNING, observation, reason=PRECONDITION_UNAVAILABLE
+            )
         if decided.outcome is Outcome.DENY:
             observation = Observation(
                 call.step, call.tool.spec.name, call.args, "denied",

@@ -31,6 +31,7 @@ from .review import (
     parsed_arguments,
     pretty_json_lines,
     size_of,
+    state_changes,
     text_review,
     written_texts,
 )
@@ -143,6 +144,19 @@ def approval_view(
                 "omitted": max(0, len(edit.diff) - MAX_SHOWN_LINES),
             }
             for edit in edits_of(arguments)
+        ]
+        + [
+            # A change against the state its precondition read, drawn as an edit's diff.
+            {
+                "label": "; ".join((change.label, *change.notes)),
+                "old_size": change.old_size,
+                "new_size": change.new_size,
+                "diff": [
+                    {"sign": line.sign, "text": line.text} for line in change.diff[:MAX_SHOWN_LINES]
+                ],
+                "omitted": max(0, len(change.diff) - MAX_SHOWN_LINES),
+            }
+            for change in state_changes(approval)
         ],
         "created_at": approval.created_at,
         "expires_at": approval.expires_at,

@@ -23,12 +23,15 @@ from ..store import ApprovalRecord, approval_hash
 __all__ = [
     "DiffLine",
     "EditReview",
+    "StateChange",
     "TextReview",
     "displayed_hash",
     "edits_of",
+    "intended_content",
     "pretty_json_lines",
     "sanitized_line",
     "size_of",
+    "state_changes",
     "text_review",
     "written_texts",
 ]
@@ -185,6 +188,130 @@ def edits_of(arguments: Any) -> list[EditReview]:
             EditReview(f"{label}{where}", text_review(old), text_review(new), tuple(diff))
         )
     return reviews
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    """What an approved write or edit changes in the state its precondition read: a
+    unified diff (hunks with line numbers, three lines of context: a large file shows
+    its changes, not itself), and `notes` a person must read with it (the file does not
+    exist yet; an edit's old text is not in the file; the read was cut for the view)."""
+
+    label: str
+    old_size: str
+    new_size: str
+    diff: tuple[DiffLine, ...]
+    notes: tuple[str, ...]
+
+
+def state_changes(approval: ApprovalRecord) -> list[StateChange]:
+    """The change of an approval bound to a state (`presentation.state`), against that state:
+    a write's new content, or an edit's replacements applied to the file as it was read."""
+    presentation = approval.presentation
+    state = presentation.get("state") if isinstance(presentation, Mapping) else None
+    arguments = parsed_arguments(approval)
+    if not isinstance(state, Mapping) or not isinstance(arguments, Mapping):
+        return []
+    absent = state.get("absent") is True
+    content = state.get("content")
+    old = content if isinstance(content, str) else ""
+    notes: list[str] = []
+    if absent:
+        notes.append("the file does not exist yet")
+    if state.get("truncated") is True:
+        notes.append(
+            "the state read is larger than the view keeps; the diff covers its "
+            f"first {len(old)} characters (its whole text is bound by the hash)"
+        )
+    path = arguments.get("path")
+    where = f" of {sanitized_line(path)}" if isinstance(path, str) else ""
+    new = _written(arguments)
+    label = f"change{where} against the state read"
+    if new is None:
+        applied = _applied_edits(old, _edit_pairs(arguments))
+        if applied is None:
+            return []
+        new, missing = applied
+        notes.extend(
+            f"{edit}'s old text is not in the file as it was read: the server will refuse it"
+            for edit in missing
+        )
+    notes.extend(_retry_notes(approval.capability, state, old, new))
+    diff = _unified(old, new)
+    return [StateChange(label, size_of(old), size_of(new), diff, tuple(notes))]
+
+
+def _retry_notes(
+    capability: Any, state: Mapping[str, Any], current: str, intended: str
+) -> list[str]:
+    """For a request approved and started before (its outcome unknown, or cut off): the
+    state now against the state that approval bound and against the intended result."""
+    approved = state.get("approved_state")
+    if not isinstance(approved, str):
+        return []
+    now = capability.get("state") if isinstance(capability, Mapping) else None
+    notes = [
+        "the state is the one approved before: the earlier attempt did not change it"
+        if now == approved
+        else "the state changed since it was approved before: the earlier attempt "
+        "(or someone else) changed it"
+    ]
+    if state.get("absent") is not True and current == intended:
+        notes.append(
+            "the state already holds the intended result: the earlier attempt appears to "
+            "have taken effect, and running it again changes nothing"
+        )
+    return notes
+
+
+def intended_content(arguments: Any, old: str | None) -> str | None:
+    """What a write or an edit means the state to become: a write's new content, or an
+    edit's replacements applied to `old` (None when one of them is not in it, or the
+    call is neither)."""
+    if not isinstance(arguments, Mapping):
+        return None
+    written = _written(arguments)
+    if written is not None:
+        return written
+    if old is None:
+        return None
+    applied = _applied_edits(old, _edit_pairs(arguments))
+    if applied is None or applied[1]:
+        return None
+    return applied[0]
+
+
+def _written(arguments: Mapping[str, Any]) -> str | None:
+    for name in _CONTENT_FIELDS:
+        value = arguments.get(name)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def _applied_edits(old: str, pairs: list[tuple[str, str, str]]) -> tuple[str, list[str]] | None:
+    """`old` with each replacement applied in order (as `edit_file` applies them), and
+    the edits whose old text was not found; None when the call has no edits."""
+    if not pairs:
+        return None
+    text, missing = old, []
+    for label, before, after in pairs:
+        if before in text:
+            text = text.replace(before, after, 1)
+        else:
+            missing.append(label)
+    return text, missing
+
+
+def _unified(old: str, new: str) -> tuple[DiffLine, ...]:
+    old_lines, new_lines = old.splitlines(), new.splitlines()
+    lines: list[DiffLine] = []
+    for line in list(difflib.unified_diff(old_lines, new_lines, lineterm="", n=3))[2:]:
+        sign = "@" if line.startswith("@@") else line[:1]
+        lines.append(DiffLine(sign, sanitized_line(line if sign == "@" else line[1:])))
+    if not lines:
+        return (DiffLine("@", "no change: the new content is the content read"),)
+    return tuple(lines)
 
 
 def displayed_hash(approval: ApprovalRecord) -> str:

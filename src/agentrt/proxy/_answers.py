@@ -38,6 +38,7 @@ class Prefix(enum.StrEnum):
     DUPLICATE = "DUPLICATE"
     BLOCKED = "BLOCKED"
     UNAVAILABLE = "UNAVAILABLE"
+    STALE = "STALE"
     TOOL_ERROR = "TOOL_ERROR"
 
     @property
@@ -217,6 +218,16 @@ class Answer:
             Prefix.UNAVAILABLE,
             "the gate could not read its records just now. Nothing was changed; call "
             "gate_status again in a moment.",
+        )
+
+    @classmethod
+    def stale(cls, tool: str) -> Answer:
+        """An approved call whose precondition read a different state than the one approved."""
+        return cls._prose(
+            Prefix.STALE,
+            f"the call to {tool} was not run: the state changed after it was approved; "
+            "nothing ran; calling again asks for a new approval (with the same arguments; a "
+            "person decides it against the state as it is now).",
         )
 
     @classmethod

@@ -36,6 +36,7 @@ from ..agent import Decision, Observation
 from ..canonical import JSONBoundaryError, canonical_json
 from ..errors import AgentrtError, RunStateError, StoreBusy
 from ..gate import INTERRUPTED_SIDE_EFFECT, Gate, StepOutcome
+from ..gate._preconditions import PRECONDITION_UNAVAILABLE, STALE
 from ..mcp import CallContext
 from ..mcp._errors import ServerToolError
 from ..mcp._tool import ServerResult
@@ -633,6 +634,13 @@ class Calls:
                     return Answer.unknown_outcome(call.spec.name, outcome.approval.approval_id)
                 answer = await self._collect(row, call, outcome.approval)
                 return answer if answer is not None else Answer.in_progress(call.spec.name)
+            if outcome.status is RunStatus.CANCELLED and outcome.reason == STALE:
+                await self._settle_if_ended(run_id)
+                self._log(
+                    f"agentrt proxy: run {run_id}: the approved call to {call.spec.name} did "
+                    "not run: the state it acts on changed after it was approved"
+                )
+                return Answer.stale(call.spec.name)
             if outcome.status is RunStatus.CANCELLED:
                 ended = await self._settle_if_ended(run_id)
                 if ended is not None and ended.outcome == Settled.EXPIRED:
@@ -671,6 +679,12 @@ class Calls:
                 await self.gate.step(run_id, Decision.fail("tool_error"))
                 await self._settle(run_id, Settled.TOOL_ERROR)
                 return Answer.tool_error(observation.content)
+            if kind == "denied" and outcome.reason == PRECONDITION_UNAVAILABLE:
+                # No approval was offered: the state it would bind could not be read.
+                self._log(f"agentrt proxy: run {run_id}: {sanitize(observation.content)}")
+                await self.gate.step(run_id, Decision.fail(PRECONDITION_UNAVAILABLE))
+                await self._settle(run_id, Settled.DENIED)
+                return _precondition_unavailable(call.spec.name)
             if kind == "denied":
                 await self.gate.step(run_id, Decision.fail("denied"))
                 await self._settle(run_id, Settled.DENIED)
@@ -756,6 +770,11 @@ class Calls:
             self.log.write(f"agentrt proxy: run {row.run_id} cannot resume: {sanitize(str(exc))}\n")
             self.log.flush()
             return Answer.unavailable("the approved request could not be run.")
+        if outcome.reason == PRECONDITION_UNAVAILABLE and outcome.observation is not None:
+            # The approval stays granted: the next identical call reads the state again.
+            await self._release_quietly(row.run_id, call.token)
+            self._log(f"agentrt proxy: run {row.run_id}: {sanitize(outcome.observation.content)}")
+            return _precondition_unavailable(call.spec.name)
         return await self._conclude(row, call, outcome)
 
     async def _release_quietly(self, run_id: str, token: str) -> None:
@@ -791,6 +810,13 @@ def _waiting_answer(tool: str, approval: ApprovalRecord) -> Answer:
     if approval.kind == UNKNOWN_OUTCOME:
         return Answer.unknown_outcome(tool, approval.approval_id)
     return Answer.pending(tool, approval.approval_id)
+
+
+def _precondition_unavailable(tool: str) -> Answer:
+    return Answer.unavailable(
+        f"the call to {tool} was not run: the state it would act on could not be read "
+        "(its precondition failed), so it was neither offered for approval nor run."
+    )
 
 
 def _settled_answer(tool: str, row: CallRow, store: Store) -> Answer:

@@ -123,6 +123,8 @@ class Settled(enum.StrEnum):
     EXPIRED = "expired"
     CANCELLED = "cancelled"
     FAILED = "failed"
+    # The state changed after the approval: nothing ran, and an identical call asks anew.
+    STALE = "stale"
 
 
 EXECUTED: Final = frozenset({Settled.RESULT, Settled.TOOL_ERROR})
@@ -201,6 +203,8 @@ def outcome_of_ended_run(run: RunRecord, last_step_kind: str | None) -> Settled:
             return Settled.REJECTED
         if run.reason in ("approval_expired", "grant_expired"):
             return Settled.EXPIRED
+        if run.reason == Settled.STALE:
+            return Settled.STALE
         return Settled.CANCELLED
     if last_step_kind in (Settled.TOOL_ERROR, Settled.DENIED, Settled.INVALID):
         return Settled(last_step_kind)

@@ -36,6 +36,7 @@ from ._index import CallIndex
 from ._input_required import HostCall, Suspended
 from ._log import log_line
 from ._offers import Offered, OfferTool, hidden_name
+from ._preconditions import StatefulTool, precondition_reader
 from ._status import GateStatus
 from .config import DEFAULT_SERVER_TIMEOUT, ProxyConfig, UpstreamConfig
 
@@ -121,15 +122,21 @@ class Proxy:
             if isinstance(tool, ServerTool):
                 schema = plain_json(tool.output_schema) if as_sent and tool.output_schema else None
                 self.listed[name] = (tool.title, schema)
-            watched.append(
-                WatchedTool(
-                    tool,
-                    cut_off,
-                    sent,
-                    forwarded=forwarded if as_sent else None,
-                    max_result_bytes=upstream.max_result_bytes if as_sent else None,
+            watching: dict[str, Any] = {
+                "cut_off": cut_off,
+                "sent": sent,
+                "forwarded": forwarded if as_sent else None,
+                "max_result_bytes": upstream.max_result_bytes if as_sent else None,
+            }
+            if extra is not None and extra.precondition is not None:
+                reader = precondition_reader(tools, upstream, extra.precondition)
+                watched.append(
+                    StatefulTool(
+                        tool, extra.precondition, reader, reconcile=extra.reconcile, **watching
+                    )
                 )
-            )
+            else:
+                watched.append(WatchedTool(tool, **watching))
         # prompts/get and resources/read of each server that offers them: read-only gate tools
         # the host never sees, so each one is recorded and decided like a call.
         self.hidden: set[str] = set()
@@ -165,6 +172,9 @@ class Proxy:
         # Conditions, each rule's `outcome` and `fixed` values, and the policy's identity.
         self.policy = proxy_policy(config, store)
         self.policy.resource_rules = resource_rules
+        for stateful in watched:
+            if isinstance(stateful, StatefulTool):
+                stateful.policy = self.policy
         self.gate = Gate(
             store,
             watched,

@@ -108,6 +108,10 @@ class GateStatus:
             ApprovalStatus.REJECTED: "was rejected",
             ApprovalStatus.EXPIRED: "expired before anyone decided; the call did not run",
             ApprovalStatus.SUPERSEDED: "was replaced by a newer request for the same call",
+            ApprovalStatus.STALE: (
+                "was approved, but the state it acts on changed before it ran; it did not "
+                "run, and calling again asks for a new approval"
+            ),
         }[approval.status]
         note = (
             f' The reviewer said: "{bounded(approval.note)}".'

@@ -49,6 +49,7 @@ from ..store import is_postgres_url
 from ..tools import SideEffect
 from ._conditions import Condition, compile_when
 from ._forward import DEFAULT_MAX_RESULT_BYTES, MIN_MAX_RESULT_BYTES
+from ._precondition_rule import Precondition, parse_precondition
 
 __all__ = [
     "DEFAULT_APPROVAL_TTL",
@@ -126,7 +127,7 @@ _CLIENT_REQUESTS: Final = {
 }
 _RESOURCE_RULE_FIELDS: Final = frozenset({"uri", "outcome"})
 # Rule fields only the proxy reads; the rest of a rule is checked as a rules file is.
-_PROXY_RULE_FIELDS: Final = frozenset({"repeat_window", "outcome"})
+_PROXY_RULE_FIELDS: Final = frozenset({"repeat_window", "outcome", "precondition", "reconcile"})
 _RESULT_MODES: Final = frozenset({"as_sent", "flattened"})
 # "0s", "0", "0ms", "0m0s": a duration that is off.
 _ZERO_DURATION: Final = re.compile(r"^(?:0+(?:\.0*)?(?:ns|us|µs|ms|s|m|h)?)+$")
@@ -151,6 +152,12 @@ class ToolRule:
 
     repeat_window: float | None = None
     outcome: Outcome | None = None
+    # The read-only tool of the same server whose result the tool's approvals bind
+    # (`_precondition_rule.py`).
+    precondition: Precondition | None = None
+    # A retry of a cut-off call whose state already is its intended result is settled
+    # as reconciled instead of asking a person (needs a precondition).
+    reconcile: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -461,6 +468,7 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
         raise
     except (OSError, ValueError, AgentrtError) as exc:
         raise ConfigError(f"{reader.path}: {where} rules: {exc}") from None
+    _check_preconditions(reader, rules, tool_rules, where)
     return UpstreamConfig(
         server=server,
         manifest_path=manifest_path,
@@ -543,12 +551,45 @@ def _proxy_rule_fields(
             if not isinstance(value, str) or value not in _POLICY_OUTCOMES:
                 raise ConfigError(f"{where} outcome must be allow, require_approval or deny")
             outcome = _POLICY_OUTCOMES[value]
-        if repeat_window is not None or outcome is not None:
-            tool_rules[tool] = ToolRule(repeat_window=repeat_window, outcome=outcome)
+        precondition: Precondition | None = None
+        if "precondition" in entry:
+            try:
+                precondition = parse_precondition(entry["precondition"], where)
+            except ValueError as exc:
+                raise ConfigError(f"{reader.path}: {exc}") from None
+        reconcile = entry.get("reconcile", False)
+        if not isinstance(reconcile, bool):
+            raise ConfigError(f"{reader.path}: {where} reconcile must be true or false")
+        if reconcile and precondition is None:
+            raise ConfigError(
+                f"{reader.path}: {where} reconcile needs a precondition to read the state with"
+            )
+        if repeat_window is not None or outcome is not None or precondition is not None:
+            tool_rules[tool] = ToolRule(
+                repeat_window=repeat_window, outcome=outcome, precondition=precondition,
+                reconcile=reconcile,
+            )  # fmt: skip
         rest[tool] = {
             name: value for name, value in entry.items() if name not in _PROXY_RULE_FIELDS
         }
     return rest, tool_rules
+
+
+def _check_preconditions(
+    reader: _Reader, rules: Rules, tool_rules: dict[str, ToolRule], where: str
+) -> None:
+    """A precondition must name a tool of the same server the operator classified read-only:
+    reading the state must never change it."""
+    for tool, extra in tool_rules.items():
+        if extra.precondition is None:
+            continue
+        read = extra.precondition.tool
+        rule = rules.get(read)
+        if rule is None or rule.side_effect is not SideEffect.READ_ONLY:
+            raise ConfigError(
+                f'{reader.path}: {where}: the rule for "{sanitize(tool)}" has the precondition '
+                f'"{sanitize(read)}", which is not a tool of this server classified read_only'
+            )
 
 
 def _inbox(reader: _Reader, raw: Any) -> InboxConfig:

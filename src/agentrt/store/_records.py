@@ -57,6 +57,7 @@ class ApprovalStatus(enum.StrEnum):
     EXPIRED = "expired"
     SUPERSEDED = "superseded"
     USED = "used"
+    STALE = "stale"
 
 
 # A stored status to its member by one dict lookup (an enum's own call costs more).

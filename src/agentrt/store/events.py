@@ -56,7 +56,12 @@ class EventType(enum.StrEnum):
     APPROVAL_GRANTED = "approval_granted"
     APPROVAL_REJECTED = "approval_rejected"
     APPROVAL_EXPIRED = "approval_expired"
-    # A consumer's verdict on a cut-off action before the gate pauses on it.
+    # A precondition's read of the state a request acts on, and an approval whose
+    # state changed before it could be spent (`gate/_preconditions.py`).
+    STATE_READ = "state_read"
+    APPROVAL_STALE = "approval_stale"
+    # A cut-off call settled without running again: by a rule's `reconcile` (its state
+    # already is the intended result) or by a consumer's reconcile hook (`verdict`).
     STEP_RECONCILED = "step_reconciled"
     # Model accounting (`accounting.py`).
     MODEL_ATTEMPT = "model_attempt"
@@ -97,6 +102,10 @@ class EndReason(enum.StrEnum):
     TOOL_ERROR = "tool_error"
     DENIED = "denied"
     INVALID = "invalid"
+    # The state an approval was decided against changed before it ran; a
+    # precondition that could not be read.
+    STALE = "stale"
+    PRECONDITION_UNAVAILABLE = "precondition_unavailable"
 
 
 LIVE: Final = frozenset({RunStatus.RUNNING, RunStatus.WAITING_FOR_APPROVAL})
@@ -162,6 +171,12 @@ TRANSITIONS: Final[Mapping[EventType, Transition]] = {
     EventType.RUN_COMPLETED: Transition(run_from=LIVE, run_to=RunStatus.COMPLETED),
     EventType.RUN_FAILED: Transition(run_from=LIVE, run_to=RunStatus.FAILED),
     EventType.RUN_CANCELLED: Transition(run_from=LIVE, run_to=RunStatus.CANCELLED),
+    EventType.APPROVAL_STALE: Transition(
+        run_from=frozenset({RunStatus.WAITING_FOR_APPROVAL}),
+        approval_from=ApprovalStatus.APPROVED,
+        approval_to=ApprovalStatus.STALE,
+        needs_grant=True,
+    ),
 }
 
 RUN_ENDED: Final[Mapping[RunStatus, EventType]] = {

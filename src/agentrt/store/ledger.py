@@ -65,14 +65,17 @@ __all__ = [
     "grant",
     "interrupt_step",
     "mark_executing",
+    "reconcile_step",
     "record_invalid_step",
     "record_result",
+    "record_state_read",
     "record_step",
     "record_take_over",
     "reject",
     "release_lease",
     "renew_lease",
     "request_approval",
+    "stale_approval",
     "start_run",
     "supersede",
     "use_approval",
@@ -749,6 +752,63 @@ def use_approval(
     _append(store, connection, approval.run_id, EventType.RUN_RESUMED,
             {"approval_id": approval.approval_id, **decision})  # fmt: skip
     return store.get_run(approval.run_id)
+
+
+# -- preconditions --------------------------------------------------------------
+
+
+def record_state_read(
+    store: Store, connection: Connection, run_id: str, step: int, read: Mapping[str, Any]
+) -> None:
+    """A precondition read the state step `step` would act on (`read`: the read tool, its
+    arguments, and the state's digest, or the error that stopped the read)."""
+    _append(store, connection, run_id, EventType.STATE_READ, {"step": step, **read})
+
+
+def stale_approval(
+    store: Store,
+    connection: Connection,
+    approval: ApprovalRecord,
+    current_state: str,
+    reason: str,
+) -> None:
+    """A granted approval whose state changed before it was spent: it is not spent, its
+    step is denied with `reason` (nothing ran), and the run ends `stale`."""
+    expect_status(connection, approval.run_id, RunStatus.WAITING_FOR_APPROVAL)
+    _decide_approval(connection, approval.approval_id, EventType.APPROVAL_STALE)
+    _append(
+        store, connection, approval.run_id, EventType.APPROVAL_STALE,
+        {"approval_id": approval.approval_id, "approval_hash": approval.approval_hash,
+         "current_state": current_state},
+    )  # fmt: skip
+    deny_step(store, connection, approval.run_id, approval.step, reason)
+    end_run(store, connection, approval.run_id, RunStatus.CANCELLED, EndReason.STALE)
+
+
+def reconcile_step(
+    store: Store,
+    connection: Connection,
+    run_id: str,
+    step: int,
+    tool: str,
+    content: str,
+    *,
+    terminal: bool,
+) -> None:
+    """A retried request whose state already is its intended result: the step succeeds
+    without running (`step_reconciled`); a terminal tool's run completes with it."""
+    connection.execute(
+        _SET_STEP,
+        (str(StepStatus.SUCCEEDED), "result", content, "reconciled", utc_now(), run_id, step),
+    )
+    connection.execute(
+        "UPDATE runs SET consecutive_failures = 0, updated_at = ? WHERE run_id = ?",
+        (utc_now(), run_id),
+    )
+    _append(store, connection, run_id, EventType.STEP_RECONCILED,
+            {"step": step, "tool": tool, "content": content})  # fmt: skip
+    if terminal:
+        end_run(store, connection, run_id, RunStatus.COMPLETED, EndReason.COMPLETED, content)
 
 
 # -- the check -----------------------------------------------------------------
