@@ -230,7 +230,7 @@ class Resuming(Stepping):
         """Spend a granted approval (once: compare-and-set) and carry out the policy's outcome."""
         fresh = ledger.use_approval(
             self.store, connection, approval,
-            self._naming_policy({"outcome": str(decided.outcome)}),
+            self._naming_policy({"outcome": str(decided.outcome)}, decided),
         )  # fmt: skip
         # Now, not when resume began: the policy may have taken a while, and the
         # call that follows relies on a lease taken just before it.
