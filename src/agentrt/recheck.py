@@ -77,6 +77,9 @@ async def recheck(
                 break
             seen += 1
             recorded: dict[int, tuple[Outcome, str, str | None]] = {}
+            # A policy that judges by what was recorded with a decision (the proxy's taint)
+            # is handed each recorded decision first.
+            remember = getattr(policy, "remember_decision", None)
             for event in store.list_events(run.run_id, limit=10_000):
                 payload = event.payload
                 if event.type != "policy_decided" or not isinstance(payload, dict):
@@ -89,6 +92,8 @@ async def recheck(
                 except ValueError:
                     continue
                 policy_id = payload.get("policy_id")
+                if callable(remember):
+                    remember(run.run_id, step, payload)
                 recorded[step] = (
                     outcome,
                     str(payload.get("reason", "")),

@@ -36,7 +36,11 @@ async def _setup(
 ) -> ProxySetup:
     rules = _rules(**extra.pop("rules", {}))
     return await build_setup(
-        tmp_path, rules, policy={**POLICY, "flows": flows or [TRIFECTA]}, hold="0s", **extra
+        tmp_path,
+        rules,
+        policy={**POLICY, "flows": flows if flows is not None else [TRIFECTA]},
+        hold="0s",
+        **extra,
     )
 
 
@@ -152,3 +156,26 @@ async def test_without_labels_no_decision_records_a_flow(tmp_path: Path) -> None
     with open_store(setup.database, read_only=True, create=False) as store:
         runs = store.list_runs()
     assert all("host_session" not in run.metadata for run in runs)
+
+
+async def test_recheck_replays_recorded_calls_under_a_new_flow_rule_with_their_recorded_taint(
+    tmp_path: Path,
+) -> None:
+    setup = await _setup(tmp_path, flows=[])
+    answers = await _calls(setup, "send_mail", "echo", "write_note", "send_mail")
+    assert not any(answer.startswith("PENDING_APPROVAL") for answer in answers)
+    setup.document["policy"]["flows"] = [TRIFECTA]
+    setup.config_path.write_text(json.dumps(setup.document))
+    checked = subprocess.run(
+        [*setup.command()[:1], "--json", "recheck", "--config", str(setup.config_path)],
+        capture_output=True, text=True, env=setup.environment(),
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+    records = [json.loads(line) for line in checked.stdout.splitlines()]
+    differences = [record for record in records if record.get("record") == "difference"]
+    # Only the last send: the first was made before the session held anything.
+    assert [(d["tool"], d["was"], d["would"]) for d in differences] == [
+        ("up_send_mail", "allow", "require_approval")
+    ], records
+    assert "up_echo" in differences[0]["would_reason"]
+    assert "up_write_note" in differences[0]["would_reason"]

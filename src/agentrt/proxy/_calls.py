@@ -214,6 +214,11 @@ class ProxyPolicy:
         # The flow rules and the taint they read, when any server or rule carries a label.
         self.flows = flows
 
+    def remember_decision(self, run_id: str, step: int, payload: Mapping[str, Any]) -> None:
+        """`agentrt recheck`: the recorded decision of a step, whose taint its replay uses."""
+        if self.flows is not None:
+            self.flows.remember(run_id, step, payload)
+
     async def evaluate(self, request: ToolRequest, run: RunView) -> PolicyDecision:
         if _mutating(request.spec) and any(
             step.step < request.step

@@ -383,13 +383,11 @@ class FlowJudge:
             "taint": sorted(holding),
             "labels": list(labels),
         }
+        if held:
+            # Each label's first call (tool and time): what recheck replays new rules under.
+            record["tainted_by"] = [{"label": t.label, "tool": t.tool, "at": t.at} for t in held]
         if rule is not None:
             record["rule"] = rule.to_json()
-            record["tainted_by"] = [
-                {"label": t.label, "tool": t.tool, "at": t.at}
-                for t in held
-                if t.label in rule.after
-            ]
             if stricter(rule.outcome, decided.outcome) is not decided.outcome:
                 decided = _held_by_flow(request, rule, held, session)
         # On a resume the step was counted when it was first decided: a yes now runs it.
