@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from proxy_helpers import RULES, ProxySetup, build_setup, host, text_of
+from mcp import Client, ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from proxy_helpers import RULES, ProxySetup, build_setup, host, serving_http, text_of
 
 from agentrt.store import open_store
 
@@ -179,3 +183,35 @@ async def test_recheck_replays_recorded_calls_under_a_new_flow_rule_with_their_r
     ], records
     assert "up_echo" in differences[0]["would_reason"]
     assert "up_write_note" in differences[0]["would_reason"]
+
+
+async def test_a_stateless_hosts_taint_is_kept_under_the_operators_key_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    setup = await _setup(tmp_path, stateless_session="desk-key")
+    with serving_http(setup.config_path, setup.root) as (url, _stderr):
+        async with Client(url, mode="2026-07-28", cache=None) as stateless:
+            await stateless.call_tool("up_echo", {"text": "private"})
+            await stateless.call_tool("up_write_note", {"note": "from outside"})
+    # A new proxy process: the key outlives it, and so does its taint.
+    second = tmp_path / "second"  # its own stderr, so its start line is its own
+    second.mkdir()
+    with serving_http(setup.config_path, second) as (url, _stderr):
+        async with Client(url, mode="2026-07-28", cache=None) as stateless:
+            held = await stateless.call_tool("up_send_mail", {"to": "a@x", "body": "1"})
+        async with _http_session(url) as fresh:
+            sent = await fresh.call_tool("up_send_mail", {"to": "a@x", "body": "2"})
+    assert text_of(held).startswith("PENDING_APPROVAL"), text_of(held)
+    assert not text_of(sent).startswith(("PENDING_APPROVAL", "DENIED")), text_of(sent)
+    sessions = [payload["flow"]["session"] for payload in _decisions(setup.database)]
+    assert sessions[:3] == ["desk-key"] * 3 and sessions[3].startswith("http-")
+
+
+@asynccontextmanager
+async def _http_session(url: str) -> AsyncIterator[ClientSession]:
+    async with (
+        streamable_http_client(url) as (read_stream, write_stream),
+        ClientSession(read_stream, write_stream) as session,
+    ):
+        await session.initialize()
+        yield session

@@ -14,7 +14,7 @@ stricter; the model has no way to clear a taint (only the operator's
 A session is tainted when a labelled call is allowed to run, before it runs:
 a call whose arguments could carry the labelled result is therefore always
 decided after the taint is in place, and a crash between the server's answer
-and its record cannot lose it (docs/flows.md; decision 0031).
+and its record cannot lose it (docs/flows.md; decision 0032).
 """
 
 from __future__ import annotations
