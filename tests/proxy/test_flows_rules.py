@@ -215,3 +215,19 @@ async def _http_session(url: str) -> AsyncIterator[ClientSession]:
     ):
         await session.initialize()
         yield session
+
+
+async def test_calls_a_flow_rule_holds_count_against_max_pending(tmp_path: Path) -> None:
+    setup = await _setup(tmp_path, max_pending=1)
+    *_, first, second = await _calls(setup, "echo", "write_note", "send_mail", "send_mail")
+    assert first.startswith("PENDING_APPROVAL"), first
+    assert second.startswith("UNAVAILABLE") and "already wait" in second, second
+
+
+async def test_the_model_is_offered_no_way_to_clear_a_taint(tmp_path: Path) -> None:
+    setup = await _setup(tmp_path)
+    async with host(setup) as session:
+        listed = await session.list_tools()
+    names = {tool.name for tool in listed.tools}
+    assert names == {f"up_{name}" for name in RULES if name != "gate_status"} | {"gate_status"}
+    assert not any("taint" in name or "flow" in name for name in names)

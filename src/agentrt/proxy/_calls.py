@@ -307,7 +307,11 @@ class ProxyPolicy:
 
     def may_need_approval(self, spec: ToolSpec) -> bool:
         """Whether a call to `spec` might wait for a person (a condition may always ask one)."""
-        return spec.name in self.conditions or (self.outcome_for(spec) is Outcome.REQUIRE_APPROVAL)
+        return (
+            spec.name in self.conditions
+            or self.outcome_for(spec) is Outcome.REQUIRE_APPROVAL
+            or (self.flows is not None and self.flows.may_hold(spec.name))
+        )
 
 
 def proxy_policy(config: ProxyConfig, store: Store, *, replaying: bool = False) -> ProxyPolicy:

@@ -335,6 +335,12 @@ class FlowJudge:
     def labels_of(self, tool: str) -> tuple[str, ...]:
         return self.tool_labels.get(tool, ())
 
+    def may_hold(self, tool: str) -> bool:
+        """Whether a flow rule could hold a call to `tool` (it carries a rule's `call`), so
+        the proxy's cap on waiting approvals counts it."""
+        labels = self.labels_of(tool)
+        return any(rule.call in labels for rule in self.flows.rules)
+
     def remember(self, run_id: str, step: int, payload: Mapping[str, Any]) -> None:
         """The taint a recorded decision was judged under (its `flow` record), for recheck."""
         flow = payload.get("flow")
