@@ -144,6 +144,8 @@ async def test_an_approved_held_send_runs_once_and_its_resume_records_the_taint(
             env=setup.environment(),
         )  # fmt: skip
         assert approved.returncode == 0, approved.stderr
+        (why,) = [line for line in approved.stdout.splitlines() if line.startswith("why: ")]
+        assert "host session stdio-" in why and "up_echo" in why and "up_write_note" in why
         ran = text_of(await session.call_tool("up_send_mail", arguments))
         assert not ran.startswith(("PENDING_APPROVAL", "DENIED")), ran
     assert setup.upstream_log.read_text().count("mail") == 1
