@@ -36,6 +36,7 @@ __all__ = [
     "HOST_SESSION",
     "LABELS",
     "MIGRATIONS",
+    "FlowJudge",
     "FlowRule",
     "Flows",
     "TaintStore",
@@ -45,6 +46,8 @@ __all__ = [
     "flows_policy_id",
     "host_session_of",
     "label_list",
+    "new_stdio_session",
+    "session_key",
     "stricter",
 ]
 
@@ -416,6 +419,9 @@ def _held_by_flow(
 ) -> PolicyDecision:
     """A flow rule's decision: the reason names the session and the earlier calls that
     tainted it (tool and time, never content), for the operator's approval view."""
+    if rule.outcome is Outcome.DENY:
+        # The model reads a denial's reason: the rule only, the calls are in the record.
+        return PolicyDecision.deny(f"the flow rule {rule.text()} denies it in this session")
     earlier = [tainting for tainting in held if tainting.label in rule.after][:_NAMED_CALLS]
     calls = "; ".join(
         f"{sanitize(t.label)} from {sanitize(t.tool)} at {sanitize(t.at)}" for t in earlier
@@ -424,9 +430,6 @@ def _held_by_flow(
         f"host session {sanitize(session)} already received {calls}; the flow rule "
         f"{rule.text()} applies to {sanitize(request.spec.name)}"
     )
-    if rule.outcome is Outcome.DENY:
-        # The model reads a denial's reason: the rule only, the calls are in the record.
-        return PolicyDecision.deny(f"the flow rule {rule.text()} denies it in this session")
     return PolicyDecision.require_approval(
         kind=f"flow:{rule.call}",
         # Stable across a resume (the taint may grow meanwhile): the rule, not the calls.
