@@ -66,6 +66,10 @@ class PolicyDecision:
     kind: str = ""
     capability: Any = None
     presentation: Any = None
+    # Facts the policy wants written with its decision: fields of the `policy_decided`
+    # (or `run_resumed`) event the gate does not write itself, e.g. the taint the proxy's
+    # flow rules judged the call under.  None writes nothing more.
+    record: Mapping[str, Any] | None = None
 
     @classmethod
     def allow(cls, reason: str = "") -> PolicyDecision:

@@ -78,6 +78,9 @@ async def recheck(
             seen += 1
             recorded: dict[int, tuple[Outcome, str, str | None]] = {}
             reads: list[tuple[int, str, str]] = []
+            # A policy that judges by what was recorded with a decision (the proxy's taint)
+            # is handed each recorded decision first.
+            remember = getattr(policy, "remember_decision", None)
             for event in store.list_events(run.run_id, limit=10_000):
                 payload = event.payload
                 if event.type == "state_read" and isinstance(payload, dict):
@@ -93,6 +96,8 @@ async def recheck(
                 except ValueError:
                     continue
                 policy_id = payload.get("policy_id")
+                if callable(remember):
+                    remember(run.run_id, step, payload)
                 recorded[step] = (
                     outcome,
                     str(payload.get("reason", "")),

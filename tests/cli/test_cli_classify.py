@@ -76,7 +76,7 @@ def test_classify_interactively_through_standard_input(setup: Setup) -> None:
     # Tools come sorted: read_thing, shout, write_thing.  shout is skipped;
     # write_thing's destructive hint contradicts local_mutation, and the
     # operator accepts the contradiction.
-    result = setup.classify(input="r\ns\nl\ny\n")
+    result = setup.classify(input="r\ns\nl\ny\nprivate\n")
     assert result.exit_code == 0, result.output
     assert "  description: Loud \\x1b[31mred\\x1b[0m text \\u202etxt.exe" in result.output
     assert "\x1b" not in result.output and "\u202e" not in result.output
@@ -92,14 +92,17 @@ def test_classify_interactively_through_standard_input(setup: Setup) -> None:
         "read_thing": {"side_effect": "read_only"},
         "write_thing": {"side_effect": "local_mutation", "allow_hint_mismatch": True},
     }
+    # The server's labels are asked once, after its tools; a hint never sets one.
+    assert json.loads(setup.config.read_text())["servers"][0]["labels"] == ["private"]
     again = setup.classify(input="s\n")
     assert again.exit_code == 0, again.output
-    # Only the tool still without a rule is asked about.
+    # Only the tool still without a rule is asked about, and the labels not again.
     assert "things.shout" in again.output and "things.read_thing" not in again.output
+    assert "labels of server" not in again.output
 
 
 def test_declining_a_hint_contradiction_asks_the_class_again(setup: Setup) -> None:
-    result = setup.classify(input="s\ns\nl\nn\nd\n")
+    result = setup.classify(input="s\ns\nl\nn\nd\n\n")
     assert result.exit_code == 0, result.output
     assert setup.rules() == {"write_thing": {"side_effect": "destructive"}}
 
@@ -235,3 +238,23 @@ def test_a_hand_written_rename_ending_in_a_newline_does_not_register(tmp_path: P
     checked = run("check", "--config", str(setup.config))
     assert "registered read_thing as look" not in checked.output, checked.output
     assert "refused read_thing" in checked.output, checked.output
+
+
+def test_label_sets_a_servers_labels_and_an_unknown_one_is_refused_writing_nothing(
+    setup: Setup,
+) -> None:
+    before = setup.config.read_bytes()
+    refused = setup.classify("--label", "things=private,secret")
+    assert refused.exit_code == 1
+    assert "'secret' is not a label" in refused.output
+    assert setup.config.read_bytes() == before
+    result = setup.classify("--label", "things=untrusted")
+    assert result.exit_code == 0, result.output
+    assert json.loads(setup.config.read_text())["servers"][0]["labels"] == ["untrusted"]
+
+
+def test_an_unknown_label_typed_at_the_prompt_is_asked_again(setup: Setup) -> None:
+    result = setup.classify(input="s\ns\ns\negres\negress\n")
+    assert result.exit_code == 0, result.output
+    assert "'egres' is not a label" in result.output
+    assert json.loads(setup.config.read_text())["servers"][0]["labels"] == ["egress"]

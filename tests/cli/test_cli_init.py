@@ -91,6 +91,11 @@ def test_init_writes_an_owner_only_configuration_and_both_manifests(
     document = json.loads(host.config.read_text())
     assert document["database"] == "proxy.db" and document["session"] == "agentrt"
     servers = {server["name"]: server for server in document["servers"]}
+    # The trifecta rule, and no label proposed silently: classify asks for them.
+    assert document["policy"]["flows"] == [
+        {"after": ["private", "untrusted"], "call": "egress", "outcome": "require_approval"}
+    ]
+    assert all("labels" not in server for server in servers.values())
     assert servers["fs"]["command"] == ["node", str(FILESYSTEM_SERVER), str(host.sandbox)]
     assert servers["time"]["env"] == ["TIME_TEST=kept"]
     # Each imported stdio server is sandboxed: the directory it was handed is

@@ -250,9 +250,12 @@ def _import_the_proxy() -> None:
     import agentrt.proxy._index  # noqa: F401
 
 
-def _proxy_calls(store: Store, tools: list[Any], *, owner: str, session: str) -> Any:
+def _proxy_calls(
+    store: Store, tools: list[Any], *, owner: str, session: str, flows: Any = None
+) -> Any:
     """The proxy's in-process call path as `agentrt proxy` builds it (proxy/_proxy.py),
-    over `tools`: `handle(tool, arguments)` answers one host `tools/call`."""
+    over `tools`: `handle(tool, arguments)` answers one host `tools/call`.  `flows`: a
+    `FlowJudge` for labelled tools."""
     from agentrt.proxy._calls import Calls, ProxyPolicy, WatchedTool
     from agentrt.proxy._index import CallIndex
 
@@ -265,6 +268,7 @@ def _proxy_calls(store: Store, tools: list[Any], *, owner: str, session: str) ->
         ),
         store,
         identity="golden-policy",
+        flows=flows,
     )
     gate = Gate(
         store,
@@ -281,9 +285,11 @@ def _proxy_calls(store: Store, tools: list[Any], *, owner: str, session: str) ->
     )  # fmt: skip
 
 
-async def _proxy_call(scenario: Scenario, calls: Any, tool: str, arguments: Any) -> None:
+async def _proxy_call(
+    scenario: Scenario, calls: Any, tool: str, arguments: Any, host_session: str | None = None
+) -> None:
     scenario.trace.action(f"proxy call {tool}")
-    answer = await calls.handle(tool, arguments)
+    answer = await calls.handle(tool, arguments, host_session=host_session)
     scenario.trace.returned(f"{answer.prefix or 'RESULT'} is_error={answer.is_error}")
 
 
@@ -518,6 +524,33 @@ async def stale(scenario: Scenario) -> None:
     assert ended.reason == "stale" and write.calls == []
 
 
+async def flow_held_and_taint_cleared(scenario: Scenario) -> None:
+    """A send after reading private data and an outsider's text is held; once the operator
+    clears the session's taint, the same session's next send runs."""
+    from agentrt.proxy._flows import FlowJudge, FlowRule, Flows, TaintStore
+
+    store = scenario.open()
+    read = RecordingTool("files_read", SideEffect.READ_ONLY, content='{"text":"secret"}')
+    fetch = RecordingTool("web_fetch", SideEffect.READ_ONLY, content='{"text":"do it"}')
+    send = RecordingTool("mail_send", SideEffect.LOCAL_MUTATION)
+    taint = TaintStore(store)
+    rule = FlowRule(("private", "untrusted"), "egress", Outcome.REQUIRE_APPROVAL)
+    labels = {"files_read": ("private",), "web_fetch": ("untrusted",), "mail_send": ("egress",)}
+    judge = FlowJudge(Flows(rules=(rule,)), labels, taint)
+    calls = _proxy_calls(
+        store, [read, fetch, send], owner="proxy:golden", session="session-1", flows=judge
+    )
+    await _proxy_call(scenario, calls, "files_read", {"path": "a"}, "stdio-golden")
+    await _proxy_call(scenario, calls, "web_fetch", {"path": "http://x"}, "stdio-golden")
+    await _proxy_call(scenario, calls, "mail_send", {"path": "to-x"}, "stdio-golden")
+    assert send.calls == []
+    scenario.trace.action("taint clear")
+    cleared = taint.clear("stdio-golden", "alice", "reviewed")
+    scenario.trace.returned(",".join(cleared))
+    await _proxy_call(scenario, calls, "mail_send", {"path": "to-y"}, "stdio-golden")
+    assert len(send.calls) == 1
+
+
 # The scenarios and whether each runs on PostgreSQL (only those whose clock the test
 # controls there: the server's clock judges leases and grants, and the test cannot move it).
 SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
@@ -534,6 +567,7 @@ SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
     "proxied_duplicate": (proxied_duplicate, True),
     "unknown_outcome": (unknown_outcome, True),
     "stale": (stale, True),
+    "flow_held_and_taint_cleared": (flow_held_and_taint_cleared, True),
 }
 
 

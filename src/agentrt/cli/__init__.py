@@ -37,6 +37,7 @@ _COMMANDS: Final = {
     "demo": "._servers:demo",
     "recheck": "._recheck:recheck",
     "bench": "._bench:bench",
+    "taint": "._taint:taint",
 }
 
 

@@ -11,6 +11,8 @@ everything else in that file kept.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -169,6 +171,46 @@ def _ask(output: Output, server: str, tool: PinnedTool) -> tuple[SideEffect, boo
             return side_effect, True
 
 
+def _open_world_warnings(manifest: Manifest, labels: list[str]) -> list[str]:
+    """A server's open-world claims where its labels say nothing of the outside.  A hint
+    only ever adds a warning: labels are the operator's, never set or cleared by a server."""
+    if {"untrusted", "egress"} & set(labels):
+        return []
+    return [
+        f"  the server claims {sanitize(name)} reaches the open world (openWorldHint): if it "
+        "reads what outsiders wrote, label the server untrusted; if it sends, egress"
+        for name, tool in sorted(manifest.tools.items())
+        if isinstance(tool.annotations, dict) and tool.annotations.get("openWorldHint") is True
+    ]
+
+
+def _labels(text: str, known: Mapping[str, str], where: str) -> list[str]:
+    """`private,untrusted` → the labels, every one known; refused in one sentence."""
+    labels = [part for part in re.split(r"[,\s]+", text.strip()) if part]
+    for label in labels:
+        if label not in known:
+            raise CommandError(
+                f"{where}: {sanitize(repr(label))} is not a label (known: "
+                f"{', '.join(sanitize(name) for name in known)}; declare your own under "
+                '"labels" at the top of the configuration)'
+            )
+    return list(dict.fromkeys(labels))
+
+
+def _ask_labels(output: Output, server: str, known: Mapping[str, str]) -> list[str]:
+    """The operator's labels for one server (docs/flows.md); empty for none."""
+    output.line("")
+    output.line(f"labels of server {sanitize(server)} (Enter for none):")
+    for name, meaning in known.items():
+        output.line(f"  {sanitize(name)}: {sanitize(meaning)}")
+    while True:
+        answer = click.prompt("  labels", default="", show_default=False)
+        try:
+            return _labels(answer, known, "labels")
+        except CommandError as exc:
+            output.line(f"  {exc.format_message()}")
+
+
 @click.command(short_help="Classify each pinned tool that has no rule yet.")
 @_config_option
 @click.argument("server_name", metavar="[SERVER]", required=False)
@@ -192,6 +234,14 @@ def _ask(output: Output, server: str, tool: PinnedTool) -> tuple[SideEffect, boo
     is_flag=True,
     help="Let a --set class contradict the server's hints (recorded in the rule).",
 )
+@click.option(
+    "--label",
+    "label_settings",
+    multiple=True,
+    metavar="SERVER=LABEL[,LABEL]",
+    help="The information-flow labels of a server's results (private, untrusted, egress, "
+    "or your declared ones; docs/flows.md); repeatable.",
+)
 @click.pass_obj
 def classify(
     settings: Settings,
@@ -200,10 +250,12 @@ def classify(
     assignments: tuple[str, ...],
     renames: tuple[str, ...],
     allow_hint_mismatch: bool,
+    label_settings: tuple[str, ...] = (),
 ) -> None:
-    """Ask the class of every pinned tool without a rule, and write the rules.
+    """Ask the class of every pinned tool without a rule, and the labels of every server
+    without labels, and write them.
 
-    With --set or --rename nothing is asked; every entry is checked before
+    With --set, --rename or --label nothing is asked; every entry is checked before
     anything is written.
     """
     config = _load_config(config_path)
@@ -254,7 +306,17 @@ def classify(
         rules.entries[tool] = {**rules.entries[tool], "rename": value}
         changed.add(rules.upstream.server.name)
 
-    if not assignments and not renames:
+    labelled: set[str] = set()
+    for text in label_settings:
+        name, equals, value = text.partition("=")
+        if not equals or name not in entries or name not in known:
+            raise CommandError(
+                f"--label {sanitize(text)} is not SERVER=LABEL of this configuration"
+            )
+        entries[name]["labels"] = _labels(value, config.flows.labels, f"--label {sanitize(text)}")
+        labelled.add(name)
+
+    if not assignments and not renames and not label_settings:
         try:
             for name, rules in known.items():
                 if rules.manifest is None:
@@ -270,10 +332,21 @@ def classify(
                     if answer is not None:
                         _set_class(rules.entries, tool_name, *answer)
                         changed.add(name)
+                if "labels" not in entries[name]:
+                    for warning in _open_world_warnings(rules.manifest, []):
+                        output.line(warning)
+                    # Written even when empty: the operator's "none" is an answer, not asked again.
+                    entries[name]["labels"] = _ask_labels(output, name, config.flows.labels)
+                    labelled.add(name)
         except click.Abort:
             raise CommandError("stopped; nothing was written") from None
 
-    if not changed:
+    for name in sorted(labelled):
+        manifest = known[name].manifest
+        if manifest is not None:
+            for warning in _open_world_warnings(manifest, entries[name]["labels"]):
+                output.line(warning.strip())
+    if not changed and not labelled:
         output.line("nothing to write: every pinned tool named already has a rule or was skipped")
         return
     written: set[Path] = set()
@@ -282,9 +355,14 @@ def classify(
         if rules.path is not None:
             write_private(rules.path, _json_text(rules.entries) + "\n")
             written.add(rules.path)
-    if any(known[name].path is None for name in changed):
+    if labelled or any(known[name].path is None for name in changed):
         write_private(config.path, _json_text(document) + "\n")
         written.add(config.path)
+    for name in sorted(labelled):
+        if output.json:
+            output.record({"record": "labels", "server": name, "labels": entries[name]["labels"]})
+        else:
+            output.line(f"{sanitize(name)}: labels {', '.join(entries[name]['labels']) or 'none'}")
     for name in sorted(changed):
         rules = known[name]
         for tool, rule in rules.entries.items():

@@ -64,6 +64,16 @@ def _find_waiting(store: Store, run_id: str, approval_id: str | None) -> Approva
     return approval
 
 
+def _requested_reason(store: Store, approval: ApprovalRecord) -> str:
+    """The reason the approval was asked for, as its `approval_requested` event holds it."""
+    for event in store.list_events(approval.run_id, limit=10_000):
+        if event.type == "approval_requested" and event.payload.get("approval_id") == (
+            approval.approval_id
+        ):
+            return sanitize(str(event.payload.get("reason", "")))
+    return "-"
+
+
 def _hash_of_what_was_shown(approval: ApprovalRecord) -> str:
     # Recomputed from the fields printed, not copied from the row's stored
     # hash: a row edited in the database keeps its old hash, and deciding
@@ -90,6 +100,9 @@ def _decide(
         else:
             for line in review_lines(approval, full=full):
                 output.line(line)
+            if approval.kind.startswith("flow:"):
+                # Why a flow rule holds it: the session and its earlier calls (docs/flows.md).
+                output.line(f"why: {_requested_reason(store, approval)}")
             if verdict == _REJECT and (note is not None or yes or not _at_a_terminal()):
                 # Without a terminal to ask at, an unnamed note is no note.
                 output.line(f"the model will be told: {sanitize(note) if note else '-'}")

@@ -57,6 +57,8 @@ _STARTING_POLICY: Final = {
     "local_mutation": "require_approval",
     "remote_mutation": "require_approval",
     "destructive": "deny",
+    # The lethal trifecta (docs/flows.md): it holds nothing until `classify` labels servers.
+    "flows": [{"after": ["private", "untrusted"], "call": "egress", "outcome": "require_approval"}],
 }
 
 

@@ -79,7 +79,8 @@ def recheck(
     except AgentrtError as exc:
         raise CommandError(sanitize(str(exc)), EXIT_UNUSABLE) from None
     try:
-        policy = proxy_policy(config, store)
+        # The taint each decision was judged under is the recorded one (docs/flows.md).
+        policy = proxy_policy(config, store, replaying=True)
 
         async def replay() -> Recheck:
             return await recheck_store(store, policy, specs, limit=limit, session=wanted)

@@ -403,7 +403,7 @@ class Resuming(Stepping):
             self._record_state(connection, approval, state)
         fresh = ledger.use_approval(
             self.store, connection, approval,
-            self._naming_policy({"outcome": str(decided.outcome)}),
+            self._naming_policy({"outcome": str(decided.outcome)}, decided),
         )  # fmt: skip
         # Now, not when resume began: the policy may have taken a while, and the
         # call that follows relies on a lease taken just before it.

@@ -101,11 +101,17 @@ class Stepping:
             metadata=dict(run.metadata),
         )
 
-    def _naming_policy(self, payload: dict[str, Any]) -> dict[str, Any]:
+    def _naming_policy(
+        self, payload: dict[str, Any], decided: PolicyDecision | None = None
+    ) -> dict[str, Any]:
         """`payload` of an event that records a policy's outcome, naming which rules decided
-        (the policy's declared identity, `policy_id`) when the policy has one."""
+        (the policy's declared identity, `policy_id`) when the policy has one, and what
+        else the decision asked to be recorded (`PolicyDecision.record`)."""
         if isinstance(policy_id := getattr(self.policy, "id", None), str):
             payload["policy_id"] = policy_id
+        if decided is not None and decided.record:
+            for name, value in decided.record.items():
+                payload.setdefault(name, value)  # never over what the gate writes itself
         return payload
 
     def _new_run(
@@ -492,7 +498,7 @@ class Stepping:
         ledger.record_step(
             self.store, connection, run.run_id, step_number, name, args, started,
             self._naming_policy({"step": step_number, "outcome": str(decided.outcome),
-                                 "reason": decided.reason}),
+                                 "reason": decided.reason}, decided),
             executing=decided.outcome is Outcome.ALLOW,
         )  # fmt: skip
         if decided.outcome is Outcome.DENY:

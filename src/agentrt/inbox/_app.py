@@ -280,6 +280,34 @@ def create_app(state: InboxState) -> Any:
             }
         )
 
+    async def clear_taint(request: Request) -> Response:
+        """The operator's reset of a host session's taint: the same function as
+        `agentrt taint clear`, recorded in the chain as `taint_cleared`."""
+        body = await request.body()
+        if len(body) > _MAX_BODY:
+            return _error(413, "the request is too large")
+        try:
+            asked = parse_json(body)
+        except JSONBoundaryError as exc:
+            return _error(400, f"the request is refused: {exc}")
+        if not isinstance(asked, dict):
+            return _error(400, "the request must be a JSON object")
+        host_session, by, note = asked.get("session"), asked.get("by", ""), asked.get("note", "")
+        if not isinstance(host_session, str) or not host_session:
+            return _error(400, "session is required")
+        if not isinstance(by, str) or not isinstance(note, str):
+            return _error(400, "by and note must be text")
+        if len(note) > _MAX_NOTE or len(by) > _MAX_BY:
+            return _error(400, f"a note is at most {_MAX_NOTE} characters, a name {_MAX_BY}")
+        from ..proxy._flows import TaintStore
+
+        labels = await store.run(
+            lambda: TaintStore(store).clear(host_session, by.strip() or state.login, note)
+        )
+        if not labels:
+            return _error(409, f"host session {sanitize(host_session)} holds no taint")
+        return JSONResponse({"session": sanitize(host_session), "labels": list(labels)})
+
     async def stream(request: Request) -> Response:
         async def changes() -> AsyncIterator[bytes]:
             last: tuple[int, int] | None = None
@@ -316,6 +344,7 @@ def create_app(state: InboxState) -> Any:
             Route("/api/runs/{run_id:path}", show_run),
             Route("/api/verify", verify),
             Route("/api/decide", decide, methods=["POST"]),
+            Route("/api/taint/clear", clear_taint, methods=["POST"]),
             Route("/api/stream", stream),
             Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
         ]

@@ -112,9 +112,14 @@ def approval_view(
     presentation = approval.presentation
     warning = presentation.get("warning") if isinstance(presentation, Mapping) else None
     info = tools.get(approval.tool)
+    host_session = run.metadata.get("host_session")
     return {
         "approval_id": sanitize(approval.approval_id),
         "run_id": sanitize(approval.run_id),
+        # The host session whose taint judged the call (docs/flows.md), shown and, raw,
+        # what the page's button clears.
+        "host_session": sanitize(host_session) if host_session is not None else None,
+        "clear_taint": host_session,
         # The raw identifiers the decision names, kept apart from their display form.
         "decide": {"run_id": approval.run_id, "approval_id": approval.approval_id},
         "step": approval.step,

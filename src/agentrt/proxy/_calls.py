@@ -54,6 +54,7 @@ from ..telemetry import trace_context_metadata
 from ..tools import SideEffect, Tool, ToolCall, ToolResult, ToolSpec
 from ._answers import Answer
 from ._conditions import ToolConditions, conditions_by_tool, policy_id
+from ._flows import HOST_SESSION, FlowJudge, Tainting, TaintStore, flows_policy_id
 from ._forward import Forwarded, forwardable
 from ._index import EXECUTED, Action, CallIndex, CallRow, Settled, Verdict, call_key
 from ._offers import resource_outcome, uri_of
@@ -88,9 +89,19 @@ class _Call:
     token: str
     trace: Mapping[str, str] = dataclasses.field(default_factory=dict)
     context: CallContext | None = None
+    # The host session whose taint judges the call; None when no label is in use.
+    host_session: str | None = None
 
     def decision(self) -> Decision:
         return Decision.tool_call(self.spec.name, self.args)
+
+    def metadata(self, session: str, key: str) -> dict[str, str]:
+        """The run's metadata: the host's W3C trace context (so the run's trace continues
+        the host's), the proxy's session, the call's key, and its host session if any."""
+        metadata = {**self.trace, "proxy_session": session, "call_key": key}
+        if self.host_session is not None:
+            metadata[HOST_SESSION] = self.host_session
+        return metadata
 
 
 def new_owner() -> str:
@@ -185,6 +196,7 @@ class ProxyPolicy:
         *,
         tool_outcomes: Mapping[str, Outcome] | None = None,
         fixed: Mapping[str, Mapping[str, str]] | None = None,
+        flows: FlowJudge | None = None,
     ) -> None:
         self.inner = inner
         # A server's `resource_rules`, by the name of its resources/read gate tool
@@ -200,6 +212,13 @@ class ProxyPolicy:
         # A rule's `fixed` values (canonical JSON text) are part of what a person
         # approves: changing one asks again instead of letting an old yes do something new.
         self.fixed = {tool: dict(values) for tool, values in (fixed or {}).items()}
+        # The flow rules and the taint they read, when any server or rule carries a label.
+        self.flows = flows
+
+    def remember_decision(self, run_id: str, step: int, payload: Mapping[str, Any]) -> None:
+        """`agentrt recheck`: the recorded decision of a step, whose taint its replay uses."""
+        if self.flows is not None:
+            self.flows.remember(run_id, step, payload)
 
     async def evaluate(self, request: ToolRequest, run: RunView) -> PolicyDecision:
         if _mutating(request.spec) and any(
@@ -223,7 +242,12 @@ class ProxyPolicy:
                 presentation=presentation,
                 reason="a mutating call's outcome is unknown",
             )
-        decision = await self._by_condition_rule_or_class(request, run)
+        held = None if self.flows is None else await self.flows.taint_of(request, run)
+        decision = await self._by_condition_rule_or_class(request, run, held)
+        if held is not None:
+            assert self.flows is not None
+            # After the class policy and the conditions, and only ever stricter than them.
+            decision = await self.flows.judge(request, run, decision, held)
         fixed = self.fixed.get(request.spec.name)
         if decision.outcome is Outcome.REQUIRE_APPROVAL and fixed:
             capability = dict(decision.capability or {})
@@ -232,10 +256,17 @@ class ProxyPolicy:
         return decision
 
     async def _by_condition_rule_or_class(
-        self, request: ToolRequest, run: RunView
+        self, request: ToolRequest, run: RunView, held: tuple[Tainting, ...] | None = None
     ) -> PolicyDecision:
         conditions = self.conditions.get(request.spec.name)
-        verdict = None if conditions is None else await conditions.decide(request.arguments)
+        verdict = None
+        if conditions is not None:
+            session = {
+                "id": run.metadata.get(HOST_SESSION, ""),
+                "labels": sorted({tainting.label for tainting in held or ()}),
+            }
+            labels = list(self.flows.labels_of(request.spec.name)) if self.flows else []
+            verdict = await conditions.decide(request.arguments, session=session, labels=labels)
         if verdict is None:
             return await self._by_rule_or_class(request, run)
         # Decided in the class policy's own shape, so an approval a condition asks
@@ -277,14 +308,20 @@ class ProxyPolicy:
 
     def may_need_approval(self, spec: ToolSpec) -> bool:
         """Whether a call to `spec` might wait for a person (a condition may always ask one)."""
-        return spec.name in self.conditions or (self.outcome_for(spec) is Outcome.REQUIRE_APPROVAL)
+        return (
+            spec.name in self.conditions
+            or self.outcome_for(spec) is Outcome.REQUIRE_APPROVAL
+            or (self.flows is not None and self.flows.may_hold(spec.name))
+        )
 
 
-def proxy_policy(config: ProxyConfig, store: Store) -> ProxyPolicy:
+def proxy_policy(config: ProxyConfig, store: Store, *, replaying: bool = False) -> ProxyPolicy:
     """The proxy's policy for `config`: its class policy, its conditions, each rule's
-    `outcome` and `fixed` values, and its identity."""
+    `outcome` and `fixed` values, its flow rules over the labels, and its identity
+    (`replaying`: for recheck, judging flows under the recorded taint)."""
     tool_outcomes: dict[str, Outcome] = {}
     fixed: dict[str, dict[str, str]] = {}
+    tool_labels: dict[str, tuple[str, ...]] = {}
     for upstream in config.servers:
         for tool, rule in upstream.rules.items():
             # The final name as `load` gives it: the rename, else `<server>_<tool>`.
@@ -294,13 +331,23 @@ def proxy_policy(config: ProxyConfig, store: Store) -> ProxyPolicy:
                 tool_outcomes[name] = extra.outcome
             if rule.fixed:
                 fixed[name] = dict(rule.fixed)
+            labels = (*upstream.labels, *(extra.labels if extra is not None else ()))
+            if labels:
+                tool_labels[name] = tuple(dict.fromkeys(labels))
+    identity = policy_id(config.policy, config.servers)
+    flows = None
+    if config.labelled:
+        flows = FlowJudge(config.flows, tool_labels, TaintStore(store), replaying=replaying)
+        # Only when labels are in use, so a policy without them keeps its identity.
+        identity = flows_policy_id(identity, config.flows, tool_labels)
     return ProxyPolicy(
         config.policy,
         store,
         conditions_by_tool(config.servers),
-        policy_id(config.policy, config.servers),
+        identity,
         tool_outcomes=tool_outcomes,
         fixed=fixed,
+        flows=flows,
     )
 
 
@@ -393,9 +440,11 @@ class Calls:
         meta: Mapping[str, Any] | None = None,
         *,
         context: CallContext | None = None,
+        host_session: str | None = None,
     ) -> Answer:
         """Answer one `tools/call`; never raises for anything a host or server did.
-        `context` carries the server's progress, log lines and requests back to the host."""
+        `context` carries the server's progress, log lines and requests back to the host;
+        `host_session` names whose taint judges it (only when labels are in use)."""
         spec = self._specs.get(tool)
         if spec is None:
             return Answer.invalid(tool, "there is no tool with this name")
@@ -416,7 +465,13 @@ class Calls:
         mutating = _mutating(spec)
         may_need_approval = self.policy.may_need_approval(spec)
         call = _Call(
-            spec, args, progress, secrets.token_hex(6), trace_context_metadata(meta), context
+            spec,
+            args,
+            progress,
+            secrets.token_hex(6),
+            trace_context_metadata(meta),
+            context,
+            host_session,
         )
         for _attempt in range(3):
             run_id = self.new_run_id()
@@ -497,8 +552,7 @@ class Calls:
                 f"proxy call to {call.spec.name}",
                 call.decision(),
                 run_id=run_id,
-                # The host's W3C trace context, so the run's trace continues the host's.
-                metadata={**call.trace, "proxy_session": self.session, "call_key": key},
+                metadata=call.metadata(self.session, key),
                 admit=admit,
                 on_end=on_end,
                 context=call.context,
@@ -594,8 +648,7 @@ class Calls:
             await self.gate.start(
                 f"proxy call to {call.spec.name}",
                 run_id=row.run_id,
-                # The host's W3C trace context, so the run's trace continues the host's.
-                metadata={**call.trace, "proxy_session": self.session, "call_key": row.call_key},
+                metadata=call.metadata(self.session, row.call_key),
             )
         except RunStateError:
             return None

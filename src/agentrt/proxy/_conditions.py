@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import math
 import os
 import threading
@@ -187,30 +188,47 @@ class ToolConditions:
     side_effect: SideEffect
     conditions: tuple[Condition, ...]
 
-    async def decide(self, arguments: Any) -> ConditionVerdict | None:
-        """The first condition that holds, an error verdict, or None when none holds."""
+    async def decide(
+        self,
+        arguments: Any,
+        *,
+        session: Mapping[str, Any] | None = None,
+        labels: Sequence[str] = (),
+    ) -> ConditionVerdict | None:
+        """The first condition that holds, an error verdict, or None when none holds.
+        `session` (`{"id", "labels"}`) and `labels` (the tool's own) are what a condition
+        sees of information flow (docs/flows.md)."""
         try:
             # The thread is stopped at the deadline; this backstop is for time spent
             # inside one C call (an RE2 search, capped), which the stop cannot cut.
             with anyio.fail_after(EVALUATION_SECONDS * 2):
                 return await anyio.to_thread.run_sync(
-                    self.decide_now, arguments, abandon_on_cancel=True
+                    functools.partial(self.decide_now, arguments, session=session, labels=labels),
+                    abandon_on_cancel=True,
                 )
         except TimeoutError:
             return self._undecidable(f"its conditions took longer than {EVALUATION_SECONDS:g}s")
 
-    def decide_now(self, arguments: Any) -> ConditionVerdict | None:
+    def decide_now(
+        self,
+        arguments: Any,
+        *,
+        session: Mapping[str, Any] | None = None,
+        labels: Sequence[str] = (),
+    ) -> ConditionVerdict | None:
         """`decide` in the calling thread, stopped once EVALUATION_SECONDS are spent."""
         deadline = time.monotonic() + EVALUATION_SECONDS
         try:
             with _deadline(deadline):
-                return self._first_holding(arguments)
+                return self._first_holding(arguments, session, labels)
         except _OutOfTime:
             return self._undecidable(f"its conditions took longer than {EVALUATION_SECONDS:g}s")
 
-    def _first_holding(self, arguments: Any) -> ConditionVerdict | None:
+    def _first_holding(
+        self, arguments: Any, session: Mapping[str, Any] | None, labels: Sequence[str]
+    ) -> ConditionVerdict | None:
         try:
-            activation = self._activation(arguments)
+            activation = self._activation(arguments, session, labels)
         except _Undecidable as exc:
             return self._undecidable(str(exc))
         for position, condition in enumerate(self.conditions):
@@ -223,7 +241,9 @@ class ToolConditions:
                 return ConditionVerdict(condition.outcome, reason)
         return None
 
-    def _activation(self, arguments: Any) -> dict[str, Any]:
+    def _activation(
+        self, arguments: Any, session: Mapping[str, Any] | None, labels: Sequence[str]
+    ) -> dict[str, Any]:
         if len(canonical_json(arguments).encode("utf-8", "surrogatepass")) > MAX_ARGUMENT_BYTES:
             raise _Undecidable(
                 f"the arguments are larger than {MAX_ARGUMENT_BYTES} bytes, "
@@ -235,6 +255,9 @@ class ToolConditions:
             "tool": celtypes.StringType(self.tool),
             "server": celtypes.StringType(self.server),
             "class": celtypes.StringType(str(self.side_effect)),
+            # The host session's taint and this tool's labels (empty without labels).
+            "session": _to_cel(dict(session or {"id": "", "labels": []})),
+            "labels": _to_cel(list(labels)),
         }
 
     def _undecidable(self, why: str) -> ConditionVerdict:

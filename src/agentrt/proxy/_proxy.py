@@ -31,6 +31,7 @@ from ..tools import Tool
 from ._answers import Answer, bounded
 from ._calls import Calls, WatchedTool, new_owner, proxy_policy
 from ._client_requests import asker_for
+from ._flows import host_session_of, new_stdio_session
 from ._forward import Forwarded
 from ._index import CallIndex
 from ._input_required import HostCall, Suspended
@@ -199,6 +200,8 @@ class Proxy:
             forwarded=forwarded,
         )
         self.status = GateStatus(store, self.index, functools.partial(log_line, log))
+        # The host session of this process's stdio host (docs/flows.md), when labels are used.
+        self.stdio_session = new_stdio_session() if config.labelled else None
         self.in_flight = _InFlight()
         # Set while the proxy serves (`_lifecycle.running`): calls are taken only then.
         self.work: TaskGroup | None = None
@@ -218,6 +221,15 @@ class Proxy:
         if self.calls.closing.is_set() or self.work is None:
             return Answer.unrecorded()
         call = HostCall(ctx, tool, arguments)
+        host_session = (
+            None
+            if self.stdio_session is None
+            else host_session_of(
+                getattr(ctx.request, "headers", None),
+                self.stdio_session,
+                self.config.flows.stateless_session,
+            )
+        )
         meta = request_meta or {}
         wants_progress = meta.get("progress_token", meta.get("progressToken")) is not None
 
@@ -269,7 +281,12 @@ class Proxy:
             answer = Answer.unavailable("the gate could not complete this call.")
             try:
                 answer = await self.calls.handle(
-                    tool, arguments, progress, request_meta, context=context
+                    tool,
+                    arguments,
+                    progress,
+                    request_meta,
+                    context=context,
+                    host_session=host_session,
                 )
             except Exception as exc:
                 log_line(self.log, f"agentrt proxy: a call to {sanitize(tool)} failed: "

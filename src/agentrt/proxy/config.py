@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -48,6 +48,7 @@ from ..sanitize import sanitize
 from ..store import is_postgres_url
 from ..tools import SideEffect
 from ._conditions import Condition, compile_when
+from ._flows import Flows, declared_labels, flow_rules, label_list, session_key
 from ._forward import DEFAULT_MAX_RESULT_BYTES, MIN_MAX_RESULT_BYTES
 from ._precondition_rule import Precondition, parse_precondition
 
@@ -94,6 +95,8 @@ _TOP_FIELDS: Final = frozenset(
         "lease_ttl",
         "inbox",
         "telemetry",
+        "labels",
+        "stateless_session",
     }
 )
 _INBOX_FIELDS: Final = frozenset({"listen", "notify", "token_file"})
@@ -117,6 +120,7 @@ _SERVER_FIELDS: Final = frozenset(
         "prompts",
         "resource_rules",
         "client_requests",
+        "labels",
     }
 )
 _CLIENT_REQUESTS: Final = {
@@ -127,7 +131,9 @@ _CLIENT_REQUESTS: Final = {
 }
 _RESOURCE_RULE_FIELDS: Final = frozenset({"uri", "outcome"})
 # Rule fields only the proxy reads; the rest of a rule is checked as a rules file is.
-_PROXY_RULE_FIELDS: Final = frozenset({"repeat_window", "outcome", "precondition", "reconcile"})
+_PROXY_RULE_FIELDS: Final = frozenset(
+    {"repeat_window", "outcome", "precondition", "reconcile", "labels"}
+)
 _RESULT_MODES: Final = frozenset({"as_sent", "flattened"})
 # "0s", "0", "0ms", "0m0s": a duration that is off.
 _ZERO_DURATION: Final = re.compile(r"^(?:0+(?:\.0*)?(?:ns|us|µs|ms|s|m|h)?)+$")
@@ -158,6 +164,8 @@ class ToolRule:
     # A retry of a cut-off call whose state already is its intended result is settled
     # as reconciled instead of asking a person (needs a precondition).
     reconcile: bool = False
+    # Information-flow labels of this one tool, over its server's (docs/flows.md).
+    labels: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +192,8 @@ class UpstreamConfig:
     resource_rules: tuple[tuple[str, Outcome], ...] = ()
     # "elicitation" / "sampling" / "roots" → "forward" | "refuse" | "forward_url".
     client_requests: dict[str, str] = field(default_factory=dict)
+    # Information-flow labels of every tool of the server (docs/flows.md).
+    labels: tuple[str, ...] = ()
 
     def forwards(self, kind: str) -> str:
         """What the operator's rule says for one kind of server request (default refuse)."""
@@ -232,6 +242,16 @@ class ProxyConfig:
     lease_ttl: float = DEFAULT_LEASE_TTL
     inbox: InboxConfig | None = None
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    # The labels and flow rules (docs/flows.md); the default: built-in labels, no rule.
+    flows: Flows = field(default_factory=Flows)
+
+    @property
+    def labelled(self) -> bool:
+        """Whether any server or rule carries a label: only then is taint kept and recorded."""
+        return any(
+            upstream.labels or any(rule.labels for rule in upstream.tool_rules.values())
+            for upstream in self.servers
+        )
 
     def protected_paths(self) -> list[Path]:
         """The files a server must never be pointed at: whoever writes them governs the proxy."""
@@ -347,9 +367,22 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
             )
         seen.add(upstream.server.name)
 
+    known_labels = declared_labels(top["labels"], reader.fail) if "labels" in top else None
+    flows = Flows() if known_labels is None else Flows(labels=known_labels)
+    _check_labels(reader, servers, flows.labels)
     policy: ClassPolicy = DefaultPolicy()
     if "policy" in top:
-        policy = _policy(reader, top["policy"])
+        raw_policy = top["policy"]
+        if isinstance(raw_policy, dict) and "flows" in raw_policy:
+            raw_policy = {name: value for name, value in raw_policy.items() if name != "flows"}
+            flows = dataclasses.replace(
+                flows, rules=flow_rules(top["policy"]["flows"], flows.labels, reader.fail)
+            )
+        policy = _policy(reader, raw_policy)
+    if "stateless_session" in top:
+        flows = dataclasses.replace(
+            flows, stateless_session=session_key(top["stateless_session"], reader.fail)
+        )
 
     def duration(name: str, default: float, *, off: bool = False) -> float:
         return reader.duration(top[name], name, off=off) if name in top else default
@@ -377,6 +410,7 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
         lease_ttl=duration("lease_ttl", DEFAULT_LEASE_TTL),
         inbox=_inbox(reader, top["inbox"]) if "inbox" in top else None,
         telemetry=_telemetry(reader, top["telemetry"]) if "telemetry" in top else TelemetryConfig(),
+        flows=flows,
     )
     _refuse_servers_that_reach_the_operators_files(config)
     return _hide_the_operators_files(config)
@@ -481,6 +515,9 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
         prompts=_prompts(reader, entry.get("prompts", "all"), where),
         resource_rules=_resource_rules(reader, entry.get("resource_rules", []), where),
         client_requests=client_requests,
+        labels=tuple(reader.strings(entry["labels"], f"{where} labels"))
+        if "labels" in entry
+        else (),
     )
 
 
@@ -564,10 +601,13 @@ def _proxy_rule_fields(
             raise ConfigError(
                 f"{reader.path}: {where} reconcile needs a precondition to read the state with"
             )
-        if repeat_window is not None or outcome is not None or precondition is not None:
+        labels: tuple[str, ...] = ()
+        if "labels" in entry:
+            labels = tuple(reader.strings(entry["labels"], f"{where} labels"))
+        if repeat_window is not None or outcome is not None or precondition is not None or labels:
             tool_rules[tool] = ToolRule(
                 repeat_window=repeat_window, outcome=outcome, precondition=precondition,
-                reconcile=reconcile,
+                reconcile=reconcile, labels=labels,
             )  # fmt: skip
         rest[tool] = {
             name: value for name, value in entry.items() if name not in _PROXY_RULE_FIELDS
@@ -589,6 +629,18 @@ def _check_preconditions(
             raise ConfigError(
                 f'{reader.path}: {where}: the rule for "{sanitize(tool)}" has the precondition '
                 f'"{sanitize(read)}", which is not a tool of this server classified read_only'
+            )
+
+
+def _check_labels(reader: _Reader, servers: list[UpstreamConfig], known: Mapping[str, str]) -> None:
+    """Every label a server or rule names is built in or declared at the top: a misspelled
+    `egres` would otherwise leave a sending tool unlabelled."""
+    for upstream in servers:
+        where = f'server "{sanitize(upstream.server.name)}"'
+        label_list(list(upstream.labels), known, f"{where} labels", reader.fail)
+        for tool, rule in upstream.tool_rules.items():
+            label_list(
+                list(rule.labels), known, f'{where} rule "{sanitize(tool)}" labels', reader.fail
             )
 
 

@@ -54,7 +54,7 @@ The rooms, each a module of this package:
 - `_backend.py`: the hooks themselves, what differs between the two;
 - `_times.py`: times as the store writes them.
 
-Nothing above the store writes SQL but its two extensions, and nothing above
+Nothing above the store writes SQL but its extensions, and nothing above
 it catches a database driver's errors (`tests/test_architecture.py`).
 """
 

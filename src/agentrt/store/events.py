@@ -69,6 +69,8 @@ class EventType(enum.StrEnum):
     # A proxied server's requests to the host (`proxy/_client_requests.py`).
     CLIENT_REQUEST = "client_request"
     CLIENT_REQUEST_ANSWERED = "client_request_answered"
+    # The operator cleared a host session's information-flow taint (`proxy/_flows.py`).
+    TAINT_CLEARED = "taint_cleared"
 
 
 class EndReason(enum.StrEnum):

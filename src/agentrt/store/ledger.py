@@ -49,6 +49,7 @@ from .events import (
 )
 
 __all__ = [
+    "TAINT_EVENTS_PREFIX",
     "UNREAD",
     "ApprovalRequest",
     "CallResult",
@@ -56,6 +57,7 @@ __all__ = [
     "RecordedResult",
     "acquire_lease",
     "cancel_run",
+    "clear_taint",
     "deny_step",
     "end_run",
     "executing_step",
@@ -818,6 +820,29 @@ _STATE_EVENTS: Final = (
     + ", ".join(f"'{event}'" for event in TRANSITIONS)
     + ") ORDER BY seq"
 )
+
+
+# -- information-flow taint -------------------------------------------------------
+
+
+TAINT_EVENTS_PREFIX: Final = "taint:"
+"""The chain's name for a host session's events: `taint:<session>` in place of a run id."""
+
+
+def clear_taint(
+    store: Store,
+    connection: Connection,
+    host_session: str,
+    labels: Sequence[str],
+    by: str,
+    note: str,
+) -> None:
+    """The operator cleared `host_session`'s taint (`labels`, what it held); the caller
+    deleted the taint's rows in this transaction."""
+    _append(
+        store, connection, TAINT_EVENTS_PREFIX + host_session, EventType.TAINT_CLEARED,
+        {"session": host_session, "labels": list(labels), "by": by, "note": note},
+    )  # fmt: skip
 
 
 def verify_state(connection: Connection) -> StateReport:

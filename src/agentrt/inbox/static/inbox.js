@@ -136,7 +136,36 @@
     card.querySelectorAll("button[data-verdict]").forEach(function (button) {
       button.addEventListener("click", function () { decide(card, view, button.dataset.verdict); });
     });
+    fill(card, "host_session", view.host_session);
+    if (view.clear_taint) {
+      // The operator's reset of the session's taint (docs/flows.md); the approval stays.
+      const clear = card.querySelector("button[data-clear-taint]");
+      clear.hidden = false;
+      clear.addEventListener("click", function () { clearTaint(card, view, clear); });
+    }
     return card;
+  }
+
+  async function clearTaint(card, view, button) {
+    const outcome = card.querySelector('[data-field="outcome"]');
+    button.disabled = true;
+    try {
+      const cleared = await api("/api/taint/clear", {
+        method: "POST",
+        headers: headers({ "Content-Type": "application/json", "X-CSRF-Token": state.csrf }),
+        body: JSON.stringify({
+          session: view.clear_taint,
+          by: $("by").value,
+          note: card.querySelector('input[name="note"]').value,
+        }),
+      });
+      outcome.className = "outcome ok";
+      outcome.textContent = "cleared " + cleared.labels.join(", ") + " from host session " + cleared.session;
+    } catch (error) {
+      outcome.className = "outcome bad";
+      outcome.textContent = "not cleared: " + error.message;
+      button.disabled = false;
+    }
   }
 
   async function decide(card, view, verdict) {
