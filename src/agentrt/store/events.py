@@ -62,6 +62,8 @@ class EventType(enum.StrEnum):
     # A proxied server's requests to the host (`proxy/_client_requests.py`).
     CLIENT_REQUEST = "client_request"
     CLIENT_REQUEST_ANSWERED = "client_request_answered"
+    # A request the signed approver channel refused (`approver/`).
+    APPROVER_REFUSED = "approver_refused"
 
 
 class EndReason(enum.StrEnum):

@@ -65,6 +65,7 @@ __all__ = [
     "grant",
     "interrupt_step",
     "mark_executing",
+    "record_approver_refusal",
     "record_invalid_step",
     "record_result",
     "record_step",
@@ -699,6 +700,18 @@ def use_approval(
     _append(store, connection, approval.run_id, EventType.RUN_RESUMED,
             {"approval_id": approval.approval_id, **decision})  # fmt: skip
     return store.get_run(approval.run_id)
+
+
+# -- the approver channel ------------------------------------------------------
+
+
+def record_approver_refusal(
+    store: Store, connection: Connection, run_id: str, refusal: Mapping[str, Any]
+) -> None:
+    """A request the signed approver channel refused (`approver_refused`): its status,
+    code, reason, method and path, as the channel bounded them; never its body.
+    `run_id` is the path's run for a request that verified, else empty."""
+    _append(store, connection, run_id, EventType.APPROVER_REFUSED, refusal)
 
 
 # -- the check -----------------------------------------------------------------
