@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -346,3 +347,24 @@ async def test_a_decision_on_an_expired_approval_is_gone(database: str | Path) -
             assert (answer.status_code, answer.json()["code"]) == (410, "expired")
         assert store.get_approval(waiting.approval_id).status is ApprovalStatus.EXPIRED
         assert store.verify_chain().ok and store.verify_state().ok
+
+
+async def test_the_example_client_polls_shows_the_text_and_decides(tmp_path: Path) -> None:
+    from approver_support import secret_file
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "approver_client.py"
+    with open_store(tmp_path / "runs.db") as store:
+        waiting = await waiting_run(store, content="\u202eevil")
+        async with channel(store) as (base, _client):
+            finished = await anyio.run_process(
+                [sys.executable, str(example), base, waiting.run_id, "--secret-file",
+                 str(secret_file(tmp_path)), "--decide", "approve", "--once", "--interval",
+                 "0.2", "--by", "bot"],
+                check=False,
+            )  # fmt: skip
+        output = finished.stdout.decode()
+        assert finished.returncode == 0, finished.stderr.decode()
+        assert "A call waits for approval: write" in output and "\u202e" not in output
+        assert "approve: 202" in output
+        approval = store.get_approval(waiting.approval_id)
+        assert (approval.status, approval.decided_by) == (ApprovalStatus.APPROVED, "bot")
