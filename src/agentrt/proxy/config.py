@@ -49,6 +49,7 @@ from ..store import is_postgres_url
 from ..tools import SideEffect
 from ._conditions import Condition, compile_when
 from ._forward import DEFAULT_MAX_RESULT_BYTES, MIN_MAX_RESULT_BYTES
+from ._notify import NotifyTarget, parse_notify
 
 __all__ = [
     "DEFAULT_APPROVAL_TTL",
@@ -93,6 +94,7 @@ _TOP_FIELDS: Final = frozenset(
         "lease_ttl",
         "inbox",
         "telemetry",
+        "notify",
     }
 )
 _INBOX_FIELDS: Final = frozenset({"listen", "notify", "token_file"})
@@ -225,6 +227,8 @@ class ProxyConfig:
     lease_ttl: float = DEFAULT_LEASE_TTL
     inbox: InboxConfig | None = None
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    # `"notify"`: who is told of approvals, signed, from the outbox (`_notify.py`).
+    notify: tuple[NotifyTarget, ...] = ()
 
     def protected_paths(self) -> list[Path]:
         """The files a server must never be pointed at: whoever writes them governs the proxy."""
@@ -234,6 +238,7 @@ class ProxyConfig:
             paths += [Path(f"{self.database}{suffix}") for suffix in ("-wal", "-shm", "-journal")]
         if self.inbox is not None and self.inbox.token_file is not None:
             paths.append(self.inbox.token_file)  # whoever reads it can decide approvals
+        paths += [target.secret_file for target in self.notify]  # it signs what they are told
         for upstream in self.servers:
             paths.append(upstream.manifest_path)
             if upstream.rules_path is not None:
@@ -370,6 +375,7 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
         lease_ttl=duration("lease_ttl", DEFAULT_LEASE_TTL),
         inbox=_inbox(reader, top["inbox"]) if "inbox" in top else None,
         telemetry=_telemetry(reader, top["telemetry"]) if "telemetry" in top else TelemetryConfig(),
+        notify=parse_notify(top["notify"], config_path) if "notify" in top else (),
     )
     _refuse_servers_that_reach_the_operators_files(config)
     return _hide_the_operators_files(config)

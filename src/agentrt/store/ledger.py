@@ -22,6 +22,7 @@ from ..canonical import canonical_json, parse_json
 from ..errors import LeaseLost, RunLeased, RunStateError
 from ..sanitize import sanitize
 from ._chain import _disagreement
+from ._outbox import enqueue
 from ._records import (
     ApprovalRecord,
     ApprovalStatus,
@@ -90,7 +91,10 @@ def _append(
     store: Store, connection: Connection, run_id: str, event: EventType, payload: Mapping[str, Any]
 ) -> None:
     # The plain string, as every event was always written: the chain hashes it.
-    store.append_event(connection, run_id, event.value, payload)
+    appended = store.append_event(connection, run_id, event.value, payload)
+    if store.outbox is not None:
+        # Its announcement in the same transaction: one fact, never lost (`_outbox.py`).
+        enqueue(store.outbox, connection, appended)
 
 
 def _run_from(event: EventType) -> str:
