@@ -96,6 +96,7 @@ async def test_the_outbox_row_is_written_in_the_transaction_of_its_event(
             store,
             lambda type_, payload: [("r", routes[type_])] if type_ in routes else [],
             lambda: 1.0,
+            ["r"],
         )
         waiting = await waiting_run(store)
         (row,) = outbox_rows(store)
@@ -213,3 +214,30 @@ async def test_a_notification_undelivered_for_its_whole_window_is_recorded_undel
         (row,) = outbox_rows(store)
         assert row.attempts >= 2 and "ConnectError" in row.last_error
         assert row.delivered_at is None
+
+
+async def test_each_target_is_swept_from_its_own_cursor(database: str | Path) -> None:
+    from agentrt.store._outbox import sweep
+
+    everything = ("approval_requested", "approval_granted")
+
+    def route_to(target: str) -> Any:
+        return lambda type_, payload: [(target, type_)] if type_ in everything else []
+
+    with (
+        open_store(database) as first,
+        open_store(database) as second,
+        open_store(database) as deciding,
+    ):
+        enable_outbox(first, route_to("a"), lambda: 1.0, ["a"])
+        waiting = await waiting_run(deciding)  # written by a process that knows no route
+        enable_outbox(second, route_to("b"), lambda: 1.0, ["b"])  # configured after it
+        approve(deciding, waiting.run_id, approval_hash=waiting.approval_hash, by="x")
+        assert first.outbox is not None and second.outbox is not None
+        assert sweep(first, first.outbox) > 0
+        assert sweep(second, second.outbox) > 0
+        assert sweep(first, first.outbox) == 0  # nothing new, nothing written
+        rows = {(row.target, row.topic) for row in outbox_rows(first)}
+        # "a" was configured before the request: both events; "b" only the decision.
+        assert rows == {("a", "approval_requested"), ("a", "approval_granted"),
+                        ("b", "approval_granted")}  # fmt: skip

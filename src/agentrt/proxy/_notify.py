@@ -47,6 +47,7 @@ _FIELDS: Final = frozenset({"url", "secret_file", "events", "format"})
 MAX_AGE: Final = 24 * 3600.0
 """Seconds a notification is retried before it is recorded `undelivered`."""
 _UNKNOWN_OUTCOME_KIND: Final = "unknown_outcome"
+_SWEEP_BATCH: Final = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,9 +232,11 @@ class Notifier:
         if outbox is not None:
             # The events other processes wrote (a decision by `agentrt approve`, the
             # inbox or the approver channel), which they could not announce themselves.
-            await self.store.run(sweep, self.store, outbox)
+            while await self.store.run(sweep, self.store, outbox) == _SWEEP_BATCH:
+                pass
         now = time.time()
-        rows = await self.store.run(claim_due, self.store, now, self.batch, self.timeout + 5)
+        urls = [target.url for target in self.targets]
+        rows = await self.store.run(claim_due, self.store, urls, now, self.batch, self.timeout + 5)
         delivered = 0
         async with anyio.create_task_group() as group:
             for row in rows:
@@ -300,7 +303,9 @@ async def delivering(
         return
     from ..store._outbox import enable_outbox
 
-    await store.run(enable_outbox, store, route_for(targets), time.time)
+    await store.run(
+        enable_outbox, store, route_for(targets), time.time, [target.url for target in targets]
+    )
     notifier = Notifier(store, targets, log)
     async with anyio.create_task_group() as group:
         group.start_soon(notifier.run)

@@ -63,10 +63,12 @@ Route = Callable[[str, Mapping[str, Any]], Sequence[tuple[str, str]]]
 
 @dataclass(frozen=True, slots=True)
 class Outbox:
-    """Which events a store announces, and to whom (`route`)."""
+    """Which events a store announces (`route`), to which targets (`targets`: the ones
+    this process delivers to; the route names no other)."""
 
     route: Route
     clock: Callable[[], float]
+    targets: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,36 +105,45 @@ _ENQUEUE: Final = (
     " next_attempt_at) VALUES (?, ?, ?, ?, 'pending', ?, ?)"
     " ON CONFLICT (event_seq, target) DO NOTHING"
 )
-_CURSOR: Final = "sweep"
 
 
-def enable_outbox(store: Store, route: Route, clock: Callable[[], float]) -> None:
+def enable_outbox(
+    store: Store, route: Route, clock: Callable[[], float], targets: Sequence[str]
+) -> None:
     """Create the outbox's tables (once) and announce, from now on, what `route` names.
 
-    The sweep's cursor starts at the chain's head the first time: what happened
-    before notifications were configured is not announced.
+    Each target's sweep cursor starts at the chain's head the first time that target
+    is configured: what happened before is not announced to it.
     """
     store.migrate_extension("notify", MIGRATIONS)
     with store.transaction() as connection:
-        connection.execute(
-            "INSERT INTO notify_cursor (name, seq)"
-            # (WHERE true: SQLite reads ON CONFLICT after a bare SELECT as a join.)
-            " SELECT ?, COALESCE(MAX(seq), 0) FROM events WHERE true"
-            " ON CONFLICT (name) DO NOTHING",
-            (_CURSOR,),
-        )
-    store.outbox = Outbox(route, clock)
+        for target in targets:
+            connection.execute(
+                "INSERT INTO notify_cursor (name, seq)"
+                # (WHERE true: SQLite reads ON CONFLICT after a bare SELECT as a join.)
+                " SELECT ?, COALESCE(MAX(seq), 0) FROM events WHERE true"
+                " ON CONFLICT (name) DO NOTHING",
+                (target,),
+            )
+    store.outbox = Outbox(route, clock, tuple(targets))
 
 
 def _enqueue(
-    outbox: Outbox, connection: Connection, seq: int, run_id: str, type_: str, payload: Any
+    outbox: Outbox,
+    connection: Connection,
+    seq: int,
+    run_id: str,
+    type_: str,
+    payload: Any,
+    wanted: Callable[[str], bool] | None = None,
 ) -> None:
     pairs = outbox.route(type_, payload)
     if not pairs:
         return
     now = outbox.clock()
     for target, topic in pairs:
-        connection.execute(_ENQUEUE, (seq, target, topic, run_id, now, now))
+        if wanted is None or wanted(target):
+            connection.execute(_ENQUEUE, (seq, target, topic, run_id, now, now))
 
 
 def enqueue(outbox: Outbox, connection: Connection, event: Event) -> None:
@@ -140,47 +151,70 @@ def enqueue(outbox: Outbox, connection: Connection, event: Event) -> None:
     _enqueue(outbox, connection, event.seq, event.run_id, event.type, event.payload)
 
 
+def _cursors(rows: Sequence[Any], targets: Sequence[str]) -> dict[str, int]:
+    found = {str(name): int(seq) for name, seq in rows}
+    return {target: found.get(target, 0) for target in targets}
+
+
 def sweep(store: Store, outbox: Outbox, limit: int = 500) -> int:
-    """Rows for the events after the cursor that have none (written by a process that
-    knows no route), and the cursor moved past them, in one transaction; how many
-    events were read.  A read first: most polls find no new event and write nothing."""
-    position = store._query("SELECT seq FROM notify_cursor WHERE name = ?", (_CURSOR,))
-    after = int(position[0][0]) if position else 0
+    """Rows for the events after each target's cursor that have none (written by a
+    process that knows no route), and the cursors moved past them, in one transaction;
+    how many events were read.  A read first: most polls find no new event and write
+    nothing.  A cursor per target: proxies with other targets sweep for their own."""
+    if not outbox.targets:
+        return 0
+    marks = ", ".join("?" for _ in outbox.targets)
+    cursor_sql = f"SELECT name, seq FROM notify_cursor WHERE name IN ({marks})"
+    cursors = _cursors(store._query(cursor_sql, outbox.targets), outbox.targets)
+    after = min(cursors.values())
     if not store._query("SELECT seq FROM events WHERE seq > ? LIMIT 1", (after,)):
         return 0
     with store.transaction() as connection:
-        row = connection.execute(
-            "SELECT seq FROM notify_cursor WHERE name = ?", (_CURSOR,)
-        ).fetchone()
-        after = int(row[0]) if row else 0
+        cursors = _cursors(connection.execute(cursor_sql, outbox.targets).fetchall(),
+                           outbox.targets)  # fmt: skip
+        after = min(cursors.values())
         events = connection.execute(
             "SELECT seq, run_id, type, payload FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
             (after, limit),
         ).fetchall()
         for seq, run_id, type_, payload in events:
-            _enqueue(outbox, connection, int(seq), str(run_id), str(type_), json.loads(payload))
+            position = int(seq)
+
+            def behind(target: str, position: int = position) -> bool:
+                return cursors.get(target, position) < position
+
+            _enqueue(outbox, connection, position, str(run_id), str(type_),
+                     json.loads(payload), behind)  # fmt: skip
         if events:
-            connection.execute(
-                "UPDATE notify_cursor SET seq = ? WHERE name = ?", (int(events[-1][0]), _CURSOR)
-            )
+            last = int(events[-1][0])
+            for target, position in cursors.items():
+                if position < last:
+                    connection.execute(
+                        "UPDATE notify_cursor SET seq = ? WHERE name = ?", (last, target)
+                    )
     return len(events)
 
 
-def claim_due(store: Store, now: float, limit: int, lease: float) -> list[OutboxRow]:
-    """Rows due for an attempt, claimed for `lease` seconds (another process skips them).
-
-    A read first: most polls find nothing due and write nothing.
+def claim_due(
+    store: Store, targets: Sequence[str], now: float, limit: int, lease: float
+) -> list[OutboxRow]:
+    """Rows for `targets` due for an attempt, claimed for `lease` seconds (another
+    process skips them).  A read first: most polls find nothing due and write nothing.
     """
+    if not targets:
+        return []
+    marks = ", ".join("?" for _ in targets)
     due_sql = (
         f"SELECT {_COLUMNS} FROM notify_outbox WHERE state = 'pending'"
         " AND next_attempt_at <= ? AND (claimed_until IS NULL OR claimed_until <= ?)"
-        " ORDER BY event_seq LIMIT ?"
+        f" AND target IN ({marks}) ORDER BY event_seq LIMIT ?"
     )
-    if not store._query(due_sql, (now, now, limit)):
+    parameters = (now, now, *targets, limit)
+    if not store._query(due_sql, parameters):
         return []
     claimed: list[OutboxRow] = []
     with store.transaction() as connection:
-        for raw in connection.execute(due_sql, (now, now, limit)).fetchall():
+        for raw in connection.execute(due_sql, parameters).fetchall():
             row = _row(raw)
             cursor = connection.execute(
                 "UPDATE notify_outbox SET claimed_until = ? WHERE event_seq = ? AND target = ?"
