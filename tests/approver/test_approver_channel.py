@@ -313,6 +313,13 @@ async def test_decisions_that_name_another_run_or_hash_or_a_decided_approval_are
                 signed_request("GET", f"{base}/runs/{waiting.run_id}/elsewhere", secret=SECRET)
             )
             assert (nowhere.status_code, nowhere.json()["code"]) == (404, "not_found")
+            wrong_method = await client.send(
+                signed_request("DELETE", base + _path(waiting), secret=SECRET)
+            )
+            assert (wrong_method.status_code, wrong_method.json()["code"]) == (
+                405,
+                "method_not_allowed",
+            )
             _unchanged(store, waiting, before)
             _unchanged(store, other, before)
             first = await post(_path(decided, "approve"), _decision(decided))
@@ -328,6 +335,7 @@ async def test_decisions_that_name_another_run_or_hash_or_a_decided_approval_are
             (400, "bad_request"),
             (400, "bad_request"),
             (404, "not_found"),
+            (405, "method_not_allowed"),
             (409, "not_pending"),
         ]
         assert store.verify_chain().ok and store.verify_state().ok

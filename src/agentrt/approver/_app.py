@@ -275,19 +275,19 @@ def approver_app(store: Store, secret: bytes, limits: ChannelLimits | None = Non
         run = await store.run(functools.partial(approver.cancel, by=fields.get("by") or "approver"))
         return JSONResponse({"run_id": run.run_id, "status": str(run.status), "reason": run.reason})
 
-    async def not_found(request: Request, exc: Exception) -> Response:
-        # A path no route serves is refused like any other, after the same checks.
-        try:
-            await _verified_body(channel, request)
-        except ApproverRefusal as refusal:
-            await channel.record_refusal(request, refusal, verified=False)
+    def unrouted(refusal: ApproverRefusal) -> Callable[[Request, Exception], Awaitable[Response]]:
+        async def refuse(request: Request, exc: Exception) -> Response:
+            # A path or method no route serves is refused like any other request, after
+            # the same checks (an unsigned one is told only that), and recorded.
+            try:
+                await _verified_body(channel, request)
+            except ApproverRefusal as unverified:
+                await channel.record_refusal(request, unverified, verified=False)
+                return _error(unverified)
+            await channel.record_refusal(request, refusal, verified=True)
             return _error(refusal)
-        missing = ApproverRefusal(404, "not_found", "no such run or approval")
-        await channel.record_refusal(request, missing, verified=True)
-        return _error(missing)
 
-    async def not_allowed(request: Request, exc: Exception) -> Response:
-        return _error(ApproverRefusal(405, "method_not_allowed", "this path takes another method"))
+        return refuse
 
     base = "/runs/{run_id}"
     return Starlette(
@@ -306,5 +306,10 @@ def approver_app(store: Store, secret: bytes, limits: ChannelLimits | None = Non
             ),
             Route(f"{base}/cancel", endpoint(cancel), methods=["POST"]),
         ],
-        exception_handlers={404: not_found, 405: not_allowed},
+        exception_handlers={
+            404: unrouted(ApproverRefusal(404, "not_found", "no such run or approval")),
+            405: unrouted(
+                ApproverRefusal(405, "method_not_allowed", "this path takes another method")
+            ),
+        },
     )
