@@ -249,7 +249,7 @@ async def test_a_burst_over_the_rate_is_refused_before_the_body_is_read(
     with open_store(database) as store:
         waiting = await waiting_run(store)
         before = store.head_seq()
-        limits = ChannelLimits(rate=0.5, burst=5)
+        limits = ChannelLimits(rate=0.1, burst=5)
         async with channel(store, limits) as (base, client):
             url = f"{base}/runs/{waiting.run_id}/approvals"
             answers = [

@@ -41,6 +41,7 @@ def approver_process(database: Path, secret: Path, root: Path) -> Iterator[str]:
         errors.close()
 
 
+@pytest.mark.slow
 async def test_the_channel_approves_what_a_real_host_waits_on_and_the_call_then_runs(
     tmp_path: Path,
 ) -> None:
