@@ -241,3 +241,20 @@ async def test_each_target_is_swept_from_its_own_cursor(database: str | Path) ->
         # "a" was configured before the request: both events; "b" only the decision.
         assert rows == {("a", "approval_requested"), ("a", "approval_granted"),
                         ("b", "approval_granted")}  # fmt: skip
+
+
+async def test_a_notifier_that_cannot_deliver_says_so_once_a_minute(tmp_path: Path) -> None:
+    import io
+
+    from agentrt.proxy._notify import Notifier
+
+    receiver = Receiver(b"l" * 40)
+    log = io.StringIO()
+    with open_store(tmp_path / "runs.db") as store:
+        # No outbox tables: every round fails on the database.
+        notifier = Notifier(store, [_target(receiver, tmp_path)], log, poll=0.05)
+        with anyio.move_on_after(0.5):
+            await notifier.run()
+    lines = [line for line in log.getvalue().splitlines() if line]
+    assert len(lines) == 1 and lines[0].startswith("agentrt proxy: notifications: "), lines
+    assert "notify_outbox" in lines[0]

@@ -48,6 +48,7 @@ MAX_AGE: Final = 24 * 3600.0
 """Seconds a notification is retried before it is recorded `undelivered`."""
 _UNKNOWN_OUTCOME_KIND: Final = "unknown_outcome"
 _SWEEP_BATCH: Final = 500
+_SAY_AGAIN_AFTER: Final = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,9 +220,22 @@ class Notifier:
         async with httpx2.AsyncClient(
             timeout=self.timeout, follow_redirects=False, trust_env=False
         ) as client:
+            said_at = -_SAY_AGAIN_AFTER
             while True:
-                with contextlib.suppress(Exception):
+                try:
                     await self.deliver_due(client)
+                except Exception as exc:  # a busy database, a vanished file: next poll
+                    # Said, at most once a minute: a notifier that silently never
+                    # delivers would be worse than none.
+                    if self.log is not None and time.monotonic() - said_at >= _SAY_AGAIN_AFTER:
+                        said_at = time.monotonic()
+                        from ._log import log_line
+
+                        log_line(
+                            self.log,
+                            "agentrt proxy: notifications: "
+                            + sanitize(f"{type(exc).__name__}: {exc}")[:300],
+                        )
                 await anyio.sleep(self.poll)
 
     async def deliver_due(self, client: httpx2.AsyncClient) -> int:
