@@ -551,6 +551,66 @@ async def flow_held_and_taint_cleared(scenario: Scenario) -> None:
     assert len(send.calls) == 1
 
 
+async def _asgi_request(
+    app: Any, method: str, path: str, headers: dict[str, str], body: bytes
+) -> int:
+    """One request through an ASGI app in process (no socket: nothing of the network
+    reaches the trace); the status it answered."""
+    sent = False
+    status = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+        "headers": [(name.lower().encode(), value.encode()) for name, value in headers.items()],
+    }  # fmt: skip
+    await app(scope, receive, send)
+    return status
+
+
+async def approver_refused(scenario: Scenario) -> None:
+    """The signed approver channel refuses an unsigned decision and a signed one with a
+    hash that was not shown (`approver_refused`), then takes a signed approval."""
+    from agentrt.approver import approver_app, signed_request
+
+    gate, run_id, shown = await _waiting(scenario)
+    store = gate.store
+    approval = store.latest_approval(run_id)
+    assert approval is not None
+    secret = b"golden-secret-golden-secret-golden-secret"
+    app = approver_app(store, secret)
+    path = f"/runs/{run_id}/approvals/{approval.approval_id}/approve"
+    decision = {"run_id": run_id, "approval_id": approval.approval_id, "by": "alice"}
+    for name, shown_hash, signing in (
+        ("unsigned approve", shown, None),
+        ("approve a hash not shown", "0" * 64, secret),
+        ("approve", shown, secret),
+    ):
+        scenario.world.advance(1)
+        body = json.dumps({**decision, "hash": shown_hash}).encode()
+        headers = {"content-type": "application/json", "content-length": str(len(body))}
+        if signing is not None:
+            request = signed_request("POST", f"http://approver{path}", secret=signing, content=body)
+            headers.update(
+                {name: value for name, value in request.headers.items() if name.startswith("x-")}
+            )
+        scenario.trace.action(name)
+        scenario.trace.returned(str(await _asgi_request(app, "POST", path, headers, body)))
+
+
 # The scenarios and whether each runs on PostgreSQL (only those whose clock the test
 # controls there: the server's clock judges leases and grants, and the test cannot move it).
 SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
@@ -568,6 +628,7 @@ SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
     "unknown_outcome": (unknown_outcome, True),
     "stale": (stale, True),
     "flow_held_and_taint_cleared": (flow_held_and_taint_cleared, True),
+    "approver_refused": (approver_refused, True),
 }
 
 

@@ -28,6 +28,7 @@ _COMMANDS: Final = {
     "cancel": "._decide:cancel",
     "verify": "._inspect:verify",
     "inbox": "._inbox:inbox",
+    "approver": "._approver:approver",
     "export": "._export:export",
     "init": "._init:init",
     "pin": "._servers:pin",

@@ -297,9 +297,12 @@ async def _serve_config(
 
             proxy = Proxy(config, store, tools, stream, offered)
             server = Handlers(proxy).server()
+            from ._notify import delivering
+
             async with (
                 running(proxy),
                 _serving_inbox(config, proxy, [tool for tool, _ in tools], servers_of, stream),
+                delivering(store, config.notify, stream),
             ):
                 if address is not None and listener is not None:
                     from ._http import serve_http

@@ -50,6 +50,7 @@ from ..tools import SideEffect
 from ._conditions import Condition, compile_when
 from ._flows import Flows, declared_labels, flow_rules, label_list, session_key
 from ._forward import DEFAULT_MAX_RESULT_BYTES, MIN_MAX_RESULT_BYTES
+from ._notify import NotifyTarget, parse_notify
 from ._precondition_rule import Precondition, parse_precondition
 
 __all__ = [
@@ -97,6 +98,7 @@ _TOP_FIELDS: Final = frozenset(
         "telemetry",
         "labels",
         "stateless_session",
+        "notify",
     }
 )
 _INBOX_FIELDS: Final = frozenset({"listen", "notify", "token_file"})
@@ -253,6 +255,9 @@ class ProxyConfig:
             for upstream in self.servers
         )
 
+    # `"notify"`: who is told of approvals, signed, from the outbox (`_notify.py`).
+    notify: tuple[NotifyTarget, ...] = ()
+
     def protected_paths(self) -> list[Path]:
         """The files a server must never be pointed at: whoever writes them governs the proxy."""
         paths = [self.path]
@@ -261,6 +266,7 @@ class ProxyConfig:
             paths += [Path(f"{self.database}{suffix}") for suffix in ("-wal", "-shm", "-journal")]
         if self.inbox is not None and self.inbox.token_file is not None:
             paths.append(self.inbox.token_file)  # whoever reads it can decide approvals
+        paths += [target.secret_file for target in self.notify]  # it signs what they are told
         for upstream in self.servers:
             paths.append(upstream.manifest_path)
             if upstream.rules_path is not None:
@@ -411,6 +417,7 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
         inbox=_inbox(reader, top["inbox"]) if "inbox" in top else None,
         telemetry=_telemetry(reader, top["telemetry"]) if "telemetry" in top else TelemetryConfig(),
         flows=flows,
+        notify=parse_notify(top["notify"], config_path) if "notify" in top else (),
     )
     _refuse_servers_that_reach_the_operators_files(config)
     return _hide_the_operators_files(config)

@@ -46,6 +46,8 @@ The rooms, each a module of this package:
 - `_records.py`: the statuses, the records and reports, the row mappers;
 - `_chain.py`: hashing and appending events, `verify_chain`, `verify_state`;
 - `_anchor.py`: the head anchor, written after each commit and checked at opening;
+- `_outbox.py`: the notification outbox (the `notify` extension), written by the
+  ledger with the event it announces once a route is enabled, and its sweep;
 - `_schema.py`: the core migrations and the extensions' own (the proxy's call
   index, `proxy/_index.py`; the accounting, `accounting.py`);
 - `_open.py`: `open_store`, for a file or a URL;

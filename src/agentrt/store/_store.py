@@ -26,6 +26,7 @@ from ._anchor import _AnchorFile, _Anchoring
 from ._backend import Backend, Busy
 from ._chain import _Chain
 from ._group_commit import _Unit, _Writer
+from ._outbox import Outbox
 from ._reads import _Reads
 from ._records import Connection, Event
 from ._schema import _Extensions
@@ -79,6 +80,8 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         self._lock_waiters = 0
         self.commits = 0
         """COMMITs this store's connection has made (each one fsync of the WAL)."""
+        self.outbox: Outbox | None = None
+        """Which events this store announces (`_outbox.enable_outbox`); None: none."""
 
     # -- off the event loop --------------------------------------------------
 

@@ -71,6 +71,8 @@ class EventType(enum.StrEnum):
     CLIENT_REQUEST_ANSWERED = "client_request_answered"
     # The operator cleared a host session's information-flow taint (`proxy/_flows.py`).
     TAINT_CLEARED = "taint_cleared"
+    # A request the signed approver channel refused (`approver/`).
+    APPROVER_REFUSED = "approver_refused"
 
 
 class EndReason(enum.StrEnum):

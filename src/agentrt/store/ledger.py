@@ -22,6 +22,7 @@ from ..canonical import canonical_json, parse_json
 from ..errors import LeaseLost, RunLeased, RunStateError
 from ..sanitize import sanitize
 from ._chain import _disagreement
+from ._outbox import enqueue
 from ._records import (
     ApprovalRecord,
     ApprovalStatus,
@@ -68,6 +69,7 @@ __all__ = [
     "interrupt_step",
     "mark_executing",
     "reconcile_step",
+    "record_approver_refusal",
     "record_invalid_step",
     "record_result",
     "record_state_read",
@@ -94,7 +96,10 @@ def _append(
     store: Store, connection: Connection, run_id: str, event: EventType, payload: Mapping[str, Any]
 ) -> None:
     # The plain string, as every event was always written: the chain hashes it.
-    store.append_event(connection, run_id, event.value, payload)
+    appended = store.append_event(connection, run_id, event.value, payload)
+    if store.outbox is not None:
+        # Its announcement in the same transaction: one fact, never lost (`_outbox.py`).
+        enqueue(store.outbox, connection, appended)
 
 
 def _run_from(event: EventType) -> str:
@@ -811,6 +816,18 @@ def reconcile_step(
             {"step": step, "tool": tool, "content": content})  # fmt: skip
     if terminal:
         end_run(store, connection, run_id, RunStatus.COMPLETED, EndReason.COMPLETED, content)
+
+
+# -- the approver channel ------------------------------------------------------
+
+
+def record_approver_refusal(
+    store: Store, connection: Connection, run_id: str, refusal: Mapping[str, Any]
+) -> None:
+    """A request the signed approver channel refused (`approver_refused`): its status,
+    code, reason, method and path, as the channel bounded them; never its body.
+    `run_id` is the path's run for a request that verified, else empty."""
+    _append(store, connection, run_id, EventType.APPROVER_REFUSED, refusal)
 
 
 # -- the check -----------------------------------------------------------------
