@@ -54,6 +54,7 @@ from ..tools import SideEffect, Tool, ToolCall, ToolResult, ToolSpec
 from ._answers import Answer
 from ._conditions import ToolConditions, conditions_by_tool, policy_id
 from ._forward import Forwarded, forwardable
+from ._grants import GrantCover
 from ._index import EXECUTED, Action, CallIndex, CallRow, Settled, Verdict, call_key
 from ._offers import resource_outcome, uri_of
 from .config import ProxyConfig
@@ -199,6 +200,8 @@ class ProxyPolicy:
         # A rule's `fixed` values (canonical JSON text) are part of what a person
         # approves: changing one asks again instead of letting an old yes do something new.
         self.fixed = {tool: dict(values) for tool, values in (fixed or {}).items()}
+        # The session's standing grants, when the configuration allows them (`_grants.py`).
+        self.grants: GrantCover | None = None
 
     async def evaluate(self, request: ToolRequest, run: RunView) -> PolicyDecision:
         if _mutating(request.spec) and any(
@@ -228,6 +231,8 @@ class ProxyPolicy:
             capability = dict(decision.capability or {})
             capability["fixed"] = dict(sorted(fixed.items()))
             decision = dataclasses.replace(decision, capability=capability)
+        if self.grants is not None:
+            decision = await self.grants.cover(request, run, decision)
         return decision
 
     async def _by_condition_rule_or_class(

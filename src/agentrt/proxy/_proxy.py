@@ -28,10 +28,11 @@ from ..policy import Outcome
 from ..sanitize import sanitize
 from ..store import Store
 from ..tools import Tool
-from ._answers import Answer, bounded
+from ._answers import Answer, bounded, listed_output_schema
 from ._calls import Calls, WatchedTool, new_owner, proxy_policy
 from ._client_requests import asker_for
 from ._forward import Forwarded
+from ._grants import GrantCover
 from ._index import CallIndex
 from ._input_required import HostCall, Suspended
 from ._log import log_line
@@ -120,7 +121,10 @@ class Proxy:
                 repeat_windows[name] = extra.repeat_window
             if isinstance(tool, ServerTool):
                 schema = plain_json(tool.output_schema) if as_sent and tool.output_schema else None
-                self.listed[name] = (tool.title, schema)
+                self.listed[name] = (
+                    tool.title,
+                    None if schema is None else listed_output_schema(schema),
+                )
             watched.append(
                 WatchedTool(
                     tool,
@@ -165,6 +169,12 @@ class Proxy:
         # Conditions, each rule's `outcome` and `fixed` values, and the policy's identity.
         self.policy = proxy_policy(config, store)
         self.policy.resource_rules = resource_rules
+        self.server_names = _servers_by_tool(config)
+        if config.standing_grants is not None:
+            self.policy.grants = GrantCover(
+                store, config.session, config.standing_grants, self.server_names
+            )
+            self.policy.grants.record_limits()
         self.gate = Gate(
             store,
             watched,
@@ -276,3 +286,14 @@ class Proxy:
         self.call_tasks.add(task)
         task.add_done_callback(self.call_tasks.discard)
         return call
+
+
+def _servers_by_tool(config: ProxyConfig) -> dict[str, str]:
+    """The server of each final tool name, as `load` names the tool."""
+    return {
+        rule.rename if rule.rename is not None else f"{upstream.server.name}_{tool}": (
+            upstream.server.name
+        )
+        for upstream in config.servers
+        for tool, rule in upstream.rules.items()
+    }

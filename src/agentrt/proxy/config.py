@@ -45,7 +45,7 @@ from ..mcp import (
 )
 from ..policy import ClassPolicy, DefaultPolicy, Outcome
 from ..sanitize import sanitize
-from ..store import is_postgres_url
+from ..store import GrantLimits, is_postgres_url
 from ..tools import SideEffect
 from ._conditions import Condition, compile_when
 from ._forward import DEFAULT_MAX_RESULT_BYTES, MIN_MAX_RESULT_BYTES
@@ -93,10 +93,12 @@ _TOP_FIELDS: Final = frozenset(
         "lease_ttl",
         "inbox",
         "telemetry",
+        "standing_grants",
     }
 )
 _INBOX_FIELDS: Final = frozenset({"listen", "notify", "token_file"})
 _TELEMETRY_FIELDS: Final = frozenset({"otlp_endpoint", "content"})
+_STANDING_GRANT_FIELDS: Final = frozenset({"max_for", "max_calls", "destructive"})
 _SERVER_FIELDS: Final = frozenset(
     {
         "name",
@@ -225,6 +227,8 @@ class ProxyConfig:
     lease_ttl: float = DEFAULT_LEASE_TTL
     inbox: InboxConfig | None = None
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    # The operator's maximum for standing grants; None: no grant may be given.
+    standing_grants: GrantLimits | None = None
 
     def protected_paths(self) -> list[Path]:
         """The files a server must never be pointed at: whoever writes them governs the proxy."""
@@ -370,6 +374,9 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
         lease_ttl=duration("lease_ttl", DEFAULT_LEASE_TTL),
         inbox=_inbox(reader, top["inbox"]) if "inbox" in top else None,
         telemetry=_telemetry(reader, top["telemetry"]) if "telemetry" in top else TelemetryConfig(),
+        standing_grants=(
+            _standing_grants(reader, top["standing_grants"]) if "standing_grants" in top else None
+        ),
     )
     _refuse_servers_that_reach_the_operators_files(config)
     return _hide_the_operators_files(config)
@@ -549,6 +556,23 @@ def _proxy_rule_fields(
             name: value for name, value in entry.items() if name not in _PROXY_RULE_FIELDS
         }
     return rest, tool_rules
+
+
+def _standing_grants(reader: _Reader, raw: Any) -> GrantLimits:
+    entry = reader.object(raw, "standing_grants", _STANDING_GRANT_FIELDS)
+    if "max_for" not in entry:
+        raise reader.fail("standing_grants.max_for", "is required (the longest a grant may last)")
+    max_calls = (
+        reader.count(entry["max_calls"], "standing_grants.max_calls")
+        if "max_calls" in entry
+        else None
+    )
+    destructive = entry.get("destructive", False)
+    if not isinstance(destructive, bool):
+        raise reader.fail("standing_grants.destructive", "must be true or false")
+    return GrantLimits(
+        reader.duration(entry["max_for"], "standing_grants.max_for"), max_calls, destructive
+    )
 
 
 def _inbox(reader: _Reader, raw: Any) -> InboxConfig:

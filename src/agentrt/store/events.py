@@ -62,6 +62,12 @@ class EventType(enum.StrEnum):
     # A proxied server's requests to the host (`proxy/_client_requests.py`).
     CLIENT_REQUEST = "client_request"
     CLIENT_REQUEST_ANSWERED = "client_request_answered"
+    # A standing grant's (`store/_grants.py`): given with an approval, used by a call it
+    # covers, revoked by a person, or found past its time.
+    STANDING_GRANT_GIVEN = "standing_grant_given"
+    STANDING_GRANT_USED = "standing_grant_used"
+    STANDING_GRANT_REVOKED = "standing_grant_revoked"
+    STANDING_GRANT_EXPIRED = "standing_grant_expired"
 
 
 class EndReason(enum.StrEnum):
