@@ -21,7 +21,6 @@ from .store import (
     RunStatus,
     Store,
     ledger,
-    migrate_grants,
     utc_at,
 )
 
@@ -80,12 +79,10 @@ def approve(
     the recorded request.  An expired approval cancels the run instead.  With
     `grant`, a standing grant is given in the same transaction (`grants.py`): its
     scope must be within the operator's maximum and still hash to
-    `grant.scope_hash`, or nothing is decided (`GrantRefused`).
+    `grant.scope_hash`, or nothing is decided (`GrantRefused`).  (A grant within an
+    operator's maximum finds the grants tables there: the maximum is kept in them.)
     """
     now = time.time()
-    if grant is not None:
-        # Checked before the write, so a refused grant leaves everything as it was.
-        migrate_grants(store)
     with store.transaction() as connection:
         approval = _load_waiting(connection, store, run_id, approval_id)
         if ledger.expire_approval_if_due(store, connection, approval, now):

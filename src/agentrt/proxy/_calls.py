@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 import anyio
 
@@ -59,6 +59,9 @@ from ._index import EXECUTED, Action, CallIndex, CallRow, Settled, Verdict, call
 from ._offers import resource_outcome, uri_of
 from .config import ProxyConfig
 
+if TYPE_CHECKING:
+    from ._host_approval import HostAsk
+
 __all__ = [
     "UNKNOWN_OUTCOME",
     "Calls",
@@ -88,6 +91,8 @@ class _Call:
     token: str
     trace: Mapping[str, str] = dataclasses.field(default_factory=dict)
     context: CallContext | None = None
+    # Asks the host's user about the call's approval (`_host_approval.py`), when allowed.
+    host_ask: HostAsk | None = None
 
     def decision(self) -> Decision:
         return Decision.tool_call(self.spec.name, self.args)
@@ -363,6 +368,9 @@ class Calls:
     def specs(self) -> Sequence[ToolSpec]:
         return list(self._specs.values())
 
+    def spec_of(self, tool: str) -> ToolSpec | None:
+        return self._specs.get(tool)
+
     def new_run_id(self) -> str:
         return f"{self.session}.{secrets.token_hex(8)}"
 
@@ -397,9 +405,11 @@ class Calls:
         meta: Mapping[str, Any] | None = None,
         *,
         context: CallContext | None = None,
+        host_ask: HostAsk | None = None,
     ) -> Answer:
         """Answer one `tools/call`; never raises for anything a host or server did.
-        `context` carries the server's progress, log lines and requests back to the host."""
+        `context` carries the server's progress, log lines and requests back to the host;
+        `host_ask`, when given, asks the host's user to decide a call that waits."""
         spec = self._specs.get(tool)
         if spec is None:
             return Answer.invalid(tool, "there is no tool with this name")
@@ -420,8 +430,9 @@ class Calls:
         mutating = _mutating(spec)
         may_need_approval = self.policy.may_need_approval(spec)
         call = _Call(
-            spec, args, progress, secrets.token_hex(6), trace_context_metadata(meta), context
-        )
+            spec, args, progress, secrets.token_hex(6), trace_context_metadata(meta), context,
+            host_ask,
+        )  # fmt: skip
         for _attempt in range(3):
             run_id = self.new_run_id()
             decide = functools.partial(
@@ -709,6 +720,9 @@ class Calls:
         if approval.status is ApprovalStatus.PENDING:
             # A restarted proxy collecting an approved request must not call it waiting.
             self.announce(approval)
+            if call.host_ask is not None:
+                # The host's user decides here and now, or leaves it waiting (cancel).
+                await call.host_ask(approval)
         deadline = time.monotonic() + self.hold
         next_progress = time.monotonic()
         while True:

@@ -205,6 +205,10 @@ class Proxy:
         self.call_tasks: set[asyncio.Task[None]] = set()
         # The level a host set with logging/setLevel; None forwards no server logging.
         self.log_level: str | None = None
+        # Approve in the host (`_host_approval.py`): only when configured, and only while the
+        # proxy serves one host (stdio; `_lifecycle` says so), never many principals.
+        self.host_approval = config.approve_in_host
+        self.single_host = False
 
     def start(
         self,
@@ -265,11 +269,18 @@ class Proxy:
             on_run=runs.append,
         )
 
+        spec = self.calls.spec_of(tool)
+        host_ask = (
+            self.host_approval.asker(self.store, ctx, spec, self.server_names.get(tool), self.log)
+            if self.host_approval is not None and self.single_host and spec is not None
+            else None
+        )
+
         async def work() -> None:
             answer = Answer.unavailable("the gate could not complete this call.")
             try:
                 answer = await self.calls.handle(
-                    tool, arguments, progress, request_meta, context=context
+                    tool, arguments, progress, request_meta, context=context, host_ask=host_ask
                 )
             except Exception as exc:
                 log_line(self.log, f"agentrt proxy: a call to {sanitize(tool)} failed: "
