@@ -17,6 +17,7 @@ from mcp.client.streamable_http import streamable_http_client
 from proxy_helpers import RULES, ProxySetup, build_setup, text_of
 from test_proxy_hosts import http_proxy
 
+from agentrt import grants
 from agentrt.proxy import ConfigError, load_config
 from agentrt.store import ApprovalStatus, open_store
 
@@ -183,3 +184,48 @@ def test_a_wrong_approve_in_host_field_is_refused_naming_it(
     path.chmod(0o600)
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
         load_config(path)
+
+
+async def test_approve_and_grant_in_the_host_gives_the_grant_whose_scope_the_message_showed(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(
+        tmp_path, approve_in_host=True, standing_grants={"max_for": "1h", "max_calls": 2}
+    )
+    asked: list[Any] = []
+
+    async def answer(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params)
+        return types.ElicitResult(action="accept", content={"decision": "approve_and_grant"})
+
+    async with host_asked(setup, answer) as session:
+        first = await session.call_tool("up_send_mail", {"to": "a@example.org", "body": "1"})
+        second = await session.call_tool("up_send_mail", {"to": "b@example.org", "body": "2"})
+    assert first.is_error is False and second.is_error is False
+    assert setup.executions() == ["send_mail a@example.org", "send_mail b@example.org"]
+    [params] = asked  # the second call ran under the grant: nobody was asked
+    assert params.requested_schema["properties"]["decision"]["enum"] == [
+        "approve", "approve_and_grant", "reject",
+    ]  # fmt: skip
+    with open_store(setup.database, create=False) as store:
+        [grant] = grants.list_grants(store, include_ended=True)
+    assert f"grant scope hash: {grant.scope_hash}" in params.message
+    assert grant.given_by == "host:desk-host" and grant.calls_left == 1
+
+
+async def test_the_host_is_offered_no_grant_where_none_may_be_given(tmp_path: Path) -> None:
+    setup = await build_setup(tmp_path, approve_in_host=True)
+    asked: list[Any] = []
+
+    async def answer(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params)
+        return types.ElicitResult(action="accept", content={"decision": "approve_and_grant"})
+
+    async with host_asked(setup, answer) as session:
+        held = await session.call_tool("up_send_mail", {"to": "a@example.org", "body": "1"})
+    [params] = asked
+    assert params.requested_schema["properties"]["decision"]["enum"] == ["approve", "reject"]
+    assert "standing grant" not in params.message
+    # An answer the form did not offer decides nothing: the approval still waits.
+    assert text_of(held).startswith("PENDING_APPROVAL: ")
+    assert setup.executions() == []

@@ -3,7 +3,9 @@
 Opt-in (`"approve_in_host": true` in the configuration).  When a call waits for
 a person and its host advertised form elicitation, the proxy asks the host's
 user the same sanitized, hash-bound view `agentrt approve` prints (the tool, its
-server, the change, the reason) with approve / reject and a note.  The answer is
+server, the change, the reason) with approve / reject and a note, and, where a
+standing grant may be given, approve-and-grant at the operator's maximum, its
+scope and hash shown in the message.  The answer is
 an operator's decision like any other, recorded through `approvals.py` `by`
 `host:<the host's client name>` against the hash of what was shown: approve →
 the call runs in the same request; reject → rejected with the note; decline →
@@ -28,6 +30,7 @@ from mcp.server.context import ServerRequestContext
 
 from .. import approvals
 from ..errors import AgentrtError
+from ..grants import GrantRequest, GrantScope, grant_scope
 from ..inbox.review import displayed_hash
 from ..sanitize import sanitize
 from ..store import ApprovalRecord, ApprovalStatus, Store
@@ -91,13 +94,17 @@ class HostApproval:
 
         async def ask(approval: ApprovalRecord) -> None:
             shown = displayed_hash(approval)
-            params = {"message": _message(approval, server, shown), "requestedSchema": _FORM}
+            # A grant is offered only where one may be given, and then at the operator's
+            # maximum, its scope and hash shown in the message before it is chosen.
+            scope = await store.run(_grant_on_offer, store, approval)
+            message = _message(approval, server, shown, scope)
+            params = {"message": message, "requestedSchema": _form(scope is not None)}
             try:
                 with anyio.move_on_after(self.wait):
                     answer = await ctx.session._request_outbound.send_raw_request(
                         "elicitation/create", params, None
                     )
-                    await store.run(_decide, store, approval, shown, by, answer)
+                    await store.run(_decide, store, approval, shown, by, answer, scope)
             except AgentrtError as exc:
                 # Decided elsewhere meanwhile, expired, changed: the gate's answer says which.
                 log_line(log, f"agentrt proxy: the host's answer on approval "
@@ -128,7 +135,30 @@ def _client_name(ctx: ServerRequestContext[Any]) -> str:
     return sanitize(name or "unnamed")[:_NAME_CHARS]
 
 
-def _message(approval: ApprovalRecord, server: str | None, shown: str) -> str:
+def _grant_on_offer(store: Store, approval: ApprovalRecord) -> GrantScope | None:
+    """The standing grant the form may offer with this approval, or None where none may be."""
+    try:
+        return grant_scope(store, approval, GrantRequest())
+    except AgentrtError:
+        return None
+
+
+def _form(with_grant: bool) -> dict[str, Any]:
+    if not with_grant:
+        return _FORM
+    decision = dict(_FORM["properties"]["decision"])
+    decision["enum"] = ["approve", "approve_and_grant", "reject"]
+    decision["enumNames"] = [
+        "Approve this exact call",
+        "Approve it, and give the standing grant described",
+        "Reject it",
+    ]
+    return {**_FORM, "properties": {**_FORM["properties"], "decision": decision}}
+
+
+def _message(
+    approval: ApprovalRecord, server: str | None, shown: str, scope: GrantScope | None = None
+) -> str:
     # The lines `agentrt approve` prints (sanitized, hash last): the same view, decided
     # against the same hash.  Imported here: the command's module is above the proxy.
     from ..cli._review import review_lines
@@ -137,14 +167,24 @@ def _message(approval: ApprovalRecord, server: str | None, shown: str) -> str:
         "agentrt: a call waits for your approval. Approving runs exactly this request, once.",
         f"server  {sanitize(server or '-')}",
     ]
-    text = "\n".join([*head, *review_lines(approval)])
+    offer = (
+        []
+        if scope is None
+        else ["", "Approve and grant also gives, with the approval:", *scope.lines()]
+    )
+    text = "\n".join([*head, *review_lines(approval), *offer])
     if len(text) > _MESSAGE_CHARS:
         text = text[:_MESSAGE_CHARS] + f"\n… cut; the full request: agentrt approve (hash {shown})"
     return text
 
 
 def _decide(
-    store: Store, approval: ApprovalRecord, shown: str, by: str, answer: Mapping[str, Any]
+    store: Store,
+    approval: ApprovalRecord,
+    shown: str,
+    by: str,
+    answer: Mapping[str, Any],
+    scope: GrantScope | None = None,
 ) -> None:
     action = answer.get("action")
     content = answer.get("content") if isinstance(answer.get("content"), dict) else {}
@@ -158,6 +198,11 @@ def _decide(
     if action == "accept" and content.get("decision") == "approve":
         approvals.approve(store, run_id, approval_hash=shown, approval_id=approval_id,
                           by=by, note=note)  # fmt: skip
+    elif action == "accept" and content.get("decision") == "approve_and_grant" and scope:
+        # Given only against the scope's hash shown in the message.
+        approvals.approve(store, run_id, approval_hash=shown, approval_id=approval_id,
+                          by=by, note=note,
+                          grant=GrantRequest(scope_hash=scope.scope_hash))  # fmt: skip
     elif action == "accept" and content.get("decision") == "reject":
         approvals.reject(store, run_id, approval_hash=shown, approval_id=approval_id,
                          by=by, note=note)  # fmt: skip
