@@ -38,6 +38,7 @@ _COMMANDS: Final = {
     "proxy": "._servers:proxy",
     "demo": "._servers:demo",
     "recheck": "._recheck:recheck",
+    "bench": "._bench:bench",
 }
 
 

@@ -89,7 +89,7 @@ def listed_output_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
     Both official clients refuse a non-error result without the structured content an
     `outputSchema` promises, so without this a held call could only be sent as an error,
-    which hosts show as a failure (decision 0027).  A schema whose `$ref`s point anywhere
+    which hosts show as a failure (decision 0028).  A schema whose `$ref`s point anywhere
     but its `$defs`/`definitions` cannot be wrapped without breaking them: it is listed as
     the server sent it, and such a tool's waiting answers stay errors.
     """
