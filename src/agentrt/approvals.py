@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from .errors import ApprovalError, ApprovalHashMismatch, RunStateError
+from .grants import GrantRefused, GrantRequest, GrantScope, grant_scope
 from .sanitize import sanitize
 from .store import (
     ApprovalRecord,
@@ -23,7 +24,7 @@ from .store import (
     utc_at,
 )
 
-__all__ = ["approve", "cancel", "reject"]
+__all__ = ["GrantRequest", "approve", "cancel", "reject"]
 
 
 def _load_waiting(
@@ -70,11 +71,16 @@ def approve(
     by: str = "",
     note: str = "",
     grant_ttl: float | None = None,
+    grant: GrantRequest | None = None,
 ) -> ApprovalRecord:
     """Grant the approval run `run_id` waits on, if it still hashes to `approval_hash`.
 
     The run stays waiting until its program resumes it; resume executes exactly
-    the recorded request.  An expired approval cancels the run instead.
+    the recorded request.  An expired approval cancels the run instead.  With
+    `grant`, a standing grant is given in the same transaction (`grants.py`): its
+    scope must be within the operator's maximum and still hash to
+    `grant.scope_hash`, or nothing is decided (`GrantRefused`).  (A grant within an
+    operator's maximum finds the grants tables there: the maximum is kept in them.)
     """
     now = time.time()
     with store.transaction() as connection:
@@ -84,17 +90,34 @@ def approve(
         else:
             expired = None
             _check_hash(approval, approval_hash)
+            scope = None if grant is None else _checked_scope(store, approval, grant)
+            decided_at = _decided_at(store)
             ledger.grant(
-                store, connection, approval, by=by, note=note, decided_at=_decided_at(store),
+                store, connection, approval, by=by, note=note, decided_at=decided_at,
                 grant_expires_at=(
                     None if grant_ttl is None else store.write_time(now) + grant_ttl
                 ),
             )  # fmt: skip
+            if scope is not None:
+                ledger.give_standing_grant(
+                    store, connection, approval, scope.to_new(), by=by,
+                    decided_at=decided_at, now=now,
+                )  # fmt: skip
     if expired is not None:
         raise ApprovalError(
             f"approval {expired} expired before it was decided; the run is cancelled"
         )
     return store.get_approval(approval.approval_id)
+
+
+def _checked_scope(store: Store, approval: ApprovalRecord, grant: GrantRequest) -> GrantScope:
+    scope = grant_scope(store, approval, grant)
+    if grant.scope_hash != scope.scope_hash:
+        raise GrantRefused(
+            f"the standing grant asked with approval {approval.approval_id} is not the scope "
+            "that was shown (the hash differs); look at it again before deciding"
+        )
+    return scope
 
 
 def reject(

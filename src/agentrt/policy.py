@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .tools import SideEffect, ToolSpec
+
+if TYPE_CHECKING:
+    from .store import Connection
+
+Claim = Callable[["Connection", str, int], None]
+"""Work an `allow` depends on, done in the transaction that records the step (connection,
+run id, step): a standing grant's call spent.  Raising rolls the step back whole."""
 
 __all__ = [
     "ClassPolicy",
@@ -70,10 +77,12 @@ class PolicyDecision:
     # (or `run_resumed`) event the gate does not write itself, e.g. the taint the proxy's
     # flow rules judged the call under.  None writes nothing more.
     record: Mapping[str, Any] | None = None
+    # Set only by a policy whose `allow` spends something (a standing grant's call).
+    claim: Claim | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def allow(cls, reason: str = "") -> PolicyDecision:
-        return cls(Outcome.ALLOW, reason)
+    def allow(cls, reason: str = "", *, claim: Claim | None = None) -> PolicyDecision:
+        return cls(Outcome.ALLOW, reason, claim=claim)
 
     @classmethod
     def deny(cls, reason: str) -> PolicyDecision:

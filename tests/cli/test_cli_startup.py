@@ -77,8 +77,9 @@ def test_every_command_is_listed_in_the_help_and_resolves() -> None:
     assert result.exit_code == 0, result.output
     listed = [line.split()[0] for line in result.output.split("Commands:")[1].splitlines() if line]
     assert listed == [
-        "runs", "show", "events", "approve", "reject", "cancel", "verify", "inbox", "approver",
-        "export", "init", "pin", "classify", "check", "proxy", "demo", "recheck", "bench", "taint",
+        "runs", "show", "events", "approve", "reject", "cancel", "grants", "revoke", "verify",
+        "inbox", "approver", "export", "init", "pin", "classify", "check", "proxy", "demo",
+        "recheck", "bench", "taint",
     ]  # fmt: skip
     for name in listed:
         assert CliRunner().invoke(cli, [name, "--help"]).exit_code == 0, name

@@ -40,6 +40,7 @@ one call at a time, so each unit is a batch of its own and the order is fixed.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -76,6 +77,7 @@ from agentrt import (
     open_store,
     reject,
 )
+from agentrt.grants import GrantRequest, grant_scope, list_grants, revoke
 
 from .helpers import RecordingTool, approval_policy
 
@@ -99,6 +101,9 @@ class FrozenWorld:
         self.nanoseconds = int(FROZEN_EPOCH) * 1_000_000_000
         self.uuids = 0
         self.tokens = 0
+        # Added to the high half of each uuid: an approval id is its first 16 hex digits, so a
+        # scenario asking a second approval raises it first (0 leaves every other id as it was).
+        self.uuid_era = 0
 
     def advance(self, seconds: float) -> None:
         # Quarter seconds only: SQLite's trace prints reals with 15 significant digits.
@@ -113,7 +118,7 @@ class FrozenWorld:
 
     def uuid4(self) -> uuid.UUID:
         self.uuids += 1
-        return uuid.UUID(int=self.uuids, version=4)
+        return uuid.UUID(int=self.uuids + (self.uuid_era << 96), version=4)
 
     def token_hex(self, nbytes: int | None = None) -> str:
         self.tokens += 1
@@ -611,6 +616,51 @@ async def approver_refused(scenario: Scenario) -> None:
         scenario.trace.returned(str(await _asgi_request(app, "POST", path, headers, body)))
 
 
+async def standing_grant(scenario: Scenario) -> None:
+    """A grant given with an approval, used by a call it covers, revoked; a second one
+    left to expire: each of its four transitions, through the proxy's call path."""
+    from agentrt.proxy._grants import GrantCover
+    from agentrt.store import GrantLimits
+
+    store = scenario.open()
+    mail = RecordingTool("mail_send", SideEffect.REMOTE_MUTATION, schema={"type": "object"})
+    calls = _proxy_calls(store, [mail], owner="proxy:golden", session="session-1")
+    cover = GrantCover(store, "session-1", GrantLimits(3_600.0, 5), {"mail_send": "mail"})
+    calls.policy.grants = cover
+    calls.policy.tool_outcomes["mail_send"] = Outcome.REQUIRE_APPROVAL
+    scenario.trace.action("record the operator's maximum")
+    cover.record_limits()
+
+    async def ask_and_grant(to: str, request: GrantRequest) -> str:
+        await _proxy_call(scenario, calls, "mail_send", {"to": to})
+        [run] = [run for run in store.list_runs() if run.status == "waiting_for_approval"]
+        approval = store.waiting_approval(run.run_id)
+        assert approval is not None
+        scope = grant_scope(store, approval, request)
+        scenario.world.advance(5)
+        scenario.trace.action("approve with a standing grant")
+        approve(
+            store, run.run_id, approval_hash=approval.approval_hash, by="alice",
+            grant=dataclasses.replace(request, scope_hash=scope.scope_hash),
+        )  # fmt: skip
+        await _proxy_call(scenario, calls, "mail_send", {"to": to})
+        [grant] = [g for g in list_grants(store) if g.approval_id == approval.approval_id]
+        return grant.grant_id
+
+    first = await ask_and_grant("a@example.org", GrantRequest(calls=2))
+    await _proxy_call(scenario, calls, "mail_send", {"to": "b@example.org"})
+    scenario.trace.action("revoke")
+    revoke(store, first, by="alice")
+    scenario.world.uuid_era = 1
+    await ask_and_grant("c@example.org", GrantRequest(seconds=60.0))
+    scenario.world.advance(60.25)
+    scenario.world.uuid_era = 2
+    await _proxy_call(scenario, calls, "mail_send", {"to": "d@example.org"})
+    assert [call.args for call in mail.calls] == [
+        '{"to":"a@example.org"}', '{"to":"b@example.org"}', '{"to":"c@example.org"}',
+    ]  # fmt: skip
+
+
 # The scenarios and whether each runs on PostgreSQL (only those whose clock the test
 # controls there: the server's clock judges leases and grants, and the test cannot move it).
 SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
@@ -629,6 +679,7 @@ SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
     "stale": (stale, True),
     "flow_held_and_taint_cleared": (flow_held_and_taint_cleared, True),
     "approver_refused": (approver_refused, True),
+    "standing_grant": (standing_grant, False),
 }
 
 

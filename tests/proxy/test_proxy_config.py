@@ -268,3 +268,31 @@ def test_a_server_handed_the_operators_directory_in_its_environment_is_refused(
     document["servers"][0]["env"] = [f"ALLOWED_ROOT={tmp_path}"]
     with pytest.raises(ConfigError, match="forge an approval"):
         load_config(write_config(tmp_path, document))
+
+
+@pytest.mark.parametrize(
+    ("standing_grants", "named"),
+    [
+        ({}, "standing_grants.max_for"),
+        ({"max_for": 3600}, "standing_grants.max_for"),
+        ({"max_for": "1h", "max_calls": 0}, "standing_grants.max_calls"),
+        ({"max_for": "1h", "destructive": "yes"}, "standing_grants.destructive"),
+        ({"max_for": "1h", "max_call": 3}, "standing_grants.max_call"),
+    ],
+)
+def test_a_wrong_standing_grants_field_is_refused_naming_it(
+    tmp_path: Path, standing_grants: dict[str, Any], named: str
+) -> None:
+    document = base(tmp_path, standing_grants=standing_grants)
+    with pytest.raises(ConfigError, match=named):
+        load_config(write_config(tmp_path, document))
+
+
+def test_standing_grants_are_off_unless_configured_and_read_as_the_operators_maximum(
+    tmp_path: Path,
+) -> None:
+    assert load_config(write_config(tmp_path, base(tmp_path))).standing_grants is None
+    document = base(tmp_path, standing_grants={"max_for": "2h", "max_calls": 7})
+    limits = load_config(write_config(tmp_path, document)).standing_grants
+    assert limits is not None
+    assert (limits.max_seconds, limits.max_calls, limits.destructive) == (7200.0, 7, False)

@@ -165,7 +165,7 @@ async def test_resources_templates_and_prompts_list_empty_and_ping_answers(
         await session.send_ping()
 
 
-async def test_gate_status_says_approved_after_agentrt_approve_and_the_outcome_after_the_call(
+async def test_gate_status_says_approved_after_agentrt_approve_with_or_without_an_id(
     setup: ProxySetup,
 ) -> None:
     arguments = {"to": "ops@example.org", "body": "hi"}
@@ -181,6 +181,10 @@ async def test_gate_status_says_approved_after_agentrt_approve_and_the_outcome_a
         assert "the next identical call" in approved.stdout + approved.stderr
         status = await session.call_tool("gate_status", {"approval_id": approval_id})
         assert "was approved and has not run yet" in text_of(status)
+        listing = text_of(await session.call_tool("gate_status", {}))
+        assert "waits for a person's decision" not in listing
+        assert f"approval {approval_id}: up_send_mail was approved" in listing
+        assert "runs on the next call of the tool with exactly the same arguments" in listing
         assert "next call of the tool with exactly the same arguments" in text_of(status)
         ran = await session.call_tool("up_send_mail", arguments)
         assert ran.is_error is False

@@ -301,3 +301,58 @@ def test_a_database_others_can_write_stops_the_proxy_with_exit_2(tmp_path: Path)
     assert finished.returncode == 2, finished.stderr
     assert "writable by group or others" in finished.stderr
     assert database.read_bytes() == b""
+
+
+async def test_a_held_call_to_a_tool_with_an_output_schema_reads_as_pending_in_both_clients(
+    tmp_path: Path,
+) -> None:
+    setup, sandbox = await filesystem_setup(tmp_path)
+    arguments = {"path": str(sandbox / "held.txt"), "content": "x\n"}
+    async with host(setup) as session:
+        listed = {tool.name: tool for tool in (await session.list_tools()).tools}
+        # The Python client checks a success's structured content against the listing.
+        held = await session.call_tool("fs_write_file", arguments)
+    schema = listed["fs_write_file"].output_schema
+    assert schema is not None and schema["anyOf"][0]["properties"]["content"]["type"] == "string"
+    assert held.is_error is False
+    assert text_of(held).startswith("PENDING_APPROVAL: this call needs a person's approval")
+    assert "call this same tool (fs_write_file) again" in text_of(held)
+    assert held.structured_content is not None
+    assert held.structured_content["agentrt"]["status"] == "PENDING_APPROVAL"
+    finished = subprocess.run(
+        ["node", str(Path(__file__).parent / "clients" / "ts_host.mjs")],
+        capture_output=True, text=True, timeout=90, cwd=setup.root,
+        env={
+            **setup.environment(),
+            "AGENTRT_NODE_MODULES": str(
+                Path(__file__).resolve().parents[1] / "npm" / "node_modules"
+            ),
+            "AGENTRT_PROXY_COMMAND": json.dumps(setup.command()),
+            "AGENTRT_CALLS": json.dumps([{"name": "fs_write_file", "arguments": arguments}]),
+            "HOME": os.environ.get("HOME", "/tmp"),
+        },
+    )  # fmt: skip
+    # The TypeScript client (Claude Code's, the Inspector's) refuses a success its schema
+    # does not admit: it took this one, and the model reads it as waiting, not failed.
+    assert finished.returncode == 0, finished.stderr
+    [ts_held] = json.loads(finished.stdout)["results"]
+    assert ts_held.get("isError") is not True
+    assert ts_held["content"][0]["text"].startswith("PENDING_APPROVAL: ")
+    assert ts_held["structuredContent"]["agentrt"]["status"] == "PENDING_APPROVAL"
+    assert not (sandbox / "held.txt").exists()
+
+
+def test_a_schema_whose_refs_point_into_it_is_listed_as_sent() -> None:
+    from agentrt.proxy._answers import admits_waiting, listed_output_schema
+
+    with_defs = {
+        "type": "object",
+        "$defs": {"line": {"type": "string"}},
+        "properties": {"first": {"$ref": "#/$defs/line"}},
+    }
+    wrapped = listed_output_schema(with_defs)
+    assert wrapped["$defs"] == with_defs["$defs"] and admits_waiting(wrapped)
+    pointing = {"type": "object", "properties": {"a": {"type": "string"},
+                                                 "b": {"$ref": "#/properties/a"}}}  # fmt: skip
+    assert listed_output_schema(pointing) == pointing
+    assert not admits_waiting(pointing)

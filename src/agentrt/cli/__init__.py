@@ -26,6 +26,8 @@ _COMMANDS: Final = {
     "approve": "._decide:approve",
     "reject": "._decide:reject",
     "cancel": "._decide:cancel",
+    "grants": "._grants:grants_command",
+    "revoke": "._grants:revoke",
     "verify": "._inspect:verify",
     "inbox": "._inbox:inbox",
     "approver": "._approver:approver",

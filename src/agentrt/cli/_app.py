@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import getpass
 import importlib
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any, Final
 
 import click
@@ -28,6 +30,8 @@ __all__ = [
     "AgentrtGroup",
     "CommandError",
     "Settings",
+    "configured_database",
+    "init_config_path",
     "login_name",
     "open_for_deciding",
     "open_for_reading",
@@ -106,9 +110,42 @@ class AgentrtGroup(click.Group):
 
 
 def _database_path(settings: Settings) -> str:
-    if not settings.database:
-        raise CommandError("no database given: pass --db PATH or set AGENTRT_DB", EXIT_UNUSABLE)
-    return settings.database
+    if settings.database:
+        return settings.database
+    configured = configured_database()
+    if configured is None:
+        raise CommandError(
+            "no database given: pass --db PATH, set AGENTRT_DB, or run agentrt init",
+            EXIT_UNUSABLE,
+        )
+    return configured
+
+
+def init_config_path() -> Path:
+    """Where `agentrt init` writes `proxy.json` by default ($XDG_CONFIG_HOME/agentrt)."""
+    configured = os.environ.get("XDG_CONFIG_HOME")
+    return (Path(configured) if configured else Path.home() / ".config") / "agentrt" / "proxy.json"
+
+
+def configured_database() -> str | None:
+    """The database of the configuration `agentrt init` wrote, if there is one: a person told
+    that a call waits needs no path to decide it."""
+    path = init_config_path()
+    if not path.exists():
+        return None
+    # The proxy's own reader: the file is owner-checked, and relative paths resolve as the
+    # proxy resolves them.  Imported only here (it brings the MCP client with it).
+    from ..proxy.config import ConfigError, load_config
+
+    try:
+        database = load_config(path).database
+    except ConfigError as error:
+        raise CommandError(
+            f"no --db given, and the configuration agentrt init wrote cannot be read: "
+            f"{sanitize(str(error))}",
+            EXIT_UNUSABLE,
+        ) from error
+    return str(database)
 
 
 @contextmanager

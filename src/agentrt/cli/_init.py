@@ -29,7 +29,7 @@ import click
 from ..errors import AgentrtError
 from ..mcp._files import write_private
 from ..sanitize import sanitize
-from ._app import EXIT_UNUSABLE, CommandError, Settings
+from ._app import EXIT_UNUSABLE, CommandError, Settings, init_config_path
 from ._hosts import (
     REPLACED_MARK,
     SOURCES,
@@ -72,8 +72,7 @@ class _Imported:
 
 
 def _default_out() -> Path:
-    configured = os.environ.get("XDG_CONFIG_HOME")
-    return (Path(configured) if configured else Path.home() / ".config") / "agentrt"
+    return init_config_path().parent
 
 
 def _say(output: Output, text: str, **record: Any) -> None:

@@ -501,6 +501,8 @@ class Stepping:
                                  "reason": decided.reason}, decided),
             executing=decided.outcome is Outcome.ALLOW,
         )  # fmt: skip
+        if decided.outcome is Outcome.ALLOW and decided.claim is not None:
+            decided.claim(connection, run.run_id, step_number)
         if decided.outcome is Outcome.DENY:
             ledger.deny_step(self.store, connection, run.run_id, step_number,
                              decided.reason or "denied by policy")  # fmt: skip

@@ -29,8 +29,10 @@ from starlette.staticfiles import StaticFiles
 from .. import approvals
 from ..canonical import JSONBoundaryError, parse_json
 from ..errors import AgentrtError, RunNotFound
+from ..grants import GrantRequest, GrantScope, grant_scope
+from ..mcp import parse_duration
 from ..sanitize import sanitize
-from ..store import Store
+from ..store import ApprovalRecord, Store
 from ._chain import ChainCheck
 from ._views import (
     ToolInfo,
@@ -175,6 +177,32 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+def _grant_request(fields: Any, *, needs_hash: bool) -> GrantRequest:
+    """A standing grant's fields from the page (`calls`, `for` as a duration, `when`,
+    `scope_hash`); `ValueError` says which field is wrong."""
+    if not isinstance(fields, dict):
+        raise ValueError("a grant must be a JSON object")
+    calls, duration = fields.get("calls"), fields.get("for")
+    when, scope_hash = fields.get("when"), fields.get("scope_hash")
+    if calls is not None and (isinstance(calls, bool) or not isinstance(calls, int) or calls < 1):
+        raise ValueError("a grant's calls must be a whole number of at least 1")
+    if duration is not None and not isinstance(duration, str):
+        raise ValueError('a grant\'s "for" must be a duration such as 1h or 30m')
+    if when is not None and not isinstance(when, str):
+        raise ValueError("a grant's condition (when) must be text")
+    if needs_hash and not isinstance(scope_hash, str):
+        raise ValueError("a grant must name the scope_hash it was shown")
+    if calls is None and duration is None and when is None:
+        raise ValueError("a grant needs calls, for or when")
+    seconds = None if duration is None else parse_duration(duration)
+    return GrantRequest(
+        seconds=seconds,
+        calls=calls,
+        when=when or None,
+        scope_hash=scope_hash if isinstance(scope_hash, str) else None,
+    )
+
+
 def create_app(state: InboxState) -> Any:
     """The inbox as an ASGI application (the guard around a Starlette app)."""
     templates = jinja2.Environment(
@@ -257,18 +285,26 @@ def create_app(state: InboxState) -> Any:
             return _error(400, "by and note must be text")
         if len(note) > _MAX_NOTE or len(by) > _MAX_BY:
             return _error(400, f"a note is at most {_MAX_NOTE} characters, a name {_MAX_BY}")
-        chosen = approvals.approve if verdict == "approve" else approvals.reject
+        grant: GrantRequest | None = None
+        if decision.get("grant") is not None:
+            if verdict != "approve":
+                return _error(400, "a standing grant is given only with an approval")
+            try:
+                grant = _grant_request(decision["grant"], needs_hash=True)
+            except ValueError as exc:
+                return _error(400, str(exc))
+
+        def chosen() -> ApprovalRecord:
+            who = by.strip() or state.login
+            if verdict == "approve":
+                return approvals.approve(store, run_id, approval_hash=shown_hash,
+                                         approval_id=approval_id, by=who, note=note,
+                                         grant=grant)  # fmt: skip
+            return approvals.reject(store, run_id, approval_hash=shown_hash,
+                                    approval_id=approval_id, by=who, note=note)  # fmt: skip
+
         try:
-            decided = await store.run(
-                lambda: chosen(
-                    store,
-                    run_id,
-                    approval_hash=shown_hash,
-                    approval_id=approval_id,
-                    by=by.strip() or state.login,
-                    note=note,
-                )
-            )
+            decided = await store.run(chosen)
         except AgentrtError as exc:
             return _error(409, sanitize(str(exc)))
         return JSONResponse(
@@ -308,6 +344,40 @@ def create_app(state: InboxState) -> Any:
             return _error(409, f"host session {sanitize(host_session)} holds no taint")
         return JSONResponse({"session": sanitize(host_session), "labels": list(labels)})
 
+    async def scope_of_grant(request: Request) -> Response:
+        """The scope a standing grant asked with an approval would have, and its hash: shown
+        before the grant is given (the decision names the hash)."""
+        body = await request.body()
+        if len(body) > _MAX_BODY:
+            return _error(413, "the request is too large")
+        try:
+            asked = parse_json(body)
+        except JSONBoundaryError as exc:
+            return _error(400, f"the request is refused: {exc}")
+        if not isinstance(asked, dict):
+            return _error(400, "the request must be a JSON object")
+        run_id, approval_id = asked.get("run_id"), asked.get("approval_id")
+        if not (isinstance(run_id, str) and isinstance(approval_id, str)):
+            return _error(400, "run_id and approval_id are required")
+        try:
+            request_ = _grant_request(asked, needs_hash=False)
+        except ValueError as exc:
+            return _error(400, str(exc))
+
+        def scope() -> GrantScope:
+            approval = store.get_approval(approval_id)
+            if approval.run_id != run_id:
+                raise RunNotFound(f"approval {sanitize(approval_id)} is not of this run")
+            return grant_scope(store, approval, request_)
+
+        try:
+            found = await store.run(scope)
+        except AgentrtError as exc:
+            return _error(409, sanitize(str(exc)))
+        return JSONResponse(
+            {"scope": found.scope, "scope_hash": found.scope_hash, "lines": found.lines()}
+        )
+
     async def stream(request: Request) -> Response:
         async def changes() -> AsyncIterator[bytes]:
             last: tuple[int, int] | None = None
@@ -345,6 +415,7 @@ def create_app(state: InboxState) -> Any:
             Route("/api/verify", verify),
             Route("/api/decide", decide, methods=["POST"]),
             Route("/api/taint/clear", clear_taint, methods=["POST"]),
+            Route("/api/grant-scope", scope_of_grant, methods=["POST"]),
             Route("/api/stream", stream),
             Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
         ]

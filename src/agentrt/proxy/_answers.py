@@ -20,7 +20,7 @@ from ..sanitize import sanitize
 from ..store import epoch_to_iso
 from ._forward import Forwarded
 
-__all__ = ["Answer", "Prefix", "bounded"]
+__all__ = ["Answer", "Prefix", "admits_waiting", "bounded", "listed_output_schema"]
 
 MAX_QUOTED_CHARS: Final = 1_000
 
@@ -59,9 +59,63 @@ _NOT_ERRORS: Final = frozenset(
 _WAIT_FOR_A_PERSON: Final = (
     "Do not retry it and do not try another tool to do the same thing. Tell the user that "
     "a person must approve it in the agentrt inbox or with the agentrt approve command; "
-    "you cannot approve it yourself. Once it is approved, call {tool} again with exactly "
-    "the same arguments and it will run once."
+    "you cannot approve it yourself. Once it is approved, call this same tool ({tool}) "
+    "again with exactly the same arguments and it will run once."
 )
+
+# The structured content of an answer that waits (PENDING_APPROVAL, IN_PROGRESS, …) for a
+# tool whose listing declares an `outputSchema`: the listing admits it beside the server's
+# own shape (`listed_output_schema`), so a host shows a waiting call as waiting, not failed.
+_WAITING_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "agentrt": {
+            "type": "object",
+            "properties": {
+                "status": {"type": "string"},
+                "message": {"type": "string"},
+            },
+            "required": ["status", "message"],
+        }
+    },
+    "required": ["agentrt"],
+}
+# Kept at the root when a server's schema is wrapped: its `$ref`s point at them from there.
+_ROOT_KEYWORDS: Final = ("$schema", "$id", "$defs", "definitions")
+
+
+def listed_output_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The `outputSchema` a host is shown for a server's `schema`: the server's shape, or
+    the gate's waiting answer (`_WAITING_SCHEMA`).
+
+    Both official clients refuse a non-error result without the structured content an
+    `outputSchema` promises, so without this a held call could only be sent as an error,
+    which hosts show as a failure (decision 0031).  A schema whose `$ref`s point anywhere
+    but its `$defs`/`definitions` cannot be wrapped without breaking them: it is listed as
+    the server sent it, and such a tool's waiting answers stay errors.
+    """
+    if any(
+        ref != "#" and not ref.startswith(("#/$defs/", "#/definitions/")) for ref in _refs(schema)
+    ):
+        return schema
+    kept: dict[str, Any] = {key: schema[key] for key in _ROOT_KEYWORDS if key in schema}
+    own = {key: value for key, value in schema.items() if key not in _ROOT_KEYWORDS}
+    return {**kept, "type": "object", "anyOf": [own, _WAITING_SCHEMA]}
+
+
+def admits_waiting(listed: dict[str, Any] | None) -> bool:
+    """Whether a listed `outputSchema` admits the gate's waiting answer."""
+    branches = listed.get("anyOf") if listed is not None else None
+    return isinstance(branches, list) and bool(branches) and branches[-1] == _WAITING_SCHEMA
+
+
+def _refs(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        found = [value["$ref"]] if isinstance(value.get("$ref"), str) else []
+        return found + [ref for item in value.values() for ref in _refs(item)]
+    if isinstance(value, list):
+        return [ref for item in value for ref in _refs(item)]
+    return []
 
 
 def bounded(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
@@ -96,6 +150,12 @@ class Answer:
             return cls(text, is_error=False, result_object=forwarded.result)
         return cls(text, is_error=False)
 
+    def waiting_structure(self) -> dict[str, Any] | None:
+        """The structured content of an answer that waits (not an error, not a result)."""
+        if self.prefix is None or self.prefix.is_error:
+            return None
+        return {"agentrt": {"status": str(self.prefix), "message": self.text}}
+
     @classmethod
     def tool_error(cls, error: str) -> Answer:
         """The upstream tool failed (it said so, or its output broke its own schema)."""
@@ -111,15 +171,15 @@ class Answer:
     def pending(cls, tool: str, approval_id: str) -> Answer:
         return cls._prose(
             Prefix.PENDING_APPROVAL,
-            f"this call to {tool} needs a person's approval and is waiting for it "
-            f"(approval {approval_id}). Nothing ran. " + _WAIT_FOR_A_PERSON.format(tool=tool),
+            f"this call needs a person's approval and is waiting for it (approval "
+            f"{approval_id}). Nothing ran. " + _WAIT_FOR_A_PERSON.format(tool=tool),
         )
 
     @classmethod
     def interrupted(cls, tool: str, approval_id: str) -> Answer:
         return cls._prose(
             Prefix.INTERRUPTED,
-            f"an earlier attempt of this exact call to {tool} was cut off before it finished "
+            "an earlier attempt of this exact call was cut off before it finished "
             "and may have taken effect. It will not run again unless a person decides it "
             f"should (approval {approval_id}). " + _WAIT_FOR_A_PERSON.format(tool=tool),
         )
@@ -128,11 +188,11 @@ class Answer:
     def unknown_outcome(cls, tool: str, approval_id: str) -> Answer:
         return cls._prose(
             Prefix.UNKNOWN_OUTCOME,
-            f"this call to {tool} ended without an answer the gate could read: it timed out, "
+            "this call ended without an answer the gate could read: it timed out, "
             "lost its connection, or the server's answer could not be read (too long or "
             "malformed), so it may or may not have taken effect. A person decides whether it "
-            f"runs again (approval {approval_id}); until then other changing calls to {tool} "
-            "are blocked. " + _WAIT_FOR_A_PERSON.format(tool=tool),
+            f"runs again (approval {approval_id}); until then other changing calls to this "
+            "same tool are blocked. " + _WAIT_FOR_A_PERSON.format(tool=tool),
         )
 
     @classmethod

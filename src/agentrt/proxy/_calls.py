@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 import anyio
 
@@ -56,9 +56,13 @@ from ._answers import Answer
 from ._conditions import ToolConditions, conditions_by_tool, policy_id
 from ._flows import HOST_SESSION, FlowJudge, Tainting, TaintStore, flows_policy_id
 from ._forward import Forwarded, forwardable
+from ._grants import GrantCover
 from ._index import EXECUTED, Action, CallIndex, CallRow, Settled, Verdict, call_key
 from ._offers import resource_outcome, uri_of
 from .config import ProxyConfig
+
+if TYPE_CHECKING:
+    from ._host_approval import HostAsk
 
 __all__ = [
     "UNKNOWN_OUTCOME",
@@ -91,6 +95,8 @@ class _Call:
     context: CallContext | None = None
     # The host session whose taint judges the call; None when no label is in use.
     host_session: str | None = None
+    # Asks the host's user about the call's approval (`_host_approval.py`), when allowed.
+    host_ask: HostAsk | None = None
 
     def decision(self) -> Decision:
         return Decision.tool_call(self.spec.name, self.args)
@@ -212,6 +218,9 @@ class ProxyPolicy:
         # A rule's `fixed` values (canonical JSON text) are part of what a person
         # approves: changing one asks again instead of letting an old yes do something new.
         self.fixed = {tool: dict(values) for tool, values in (fixed or {}).items()}
+        # The session's standing grants, when the configuration allows them (`_grants.py`).
+        self.grants: GrantCover | None = None
+
         # The flow rules and the taint they read, when any server or rule carries a label.
         self.flows = flows
 
@@ -253,6 +262,8 @@ class ProxyPolicy:
             capability = dict(decision.capability or {})
             capability["fixed"] = dict(sorted(fixed.items()))
             decision = dataclasses.replace(decision, capability=capability)
+        if self.grants is not None:
+            decision = await self.grants.cover(request, run, decision)
         return decision
 
     async def _by_condition_rule_or_class(
@@ -406,6 +417,9 @@ class Calls:
     def specs(self) -> Sequence[ToolSpec]:
         return list(self._specs.values())
 
+    def spec_of(self, tool: str) -> ToolSpec | None:
+        return self._specs.get(tool)
+
     def new_run_id(self) -> str:
         return f"{self.session}.{secrets.token_hex(8)}"
 
@@ -441,10 +455,12 @@ class Calls:
         *,
         context: CallContext | None = None,
         host_session: str | None = None,
+        host_ask: HostAsk | None = None,
     ) -> Answer:
         """Answer one `tools/call`; never raises for anything a host or server did.
         `context` carries the server's progress, log lines and requests back to the host;
-        `host_session` names whose taint judges it (only when labels are in use)."""
+        `host_session` names whose taint judges it (only when labels are in use); `host_ask`,
+        when given, asks the host's user to decide a call that waits."""
         spec = self._specs.get(tool)
         if spec is None:
             return Answer.invalid(tool, "there is no tool with this name")
@@ -465,14 +481,9 @@ class Calls:
         mutating = _mutating(spec)
         may_need_approval = self.policy.may_need_approval(spec)
         call = _Call(
-            spec,
-            args,
-            progress,
-            secrets.token_hex(6),
-            trace_context_metadata(meta),
-            context,
-            host_session,
-        )
+            spec, args, progress, secrets.token_hex(6), trace_context_metadata(meta), context,
+            host_session, host_ask,
+        )  # fmt: skip
         for _attempt in range(3):
             run_id = self.new_run_id()
             decide = functools.partial(
@@ -771,6 +782,9 @@ class Calls:
         if approval.status is ApprovalStatus.PENDING:
             # A restarted proxy collecting an approved request must not call it waiting.
             self.announce(approval)
+            if call.host_ask is not None:
+                # The host's user decides here and now, or leaves it waiting (cancel).
+                await call.host_ask(approval)
         deadline = time.monotonic() + self.hold
         next_progress = time.monotonic()
         while True:

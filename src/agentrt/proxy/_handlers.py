@@ -22,7 +22,7 @@ from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
 from ..canonical import plain_json
 from ..tools import SideEffect
-from ._answers import Answer, bounded
+from ._answers import Answer, admits_waiting, bounded
 from ._input_required import HostCall, Question
 from ._proxy import Proxy
 from ._status import STATUS_TOOL
@@ -306,12 +306,14 @@ class Handlers:
                 is_error=answer.is_error,
             )
         )
-        if (
-            self.proxy.listed.get(name, (None, None))[1] is not None
-            and result.structured_content is None
-        ):
+        listed = self.proxy.listed.get(name, (None, None))[1]
+        waiting = answer.waiting_structure()
+        if waiting is not None and admits_waiting(listed):
+            # The listing admits the gate's own waiting answer: a host shows it as waiting.
+            result.structured_content = waiting
+        if listed is not None and result.structured_content is None:
             # Both official clients refuse a success without the structured content an
-            # outputSchema promises; the gate's own prose (PENDING_APPROVAL, …) has none.
+            # outputSchema promises; the gate's own prose (a cut result, …) has none.
             result.is_error = True
         return result
 

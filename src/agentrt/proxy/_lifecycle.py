@@ -296,6 +296,8 @@ async def _serve_config(
             from ._proxy import Proxy
 
             proxy = Proxy(config, store, tools, stream, offered)
+            # Over stdio the proxy serves exactly one host: the one principal it may ask.
+            proxy.single_host = address is None
             server = Handlers(proxy).server()
             from ._notify import delivering
 

@@ -28,11 +28,12 @@ from ..policy import Outcome
 from ..sanitize import sanitize
 from ..store import Store
 from ..tools import Tool
-from ._answers import Answer, bounded
+from ._answers import Answer, bounded, listed_output_schema
 from ._calls import Calls, WatchedTool, new_owner, proxy_policy
 from ._client_requests import asker_for
 from ._flows import host_session_of, new_stdio_session
 from ._forward import Forwarded
+from ._grants import GrantCover
 from ._index import CallIndex
 from ._input_required import HostCall, Suspended
 from ._log import log_line
@@ -122,7 +123,10 @@ class Proxy:
                 repeat_windows[name] = extra.repeat_window
             if isinstance(tool, ServerTool):
                 schema = plain_json(tool.output_schema) if as_sent and tool.output_schema else None
-                self.listed[name] = (tool.title, schema)
+                self.listed[name] = (
+                    tool.title,
+                    None if schema is None else listed_output_schema(schema),
+                )
             watching: dict[str, Any] = {
                 "cut_off": cut_off,
                 "sent": sent,
@@ -176,6 +180,12 @@ class Proxy:
         for stateful in watched:
             if isinstance(stateful, StatefulTool):
                 stateful.policy = self.policy
+        self.server_names = _servers_by_tool(config)
+        if config.standing_grants is not None:
+            self.policy.grants = GrantCover(
+                store, config.session, config.standing_grants, self.server_names
+            )
+            self.policy.grants.record_limits()
         self.gate = Gate(
             store,
             watched,
@@ -208,6 +218,10 @@ class Proxy:
         self.call_tasks: set[asyncio.Task[None]] = set()
         # The level a host set with logging/setLevel; None forwards no server logging.
         self.log_level: str | None = None
+        # Approve in the host (`_host_approval.py`): only when configured, and only while the
+        # proxy serves one host (stdio; `_lifecycle` says so), never many principals.
+        self.host_approval = config.approve_in_host
+        self.single_host = False
 
     def start(
         self,
@@ -277,6 +291,13 @@ class Proxy:
             on_run=runs.append,
         )
 
+        spec = self.calls.spec_of(tool)
+        host_ask = (
+            self.host_approval.asker(self.store, ctx, spec, self.server_names.get(tool), self.log)
+            if self.host_approval is not None and self.single_host and spec is not None
+            else None
+        )
+
         async def work() -> None:
             answer = Answer.unavailable("the gate could not complete this call.")
             try:
@@ -287,6 +308,7 @@ class Proxy:
                     request_meta,
                     context=context,
                     host_session=host_session,
+                    host_ask=host_ask,
                 )
             except Exception as exc:
                 log_line(self.log, f"agentrt proxy: a call to {sanitize(tool)} failed: "
@@ -303,3 +325,14 @@ class Proxy:
         self.call_tasks.add(task)
         task.add_done_callback(self.call_tasks.discard)
         return call
+
+
+def _servers_by_tool(config: ProxyConfig) -> dict[str, str]:
+    """The server of each final tool name, as `load` names the tool."""
+    return {
+        rule.rename if rule.rename is not None else f"{upstream.server.name}_{tool}": (
+            upstream.server.name
+        )
+        for upstream in config.servers
+        for tool, rule in upstream.rules.items()
+    }

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import RunNotFound
 from ..sanitize import sanitize
-from ..store import ApprovalStatus, Store
+from ..store import ApprovalRecord, ApprovalStatus, Store
 from ._answers import Answer, bounded
 from ._index import CallIndex, CallRow, Settled
 
@@ -70,6 +70,14 @@ class GateStatus:
                      f"{sanitize(str(exc))}")  # fmt: skip
             return Answer.status_unavailable()
 
+    def _listing(self) -> Answer:
+        held = self.index.waiting()
+        waiting = [(row, a) for row, a in held if a.status is ApprovalStatus.PENDING]
+        approved = [(row, a) for row, a in held if a.status is ApprovalStatus.APPROVED]
+        if not waiting and not approved:
+            return Answer("No request of this session waits for a person's approval.", False)
+        return Answer("\n".join(_listing_lines(waiting, approved)), False)
+
     def _read(self, arguments: dict[str, Any] | None) -> Answer:
         arguments = arguments or {}
         unknown = sorted(set(arguments) - {"approval_id"})
@@ -77,16 +85,7 @@ class GateStatus:
             return Answer.invalid(STATUS_TOOL, f"unknown argument {unknown[0]!r}")
         approval_id = arguments.get("approval_id")
         if approval_id is None:
-            waiting = self.index.waiting()
-            if not waiting:
-                return Answer("No request of this session waits for a person's approval.", False)
-            lines = [f"{len(waiting)} request(s) wait for a person's decision:"]
-            for row, waits in waiting:
-                lines.append(
-                    f"- approval {waits.approval_id}: {row.tool} "
-                    f"({_status_word(waits.kind)}), waiting since {waits.created_at}"
-                )
-            return Answer("\n".join(lines), False)
+            return self._listing()
         if not isinstance(approval_id, str):
             return Answer.invalid(STATUS_TOOL, "approval_id must be a string")
         try:
@@ -121,6 +120,28 @@ class GateStatus:
         return Answer(
             f"Approval {approval.approval_id} for {approval.tool} {described}.{note}", False
         )
+
+
+def _listing_lines(
+    waiting: list[tuple[CallRow, ApprovalRecord]], approved: list[tuple[CallRow, ApprovalRecord]]
+) -> list[str]:
+    lines = []
+    if waiting:
+        lines.append(f"{len(waiting)} request(s) wait for a person's decision:")
+        for row, waits in waiting:
+            lines.append(
+                f"- approval {waits.approval_id}: {row.tool} "
+                f"({_status_word(waits.kind)}), waiting since {waits.created_at}"
+            )
+    if approved:
+        # Decided, so no longer waiting on a person: the model's own call is what runs it.
+        lines.append(f"{len(approved)} request(s) were approved and have not run yet:")
+        for row, decided in approved:
+            lines.append(
+                f"- approval {decided.approval_id}: {row.tool} was approved; it runs on the "
+                "next call of the tool with exactly the same arguments"
+            )
+    return lines
 
 
 def _what_ran(row: CallRow | None) -> str:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .._hostfiles import host_configuration_files
 from ..canonical import JSONBoundaryError, canonical_json, parse_json
@@ -45,8 +45,11 @@ from ..mcp import (
 )
 from ..policy import ClassPolicy, DefaultPolicy, Outcome
 from ..sanitize import sanitize
-from ..store import is_postgres_url
+from ..store import GrantLimits, is_postgres_url
 from ..tools import SideEffect
+
+if TYPE_CHECKING:
+    from ._host_approval import HostApproval
 from ._conditions import Condition, compile_when
 from ._flows import Flows, declared_labels, flow_rules, label_list, session_key
 from ._forward import DEFAULT_MAX_RESULT_BYTES, MIN_MAX_RESULT_BYTES
@@ -99,10 +102,16 @@ _TOP_FIELDS: Final = frozenset(
         "labels",
         "stateless_session",
         "notify",
+        "standing_grants",
+        "approve_in_host",
     }
 )
 _INBOX_FIELDS: Final = frozenset({"listen", "notify", "token_file"})
 _TELEMETRY_FIELDS: Final = frozenset({"otlp_endpoint", "content"})
+_STANDING_GRANT_FIELDS: Final = frozenset({"max_for", "max_calls", "destructive"})
+_APPROVE_IN_HOST_FIELDS: Final = frozenset(
+    {"exclude_classes", "exclude_tools", "exclude_servers", "wait"}
+)
 _SERVER_FIELDS: Final = frozenset(
     {
         "name",
@@ -257,6 +266,11 @@ class ProxyConfig:
 
     # `"notify"`: who is told of approvals, signed, from the outbox (`_notify.py`).
     notify: tuple[NotifyTarget, ...] = ()
+
+    # The operator's maximum for standing grants; None: no grant may be given.
+    standing_grants: GrantLimits | None = None
+    # `"approve_in_host"`: a held call may ask the host's user (stdio only); None: never.
+    approve_in_host: HostApproval | None = None
 
     def protected_paths(self) -> list[Path]:
         """The files a server must never be pointed at: whoever writes them governs the proxy."""
@@ -418,6 +432,12 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
         telemetry=_telemetry(reader, top["telemetry"]) if "telemetry" in top else TelemetryConfig(),
         flows=flows,
         notify=parse_notify(top["notify"], config_path) if "notify" in top else (),
+        standing_grants=(
+            _standing_grants(reader, top["standing_grants"]) if "standing_grants" in top else None
+        ),
+        approve_in_host=(
+            _approve_in_host(reader, top["approve_in_host"]) if "approve_in_host" in top else None
+        ),
     )
     _refuse_servers_that_reach_the_operators_files(config)
     return _hide_the_operators_files(config)
@@ -649,6 +669,58 @@ def _check_labels(reader: _Reader, servers: list[UpstreamConfig], known: Mapping
             label_list(
                 list(rule.labels), known, f'{where} rule "{sanitize(tool)}" labels', reader.fail
             )
+
+
+def _standing_grants(reader: _Reader, raw: Any) -> GrantLimits:
+    entry = reader.object(raw, "standing_grants", _STANDING_GRANT_FIELDS)
+    if "max_for" not in entry:
+        raise reader.fail("standing_grants.max_for", "is required (the longest a grant may last)")
+    max_calls = (
+        reader.count(entry["max_calls"], "standing_grants.max_calls")
+        if "max_calls" in entry
+        else None
+    )
+    destructive = entry.get("destructive", False)
+    if not isinstance(destructive, bool):
+        raise reader.fail("standing_grants.destructive", "must be true or false")
+    return GrantLimits(
+        reader.duration(entry["max_for"], "standing_grants.max_for"), max_calls, destructive
+    )
+
+
+def _approve_in_host(reader: _Reader, raw: Any) -> HostApproval | None:
+    from ._host_approval import HostApproval
+
+    if raw is False:
+        return None
+    if raw is True:
+        return HostApproval()
+    if not isinstance(raw, dict):
+        raise reader.fail("approve_in_host", "must be true, false or an object")
+    entry = reader.object(raw, "approve_in_host", _APPROVE_IN_HOST_FIELDS)
+    classes = reader.strings(
+        entry.get("exclude_classes", ["destructive"]), "approve_in_host.exclude_classes"
+    )
+    known = {str(side_effect) for side_effect in SideEffect}
+    for name in classes:
+        if name not in known:
+            raise reader.fail(
+                "approve_in_host.exclude_classes", f'names no class "{sanitize(name)}"'
+            )
+    return HostApproval(
+        exclude_classes=frozenset(classes),
+        exclude_tools=frozenset(
+            reader.strings(entry.get("exclude_tools", []), "approve_in_host.exclude_tools")
+        ),
+        exclude_servers=frozenset(
+            reader.strings(entry.get("exclude_servers", []), "approve_in_host.exclude_servers")
+        ),
+        wait=(
+            reader.duration(entry["wait"], "approve_in_host.wait")
+            if "wait" in entry
+            else HostApproval().wait
+        ),
+    )
 
 
 def _inbox(reader: _Reader, raw: Any) -> InboxConfig:

@@ -50,6 +50,7 @@ The rooms, each a module of this package:
   ledger with the event it announces once a route is enabled, and its sweep;
 - `_schema.py`: the core migrations and the extensions' own (the proxy's call
   index, `proxy/_index.py`; the accounting, `accounting.py`);
+- `_grants.py`: the standing grants' extension tables, records and reads;
 - `_open.py`: `open_store`, for a file or a URL;
 - `_sqlite.py`: opening a SQLite file safely, and SQLite's hooks;
 - `_postgres.py`: the PostgreSQL adapter, and PostgreSQL's hooks;
@@ -62,6 +63,17 @@ it catches a database driver's errors (`tests/test_architecture.py`).
 
 from ._anchor import postgres_anchor_path
 from ._chain import GENESIS_HASH, event_hash
+from ._grants import (
+    GrantLimits,
+    GrantStatus,
+    StandingGrant,
+    grant_limits,
+    list_standing_grants,
+    live_standing_grants,
+    migrate_grants,
+    set_grant_limits,
+    standing_grant,
+)
 from ._open import is_postgres_url, open_store
 from ._reads import _LIST_RUNS as _LIST_RUNS  # not public: a test compares it with a sort
 from ._records import (
@@ -94,8 +106,11 @@ __all__ = [
     "ChainReport",
     "Connection",
     "Event",
+    "GrantLimits",
+    "GrantStatus",
     "RunRecord",
     "RunStatus",
+    "StandingGrant",
     "StateReport",
     "StepRecord",
     "StepStatus",
@@ -103,10 +118,16 @@ __all__ = [
     "approval_hash",
     "epoch_to_iso",
     "event_hash",
+    "grant_limits",
     "is_postgres_url",
     "iso_to_epoch",
+    "list_standing_grants",
+    "live_standing_grants",
+    "migrate_grants",
     "open_store",
     "postgres_anchor_path",
+    "set_grant_limits",
+    "standing_grant",
     "utc_at",
     "utc_now",
 ]

@@ -73,6 +73,12 @@ class EventType(enum.StrEnum):
     TAINT_CLEARED = "taint_cleared"
     # A request the signed approver channel refused (`approver/`).
     APPROVER_REFUSED = "approver_refused"
+    # A standing grant's (`store/_grants.py`): given with an approval, used by a call it
+    # covers, revoked by a person, or found past its time.
+    STANDING_GRANT_GIVEN = "standing_grant_given"
+    STANDING_GRANT_USED = "standing_grant_used"
+    STANDING_GRANT_REVOKED = "standing_grant_revoked"
+    STANDING_GRANT_EXPIRED = "standing_grant_expired"
 
 
 class EndReason(enum.StrEnum):

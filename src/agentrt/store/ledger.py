@@ -55,6 +55,7 @@ __all__ = [
     "ApprovalRequest",
     "CallResult",
     "NewLease",
+    "NewStandingGrant",
     "RecordedResult",
     "acquire_lease",
     "cancel_run",
@@ -65,6 +66,8 @@ __all__ = [
     "expect_status",
     "expire_approval_if_due",
     "expire_grant",
+    "expire_standing_grant",
+    "give_standing_grant",
     "grant",
     "interrupt_step",
     "mark_executing",
@@ -79,10 +82,12 @@ __all__ = [
     "release_lease",
     "renew_lease",
     "request_approval",
+    "revoke_standing_grant",
     "stale_approval",
     "start_run",
     "supersede",
     "use_approval",
+    "use_standing_grant",
     "verify_state",
 ]
 
@@ -917,3 +922,107 @@ def verify_state(connection: Connection) -> StateReport:
         if problem is not None:
             return StateReport(False, f"approval {sanitize(row[0])}", problem, checked)
     return StateReport(True, None, "every run and approval matches its events", checked)
+
+
+# -- standing grants (the `grants` extension, `_grants.py`) ---------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NewStandingGrant:
+    """A standing grant as a person gives it with their approval: its scope (what was
+    shown, hashed as `scope_hash`), the session and tool it covers, its condition, its
+    count of calls (None: no count) and how long it lasts from the decision."""
+
+    session: str
+    tool: str
+    condition: str | None
+    calls: int | None
+    seconds: float
+    scope: Mapping[str, Any]
+    scope_hash: str
+
+
+def give_standing_grant(
+    store: Store,
+    connection: Connection,
+    approval: ApprovalRecord,
+    grant: NewStandingGrant,
+    *,
+    by: str,
+    decided_at: str,
+    now: float,
+) -> str:
+    """Record a standing grant given with `approval` (`standing_grant_given`, in the run of
+    the approval, in the transaction of the approval's own grant); its id."""
+    grant_id = "g" + uuid.uuid4().hex[:15]
+    expires_at = store.write_time(now) + grant.seconds
+    seq_row = connection.execute(
+        "SELECT COALESCE(MAX(created_seq), 0) FROM standing_grants"
+    ).fetchone()
+    connection.execute(
+        "INSERT INTO standing_grants (grant_id, approval_id, run_id, session, tool, condition,"
+        " calls_given, calls_left, expires_at, scope, scope_hash, status, given_by, given_at,"
+        " created_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, ?)",
+        (grant_id, approval.approval_id, approval.run_id, grant.session, grant.tool,
+         grant.condition, grant.calls, grant.calls, expires_at, canonical_json(dict(grant.scope)),
+         grant.scope_hash, by, decided_at, seq_row[0] + 1),
+    )  # fmt: skip
+    _append(
+        store, connection, approval.run_id, EventType.STANDING_GRANT_GIVEN,
+        {"grant_id": grant_id, "approval_id": approval.approval_id,
+         "scope": dict(grant.scope), "scope_hash": grant.scope_hash,
+         "expires_at": epoch_to_iso(expires_at), "by": by},
+    )  # fmt: skip
+    return grant_id
+
+
+def use_standing_grant(
+    store: Store, connection: Connection, grant_id: str, run_id: str, step: int, tool: str
+) -> None:
+    """A call the grant covers was let through: one of its calls is spent (compare-and-set on
+    it being active, in time and not used up), in the transaction that records the call's
+    step (`standing_grant_used`).  A grant that ended meanwhile raises `RunStateError`, and
+    the step's transaction rolls back whole."""
+    now = store.write_time(time.time())
+    row = connection.execute(
+        "UPDATE standing_grants SET calls_left = calls_left - 1,"
+        " status = CASE WHEN calls_left = 1 THEN 'used_up' ELSE status END"
+        " WHERE grant_id = ? AND status = 'active' AND expires_at > ?"
+        " AND (calls_left IS NULL OR calls_left > 0) RETURNING calls_left, status",
+        (grant_id, now),
+    ).fetchone()
+    if row is None:
+        raise RunStateError(f"standing grant {sanitize(grant_id)} ended before this call used it")
+    _append(store, connection, run_id, EventType.STANDING_GRANT_USED,
+            {"grant_id": grant_id, "step": step, "tool": tool, "calls_left": row[0]})  # fmt: skip
+
+
+def revoke_standing_grant(
+    store: Store, connection: Connection, grant_id: str, run_id: str, *, by: str
+) -> bool:
+    """End an active grant at once (`standing_grant_revoked`); False if it had already ended."""
+    cursor = connection.execute(
+        "UPDATE standing_grants SET status = 'revoked', ended_by = ?, ended_at = ?"
+        " WHERE grant_id = ? AND status = 'active'",
+        (by, utc_now(), grant_id),
+    )
+    if cursor.rowcount != 1:
+        return False
+    _append(store, connection, run_id, EventType.STANDING_GRANT_REVOKED,
+            {"grant_id": grant_id, "by": by})  # fmt: skip
+    return True
+
+
+def expire_standing_grant(store: Store, connection: Connection, grant_id: str, run_id: str) -> bool:
+    """Record that an active grant's time ran out (`standing_grant_expired`); False if it is
+    not active or still in time."""
+    now = store.write_time(time.time())
+    cursor = connection.execute(
+        "UPDATE standing_grants SET status = 'expired', ended_at = ?"
+        " WHERE grant_id = ? AND status = 'active' AND expires_at <= ?",
+        (utc_now(), grant_id, now),
+    )
+    if cursor.rowcount != 1:
+        return False
+    _append(store, connection, run_id, EventType.STANDING_GRANT_EXPIRED, {"grant_id": grant_id})
+    return True

@@ -168,6 +168,34 @@
     }
   }
 
+  // A standing grant asked with the approval: its scope and hash are fetched and shown, and
+  // the person confirms that scope; the decision then names the hash shown.
+  async function grantShown(card, view) {
+    const calls = card.querySelector('input[name="grant_calls"]').value.trim();
+    const duration = card.querySelector('input[name="grant_for"]').value.trim();
+    const when = card.querySelector('input[name="grant_when"]').value.trim();
+    if (!calls && !duration && !when) { return null; }
+    const asked = { run_id: view.decide.run_id, approval_id: view.decide.approval_id };
+    if (calls) { asked.calls = Number(calls); }
+    if (duration) { asked.for = duration; }
+    if (when) { asked.when = when; }
+    const scope = await api("/api/grant-scope", {
+      method: "POST",
+      headers: headers({ "Content-Type": "application/json", "X-CSRF-Token": state.csrf }),
+      body: JSON.stringify(asked),
+    });
+    const shown = card.querySelector('[data-field="grant_scope"]');
+    shown.textContent = scope.lines.join("\n");
+    shown.hidden = false;
+    if (!window.confirm("Approve, and give this standing grant?\n\n" + scope.lines.join("\n"))) {
+      throw new Error("the grant was not confirmed");
+    }
+    asked.scope_hash = scope.scope_hash;
+    delete asked.run_id;
+    delete asked.approval_id;
+    return asked;
+  }
+
   async function decide(card, view, verdict) {
     const outcome = card.querySelector('[data-field="outcome"]');
     const buttons = card.querySelectorAll("button[data-verdict]");
@@ -175,17 +203,20 @@
     outcome.className = "outcome";
     outcome.textContent = verdict === "approve" ? "approving…" : "rejecting…";
     try {
+      const grant = verdict === "approve" ? await grantShown(card, view) : null;
+      const body = {
+        verdict: verdict,
+        run_id: view.decide.run_id,
+        approval_id: view.decide.approval_id,
+        approval_hash: view.approval_hash,
+        by: $("by").value,
+        note: card.querySelector('input[name="note"]').value,
+      };
+      if (grant) { body.grant = grant; }
       const decided = await api("/api/decide", {
         method: "POST",
         headers: headers({ "Content-Type": "application/json", "X-CSRF-Token": state.csrf }),
-        body: JSON.stringify({
-          verdict: verdict,
-          run_id: view.decide.run_id,
-          approval_id: view.decide.approval_id,
-          approval_hash: view.approval_hash,
-          by: $("by").value,
-          note: card.querySelector('input[name="note"]').value,
-        }),
+        body: JSON.stringify(body),
       });
       outcome.className = "outcome ok";
       outcome.textContent = (decided.status === "approved"
