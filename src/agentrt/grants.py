@@ -211,3 +211,31 @@ def revoke(store: Store, grant_id: str, *, by: str = "") -> StandingGrant:
     current = standing_grant(store, grant_id)
     assert current is not None
     return current
+
+
+def grant_request_from(fields: Any, *, needs_hash: bool) -> GrantRequest:
+    """A standing grant's fields as the inbox and the approver channel take them (`calls`,
+    `for` as a duration such as 1h, `when`, `scope_hash`); `ValueError` says which is wrong."""
+    if not isinstance(fields, dict):
+        raise ValueError("a grant must be a JSON object")
+    calls, duration = fields.get("calls"), fields.get("for")
+    when, scope_hash = fields.get("when"), fields.get("scope_hash")
+    if calls is not None and (isinstance(calls, bool) or not isinstance(calls, int) or calls < 1):
+        raise ValueError("a grant's calls must be a whole number of at least 1")
+    if duration is not None and not isinstance(duration, str):
+        raise ValueError('a grant\'s "for" must be a duration such as 1h or 30m')
+    if when is not None and not isinstance(when, str):
+        raise ValueError("a grant's condition (when) must be text")
+    if needs_hash and not isinstance(scope_hash, str):
+        raise ValueError("a grant must name the scope_hash it was shown")
+    if calls is None and duration is None and when is None:
+        raise ValueError("a grant needs calls, for or when")
+    from .mcp import parse_duration
+
+    seconds = None if duration is None else parse_duration(duration)
+    return GrantRequest(
+        seconds=seconds,
+        calls=calls,
+        when=when or None,
+        scope_hash=scope_hash if isinstance(scope_hash, str) else None,
+    )

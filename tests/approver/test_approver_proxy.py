@@ -108,3 +108,72 @@ def test_the_command_refuses_a_secret_others_can_read_or_a_short_one(tmp_path: P
         env={"PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert missing.returncode == 2 and "AGENTRT_APPROVER_SECRET_FILE" in missing.stderr
+
+
+@pytest.mark.slow
+async def test_the_channel_gives_a_standing_grant_against_the_scope_hash_it_showed(
+    tmp_path: Path,
+) -> None:
+    setup, notes = await notes_setup(tmp_path)
+    document = dict(setup.document)
+    del document["inbox"]
+    document["standing_grants"] = {"max_for": "1h", "max_calls": 5}
+    setup.document.clear()
+    setup.rewrite(**document)
+    secret = secret_file(tmp_path)
+    async with host(setup) as session:
+        held = await session.call_tool("notes_write_note", {"path": "a.md", "content": "one\n"})
+        assert text_of(held).startswith("PENDING_APPROVAL: ")
+        ((run_id, approval_id),) = setup.waiting_commands()
+        assert isinstance(setup.database, Path)
+        with approver_process(setup.database, secret, tmp_path) as base:
+            path = f"{base}/runs/{run_id}/approvals/{approval_id}"
+            async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+
+                async def post(suffix: str, body: dict[str, object]) -> httpx.Response:
+                    return await client.send(
+                        signed_request("POST", f"{path}/{suffix}", secret=SECRET, json=body)
+                    )
+
+                shown = (await client.send(signed_request("GET", path, secret=SECRET))).json()[
+                    "hash"
+                ]
+                asked = {"calls": 2}
+                scope = await post(
+                    "grant-scope",
+                    {"run_id": run_id, "approval_id": approval_id, "grant": asked},
+                )
+                assert scope.status_code == 200, scope.text
+                assert any("2" in line for line in scope.json()["lines"])
+                decision = {"run_id": run_id, "approval_id": approval_id, "hash": shown,
+                            "by": "alice"}  # fmt: skip
+                # Wider than the operator's maximum, or another scope than shown: refused,
+                # nothing decided.
+                wide = await post("approve", {**decision, "grant": {"calls": 50}})
+                assert wide.status_code == 400, wide.text
+                other = await post(
+                    "approve", {**decision, "grant": {**asked, "scope_hash": "0" * 64}}
+                )
+                assert other.status_code == 400, other.text
+                assert setup.approval(approval_id).status is ApprovalStatus.PENDING
+                granted = await post(
+                    "approve",
+                    {**decision, "grant": {**asked, "scope_hash": scope.json()["scope_hash"]}},
+                )
+                assert granted.status_code == 202, granted.text
+        ran = await session.call_tool("notes_write_note", {"path": "a.md", "content": "one\n"})
+        assert not text_of(ran).startswith("PENDING_APPROVAL"), text_of(ran)
+        # The grant covers the next two calls with other arguments, then asks again.
+        for name in ("b.md", "c.md"):
+            covered = await session.call_tool(
+                "notes_write_note", {"path": name, "content": "covered\n"}
+            )
+            assert not text_of(covered).startswith("PENDING_APPROVAL"), text_of(covered)
+        asked_again = await session.call_tool(
+            "notes_write_note", {"path": "d.md", "content": "asks\n"}
+        )
+        assert text_of(asked_again).startswith("PENDING_APPROVAL: ")
+    assert (notes / "c.md").read_text() == "covered\n"
+    assert not (notes / "d.md").exists()
+    with open_store(setup.database, read_only=True, create=False) as store:
+        assert store.verify_chain().ok and store.verify_state().ok

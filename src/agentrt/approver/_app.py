@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from ..canonical import JSONBoundaryError, parse_json
+from ..grants import GrantRequest, grant_request_from
 from ..sanitize import sanitize
 from ..store import Store, ledger
 from ._interface import Approver, ApproverRefusal
@@ -48,6 +49,10 @@ MAX_BODY: Final = 16 * 1024
 MAX_BY: Final = 200
 MAX_NOTE: Final = 2000
 _DECISION_FIELDS: Final = ("run_id", "approval_id", "hash", "by", "note")
+# An approval may give a standing grant: `grant` is `{calls, for, when, scope_hash}`, the
+# scope_hash as `…/grant-scope` showed it (docs/approvals.md).
+_APPROVE_FIELDS: Final = (*_DECISION_FIELDS, "grant")
+_SCOPE_FIELDS: Final = ("run_id", "approval_id", "grant")
 _CANCEL_FIELDS: Final = ("run_id", "by")
 _MAX_RECORDED_PATH: Final = 200
 _MAX_RECORDED_REASON: Final = 300
@@ -164,7 +169,7 @@ async def _verified_body(channel: _Channel, request: Request) -> bytes:
 
 def _decision(
     body: bytes, run_id: str, fields: tuple[str, ...], approval_id: str | None
-) -> dict[str, str]:
+) -> dict[str, Any]:
     """The body's fields, checked: a JSON object of text naming the path's run (and approval)."""
     if not body and approval_id is None:
         return {}
@@ -179,13 +184,17 @@ def _decision(
             raise ApproverRefusal(
                 400, "bad_request", f"the body has a field {_bounded(name, 40)!r} it may not have"
             )
+        if name == "grant":
+            continue  # checked as a grant by `_grant_of`
         if not isinstance(value, str):
             raise ApproverRefusal(400, "bad_request", f"the body's {name} must be text")
     if len(document.get("by", "")) > MAX_BY or len(document.get("note", "")) > MAX_NOTE:
         raise ApproverRefusal(
             400, "bad_request", f"by is at most {MAX_BY} characters, note {MAX_NOTE}"
         )
-    required = ("run_id", "approval_id", "hash") if approval_id is not None else ("run_id",)
+    required: tuple[str, ...] = ("run_id",)
+    if approval_id is not None:
+        required = ("run_id", "approval_id", "hash" if "hash" in fields else "grant")
     for name in required:
         if not document.get(name):
             raise ApproverRefusal(400, "bad_request", f"the body's {name} is required")
@@ -198,6 +207,16 @@ def _decision(
             400, "bad_request", "the body names another approval than the request's path"
         )
     return document
+
+
+def _grant_of(fields: Mapping[str, Any], *, needs_hash: bool) -> GrantRequest | None:
+    """The standing grant a body asks for (None without one); 400 naming what is wrong."""
+    if "grant" not in fields:
+        return None
+    try:
+        return grant_request_from(fields["grant"], needs_hash=needs_hash)
+    except ValueError as exc:
+        raise ApproverRefusal(400, "bad_request", sanitize(str(exc))) from None
 
 
 def _wants_text(request: Request) -> bool:
@@ -256,17 +275,39 @@ def approver_app(store: Store, secret: bytes, limits: ChannelLimits | None = Non
             approver: Approver, params: Mapping[str, Any], body: bytes, request: Request
         ) -> Response:
             approval_id = str(params["approval_id"])
-            fields = _decision(body, approver.run_id, _DECISION_FIELDS, approval_id)
-            decide = approver.approve if verdict == "approve" else approver.reject
-            decided = await store.run(
-                functools.partial(
-                    decide, approval_id, fields["hash"],
-                    by=fields.get("by") or "approver", note=fields.get("note", ""),
-                )
-            )  # fmt: skip
+            if verdict == "approve":
+                fields = _decision(body, approver.run_id, _APPROVE_FIELDS, approval_id)
+                grant = _grant_of(fields, needs_hash=True)
+                decided = await store.run(
+                    functools.partial(
+                        approver.approve, approval_id, fields["hash"],
+                        by=fields.get("by") or "approver", note=fields.get("note", ""),
+                        grant=grant,
+                    )
+                )  # fmt: skip
+            else:
+                fields = _decision(body, approver.run_id, _DECISION_FIELDS, approval_id)
+                decided = await store.run(
+                    functools.partial(
+                        approver.reject, approval_id, fields["hash"],
+                        by=fields.get("by") or "approver", note=fields.get("note", ""),
+                    )
+                )  # fmt: skip
             return JSONResponse(decided.json(), status_code=202 if verdict == "approve" else 200)
 
         return decide
+
+    async def grant_scope(
+        approver: Approver, params: Mapping[str, Any], body: bytes, request: Request
+    ) -> Response:
+        approval_id = str(params["approval_id"])
+        fields = _decision(body, approver.run_id, _SCOPE_FIELDS, approval_id)
+        asked = _grant_of(fields, needs_hash=False)
+        assert asked is not None
+        scope = await store.run(approver.grant_scope, approval_id, asked)
+        return JSONResponse(
+            {"scope": scope.scope, "scope_hash": scope.scope_hash, "lines": scope.lines()}
+        )
 
     async def cancel(
         approver: Approver, params: Mapping[str, Any], body: bytes, request: Request
@@ -302,6 +343,11 @@ def approver_app(store: Store, secret: bytes, limits: ChannelLimits | None = Non
             Route(
                 f"{base}/approvals/{{approval_id}}/reject",
                 endpoint(deciding("reject")),
+                methods=["POST"],
+            ),
+            Route(
+                f"{base}/approvals/{{approval_id}}/grant-scope",
+                endpoint(grant_scope),
                 methods=["POST"],
             ),
             Route(f"{base}/cancel", endpoint(cancel), methods=["POST"]),

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from .. import approvals
 from ..errors import AgentrtError, ApprovalError, RunNotFound, RunStateError
+from ..grants import GrantRefused, GrantRequest, GrantScope, grant_scope
 from ..inbox.review import displayed_hash
 from ..sanitize import sanitize
 from ..store import ApprovalRecord, ApprovalStatus, RunRecord, RunStatus, Store
@@ -232,23 +233,49 @@ class Approver:
             raise ApproverRefusal(410, "expired", f"approval {sanitize(approval_id)} expired")
         return approval
 
-    def _decide(self, verdict: str, approval_id: str, shown_hash: str, by: str, note: str) -> Any:
+    def _decide(
+        self, verdict: str, approval_id: str, shown_hash: str, by: str, note: str,
+        grant: GrantRequest | None = None,
+    ) -> Any:  # fmt: skip
         granting = verdict == "approve"
         self._refuse_unless_decidable(approval_id, shown_hash, expires_when_granted=granting)
-        decide = approvals.approve if verdict == "approve" else approvals.reject
         try:
-            return decide(
+            if granting:
+                return approvals.approve(
+                    self.store, self.run_id, approval_hash=shown_hash, approval_id=approval_id,
+                    by=by, note=note, grant=grant,
+                )  # fmt: skip
+            return approvals.reject(
                 self.store, self.run_id, approval_hash=shown_hash, approval_id=approval_id,
                 by=by, note=note,
             )  # fmt: skip
+        except GrantRefused as refused:
+            # Nothing was decided: a grant wider than the operator allows, on a tool it may
+            # not cover, with a condition that does not compile, or another scope than shown.
+            raise ApproverRefusal(400, "bad_request", sanitize(str(refused))) from None
         except (ApprovalError, RunStateError) as exc:
             # Decided, expired or replaced between the check and the write: say which.
             self._refuse_unless_decidable(approval_id, shown_hash)
             raise ApproverRefusal(409, "approval_changed", sanitize(str(exc))) from None
 
-    def approve(self, approval_id: str, shown_hash: str, *, by: str, note: str = "") -> Decided:
-        """Grant `approval_id` if it is still the pending request that hashes to `shown_hash`."""
-        return Decided(self._decide("approve", approval_id, shown_hash, by, note), _NEXT_STEP)
+    def approve(
+        self, approval_id: str, shown_hash: str, *, by: str, note: str = "",
+        grant: GrantRequest | None = None,
+    ) -> Decided:  # fmt: skip
+        """Grant `approval_id` if it is still the pending request that hashes to `shown_hash`;
+        with `grant`, give the standing grant whose scope hash it names in the same write."""
+        return Decided(
+            self._decide("approve", approval_id, shown_hash, by, note, grant), _NEXT_STEP
+        )
+
+    def grant_scope(self, approval_id: str, asked: GrantRequest) -> GrantScope:
+        """The scope (and its hash) a standing grant asked with `approval_id` would have: what
+        a person is shown before giving it.  Refused as a decision would be."""
+        approval = self._approval(approval_id)
+        try:
+            return grant_scope(self.store, approval, asked)
+        except GrantRefused as refused:
+            raise ApproverRefusal(400, "bad_request", sanitize(str(refused))) from None
 
     def reject(self, approval_id: str, shown_hash: str, *, by: str, note: str = "") -> Decided:
         """Reject `approval_id` (the run is cancelled; `note` is what the model is told)."""

@@ -29,8 +29,7 @@ from starlette.staticfiles import StaticFiles
 from .. import approvals
 from ..canonical import JSONBoundaryError, parse_json
 from ..errors import AgentrtError, RunNotFound
-from ..grants import GrantRequest, GrantScope, grant_scope
-from ..mcp import parse_duration
+from ..grants import GrantRequest, GrantScope, grant_request_from, grant_scope
 from ..sanitize import sanitize
 from ..store import ApprovalRecord, Store
 from ._chain import ChainCheck
@@ -177,32 +176,6 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def _grant_request(fields: Any, *, needs_hash: bool) -> GrantRequest:
-    """A standing grant's fields from the page (`calls`, `for` as a duration, `when`,
-    `scope_hash`); `ValueError` says which field is wrong."""
-    if not isinstance(fields, dict):
-        raise ValueError("a grant must be a JSON object")
-    calls, duration = fields.get("calls"), fields.get("for")
-    when, scope_hash = fields.get("when"), fields.get("scope_hash")
-    if calls is not None and (isinstance(calls, bool) or not isinstance(calls, int) or calls < 1):
-        raise ValueError("a grant's calls must be a whole number of at least 1")
-    if duration is not None and not isinstance(duration, str):
-        raise ValueError('a grant\'s "for" must be a duration such as 1h or 30m')
-    if when is not None and not isinstance(when, str):
-        raise ValueError("a grant's condition (when) must be text")
-    if needs_hash and not isinstance(scope_hash, str):
-        raise ValueError("a grant must name the scope_hash it was shown")
-    if calls is None and duration is None and when is None:
-        raise ValueError("a grant needs calls, for or when")
-    seconds = None if duration is None else parse_duration(duration)
-    return GrantRequest(
-        seconds=seconds,
-        calls=calls,
-        when=when or None,
-        scope_hash=scope_hash if isinstance(scope_hash, str) else None,
-    )
-
-
 def create_app(state: InboxState) -> Any:
     """The inbox as an ASGI application (the guard around a Starlette app)."""
     templates = jinja2.Environment(
@@ -290,7 +263,7 @@ def create_app(state: InboxState) -> Any:
             if verdict != "approve":
                 return _error(400, "a standing grant is given only with an approval")
             try:
-                grant = _grant_request(decision["grant"], needs_hash=True)
+                grant = grant_request_from(decision["grant"], needs_hash=True)
             except ValueError as exc:
                 return _error(400, str(exc))
 
@@ -360,7 +333,7 @@ def create_app(state: InboxState) -> Any:
         if not (isinstance(run_id, str) and isinstance(approval_id, str)):
             return _error(400, "run_id and approval_id are required")
         try:
-            request_ = _grant_request(asked, needs_hash=False)
+            request_ = grant_request_from(asked, needs_hash=False)
         except ValueError as exc:
             return _error(400, str(exc))
 
