@@ -115,7 +115,7 @@ def test_no_database_given_is_bad_usage(monkeypatch: pytest.MonkeyPatch) -> None
     result = CliRunner().invoke(cli, ["runs"])
     assert result.exit_code == 2
     assert _one_error_line(result.output) == (
-        "agentrt: no database given: pass --db PATH or set AGENTRT_DB"
+        "agentrt: no database given: pass --db PATH, set AGENTRT_DB, or run agentrt init"
     )
 
 
