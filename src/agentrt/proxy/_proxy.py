@@ -35,6 +35,7 @@ from ._forward import Forwarded
 from ._index import CallIndex
 from ._input_required import HostCall, Suspended
 from ._log import log_line
+from ._logins import oauth_preflights
 from ._offers import Offered, OfferTool, hidden_name
 from ._status import GateStatus
 from .config import DEFAULT_SERVER_TIMEOUT, ProxyConfig, UpstreamConfig
@@ -195,6 +196,9 @@ class Proxy:
         self.call_tasks: set[asyncio.Task[None]] = set()
         # The level a host set with logging/setLevel; None forwards no server logging.
         self.log_level: str | None = None
+        # A remote server's OAuth tokens are checked (and refreshed) before its call
+        # enters the gate: one that needs a login is UNAVAILABLE, nothing recorded or run.
+        self.calls.logins = oauth_preflights(tools)
 
     def start(
         self,
