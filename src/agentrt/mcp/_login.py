@@ -24,6 +24,7 @@ file and exchanged at the authorization server's token endpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -323,45 +324,36 @@ async def _authorization_code(
         callback_handler=arrived,
         client_metadata_url=settings.client_metadata_url,
     )
+    failure: str | None = None
+    status = 0
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(callback.serve, listener)
             try:
-                async with httpx2.AsyncClient(
-                    auth=provider, follow_redirects=False, timeout=30.0
-                ) as client:
-                    response = await client.post(
-                        endpoint,
-                        content=_INITIALIZE,
-                        headers={
-                            "accept": "application/json, text/event-stream",
-                            "content-type": "application/json",
-                            "mcp-protocol-version": _PROTOCOL_VERSION,
-                        },
-                    )
-                    session = response.headers.get("mcp-session-id")
-                    if session:
-                        await client.delete(endpoint, headers={"mcp-session-id": session})
+                status = await _initialize_through(provider, endpoint)
+            except LoginError as exc:
+                failure = str(exc)
+            except (OAuthFlowError, OAuthTokenError, OAuthRegistrationError, ValueError) as exc:
+                failure = (
+                    f'the login to server "{sanitize(name)}" failed: {_without_secrets(str(exc))}'
+                )
+            except httpx2.HTTPError as exc:
+                failure = f'the login to server "{sanitize(name)}" failed: {sanitize(str(exc))}'
             finally:
                 group.cancel_scope.cancel()
-    except (OAuthFlowError, OAuthTokenError, OAuthRegistrationError, ValueError) as exc:
-        raise LoginError(
-            f'the login to server "{sanitize(name)}" failed: {_without_secrets(str(exc))}'
-        ) from None
-    except httpx2.HTTPError as exc:
-        raise LoginError(
-            f'the login to server "{sanitize(name)}" failed: {sanitize(str(exc))}'
-        ) from None
     finally:
         await listener.aclose()
+    if failure is not None:
+        raise LoginError(failure)
+    response_status = status
     tokens = storage.tokens
     client_info = storage.client
     context = provider.context
     if tokens is None or client_info is None:
         raise LoginError(f'the login to server "{sanitize(name)}" ended without a token')
-    if response.status_code in (401, 403):
+    if response_status in (401, 403):
         raise LoginError(
-            f'server "{sanitize(name)}" refused the new token (HTTP {response.status_code})'
+            f'server "{sanitize(name)}" refused the new token (HTTP {response_status})'
         )
     now = time.time()
     return TokenRecord(
@@ -378,6 +370,26 @@ async def _authorization_code(
         issued_at=now,
         scope=tokens.scope,
     )
+
+
+async def _initialize_through(auth: httpx2.Auth, endpoint: str) -> int:
+    """POST an `initialize` through `auth` (which runs the whole flow on the 401), end the
+    session it opened, and return the final status."""
+    async with httpx2.AsyncClient(auth=auth, follow_redirects=False, timeout=30.0) as client:
+        response = await client.post(
+            endpoint,
+            content=_INITIALIZE,
+            headers={
+                "accept": "application/json, text/event-stream",
+                "content-type": "application/json",
+                "mcp-protocol-version": _PROTOCOL_VERSION,
+            },
+        )
+        session = response.headers.get("mcp-session-id")
+        if session:
+            with contextlib.suppress(httpx2.HTTPError):
+                await client.delete(endpoint, headers={"mcp-session-id": session})
+        return response.status_code
 
 
 def _registering_for(request: httpx2.Request, wanted: str | None) -> httpx2.Request:

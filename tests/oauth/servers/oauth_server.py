@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import math
 import secrets
 import socket
 import time
@@ -84,6 +85,7 @@ class Provider:
         self.access: dict[str, AccessToken] = {}
         self.refresh: dict[str, RefreshToken] = {}
         self.refreshes = 0
+        self.refresh_ttl: int | None = None
 
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
         client = self.clients.get(client_id)
@@ -129,12 +131,13 @@ class Provider:
     def _issue(self, client_id: str, scopes: list[str], resource: str | None) -> OAuthToken:
         access = "at-" + secrets.token_urlsafe(24)
         refresh = "rt-" + secrets.token_urlsafe(24)
-        expires = int(time.time()) + self.access_ttl
+        expires = math.ceil(time.time()) + self.access_ttl
         self.access[access] = AccessToken(
             token=access, client_id=client_id, scopes=scopes, expires_at=expires, resource=resource
         )
+        ends = None if self.refresh_ttl is None else math.ceil(time.time()) + self.refresh_ttl
         self.refresh[refresh] = RefreshToken(
-            token=refresh, client_id=client_id, scopes=scopes, resource=resource
+            token=refresh, client_id=client_id, scopes=scopes, resource=resource, expires_at=ends
         )
         return OAuthToken(
             access_token=access,
@@ -155,6 +158,8 @@ class Provider:
         self, client: OAuthClientInformationFull, refresh_token: str
     ) -> RefreshToken | None:
         token = self.refresh.get(refresh_token)
+        if token is not None and token.expires_at is not None and token.expires_at < time.time():
+            return None  # ended
         return token if token is not None and token.client_id == client.client_id else None
 
     async def exchange_refresh_token(
@@ -239,6 +244,76 @@ def _requiring_admin(app: Any, provider: Provider, seen: list[str]) -> Any:
     return guarded
 
 
+def _misbehaving(app: Any, arguments: Any, resource: str) -> Any:
+    """The attacks a test asks for: another resource in the metadata, metadata named on
+    another origin, a token endpoint that answers a refresh with a redirect."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        path = scope["path"]
+        if arguments.prm_resource and path.startswith("/.well-known/oauth-protected-resource"):
+            origin = resource.rsplit("/", 1)[0]
+            body = json.dumps(
+                {"resource": arguments.prm_resource, "authorization_servers": [origin]}
+            ).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        if arguments.token_redirect and path == "/token":
+            chunks = []
+            while True:
+                message = await receive()
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    break
+            body = b"".join(chunks)
+            if b"grant_type=refresh_token" in body:
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 307,
+                        "headers": [(b"location", arguments.token_redirect.encode())],
+                    }
+                )
+                await send({"type": "http.response.body", "body": b""})
+                return
+            delivered = False
+
+            async def replay() -> Any:
+                nonlocal delivered
+                if delivered:
+                    return await receive()
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            await app(scope, replay, send)
+            return
+
+        async def rewriting(message: Any) -> None:
+            if arguments.metadata_origin and message["type"] == "http.response.start":
+                headers = []
+                for key, value in message["headers"]:
+                    if key.lower() == b"www-authenticate":
+                        value = value.replace(
+                            resource.rsplit("/", 1)[0].encode(), arguments.metadata_origin.encode()
+                        )
+                    headers.append((key, value))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await app(scope, receive, rewriting)
+
+    return wrapped
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--access-ttl", type=int, default=3600)
@@ -246,6 +321,10 @@ def main() -> None:
     parser.add_argument("--default-scope", default="read")
     parser.add_argument("--client", action="append", default=[])
     parser.add_argument("--no-registration", action="store_true")
+    parser.add_argument("--prm-resource", help="publish this resource in the metadata instead")
+    parser.add_argument("--metadata-origin", help="name resource metadata on this origin")
+    parser.add_argument("--token-redirect", help="answer a refresh with a redirect here")
+    parser.add_argument("--refresh-ttl", type=int, help="refresh tokens end after this")
     arguments = parser.parse_args()
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -329,6 +408,8 @@ def main() -> None:
         return JSONResponse({"authorization": seen, "refreshes": provider.refreshes})
 
     app = _requiring_admin(server.streamable_http_app(json_response=True), provider, seen)
+    app = _misbehaving(app, arguments, resource)
+    provider.refresh_ttl = arguments.refresh_ttl
     print(port, flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
 
