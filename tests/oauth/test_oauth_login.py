@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import stat
+import subprocess
+import sys
+import time
 import urllib.parse
 from typing import Any
 
@@ -257,3 +260,35 @@ async def test_the_token_goes_only_to_the_servers_own_origin(
         await client.get(f"http://127.0.0.1:{port}/mcp")
         await client.get(authorization_server.endpoint, headers={"authorization": "Bearer host"})
     assert seen == ["", "", f"Bearer {record.access_token}"]
+
+
+_REFRESHER = """
+import sys, time
+import anyio
+from agentrt.mcp._oauth import OAuthSession
+
+session = OAuthSession.for_server("remote", sys.argv[1])
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+print(anyio.run(session.preflight))
+"""
+
+
+async def test_two_processes_refreshing_at_once_spend_the_rotating_refresh_token_once() -> None:
+    with oauth_server("--access-ttl", "1") as server:
+        await _login(server)
+        await anyio.sleep(1.1)  # both find the access token at its end
+        at = time.time() + 2.0
+        processes = [
+            subprocess.Popen(
+                [sys.executable, "-c", _REFRESHER, server.endpoint, str(at)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        outputs = [process.communicate(timeout=60) for process in processes]
+        assert [out.strip() for out, _ in outputs] == ["None", "None"], outputs
+        assert server.log()["refreshes"] == 1
+        session = OAuthSession.for_server("remote", server.endpoint)
+        assert await _whoami(server, session) == "an authorized client"
