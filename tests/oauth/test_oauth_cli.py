@@ -10,7 +10,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from oauth_support import OAuthServer, click_consent
+from oauth_support import OAuthServer, click_consent, oauth_server
 
 pytestmark = pytest.mark.anyio
 
@@ -118,3 +118,56 @@ def test_the_auth_entry_is_checked_and_a_bad_one_refused_naming_it(tmp_path: Pat
     config = load_config(path)
     assert config.servers[0].auth is not None
     assert config.servers[0].auth.scope == "read write"
+
+
+def test_the_client_credentials_grant_logs_in_without_a_person_from_an_owner_only_secret(
+    tmp_path: Path, state_home: Path
+) -> None:
+    with oauth_server("--client", "robot:s3cret-value", "--access-ttl", "1") as server:
+        secret = tmp_path / "robot.secret"
+        secret.write_text("s3cret-value\n")
+        secret.chmod(0o644)
+        config = _config(
+            tmp_path / "conf", server, grant="client_credentials", client_id="robot",
+            client_secret_file=str(secret), scope="read",
+        )  # fmt: skip
+        environment = _environment(state_home)
+        command = [str(AGENTRT), "login", "remote", "--config", str(config)]
+        refused = subprocess.run(
+            command, env=environment, capture_output=True, text=True, timeout=60
+        )
+        assert refused.returncode == 1
+        assert "can be read by other users" in refused.stderr
+        assert "s3cret-value" not in refused.stderr
+
+        secret.chmod(0o600)
+        done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert 'server "remote": logged in until' in done.stdout
+        assert "s3cret-value" not in done.stdout + done.stderr
+
+        # No refresh token: when the access token ends, the grant is made again.
+        async def call_twice() -> list[str]:
+            from agentrt.mcp import Server
+            from agentrt.mcp._connection import connect
+            from agentrt.mcp._oauth import OAuthClientFactory, OAuthSession
+
+            session = OAuthSession.for_server("remote", server.endpoint)
+            texts = []
+            for _ in range(2):
+                connection = await connect(
+                    Server(name="remote", endpoint=server.endpoint,
+                           http_client_factory=OAuthClientFactory(session))
+                )  # fmt: skip
+                try:
+                    result = await connection.call_tool("whoami", "{}", timeout=10)
+                finally:
+                    await connection.aclose()
+                texts.append(result["content"][0]["text"])
+                await anyio.sleep(1.1)
+            return texts
+
+        os.environ["XDG_STATE_HOME"] = str(state_home)
+        assert anyio.run(call_twice) == ["an authorized client"] * 2
+        seen = {header for header in server.log()["authorization"] if header}
+        assert len(seen) == 2  # two tokens: the second from a new grant

@@ -22,6 +22,7 @@ headers the MCP endpoint saw.
 from __future__ import annotations
 
 import argparse
+import base64
 import html
 import json
 import math
@@ -29,7 +30,7 @@ import secrets
 import socket
 import time
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, unquote, urlencode
 
 import uvicorn
 from mcp.server.auth.provider import (
@@ -314,6 +315,61 @@ def _misbehaving(app: Any, arguments: Any, resource: str) -> Any:
     return wrapped
 
 
+def _client_credentials(app: Any, provider: Provider) -> Any:
+    """The client credentials grant at /token (the SDK's token handler has none): a
+    pre-registered client with its secret, in the body or as HTTP Basic."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/token":
+            await app(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        form = dict(parse_qsl(body.decode()))
+        if form.get("grant_type") != "client_credentials":
+            delivered = False
+
+            async def replay() -> Any:
+                nonlocal delivered
+                if delivered:
+                    return await receive()
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            await app(scope, replay, send)
+            return
+        client_id, secret = form.get("client_id"), form.get("client_secret")
+        basic = dict(scope["headers"]).get(b"authorization", b"").decode()
+        if basic.startswith("Basic "):
+            client_id, _, secret = base64.b64decode(basic[6:]).decode().partition(":")
+            client_id, secret = unquote(client_id), unquote(secret)
+        client = provider.clients.get(client_id or "")
+        if client is None or not secret or client.client_secret != secret:
+            status, answer = 401, {"error": "invalid_client"}
+        elif form.get("resource") != provider.resource:
+            status, answer = 400, {"error": "invalid_target"}
+        else:
+            scopes = form.get("scope", "").split() or provider.default_scopes
+            token = provider._issue(client.client_id or "", scopes, form.get("resource"))
+            token.refresh_token = None
+            status, answer = 200, token.model_dump(exclude_none=True)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": json.dumps(answer).encode()})
+
+    return wrapped
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--access-ttl", type=int, default=3600)
@@ -408,7 +464,7 @@ def main() -> None:
         return JSONResponse({"authorization": seen, "refreshes": provider.refreshes})
 
     app = _requiring_admin(server.streamable_http_app(json_response=True), provider, seen)
-    app = _misbehaving(app, arguments, resource)
+    app = _misbehaving(_client_credentials(app, provider), arguments, resource)
     provider.refresh_ttl = arguments.refresh_ttl
     print(port, flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
