@@ -413,3 +413,24 @@ def _error_code(response: httpx2.Response) -> str:
 def oauth_client_factory(name: str, endpoint: str) -> OAuthClientFactory:
     """The HTTP client factory of a remote server reached with OAuth tokens."""
     return OAuthClientFactory(OAuthSession.for_server(name, endpoint))
+
+
+async def needs_login(server: Any) -> str | None:
+    """Why `server` waits for `agentrt login` (its 401, or tokens that cannot serve), or
+    None.  Asks the server only when it is reached with OAuth and has no usable tokens; a
+    server that answers without a token needs no login.  For the commands that would
+    otherwise fail on something else first (a manifest not yet written)."""
+    factory = getattr(server, "http_client_factory", None)
+    if not isinstance(factory, OAuthClientFactory) or factory.session.waiting_for_login() is None:
+        return None
+    from ._connection import connect
+
+    try:
+        with anyio.fail_after(server.connect_timeout):
+            connection = await connect(server)
+    except NeedsLogin as exc:
+        return str(exc)
+    except Exception:  # unreachable or broken: what follows reports it in its own words
+        return None
+    await connection.aclose()
+    return None
