@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +191,65 @@ def _every_token(server: OAuthServer) -> list[str]:
     assert record is not None and record.refresh_token is not None
     tokens.update({record.refresh_token, record.access_token})
     return sorted(tokens)
+
+
+async def test_no_token_passthrough_the_hosts_authorization_never_reaches_the_server(
+    tmp_path: Path, state_home: Path
+) -> None:
+    import socket
+
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    with oauth_server() as server:
+        config = _config(tmp_path / "conf", server)
+        environment = _environment(state_home)
+        await _login(server)
+        pinned = subprocess.run(
+            [str(AGENTRT), "pin", "--config", str(config)],
+            env=environment, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert pinned.returncode == 0, pinned.stderr
+        record = token_file("remote", canonical_resource(server.endpoint)).read()
+        assert record is not None
+        before = len(server.log()["authorization"])  # the login's own requests
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        stderr_path = tmp_path / "proxy.stderr"
+        with stderr_path.open("a") as errlog:
+            proxy = subprocess.Popen(
+                [str(AGENTRT), "proxy", "--config", str(config), "--http", f"127.0.0.1:{port}",
+                 "--token", "proxy-token-for-hosts"],
+                stdin=subprocess.DEVNULL, stderr=errlog, env=environment, cwd=tmp_path,
+            )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while "serving streamable HTTP" not in stderr_path.read_text():
+                assert proxy.poll() is None, stderr_path.read_text()
+                assert time.monotonic() < deadline, stderr_path.read_text()
+                await anyio.sleep(0.05)
+            url = f"http://127.0.0.1:{port}/mcp"
+            # The upstream's own token is not the proxy's: refused at the door.
+            async with httpx2.AsyncClient() as raw:
+                refused = await raw.post(
+                    url,
+                    headers={"authorization": f"Bearer {record.access_token}",
+                             "accept": "application/json, text/event-stream"},
+                    json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                )  # fmt: skip
+            assert refused.status_code == 401
+            client = httpx2.AsyncClient(headers={"authorization": "Bearer proxy-token-for-hosts"})
+            async with (
+                client,
+                streamable_http_client(url, http_client=client) as (read, write),
+                ClientSession(read, write) as host,
+            ):
+                await host.initialize()
+                result = await host.call_tool("remote_whoami", {})
+                assert _text(result) == "an authorized client", _text(result)
+        finally:
+            proxy.terminate()
+            proxy.wait(timeout=20)
+        seen = server.log()["authorization"][before:]
+        assert seen and all(header == f"Bearer {record.access_token}" for header in seen), seen
