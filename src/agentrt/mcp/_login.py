@@ -57,6 +57,13 @@ _INITIALIZE: Final = (
     b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25",'
     b'"capabilities":{},"clientInfo":{"name":"agentrt-login","version":"1"}}}'
 )
+_INITIALIZED: Final = b'{"jsonrpc":"2.0","method":"notifications/initialized"}'
+_LIST_TOOLS: Final = b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}'
+_HEADERS: Final = {
+    "accept": "application/json, text/event-stream",
+    "content-type": "application/json",
+    "mcp-protocol-version": _PROTOCOL_VERSION,
+}
 _PAGE: Final = (
     b"<!doctype html><meta charset=utf-8><title>agentrt</title>"
     b"<p>agentrt received the authorization; you can close this window.</p>"
@@ -155,29 +162,24 @@ async def login(
     return record
 
 
-async def _discover(name: str, endpoint: str) -> tuple[str | None, str | None]:
-    """The server's unauthenticated answer: the resource metadata URL and scope its 401
-    names.  Metadata on another origin is refused (a mix-up or a request forgery)."""
+async def _discover(name: str, endpoint: str) -> str | None:
+    """The resource metadata URL the server's unauthenticated answer names, if it is a 401
+    that names one (metadata on another origin is refused)."""
     async with httpx2.AsyncClient(follow_redirects=False, timeout=30.0) as client:
         try:
-            response = await client.post(
-                endpoint,
-                content=_INITIALIZE,
-                headers={
-                    "accept": "application/json, text/event-stream",
-                    "content-type": "application/json",
-                    "mcp-protocol-version": _PROTOCOL_VERSION,
-                },
-            )
+            response = await client.post(endpoint, content=_INITIALIZE, headers=_HEADERS)
         except httpx2.HTTPError as exc:
             raise LoginError(
                 f'server "{sanitize(name)}" could not be reached: {sanitize(str(exc))}'
             ) from None
     if response.status_code != 401:
-        raise LoginError(
-            f'server "{sanitize(name)}" answered HTTP {response.status_code} without a token, '
-            "not 401: it does not ask for an OAuth login"
-        )
+        return None
+    return _refuse_metadata_elsewhere(name, endpoint, response)
+
+
+def _refuse_metadata_elsewhere(name: str, endpoint: str, response: httpx2.Response) -> str | None:
+    """The `resource_metadata` a 401 names; refused when it is on another origin than the
+    server's (the SDK would fetch it and trust what it says: a mix-up, or a forgery)."""
     challenge = _challenge(response.headers.get("www-authenticate", ""))
     metadata = challenge.get("resource_metadata")
     if metadata is not None and _origin(metadata) != _origin(endpoint):
@@ -185,7 +187,7 @@ async def _discover(name: str, endpoint: str) -> tuple[str | None, str | None]:
             f'server "{sanitize(name)}" names its resource metadata on another origin '
             f"({sanitize(metadata)}), which is refused"
         )
-    return metadata, challenge.get("scope")
+    return metadata
 
 
 async def _authorization_code(
@@ -207,7 +209,6 @@ async def _authorization_code(
         OAuthToken,
     )
 
-    await _discover(name, endpoint)
     callback = _Callback()
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     port = listener.extra(anyio.abc.SocketAttribute.local_port)  # noqa: S610 - not SQL
@@ -231,7 +232,7 @@ async def _authorization_code(
             client_id=settings.client_id,
             client_secret=secret,
             redirect_uris=[redirect_uri],  # type: ignore[list-item]
-            token_endpoint_auth_method="client_secret_post" if secret else "none",
+            token_endpoint_auth_method="client_secret_basic" if secret else "none",
             grant_types=["authorization_code", "refresh_token"],
         )
 
@@ -277,6 +278,8 @@ async def _authorization_code(
                 outgoing = await flow.__anext__()
                 while True:
                     response = yield _registering_for(outgoing, wanted)
+                    if response.status_code == 401 and outgoing is request:
+                        _refuse_metadata_elsewhere(name, endpoint, response)
                     outgoing = await flow.asend(response)
             except StopAsyncIteration:
                 return
@@ -373,22 +376,25 @@ async def _authorization_code(
 
 
 async def _initialize_through(auth: httpx2.Auth, endpoint: str) -> int:
-    """POST an `initialize` through `auth` (which runs the whole flow on the 401), end the
-    session it opened, and return the final status."""
+    """Open a session through `auth` as a client would (initialize, initialized, tools/list)
+    so that whichever request the server refuses with 401 runs the flow; end the session;
+    return the last status."""
     async with httpx2.AsyncClient(auth=auth, follow_redirects=False, timeout=30.0) as client:
-        response = await client.post(
-            endpoint,
-            content=_INITIALIZE,
-            headers={
-                "accept": "application/json, text/event-stream",
-                "content-type": "application/json",
-                "mcp-protocol-version": _PROTOCOL_VERSION,
-            },
-        )
+        response = await client.post(endpoint, content=_INITIALIZE, headers=_HEADERS)
         session = response.headers.get("mcp-session-id")
+        headers = dict(_HEADERS)
+        if session:
+            headers["mcp-session-id"] = session
+        if response.status_code == 200:
+            await response.aread()
+            for message in (_INITIALIZED, _LIST_TOOLS):
+                response = await client.post(endpoint, content=message, headers=headers)
+                await response.aread()
+                if response.status_code >= 400:
+                    break
         if session:
             with contextlib.suppress(httpx2.HTTPError):
-                await client.delete(endpoint, headers={"mcp-session-id": session})
+                await client.delete(endpoint, headers=headers)
         return response.status_code
 
 
@@ -425,7 +431,7 @@ async def _client_credentials(name: str, endpoint: str, settings: AuthSettings) 
             "client_secret_file"
         )
     secret = read_secret_file(settings.client_secret_file)
-    metadata_url, _ = await _discover(name, endpoint)
+    metadata_url = await _discover(name, endpoint)
     resource = canonical_resource(endpoint)
     async with httpx2.AsyncClient(follow_redirects=False, timeout=30.0) as client:
         prm: ProtectedResourceMetadata | None = None
