@@ -16,7 +16,9 @@ recorded mapping instead); a rule's `repeat_window` and `outcome` are read
 here and taken out before the rest is checked as a rules file is.  `"0s"`
 turns `hold`, `repeat_window` and the expiries off.  `headers` (an endpoint's only) are
 sent on every request to it, by a client that follows no redirect, so a
-token is never handed to another host.  `note` is free text for the
+token is never handed to another host.  An endpoint without `headers` is
+reached with the OAuth tokens `agentrt login` stored (its `auth` says which
+client and grant: docs/oauth.md).  `note` is free text for the
 operator (why a server is not pinned, how to install it once); nothing reads it.
 """
 
