@@ -171,3 +171,22 @@ def test_the_client_credentials_grant_logs_in_without_a_person_from_an_owner_onl
         assert anyio.run(call_twice) == ["an authorized client"] * 2
         seen = {header for header in server.log()["authorization"] if header}
         assert len(seen) == 2  # two tokens: the second from a new grant
+
+
+def test_a_refused_login_is_one_sentence_without_a_traceback(
+    tmp_path: Path, state_home: Path
+) -> None:
+    with oauth_server("--prm-resource", "http://127.0.0.1:9/other") as server:
+        config = _config(tmp_path / "conf", server)
+        finished = subprocess.run(
+            [str(AGENTRT), "login", "remote", "--config", str(config), "--no-browser",
+             "--timeout", "5"],
+            env=_environment(state_home), capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert finished.returncode == 1
+    lines = finished.stderr.strip().splitlines()
+    assert len(lines) == 1, finished.stderr
+    assert lines[0].startswith('agentrt: the login to server "remote" failed: Protected resource')
+    assert not (state_home / "agentrt" / "oauth").exists() or not list(
+        (state_home / "agentrt" / "oauth").glob("*.json")
+    )

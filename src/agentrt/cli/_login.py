@@ -12,6 +12,7 @@ whether it has tokens, until when, and for which scope; never a token.
 
 from __future__ import annotations
 
+import logging
 import time
 import webbrowser
 from datetime import UTC, datetime
@@ -119,6 +120,11 @@ def login(
         if not no_browser:
             webbrowser.open(url)
 
+    # The SDK logs its flow's failures with their tracebacks (a state, a server's body);
+    # the one sentence below says what failed.
+    quiet = logging.getLogger("mcp.client.auth")
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
     try:
         record = anyio.run(
             lambda: run_login(server_name, endpoint, auth, show_url=show, timeout=timeout)
