@@ -175,7 +175,7 @@ async def test_a_token_file_others_can_read_is_refused_and_named(
     session.file.path.chmod(0o644)
     with pytest.raises(Exception, match="can be reached by other users"):
         await _whoami(authorization_server, session)
-    assert session.waiting_for_login() is not None
+    assert await session.waiting_for_login() is not None
     session.file.path.chmod(0o600)
     session.file.path.parent.chmod(0o755)
     with pytest.raises(NeedsLogin, match=r"token directory .* can be reached by other users"):

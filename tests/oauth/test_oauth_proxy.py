@@ -159,7 +159,7 @@ async def test_a_whole_session_through_the_proxy_keeps_every_token_out_of_every_
         stderr = stderr_path.read_text()
         assert stderr.count("agentrt login remote") >= 2
         tokens = _every_token(server)
-        assert len(tokens) >= 6
+        assert len(tokens) >= 4  # two logins, a refresh between, the last refresh token
         export = subprocess.run(
             [str(AGENTRT), "--db", str(config.parent / "proxy.db"), "export"],
             env=environment, capture_output=True, text=True, timeout=60,

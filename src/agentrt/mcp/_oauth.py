@@ -121,24 +121,25 @@ class OAuthSession:
             self._say(f"agentrt: {message}")
         return NeedsLogin(self.name, message)
 
-    def _load(self) -> TokenRecord | None:
-        """The token file's record, reread only when the file changed (a login since)."""
+    async def _load(self) -> TokenRecord | None:
+        """The token file's record, reread (in a worker) only when the file changed: a
+        login since, or another process's refresh."""
         try:
             mtime = self.file.path.stat().st_mtime_ns
         except FileNotFoundError:
             self._record, self._mtime = None, None
             return None
         if mtime != self._mtime or self._record is None:
-            self._record = self.file.read()
+            self._record = await anyio.to_thread.run_sync(self.file.read)
             self._mtime = mtime
             if self._record is not None:
                 self._broken = None  # a login wrote new tokens: try them
         return self._record
 
-    def waiting_for_login(self) -> str | None:
+    async def waiting_for_login(self) -> str | None:
         """Why this server waits for a login, or None when its tokens may serve."""
         try:
-            record = self._load()
+            record = await self._load()
         except TokenStoreError as exc:
             return str(exc)
         if record is None:
@@ -150,7 +151,7 @@ class OAuthSession:
         was ever made.  Raises `NeedsLogin` when the stored tokens cannot serve."""
         async with self._lock:
             try:
-                record = self._load()
+                record = await self._load()
             except TokenStoreError as exc:
                 raise self._needs_login(str(exc)) from None
             if record is None:
@@ -177,7 +178,8 @@ class OAuthSession:
         a token that is not near its end and is not `refused` (the one a server refused)."""
         async with self.file.locked():
             try:
-                record = self.file.read()  # another process may have refreshed meanwhile
+                # Another process may have refreshed meanwhile.
+                record = await anyio.to_thread.run_sync(self.file.read)
             except TokenStoreError as exc:
                 raise self._needs_login(str(exc)) from None
             if record is None:
@@ -186,7 +188,7 @@ class OAuthSession:
                 self._record, self._mtime = record, self.file.path.stat().st_mtime_ns
                 return record
             fresh = await self._token_request(record)
-            self.file.write(fresh)
+            await anyio.to_thread.run_sync(self.file.write, fresh)
             self._record, self._mtime = fresh, self.file.path.stat().st_mtime_ns
             return fresh
 
@@ -231,11 +233,14 @@ class OAuthSession:
     async def note_wanted_scope(self, scope: str) -> None:
         """Remember a scope the server asked for, for the next login to ask the person."""
         async with self.file.locked():
-            with _suppress_store_errors():
-                record = self.file.read()
-                if record is not None:
-                    record.wanted_scope = _union(record.wanted_scope, scope)
-                    self.file.write(record)
+            await anyio.to_thread.run_sync(self._add_wanted_scope, scope)
+
+    def _add_wanted_scope(self, scope: str) -> None:
+        with _suppress_store_errors():
+            record = self.file.read()
+            if record is not None:
+                record.wanted_scope = _union(record.wanted_scope, scope)
+                self.file.write(record)
 
     def auth(self) -> _SessionAuth:
         return _SessionAuth(self)
@@ -421,7 +426,10 @@ async def needs_login(server: Any) -> str | None:
     server that answers without a token needs no login.  For the commands that would
     otherwise fail on something else first (a manifest not yet written)."""
     factory = getattr(server, "http_client_factory", None)
-    if not isinstance(factory, OAuthClientFactory) or factory.session.waiting_for_login() is None:
+    if (
+        not isinstance(factory, OAuthClientFactory)
+        or await factory.session.waiting_for_login() is None
+    ):
         return None
     from ._connection import connect
 
