@@ -78,7 +78,7 @@ def test_every_command_is_listed_in_the_help_and_resolves() -> None:
     listed = [line.split()[0] for line in result.output.split("Commands:")[1].splitlines() if line]
     assert listed == [
         "runs", "show", "events", "approve", "reject", "cancel", "verify", "inbox", "export",
-        "init", "pin", "classify", "check", "proxy", "demo", "recheck", "login",
+        "init", "pin", "classify", "check", "proxy", "demo", "recheck", "bench", "login",
     ]  # fmt: skip
     for name in listed:
         assert CliRunner().invoke(cli, [name, "--help"]).exit_code == 0, name
