@@ -79,7 +79,7 @@ def test_every_command_is_listed_in_the_help_and_resolves() -> None:
     assert listed == [
         "runs", "show", "events", "approve", "reject", "cancel", "grants", "revoke", "verify",
         "inbox", "approver", "export", "init", "pin", "classify", "check", "proxy", "demo",
-        "recheck", "bench", "taint",
+        "recheck", "bench", "taint", "login",
     ]  # fmt: skip
     for name in listed:
         assert CliRunner().invoke(cli, [name, "--help"]).exit_code == 0, name

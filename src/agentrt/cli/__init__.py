@@ -41,6 +41,7 @@ _COMMANDS: Final = {
     "recheck": "._recheck:recheck",
     "bench": "._bench:bench",
     "taint": "._taint:taint",
+    "login": "._login:login",
 }
 
 

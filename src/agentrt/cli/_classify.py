@@ -320,9 +320,11 @@ def classify(
         try:
             for name, rules in known.items():
                 if rules.manifest is None:
+                    waiting = _needs_login(rules.upstream)
                     output.line(
-                        f'server "{sanitize(name)}" is not pinned yet: agentrt pin --config '
-                        f"{sanitize(str(config.path))} {sanitize(name)}"
+                        f'server "{sanitize(name)}" is not pinned yet: '
+                        + (f"{sanitize(waiting)}; then " if waiting else "")
+                        + f"agentrt pin --config {sanitize(str(config.path))} {sanitize(name)}"
                     )
                     continue
                 for tool_name in sorted(rules.manifest.tools):
@@ -379,3 +381,14 @@ def classify(
         if not output.json:
             output.line(f"wrote the rules to {sanitize(str(path))}")
     _load_config(str(config.path))
+
+
+def _needs_login(upstream: UpstreamConfig) -> str | None:
+    """Why a remote server waits for `agentrt login`, asked of the server (docs/oauth.md)."""
+    if upstream.server.endpoint is None:
+        return None
+    import anyio
+
+    from ..mcp._oauth import needs_login
+
+    return anyio.run(needs_login, upstream.server)

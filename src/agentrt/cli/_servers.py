@@ -261,7 +261,11 @@ def pin(settings: Settings, config_path: str, server_name: str | None, yes: bool
 async def _check_one(upstream: UpstreamConfig) -> Report:
     """Load one server against its manifest and rules; the connection is always closed."""
     from ..mcp import LoadError, load, read_manifest
+    from ..mcp._oauth import needs_login
 
+    waiting = await needs_login(upstream.server)
+    if waiting is not None:
+        raise AgentrtError(waiting)
     manifest = read_manifest(upstream.manifest_path)
     try:
         _tools, report = await load(upstream.server, manifest, upstream.rules)

@@ -400,6 +400,8 @@ class Calls:
         self.log = log if log is not None else sys.stderr
         self.closing = anyio.Event()
         self._specs = {spec.name: spec for spec in gate.specs}
+        # A remote server's login check by tool name (`oauth_preflights`): why it waits, or None.
+        self.logins: dict[str, Callable[[], Awaitable[str | None]]] = {}
         self._announced: set[str] = set()
         # Calls sent upstream whose unknown outcome the store refused to mark.
         self._unmarked: set[str] = set()
@@ -477,6 +479,11 @@ class Calls:
             )
             self.log.flush()
             return Answer.invalid(tool, _unaccepted_arguments(exc))
+        preflight = self.logins.get(tool)
+        if preflight is not None:
+            waiting = await preflight()
+            if waiting is not None:
+                return Answer.unavailable(f"{waiting}.")
         key = call_key(tool, args)
         mutating = _mutating(spec)
         may_need_approval = self.policy.may_need_approval(spec)

@@ -37,6 +37,7 @@ from ._grants import GrantCover
 from ._index import CallIndex
 from ._input_required import HostCall, Suspended
 from ._log import log_line
+from ._logins import oauth_preflights
 from ._offers import Offered, OfferTool, hidden_name
 from ._preconditions import StatefulTool, precondition_reader
 from ._status import GateStatus
@@ -222,6 +223,9 @@ class Proxy:
         # proxy serves one host (stdio; `_lifecycle` says so), never many principals.
         self.host_approval = config.approve_in_host
         self.single_host = False
+        # A remote server's OAuth tokens are checked (and refreshed) before its call
+        # enters the gate: one that needs a login is UNAVAILABLE, nothing recorded or run.
+        self.calls.logins = oauth_preflights(tools)
 
     def start(
         self,

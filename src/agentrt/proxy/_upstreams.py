@@ -56,7 +56,16 @@ async def load_upstreams(
 
     async def load_one(position: int, upstream: UpstreamConfig) -> None:
         try:
-            manifest = read_manifest(upstream.manifest_path)
+            try:
+                manifest = read_manifest(upstream.manifest_path)
+            except AgentrtError:
+                # A remote server not yet pinned because it waits for a login says so.
+                from ..mcp._oauth import needs_login
+
+                waiting = await needs_login(upstream.server)
+                if waiting is not None:
+                    raise AgentrtError(waiting) from None
+                raise
             outcome = await load(upstream.server, manifest, upstream.rules)
             outcomes[position] = outcome
         except (AgentrtError, OSError, ValueError) as exc:

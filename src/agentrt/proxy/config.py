@@ -16,7 +16,9 @@ recorded mapping instead); a rule's `repeat_window` and `outcome` are read
 here and taken out before the rest is checked as a rules file is.  `"0s"`
 turns `hold`, `repeat_window` and the expiries off.  `headers` (an endpoint's only) are
 sent on every request to it, by a client that follows no redirect, so a
-token is never handed to another host.  `note` is free text for the
+token is never handed to another host.  An endpoint without `headers` is
+reached with the OAuth tokens `agentrt login` stored (its `auth` says which
+client and grant: docs/oauth.md).  `note` is free text for the
 operator (why a server is not pinned, how to install it once); nothing reads it.
 """
 
@@ -43,6 +45,7 @@ from ..mcp import (
     read_owned,
     rules_from_json,
 )
+from ..mcp._tokens import AuthSettings
 from ..policy import ClassPolicy, DefaultPolicy, Outcome
 from ..sanitize import sanitize
 from ..store import GrantLimits, is_postgres_url
@@ -112,6 +115,9 @@ _STANDING_GRANT_FIELDS: Final = frozenset({"max_for", "max_calls", "destructive"
 _APPROVE_IN_HOST_FIELDS: Final = frozenset(
     {"exclude_classes", "exclude_tools", "exclude_servers", "wait"}
 )
+_AUTH_FIELDS: Final = frozenset(
+    {"grant", "client_id", "client_secret_file", "scope", "client_metadata_url"}
+)
 _SERVER_FIELDS: Final = frozenset(
     {
         "name",
@@ -132,6 +138,7 @@ _SERVER_FIELDS: Final = frozenset(
         "resource_rules",
         "client_requests",
         "labels",
+        "auth",
     }
 )
 _CLIENT_REQUESTS: Final = {
@@ -205,6 +212,8 @@ class UpstreamConfig:
     client_requests: dict[str, str] = field(default_factory=dict)
     # Information-flow labels of every tool of the server (docs/flows.md).
     labels: tuple[str, ...] = ()
+    # An endpoint's OAuth settings (`auth`), for `agentrt login` (docs/oauth.md).
+    auth: AuthSettings | None = None
 
     def forwards(self, kind: str) -> str:
         """What the operator's rule says for one kind of server request (default refuse)."""
@@ -479,6 +488,13 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
         ):
             raise reader.fail(f"{where} headers", "must be an object of header names to strings")
         options["http_client_factory"] = _client_sending(dict(headers))
+    auth = _auth(reader, entry["auth"], where, endpoint, entry) if "auth" in entry else None
+    if endpoint is not None and "headers" not in entry:
+        # A remote server without static headers is an OAuth resource: its client
+        # carries the tokens `agentrt login` stored, and only to its own origin.
+        from ..mcp._oauth import oauth_client_factory
+
+        options["http_client_factory"] = oauth_client_factory(name, endpoint)
     if "sandbox" in entry:
         options["sandbox"] = _sandbox(reader, entry["sandbox"], f"{where} sandbox")
     client_requests = _client_requests(reader, entry.get("client_requests", {}), where)
@@ -537,6 +553,7 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
         rules_path=rules_path,
         max_result_bytes=max_result_bytes,
         results=str(results),
+        auth=auth,
         tool_rules=tool_rules,
         conditions=conditions,
         prompts=_prompts(reader, entry.get("prompts", "all"), where),
@@ -773,6 +790,36 @@ def _sandbox(reader: _Reader, raw: Any, where: str) -> Sandbox:
         )
     except ValueError as exc:
         raise reader.fail(where, f"is wrong: {exc}") from None
+
+
+def _auth(reader: _Reader, raw: Any, where: str, endpoint: str | None, entry: Any) -> AuthSettings:
+    """A server's `auth`: its OAuth grant and client (docs/oauth.md)."""
+    if endpoint is None or "headers" in entry:
+        raise reader.fail(f"{where} auth", "is only for a server with an endpoint and no headers")
+    value = reader.object(raw, f"{where} auth", _AUTH_FIELDS)
+    grant = value.get("grant", "authorization_code")
+    if grant not in ("authorization_code", "client_credentials"):
+        raise reader.fail(
+            f"{where} auth.grant", 'must be "authorization_code" or "client_credentials"'
+        )
+    texts = {
+        key: reader.string(value[key], f"{where} auth.{key}")
+        for key in ("client_id", "scope", "client_metadata_url")
+        if key in value
+    }
+    secret = (
+        reader.path_field(value["client_secret_file"], f"{where} auth.client_secret_file")
+        if "client_secret_file" in value
+        else None
+    )
+    if grant == "client_credentials" and ("client_id" not in texts or secret is None):
+        raise reader.fail(
+            f"{where} auth",
+            "with the client_credentials grant needs client_id and client_secret_file",
+        )
+    if secret is not None and "client_id" not in texts:
+        raise reader.fail(f"{where} auth.client_secret_file", "needs a client_id beside it")
+    return AuthSettings(grant=grant, client_secret_file=secret, **texts)
 
 
 def _client_sending(headers: dict[str, str]) -> Callable[[], Any]:

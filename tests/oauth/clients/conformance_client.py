@@ -1,0 +1,107 @@
+"""The conformance suite's client command: agentrt's upstream client, as an operator uses it.
+
+`conformance client --command "python conformance_client.py" --scenario auth/...` runs
+this with the scenario's server URL as the last argument and, for pre-registration and
+client credentials, the client's credentials in MCP_CONFORMANCE_CONTEXT.  It connects as
+`agentrt pin`/`check` do (the proxy's OAuth-carrying HTTP client), lists the tools and
+calls the first; when the connection says the server needs `agentrt login NAME` (a 401,
+or a 403 asking for a scope not granted), it does what the operator would: runs the
+login (the person's browser played by following the authorization server's redirect to
+the loopback listener) and tries again, at most three logins in all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+
+from agentrt.mcp import Server
+from agentrt.mcp._connection import connect
+from agentrt.mcp._login import login
+from agentrt.mcp._oauth import oauth_client_factory
+from agentrt.mcp._tokens import AuthSettings
+
+CIMD_URL = "https://conformance-test.local/client-metadata.json"
+MAX_LOGINS = 3
+
+
+def _settings(context: dict[str, Any], directory: Path) -> AuthSettings:
+    secret_file = None
+    if context.get("client_secret"):
+        secret_file = directory / "client.secret"
+        secret_file.write_text(str(context["client_secret"]))
+        secret_file.chmod(0o600)
+    if str(context.get("name", "")).startswith("auth/client-credentials"):
+        return AuthSettings(
+            grant="client_credentials",
+            client_id=context.get("client_id"),
+            client_secret_file=secret_file,
+        )
+    return AuthSettings(
+        client_id=context.get("client_id"),
+        client_secret_file=secret_file,
+        client_metadata_url=CIMD_URL,
+    )
+
+
+async def _browser(url: str) -> None:
+    """The person's browser: the authorization server approves at once and redirects."""
+    async with httpx2.AsyncClient(follow_redirects=False, timeout=10) as browser:
+        response = await browser.get(url)
+        for _ in range(5):
+            location = response.headers.get("location")
+            if response.status_code not in (301, 302, 303, 307, 308) or location is None:
+                return
+            response = await browser.get(location)
+
+
+async def main(url: str) -> int:
+    context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT", "{}") or "{}")
+    directory = Path(tempfile.mkdtemp(prefix="agentrt-conformance-"))
+    os.environ["XDG_STATE_HOME"] = str(directory / "state")
+    settings = _settings(context, directory)
+    logins = 0
+    while True:
+        try:
+            connection = await connect(
+                Server(
+                    name="conformance",
+                    endpoint=url,
+                    http_client_factory=oauth_client_factory("conformance", url),
+                )
+            )
+            try:
+                tools = await connection.list_tools()
+                if tools:
+                    await connection.call_tool(tools[0].name, "{}", timeout=10)
+            finally:
+                await connection.aclose()
+            print(f"listed {len(tools)} tools and called the first after {logins} login(s)")
+            return 0
+        except Exception as exc:
+            text = str(exc)
+            if "agentrt login" not in text:
+                print(f"failed: {text}", file=sys.stderr)
+                return 1
+            if logins >= MAX_LOGINS:
+                print(f"gave up after {logins} logins: {text}", file=sys.stderr)
+                return 1
+            print(f"login needed: {text}", file=sys.stderr)
+        logins += 1
+        async with anyio.create_task_group() as group:
+
+            def show(address: str) -> None:
+                group.start_soon(_browser, address)
+
+            await login("conformance", url, settings, show_url=show, timeout=20)
+
+
+if __name__ == "__main__":
+    sys.exit(anyio.run(main, sys.argv[-1]))
