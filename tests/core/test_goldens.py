@@ -456,6 +456,38 @@ async def unknown_outcome(scenario: Scenario) -> None:
     assert len(write.calls) == 1
 
 
+# A fixed Ed25519 key (its 32 private bytes): a signature by it is the same every time.
+_CHECKPOINT_KEY = bytes(range(32))
+
+
+async def checkpoint(scenario: Scenario) -> None:
+    """A run, then the operator's signed checkpoint of the head (`agentrt checkpoint`)."""
+    import tempfile
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from agentrt.retention import load_private_key, write_checkpoint
+
+    await allow(scenario)
+    directory = Path(tempfile.mkdtemp(prefix="agentrt-golden-"))
+    key_path = directory / "operator.key"
+    key_path.write_bytes(
+        Ed25519PrivateKey.from_private_bytes(_CHECKPOINT_KEY).private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    key_path.chmod(0o600)
+    scenario.world.advance(1)
+    scenario.trace.action("checkpoint")
+    signed = write_checkpoint(
+        scenario.stores[0], load_private_key(str(key_path)), str(directory / "log")
+    )
+    scenario.trace.returned(f"checkpoint {signed.number} of event {signed.seq}")
+
+
 # The scenarios and whether each runs on PostgreSQL (only those whose clock the test
 # controls there: the server's clock judges leases and grants, and the test cannot move it).
 SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
@@ -470,6 +502,7 @@ SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
     "proxied_call": (proxied_call, True),
     "proxied_duplicate": (proxied_duplicate, True),
     "unknown_outcome": (unknown_outcome, True),
+    "checkpoint": (checkpoint, True),
 }
 
 

@@ -36,6 +36,7 @@ _COMMANDS: Final = {
     "proxy": "._servers:proxy",
     "demo": "._servers:demo",
     "recheck": "._recheck:recheck",
+    "checkpoint": "._retention:checkpoint",
 }
 
 

@@ -62,6 +62,8 @@ class EventType(enum.StrEnum):
     # A proxied server's requests to the host (`proxy/_client_requests.py`).
     CLIENT_REQUEST = "client_request"
     CLIENT_REQUEST_ANSWERED = "client_request_answered"
+    # The chain's own: an operator's signed checkpoint of its head (`retention/`).
+    CHECKPOINT = "checkpoint"
 
 
 class EndReason(enum.StrEnum):
