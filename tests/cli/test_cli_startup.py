@@ -84,7 +84,7 @@ def test_every_command_is_listed_in_the_help_and_resolves() -> None:
     assert listed == [
         "runs", "show", "events", "approve", "reject", "cancel", "verify", "inbox", "export",
         "init", "pin", "classify", "check", "proxy", "demo", "recheck",
-        "checkpoint",
+        "checkpoint", "archive",
     ]  # fmt: skip
     for name in listed:
         assert CliRunner().invoke(cli, [name, "--help"]).exit_code == 0, name

@@ -37,6 +37,7 @@ _COMMANDS: Final = {
     "demo": "._servers:demo",
     "recheck": "._recheck:recheck",
     "checkpoint": "._retention:checkpoint",
+    "archive": "._retention:archive_command",
 }
 
 

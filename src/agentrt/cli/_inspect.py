@@ -462,6 +462,12 @@ def _parse_head(text: str) -> tuple[int, str]:
     help="The checkpoint log: check the chain against every signed checkpoint in it.",
 )
 @click.option(
+    "--archive",
+    "archive_directory",
+    metavar="DIR",
+    help="The archive directory: check its signed segments and the database as one chain.",
+)
+@click.option(
     "--since-checkpoint",
     is_flag=True,
     help="Check the hashes only from the last signed checkpoint on (a day's verify reads a "
@@ -475,6 +481,7 @@ def verify(
     head: str | None,
     key_paths: tuple[str, ...],
     checkpoint_log: str | None,
+    archive_directory: str | None,
     since_checkpoint: bool,
 ) -> None:
     """Check the events' hash chain, that no committed event was lost (the head anchor),
@@ -487,16 +494,23 @@ def verify(
         raise click.BadParameter("--from must not be after --to", param_hint="--from")
     if bool(key_paths) != (checkpoint_log is not None):
         raise click.UsageError("--key and --checkpoints go together")
+    if archive_directory is not None and checkpoint_log is None:
+        raise click.UsageError("--archive needs --key and --checkpoints (its manifests are signed)")
     if since_checkpoint and (checkpoint_log is None or from_seq is not None or to_seq is not None):
         raise click.UsageError("--since-checkpoint needs --key and --checkpoints, not --from/--to")
     whole = from_seq is None and to_seq is None
     keys = _retention.load_keys(key_paths)
     with open_for_reading(settings) as store:
         signed = (
-            None if checkpoint_log is None else _retention.signed_check(store, keys, checkpoint_log)
+            None
+            if checkpoint_log is None
+            else _retention.signed_check(
+                store, keys, checkpoint_log, archive_directory, since_checkpoint
+            )
         )
-        if signed is not None and signed.start(since_checkpoint) is not None:
-            from_seq = signed.start(since_checkpoint)
+        start_problem = None
+        if from_seq is None:
+            from_seq, start_problem = _retention.chain_start(store, signed, since_checkpoint)
         report = store.verify_chain(from_seq, to_seq)
         anchor = None
         if expected is not None and report.ok:
@@ -519,6 +533,8 @@ def verify(
             problem = f"the chain no longer reaches event {seq}: it ends at event {anchor.head_seq}"
         elif anchor.head_hash != digest:
             problem = f"event {seq} no longer has hash {digest}: it is now {anchor.head_hash}"
+    if problem is None and start_problem is not None:
+        problem = start_problem
     if problem is None and signed is not None:
         problem = signed.problem
     if problem is None and anchored is not None and not anchored.ok:
@@ -556,11 +572,11 @@ def verify(
             else "every row matches its events"
         )
         checks = "" if not whole else f"; {lost}; {rows}"
-        since = (
-            f" (from event {from_seq}, after the last signed checkpoint)"
-            if since_checkpoint and from_seq is not None
-            else ""
-        )
+        since = ""
+        if since_checkpoint and from_seq is not None:
+            since = f" (from event {from_seq}, after the last signed checkpoint)"
+        elif whole and from_seq is not None:
+            since = f" (from event {from_seq}: the events before it are archived)"
         output.line(
             f"intact: {report.checked} events checked{since}, head "
             f"{report.head_seq}:{report.head_hash}"

@@ -3,24 +3,32 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import click
 
 from ..retention import (
+    ArchiveCheck,
+    ArchiveRefused,
     CheckpointCheck,
     CheckpointRefused,
     PublicKey,
+    archive_before,
+    check_archive,
+    check_checkpoints,
+    check_continues,
     load_private_key,
     load_public_key,
+    manifests_recorded,
     write_checkpoint,
 )
 from ..sanitize import sanitize
-from ..store import Store
-from ._app import Settings, open_for_deciding
+from ..store import Store, archive, utc_at
+from ._app import CommandError, Settings, open_for_deciding
 
-__all__ = ["SignedCheck", "checkpoint", "signed_check"]
+__all__ = ["SignedCheck", "archive_command", "chain_start", "checkpoint", "signed_check"]
 
 
 @click.command(short_help="Sign the chain's head and append it to a checkpoint log.")
@@ -69,26 +77,29 @@ def checkpoint(settings: Settings, key_path: str, log_path: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class SignedCheck:
-    """The outcome of checking a database against its checkpoint log for `verify`."""
+    """The outcome of checking a database against its checkpoint log (and its archive)
+    for `verify`."""
 
     check: CheckpointCheck | None
+    archive: ArchiveCheck | None
     problem: str | None
 
-    def start(self, since_checkpoint: bool) -> int | None:
-        """The first event the chain needs checking from: after the last checkpoint if asked."""
-        if not since_checkpoint or self.check is None or self.check.last is None:
-            return None
-        return self.check.last.seq + 1
-
     def summary(self) -> str:
+        archived = (
+            ""
+            if self.archive is None
+            else f"; {self.archive.events} archived events in {self.archive.segments} "
+            "signed segments chain to it"
+        )
         if self.check is None:
-            return ""
+            return archived
         last = self.check.last
         if last is None:
-            return "; the checkpoint log is empty"
+            return archived + "; the checkpoint log is empty"
+        plural = "" if self.check.count == 1 else "s"
         return (
-            f"; {self.check.count} signed checkpoints hold, the last at event {last.seq} "
-            f"({sanitize(last.time)})"
+            f"{archived}; {self.check.count} signed checkpoint{plural} hold, the last at "
+            f"event {last.seq} ({sanitize(last.time)})"
         )
 
 
@@ -96,11 +107,140 @@ def load_keys(paths: Sequence[str]) -> list[PublicKey]:
     return [load_public_key(path) for path in paths]
 
 
-def signed_check(store: Store, keys: Sequence[PublicKey], log_path: str) -> SignedCheck:
-    """Check `store` against the checkpoint log; a refusal is reported, not raised."""
-    from ..retention import check_checkpoints
-
+def signed_check(
+    store: Store,
+    keys: Sequence[PublicKey],
+    log_path: str,
+    archive_directory: str | None,
+    since: bool,
+) -> SignedCheck:
+    """Check the archive's segments (if given) and `store` against the checkpoint log; a
+    refusal is reported, not raised."""
+    found: ArchiveCheck | None = None
     try:
-        return SignedCheck(check_checkpoints(store, keys, log_path), None)
-    except CheckpointRefused as refused:
-        return SignedCheck(None, str(refused))
+        if archive_directory is not None:
+            found = check_archive(archive_directory, keys)
+            check_continues(store, found, archive_directory)
+            manifests_recorded(found, archive.archived_events(store))
+        check = check_checkpoints(
+            store,
+            keys,
+            log_path,
+            archived=None if found is None else found.checkpoints,
+            since=since,
+        )
+        return SignedCheck(check, found, None)
+    except (CheckpointRefused, ArchiveRefused) as refused:
+        return SignedCheck(None, found, str(refused))
+
+
+def chain_start(
+    store: Store, signed: SignedCheck | None, since: bool
+) -> tuple[int | None, str | None]:
+    """Where `verify` starts checking hashes, and a problem with it: after the last signed
+    checkpoint (`--since-checkpoint`), at the database's first event after an archive (its
+    link to the archived events checked against the archive, or the last `archived`
+    event's manifest), else at event 1."""
+    if since and signed is not None and signed.check is not None and signed.check.last:
+        return signed.check.last.seq + 1, None
+    first = archive.first_seq(store)
+    if first == 1 or store.head_seq() < first:
+        return None, None
+    if signed is not None and signed.archive is not None:
+        return first, None
+    recorded = archive.archived_events(store)
+    event = store.event_at(first)
+    if recorded and event is not None:
+        statement = recorded[-1].payload.get("statement", {})
+        if statement.get("last_seq") == first - 1 and statement.get("last_hash") == (
+            event.prev_hash
+        ):
+            return first, None
+    return first, (
+        f"events 1..{first - 1} are missing from the database and no archived event accounts "
+        "for them"
+    )
+
+
+def _duration(text: str, option: str) -> float:
+    match = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    if match is None:
+        raise click.BadParameter(
+            "expected a duration such as 90d, 12h, 30m or 0s", param_hint=option
+        )
+    return int(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86_400}[match.group(2)]
+
+
+@click.command(short_help="Move old history into signed segment files.")
+@click.option(
+    "--before",
+    "age",
+    required=True,
+    metavar="AGE",
+    help="Archive the events older than AGE (90d, 12h, 30m, 0s).",
+)
+@click.option(
+    "--to",
+    "directory",
+    required=True,
+    metavar="DIR",
+    help="The archive directory (this user's, not writable by others).",
+)
+@click.option("--key", "key_path", required=True, metavar="PRIV", help="The signing key.")
+@click.option("--log", "log_path", required=True, metavar="LOG", help="The checkpoint log.")
+@click.option(
+    "--index-window",
+    "index_window",
+    default="1d",
+    show_default=True,
+    metavar="AGE",
+    help="Never archive a proxied call younger than this: the proxy's index may still read "
+    "it (keep it longer than every rule's repeat_window).",
+)
+@click.pass_obj
+def archive_command(
+    settings: Settings,
+    age: str,
+    directory: str,
+    key_path: str,
+    log_path: str,
+    index_window: str,
+) -> None:
+    """Move the events older than AGE, up to the last signed checkpoint and never through
+    a run that is not settled, into a sealed segment in DIR with a signed manifest; delete
+    them and their runs from the database in the transaction that records the archive."""
+    seconds = _duration(age, "--before")
+    window = _duration(index_window, "--index-window")
+    key = load_private_key(key_path)
+    with open_for_deciding(settings) as store:
+        now = store.clock()
+        result = archive_before(
+            store, key, log_path, directory, utc_at(now - seconds), now - window
+        )
+    output = settings.output
+    manifest = None if result.manifest is None else result.manifest["statement"]
+    if output.json:
+        output.record(
+            {
+                "record": "archive",
+                "archived": manifest is not None,
+                "first_seq": None if manifest is None else manifest["first_seq"],
+                "last_seq": None if manifest is None else manifest["last_seq"],
+                "count": 0 if manifest is None else manifest["count"],
+                "file": None if manifest is None else manifest["file"],
+                "resumed": result.resumed,
+                "reason": result.reason,
+            }
+        )
+    elif manifest is None and not result.blocked:
+        output.line(f"nothing archived: {result.reason}")
+    if result.blocked:
+        raise CommandError(f"nothing archived: {result.reason}")
+    if output.json or manifest is None:
+        return
+    resumed = " (an interrupted archive, finished)" if result.resumed else ""
+    output.line(
+        f"archived events {manifest['first_seq']}..{manifest['last_seq']} "
+        f"({manifest['count']} events) into {sanitize(str(manifest['file']))}{resumed}; "
+        f"the cut is {result.reason}"
+    )

@@ -1,12 +1,25 @@
-"""Keeping the audit trail for years: signed checkpoints of the chain's head (`_checkpoints.py`)
-with an operator's Ed25519 keys (`_keys.py`).  See docs/retention.md."""
+"""Keeping the audit trail for years: signed checkpoints of the chain's head
+(`_checkpoints.py`) with an operator's Ed25519 keys (`_keys.py`), and archives of the
+chain's prefix in signed segment files (`_archive.py`).  See docs/retention.md."""
 
+from ._archive import (
+    SEGMENT_KIND,
+    ArchiveCheck,
+    ArchiveRefused,
+    ArchiveResult,
+    archive_before,
+    check_archive,
+    check_continues,
+    check_directory,
+    manifests_recorded,
+)
 from ._checkpoints import (
     STATEMENT_KIND,
     CheckpointCheck,
     CheckpointRefused,
     SignedCheckpoint,
     check_checkpoints,
+    logged_checkpoints,
     read_checkpoint_log,
     statement_digest,
     write_checkpoint,
@@ -14,16 +27,26 @@ from ._checkpoints import (
 from ._keys import KeyRefused, PublicKey, SigningKey, load_private_key, load_public_key
 
 __all__ = [
+    "SEGMENT_KIND",
     "STATEMENT_KIND",
+    "ArchiveCheck",
+    "ArchiveRefused",
+    "ArchiveResult",
     "CheckpointCheck",
     "CheckpointRefused",
     "KeyRefused",
     "PublicKey",
     "SignedCheckpoint",
     "SigningKey",
+    "archive_before",
+    "check_archive",
     "check_checkpoints",
+    "check_continues",
+    "check_directory",
     "load_private_key",
     "load_public_key",
+    "logged_checkpoints",
+    "manifests_recorded",
     "read_checkpoint_log",
     "statement_digest",
     "write_checkpoint",

@@ -31,7 +31,7 @@ from typing import Any, Final
 from ..canonical import JSONBoundaryError, canonical_json, parse_json, sha256_hex
 from ..errors import AgentrtError
 from ..sanitize import sanitize
-from ..store import Event, Store, ledger, utc_now
+from ..store import Event, Store, archive, ledger, utc_now
 from ._keys import PublicKey, SigningKey
 
 __all__ = [
@@ -40,7 +40,9 @@ __all__ = [
     "CheckpointRefused",
     "SignedCheckpoint",
     "check_checkpoints",
+    "logged_checkpoints",
     "read_checkpoint_log",
+    "statement_bytes",
     "statement_digest",
     "write_checkpoint",
 ]
@@ -205,6 +207,44 @@ def _locked_log(path: str) -> Iterator[None]:
 # -- writing ------------------------------------------------------------------
 
 
+def logged_checkpoints(store: Store, log_path: str) -> list[SignedCheckpoint]:
+    """The database's checkpoints, once the log at `log_path` is found to hold them in order
+    (any missing from its end, lost to a crash after their commit, are appended)."""
+    with _locked_log(log_path):
+        return _logged_checkpoints(store, log_path)
+
+
+def _logged_checkpoints(store: Store, log_path: str) -> list[SignedCheckpoint]:
+    logged = read_checkpoint_log(log_path)
+    recorded = [
+        _parse_entry(event.payload, f"checkpoint event {event.seq}")
+        for event in store.checkpoint_events()
+    ]
+    # Checkpoints whose events were archived are in the log only (and in the segments).
+    archived = recorded[0].number - 1 if recorded else 0
+    where = f"checkpoint log {sanitize(log_path)}"
+    if archived > len(logged) or (
+        archived
+        and recorded[0].statement["previous"] != statement_digest(logged[archived - 1].statement)
+    ):
+        raise CheckpointRefused(
+            f"{where} does not hold database {sanitize(store.path)}'s archived checkpoints "
+            f"1..{archived}: it is another database's log, or it was cut"
+        )
+    for line, entry in enumerate(logged):
+        index = line - archived
+        if entry.number != line + 1 or (
+            index >= 0 and (index >= len(recorded) or recorded[index] != entry)
+        ):
+            raise CheckpointRefused(
+                f"{where} line {line + 1} (checkpoint {entry.number}, event {entry.seq}) is "
+                f"not database {sanitize(store.path)}'s checkpoint {line + 1}: it is another "
+                "database's log, or the database lost or rewrote history"
+            )
+    _append_to_log(log_path, recorded[len(logged) - archived :])
+    return [*logged[:archived], *recorded]
+
+
 def write_checkpoint(store: Store, key: SigningKey, log_path: str) -> SignedCheckpoint:
     """Sign the chain's head with `key`, record it as a `checkpoint` event and append it to
     the log at `log_path` (created owner-only if missing).
@@ -215,20 +255,7 @@ def write_checkpoint(store: Store, key: SigningKey, log_path: str) -> SignedChec
     the chain since the last checkpoint must verify, so a tampered tail is never signed.
     """
     with _locked_log(log_path):
-        logged = read_checkpoint_log(log_path)
-        recorded = [
-            _parse_entry(event.payload, f"checkpoint event {event.seq}")
-            for event in store.checkpoint_events()
-        ]
-        for line, entry in enumerate(logged):
-            if line >= len(recorded) or recorded[line] != entry:
-                raise CheckpointRefused(
-                    f"checkpoint log {sanitize(log_path)} line {line + 1} (checkpoint "
-                    f"{entry.number}, event {entry.seq}) is not database "
-                    f"{sanitize(store.path)}'s checkpoint {line + 1}: it is another "
-                    "database's log, or the database lost or rewrote history"
-                )
-        _append_to_log(log_path, recorded[len(logged) :])
+        recorded = _logged_checkpoints(store, log_path)
         last = recorded[-1] if recorded else None
         _check_tail(store, last)
 
@@ -284,16 +311,25 @@ class CheckpointCheck:
     last: SignedCheckpoint | None
 
 
-def check_checkpoints(store: Store, keys: Sequence[PublicKey], log_path: str) -> CheckpointCheck:
+def check_checkpoints(
+    store: Store,
+    keys: Sequence[PublicKey],
+    log_path: str,
+    *,
+    archived: Mapping[int, Event] | None = None,
+    since: bool = False,
+) -> CheckpointCheck:
     """Check the log at `log_path` with `keys` and the chain against it.
 
     Each entry must be signed by one of `keys`, numbered in order and name the digest of
     the one before (so an entry forged, altered, removed or reordered is refused); each
     must seal an event the database holds with the hash it signed, followed by its own
     `checkpoint` event; and every `checkpoint` event in the chain must have its entry (so
-    a log cut at its end is refused).  Raises `CheckpointRefused` naming the first entry
-    or checkpoint that does not hold.  The hashes of the events between checkpoints are
-    the chain's to check (`Store.verify_chain`).
+    a log cut at its end is refused).  `archived`: the checkpoint events read from the
+    archive's segments (without them a checkpoint of archived history is refused, or,
+    `since`, left to the verify that read the archive).  Raises `CheckpointRefused`
+    naming the first entry or checkpoint that does not hold.  The hashes of the events
+    between checkpoints are the chain's to check (`Store.verify_chain`).
     """
     where = f"checkpoint log {sanitize(log_path)}"
     entries = read_checkpoint_log(log_path)
@@ -328,8 +364,17 @@ def check_checkpoints(store: Store, keys: Sequence[PublicKey], log_path: str) ->
             )
         previous = entry
     events = {event.seq: event for event in store.checkpoint_events()}
+    events.update(archived or {})
+    first = archive.first_seq(store)
     for entry in entries:
-        _check_sealed(store, entry, events, where)
+        if entry.seq + 1 < first and archived is None:
+            if since:
+                continue  # checked by the verify that read the archive
+            raise CheckpointRefused(
+                f"signed checkpoint {entry.number}'s event {entry.seq + 1} was archived: give "
+                "--archive DIR to check the checkpoints of archived history"
+            )
+        _check_sealed(store, entry, events.get(entry.seq + 1), first)
     sealed_by = {entry.seq + 1 for entry in entries}
     for seq in sorted(events):
         if seq not in sealed_by:
@@ -340,26 +385,22 @@ def check_checkpoints(store: Store, keys: Sequence[PublicKey], log_path: str) ->
     return CheckpointCheck(len(entries), entries[-1] if entries else None)
 
 
-def _check_sealed(
-    store: Store, entry: SignedCheckpoint, events: Mapping[int, Event], where: str
-) -> None:
-    """The chain still holds what `entry` signed, and its own event."""
+def _check_sealed(store: Store, entry: SignedCheckpoint, own: Event | None, first: int) -> None:
+    """The chain still holds what `entry` signed: its own `checkpoint` event, chained to
+    the hash it signed (and the sealed event itself, where the database still holds it)."""
     name = f"signed checkpoint {entry.number} (event {entry.seq}, {sanitize(entry.time)})"
-    if entry.seq > 0:
-        sealed = store.event_at(entry.seq)
-        if sealed is None:
-            raise CheckpointRefused(
-                f"the database contradicts {name}: event {entry.seq} is missing"
-            )
-        if sealed.hash != entry.hash:
-            raise CheckpointRefused(
-                f"the database contradicts {name}: event {entry.seq} has hash "
-                f"{sealed.hash[:16]}, the checkpoint signed {entry.hash[:16]}; the history up "
-                "to it was rewritten after it was signed"
-            )
-    own = events.get(entry.seq + 1)
     if own is None or own.payload != entry.payload():
         raise CheckpointRefused(
             f"the database contradicts {name}: its checkpoint event {entry.seq + 1} is "
             "missing or differs from the entry in the log"
+        )
+    sealed_hash = own.prev_hash
+    if entry.seq >= first:
+        sealed = store.event_at(entry.seq)
+        sealed_hash = "missing" if sealed is None else sealed.hash
+    if sealed_hash != entry.hash or own.prev_hash != entry.hash:
+        raise CheckpointRefused(
+            f"the database contradicts {name}: event {entry.seq} has hash "
+            f"{sealed_hash[:16]}, the checkpoint signed {entry.hash[:16]}; the history up "
+            "to it was rewritten after it was signed"
         )

@@ -64,6 +64,8 @@ class EventType(enum.StrEnum):
     CLIENT_REQUEST_ANSWERED = "client_request_answered"
     # The chain's own: an operator's signed checkpoint of its head (`retention/`).
     CHECKPOINT = "checkpoint"
+    # A prefix of the chain moved into a signed segment file (`store/archive.py`).
+    ARCHIVED = "archived"
 
 
 class EndReason(enum.StrEnum):
