@@ -178,7 +178,7 @@ def archive_before(
     (`store.archive.plan_cut`, ending no later than the last signed checkpoint) into a
     segment in `directory`, signed with `key`; finish an archive a kill interrupted."""
     check_directory(directory)
-    checkpoints = logged_checkpoints(store, log_path)
+    checkpoints = logged_checkpoints(store, log_path) if store.checkpoint_events() else []
     if not checkpoints:
         raise ArchiveRefused(
             f"database {sanitize(store.path)} has no signed checkpoint, and nothing after the "

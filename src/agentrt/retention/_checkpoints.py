@@ -286,8 +286,9 @@ def write_checkpoint(store: Store, key: SigningKey, log_path: str) -> SignedChec
 def _check_tail(store: Store, last: SignedCheckpoint | None) -> None:
     """Refuse to sign over a chain whose events since `last` do not verify."""
     if last is not None:
-        sealed = store.event_at(last.seq) if last.seq > 0 else None
-        if last.seq > 0 and (sealed is None or sealed.hash != last.hash):
+        # Its own event follows what it sealed (which an archive may have moved out).
+        own = store.event_at(last.seq + 1)
+        if own is None or own.prev_hash != last.hash or own.payload != last.payload():
             raise CheckpointRefused(
                 f"database {sanitize(store.path)} contradicts its checkpoint {last.number}: "
                 f"event {last.seq} no longer has the hash it signed"
