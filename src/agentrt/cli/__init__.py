@@ -38,6 +38,8 @@ _COMMANDS: Final = {
     "recheck": "._recheck:recheck",
     "checkpoint": "._retention:checkpoint",
     "archive": "._retention:archive_command",
+    "evidence": "._retention:evidence",
+    "verify-evidence": "._retention:verify_evidence_command",
 }
 
 

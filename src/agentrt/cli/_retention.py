@@ -26,9 +26,17 @@ from ..retention import (
 )
 from ..sanitize import sanitize
 from ..store import Store, archive, utc_at
-from ._app import CommandError, Settings, open_for_deciding
+from ._app import CommandError, Settings, open_for_deciding, open_for_reading
 
-__all__ = ["SignedCheck", "archive_command", "chain_start", "checkpoint", "signed_check"]
+__all__ = [
+    "SignedCheck",
+    "archive_command",
+    "chain_start",
+    "checkpoint",
+    "evidence",
+    "signed_check",
+    "verify_evidence_command",
+]
 
 
 @click.command(short_help="Sign the chain's head and append it to a checkpoint log.")
@@ -243,4 +251,95 @@ def archive_command(
         f"archived events {manifest['first_seq']}..{manifest['last_seq']} "
         f"({manifest['count']} events) into {sanitize(str(manifest['file']))}{resumed}; "
         f"the cut is {result.reason}"
+    )
+
+
+@click.command(short_help="Write one run's evidence file, checkable offline.")
+@click.argument("run_id", metavar="RUN", required=False)
+@click.option("--approval", "approval_id", metavar="ID", help="The run of this approval.")
+@click.option("-o", "--output", "path", required=True, metavar="FILE", help="Where to write it.")
+@click.option("--key", "key_path", required=True, metavar="PUB", help="The public key.")
+@click.option("--log", "log_path", required=True, metavar="LOG", help="The checkpoint log.")
+@click.option(
+    "--archive", "archive_directory", metavar="DIR", help="The archive, for an archived run."
+)
+@click.pass_obj
+def evidence(
+    settings: Settings,
+    run_id: str | None,
+    approval_id: str | None,
+    path: str,
+    key_path: str,
+    log_path: str,
+    archive_directory: str | None,
+) -> None:
+    """Write RUN's events (or the run of --approval), the hash path linking them to a
+    signed checkpoint (or, archived, to its segment's signed manifest) and the public key
+    into FILE, which `agentrt verify-evidence FILE` checks with nothing else."""
+    from ..retention import build_evidence, write_evidence
+
+    if (run_id is None) == (approval_id is None):
+        raise click.UsageError("give a RUN or --approval ID")
+    key = load_public_key(key_path)
+    with open_for_reading(settings) as store:
+        document = build_evidence(
+            store, log_path, key, run_id=run_id, approval_id=approval_id,
+            archive_directory=archive_directory,
+        )  # fmt: skip
+    write_evidence(path, document)
+    anchor = document["anchor"]
+    settings.output.line(
+        f"evidence for run {sanitize(str(document['run_id']))}: {len(document['events'])} "
+        f"events sealed by a signed {anchor['kind']} into {sanitize(path)}"
+    )
+
+
+@click.command("verify-evidence", short_help="Check an evidence file offline.")
+@click.argument("path", metavar="FILE")
+@click.option(
+    "--key",
+    "key_path",
+    metavar="PUB",
+    help="The operator's public key: fail unless the evidence is signed by it.",
+)
+@click.pass_obj
+def verify_evidence_command(settings: Settings, path: str, key_path: str | None) -> None:
+    """Check FILE on its own: its signed statement, every event's hash and link up to the
+    event the statement seals, the run whole from its first event.  Needs no database."""
+    from ..retention import EvidenceRefused, verify_evidence
+
+    expected = None if key_path is None else load_public_key(key_path)
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except OSError as exc:
+        raise CommandError(
+            f"evidence file {sanitize(path)} cannot be read: {exc.strerror}"
+        ) from None
+    try:
+        report = verify_evidence(data, expected)
+    except EvidenceRefused as refused:
+        raise CommandError(str(refused)) from None
+    output = settings.output
+    if output.json:
+        output.record(
+            {
+                "record": "evidence",
+                "ok": True,
+                "run_id": report.run_id,
+                "approval_id": report.approval_id,
+                "key": report.key_id,
+                "anchor": report.anchor_kind,
+                "anchor_seq": report.anchor_seq,
+                "anchor_time": report.anchor_time,
+                "run_events": [event["type"] for event in report.run_events],
+                "policy_ids": list(report.policy_ids),
+            }
+        )
+        return
+    types = ", ".join(str(event["type"]) for event in report.run_events)
+    output.line(
+        f"holds: run {sanitize(report.run_id)}, {len(report.run_events)} events ({types}), "
+        f"sealed by a {report.anchor_kind} of event {report.anchor_seq} signed at "
+        f"{sanitize(report.anchor_time)} by key {report.key_id}"
     )

@@ -1,6 +1,7 @@
 """Keeping the audit trail for years: signed checkpoints of the chain's head
 (`_checkpoints.py`) with an operator's Ed25519 keys (`_keys.py`), and archives of the
-chain's prefix in signed segment files (`_archive.py`).  See docs/retention.md."""
+chain's prefix in signed segment files (`_archive.py`), and evidence files a third party
+checks offline (`_evidence.py`).  See docs/retention.md."""
 
 from ._archive import (
     SEGMENT_KIND,
@@ -24,9 +25,18 @@ from ._checkpoints import (
     statement_digest,
     write_checkpoint,
 )
+from ._evidence import (
+    EVIDENCE_KIND,
+    EvidenceRefused,
+    EvidenceReport,
+    build_evidence,
+    verify_evidence,
+    write_evidence,
+)
 from ._keys import KeyRefused, PublicKey, SigningKey, load_private_key, load_public_key
 
 __all__ = [
+    "EVIDENCE_KIND",
     "SEGMENT_KIND",
     "STATEMENT_KIND",
     "ArchiveCheck",
@@ -34,11 +44,14 @@ __all__ = [
     "ArchiveResult",
     "CheckpointCheck",
     "CheckpointRefused",
+    "EvidenceRefused",
+    "EvidenceReport",
     "KeyRefused",
     "PublicKey",
     "SignedCheckpoint",
     "SigningKey",
     "archive_before",
+    "build_evidence",
     "check_archive",
     "check_checkpoints",
     "check_continues",
@@ -49,5 +62,7 @@ __all__ = [
     "manifests_recorded",
     "read_checkpoint_log",
     "statement_digest",
+    "verify_evidence",
     "write_checkpoint",
+    "write_evidence",
 ]
