@@ -468,6 +468,13 @@ def _parse_head(text: str) -> tuple[int, str]:
     help="The archive directory: check its signed segments and the database as one chain.",
 )
 @click.option(
+    "--tsa-ca",
+    "tsa_certificate",
+    metavar="FILE",
+    help="The timestamp authority's certificate (PEM) to trust: every checkpoint's RFC 3161 "
+    "timestamp must verify with it.",
+)
+@click.option(
     "--since-checkpoint",
     is_flag=True,
     help="Check the hashes only from the last signed checkpoint on (a day's verify reads a "
@@ -482,6 +489,7 @@ def verify(
     key_paths: tuple[str, ...],
     checkpoint_log: str | None,
     archive_directory: str | None,
+    tsa_certificate: str | None,
     since_checkpoint: bool,
 ) -> None:
     """Check the events' hash chain, that no committed event was lost (the head anchor),
@@ -494,6 +502,8 @@ def verify(
         raise click.BadParameter("--from must not be after --to", param_hint="--from")
     if bool(key_paths) != (checkpoint_log is not None):
         raise click.UsageError("--key and --checkpoints go together")
+    if tsa_certificate is not None and checkpoint_log is None:
+        raise click.UsageError("--tsa-ca needs --key and --checkpoints")
     if archive_directory is not None and checkpoint_log is None:
         raise click.UsageError("--archive needs --key and --checkpoints (its manifests are signed)")
     if since_checkpoint and (checkpoint_log is None or from_seq is not None or to_seq is not None):
@@ -505,7 +515,12 @@ def verify(
             None
             if checkpoint_log is None
             else _retention.signed_check(
-                store, keys, checkpoint_log, archive_directory, since_checkpoint
+                store,
+                keys,
+                checkpoint_log,
+                archive_directory,
+                since_checkpoint,
+                tsa_certificate,
             )
         )
         start_problem = None

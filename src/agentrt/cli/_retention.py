@@ -55,14 +55,20 @@ __all__ = [
     metavar="LOG",
     help="The checkpoint log, kept outside the database (created owner-only if missing).",
 )
+@click.option(
+    "--tsa",
+    "tsa_url",
+    metavar="URL",
+    help="An RFC 3161 timestamp authority to countersign the checkpoint's time.",
+)
 @click.pass_obj
-def checkpoint(settings: Settings, key_path: str, log_path: str) -> None:
+def checkpoint(settings: Settings, key_path: str, log_path: str, tsa_url: str | None) -> None:
     """Sign the chain's head (its seq and hash, the time, the database's identity) with
     KEY, record it in the chain as a `checkpoint` event and append it to LOG.  A history
     rewritten later by someone without the key contradicts it (`verify --key --checkpoints`)."""
     key = load_private_key(key_path)
     with open_for_deciding(settings) as store:
-        signed = write_checkpoint(store, key, log_path)
+        signed = write_checkpoint(store, key, log_path, tsa_url)
     output = settings.output
     if output.json:
         output.record(
@@ -74,12 +80,14 @@ def checkpoint(settings: Settings, key_path: str, log_path: str) -> None:
                 "time": signed.time,
                 "key": key.public.id,
                 "log": log_path,
+                "timestamped": signed.timestamp is not None,
             }
         )
         return
     output.line(
         f"checkpoint {signed.number}: event {signed.seq}:{signed.hash} signed at {signed.time} "
         f"by key {key.public.id[:16]}; appended to {sanitize(log_path)}"
+        + ("; timestamped by the authority" if signed.timestamp is not None else "")
     )
 
 
@@ -105,9 +113,15 @@ class SignedCheck:
         if last is None:
             return archived + "; the checkpoint log is empty"
         plural = "" if self.check.count == 1 else "s"
+        attested = ""
+        if self.check.last_attested is not None:
+            attested = (
+                f"; {self.check.timestamped} timestamped by the authority, the last at "
+                f"{self.check.last_attested}"
+            )
         return (
             f"{archived}; {self.check.count} signed checkpoint{plural} hold, the last at "
-            f"event {last.seq} ({sanitize(last.time)})"
+            f"event {last.seq} ({sanitize(last.time)})" + attested
         )
 
 
@@ -121,6 +135,7 @@ def signed_check(
     log_path: str,
     archive_directory: str | None,
     since: bool,
+    tsa_certificate: str | None = None,
 ) -> SignedCheck:
     """Check the archive's segments (if given) and `store` against the checkpoint log; a
     refusal is reported, not raised."""
@@ -136,6 +151,7 @@ def signed_check(
             log_path,
             archived=None if found is None else found.checkpoints,
             since=since,
+            tsa_certificate=tsa_certificate,
         )
         return SignedCheck(check, found, None)
     except (CheckpointRefused, ArchiveRefused) as refused:

@@ -34,6 +34,7 @@ from ._evidence import (
     write_evidence,
 )
 from ._keys import KeyRefused, PublicKey, SigningKey, load_private_key, load_public_key
+from ._timestamps import TimestampRefused
 
 __all__ = [
     "EVIDENCE_KIND",
@@ -50,6 +51,7 @@ __all__ = [
     "PublicKey",
     "SignedCheckpoint",
     "SigningKey",
+    "TimestampRefused",
     "archive_before",
     "build_evidence",
     "check_archive",

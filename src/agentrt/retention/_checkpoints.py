@@ -19,6 +19,7 @@ checkpoint contradicted.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import re
@@ -33,6 +34,12 @@ from ..errors import AgentrtError
 from ..sanitize import sanitize
 from ..store import Event, Store, archive, ledger, utc_now
 from ._keys import PublicKey, SigningKey
+from ._timestamps import (
+    TimestampRefused,
+    request_timestamp,
+    timestamp_digest,
+    verify_timestamp,
+)
 
 __all__ = [
     "STATEMENT_KIND",
@@ -67,6 +74,8 @@ class SignedCheckpoint:
 
     statement: Mapping[str, Any]
     signature: str
+    timestamp: str | None = None
+    """An RFC 3161 timestamp reply over the signature (base64), in the log only."""
 
     @property
     def number(self) -> int:
@@ -86,7 +95,14 @@ class SignedCheckpoint:
         return str(self.statement["time"])
 
     def payload(self) -> dict[str, Any]:
+        """The `checkpoint` event's payload: the statement and its signature."""
         return {"signature": self.signature, "statement": dict(self.statement)}
+
+    def line(self) -> dict[str, Any]:
+        """The log's line: the payload, and the timestamp if there is one."""
+        if self.timestamp is None:
+            return self.payload()
+        return {**self.payload(), "timestamp": self.timestamp}
 
 
 def statement_bytes(statement: Mapping[str, Any]) -> bytes:
@@ -99,11 +115,18 @@ def statement_digest(statement: Mapping[str, Any]) -> str:
     return sha256_hex(statement_bytes(statement))
 
 
-def _parse_entry(document: Any, where: str) -> SignedCheckpoint:
-    """A log line's or an event's payload as a checkpoint, refused unless well formed."""
-    if not isinstance(document, dict) or set(document) != {"signature", "statement"}:
+def _parse_entry(document: Any, where: str, *, logged: bool = False) -> SignedCheckpoint:
+    """A log line's (`logged`: it may carry a timestamp) or an event's payload as a
+    checkpoint, refused unless well formed."""
+    fields = {"signature", "statement"}
+    if logged and isinstance(document, dict) and "timestamp" in document:
+        fields.add("timestamp")
+    if not isinstance(document, dict) or set(document) != fields:
         raise CheckpointRefused(f"{where} is not a checkpoint entry")
     statement, signature = document["statement"], document["signature"]
+    timestamp = document.get("timestamp")
+    if timestamp is not None and not isinstance(timestamp, str):
+        raise CheckpointRefused(f"{where} has a timestamp that is not text")
     if (
         not isinstance(statement, dict)
         or set(statement) != _STATEMENT_FIELDS
@@ -119,7 +142,7 @@ def _parse_entry(document: Any, where: str) -> SignedCheckpoint:
         or not (statement["previous"] is None or isinstance(statement["previous"], str))
     ):
         raise CheckpointRefused(f"{where} is not a well-formed checkpoint statement")
-    return SignedCheckpoint(statement, signature)
+    return SignedCheckpoint(statement, signature, timestamp)
 
 
 # -- the log ------------------------------------------------------------------
@@ -168,8 +191,8 @@ def _parse_log(data: bytes, path: str) -> list[SignedCheckpoint]:
             document = parse_json(line)
         except JSONBoundaryError:
             raise CheckpointRefused(f"{where} is not JSON: the log was cut or altered") from None
-        entry = _parse_entry(document, where)
-        if line.decode("utf-8") != canonical_json(entry.payload()):
+        entry = _parse_entry(document, where, logged=True)
+        if line.decode("utf-8") != canonical_json(entry.line()):
             raise CheckpointRefused(f"{where} is not written as agentrt writes it: it was altered")
         entries.append(entry)
     return entries
@@ -179,7 +202,7 @@ def _append_to_log(path: str, entries: Sequence[SignedCheckpoint]) -> None:
     """Append whole lines and fsync them (the log is the evidence that outlives the database)."""
     if not entries:
         return
-    data = "".join(canonical_json(entry.payload()) + "\n" for entry in entries).encode("utf-8")
+    data = "".join(canonical_json(entry.line()) + "\n" for entry in entries).encode("utf-8")
     descriptor = _open_log(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(descriptor, data)
@@ -234,7 +257,7 @@ def _logged_checkpoints(store: Store, log_path: str) -> list[SignedCheckpoint]:
     for line, entry in enumerate(logged):
         index = line - archived
         if entry.number != line + 1 or (
-            index >= 0 and (index >= len(recorded) or recorded[index] != entry)
+            index >= 0 and (index >= len(recorded) or recorded[index].payload() != entry.payload())
         ):
             raise CheckpointRefused(
                 f"{where} line {line + 1} (checkpoint {entry.number}, event {entry.seq}) is "
@@ -242,10 +265,12 @@ def _logged_checkpoints(store: Store, log_path: str) -> list[SignedCheckpoint]:
                 "database's log, or the database lost or rewrote history"
             )
     _append_to_log(log_path, recorded[len(logged) - archived :])
-    return [*logged[:archived], *recorded]
+    return [*logged, *recorded[len(logged) - archived :]]
 
 
-def write_checkpoint(store: Store, key: SigningKey, log_path: str) -> SignedCheckpoint:
+def write_checkpoint(
+    store: Store, key: SigningKey, log_path: str, tsa_url: str | None = None
+) -> SignedCheckpoint:
     """Sign the chain's head with `key`, record it as a `checkpoint` event and append it to
     the log at `log_path` (created owner-only if missing).
 
@@ -253,6 +278,9 @@ def write_checkpoint(store: Store, key: SigningKey, log_path: str) -> SignedChec
     restored from before a checkpoint, or another database's log, is refused); the
     chain's checkpoints missing from its end (a crash after a commit) are appended; and
     the chain since the last checkpoint must verify, so a tampered tail is never signed.
+    With `tsa_url`, the signature is then timestamped by that RFC 3161 authority and the
+    reply kept in the log line; if the authority fails, the checkpoint is logged without
+    it and `TimestampRefused` says so.
     """
     with _locked_log(log_path):
         recorded = _logged_checkpoints(store, log_path)
@@ -279,7 +307,19 @@ def write_checkpoint(store: Store, key: SigningKey, log_path: str) -> SignedChec
         with store.transaction() as connection:
             event = ledger.record_checkpoint(store, connection, seal)
         checkpoint = _parse_entry(event.payload, f"checkpoint event {event.seq}")
+        failure: TimestampRefused | None = None
+        if tsa_url is not None:
+            try:
+                reply = request_timestamp(tsa_url, timestamp_digest(checkpoint.signature))
+                checkpoint = dataclasses.replace(checkpoint, timestamp=reply)
+            except TimestampRefused as refused:
+                failure = refused
         _append_to_log(log_path, [checkpoint])
+        if failure is not None:
+            raise TimestampRefused(
+                f"checkpoint {checkpoint.number} was signed and logged without a timestamp: "
+                f"{failure}"
+            )
         return checkpoint
 
 
@@ -310,6 +350,8 @@ class CheckpointCheck:
 
     count: int
     last: SignedCheckpoint | None
+    timestamped: int = 0
+    last_attested: str | None = None
 
 
 def check_checkpoints(
@@ -319,6 +361,7 @@ def check_checkpoints(
     *,
     archived: Mapping[int, Event] | None = None,
     since: bool = False,
+    tsa_certificate: str | None = None,
 ) -> CheckpointCheck:
     """Check the log at `log_path` with `keys` and the chain against it.
 
@@ -326,11 +369,12 @@ def check_checkpoints(
     the one before (so an entry forged, altered, removed or reordered is refused); each
     must seal an event the database holds with the hash it signed, followed by its own
     `checkpoint` event; and every `checkpoint` event in the chain must have its entry (so
-    a log cut at its end is refused).  `archived`: the checkpoint events read from the
-    archive's segments (without them a checkpoint of archived history is refused, or,
-    `since`, left to the verify that read the archive).  Raises `CheckpointRefused`
-    naming the first entry or checkpoint that does not hold.  The hashes of the events
-    between checkpoints are the chain's to check (`Store.verify_chain`).
+    a log cut at its end is refused).  With `tsa_certificate`, every entry's RFC 3161
+    timestamp must verify with it (an entry without one is counted).  `archived`: the
+    checkpoint events read from the archive's segments (without them a checkpoint of
+    archived history is refused, or, `since`, left to the verify that read the archive).
+    Raises `CheckpointRefused` naming the first entry or checkpoint that does not hold.
+    The hashes of the events between checkpoints are the chain's to check.
     """
     where = f"checkpoint log {sanitize(log_path)}"
     entries = read_checkpoint_log(log_path)
@@ -364,6 +408,20 @@ def check_checkpoints(
                 "the same database as the line before it"
             )
         previous = entry
+    timestamped, last_attested = 0, None
+    if tsa_certificate is not None:
+        for line, entry in enumerate(entries, start=1):
+            if entry.timestamp is None:
+                continue
+            try:
+                last_attested = verify_timestamp(
+                    entry.timestamp, timestamp_digest(entry.signature), tsa_certificate
+                )
+            except TimestampRefused as refused:
+                raise CheckpointRefused(
+                    f"{where} line {line} (checkpoint {entry.number}): {refused}"
+                ) from None
+            timestamped += 1
     events = {event.seq: event for event in store.checkpoint_events()}
     events.update(archived or {})
     first = archive.first_seq(store)
@@ -383,7 +441,9 @@ def check_checkpoints(
                 f"the chain's checkpoint event {seq} has no entry in {where}: the log was cut "
                 "(or its last entry was never written: `agentrt checkpoint` writes it again)"
             )
-    return CheckpointCheck(len(entries), entries[-1] if entries else None)
+    return CheckpointCheck(
+        len(entries), entries[-1] if entries else None, timestamped, last_attested
+    )
 
 
 def _check_sealed(store: Store, entry: SignedCheckpoint, own: Event | None, first: int) -> None:
