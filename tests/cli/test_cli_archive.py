@@ -358,3 +358,26 @@ def test_kill_9_in_the_middle_of_an_archive_loses_nothing_and_repeats_nothing(
     verified = world.verify_archive()
     assert verified.exit_code == 0, verified.output
     assert killed >= 1
+
+
+def test_the_inbox_chain_check_starts_where_the_archive_left_the_chain(
+    sqlite_world: Archiving,
+) -> None:
+    from agentrt.inbox._chain import ChainCheck
+
+    world = sqlite_world
+    _history(world)
+    assert world.archive_now().exit_code == 0
+    remaining = world.events()
+    with open_store(world.database, read_only=True, create=False) as store:
+        report = ChainCheck(store, chunk=7).report()
+        assert report.ok, report.reason
+        assert (report.head_seq, report.checked) == (remaining[-1][0], len(remaining))
+    # The database's first event no longer chaining to the archive is a break, named.
+    with sqlite3.connect(world.database) as connection:
+        connection.execute(
+            "UPDATE events SET prev_hash = ? WHERE seq = ?", ("0" * 64, remaining[0][0])
+        )
+    with open_store(world.database, read_only=True, create=False) as store:
+        broken = ChainCheck(store).report()
+        assert not broken.ok and "no archived event accounts for them" in broken.reason

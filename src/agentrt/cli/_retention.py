@@ -167,23 +167,10 @@ def chain_start(
     event's manifest), else at event 1."""
     if since and signed is not None and signed.check is not None and signed.check.last:
         return signed.check.last.seq + 1, None
-    first = archive.first_seq(store)
-    if first == 1 or store.head_seq() < first:
-        return None, None
-    if signed is not None and signed.archive is not None:
-        return first, None
-    recorded = archive.archived_events(store)
-    event = store.event_at(first)
-    if recorded and event is not None:
-        statement = recorded[-1].payload.get("statement", {})
-        if statement.get("last_seq") == first - 1 and statement.get("last_hash") == (
-            event.prev_hash
-        ):
-            return first, None
-    return first, (
-        f"events 1..{first - 1} are missing from the database and no archived event accounts "
-        "for them"
-    )
+    origin = archive.chain_origin(store)
+    if isinstance(origin, str):
+        return archive.first_seq(store), origin
+    return (None if origin[0] == 0 else origin[0] + 1), None
 
 
 def _duration(text: str, option: str) -> float:

@@ -29,6 +29,7 @@ __all__ = [
     "NothingToArchive",
     "archive_prefix",
     "archived_events",
+    "chain_origin",
     "first_seq",
     "plan_cut",
     "raw_events",
@@ -93,6 +94,28 @@ def archived_events(store: Store) -> list[Event]:
     """The `archived` events the database still holds, oldest first."""
     rows = store.query("SELECT * FROM events WHERE run_id = '' AND type = 'archived' ORDER BY seq")
     return [_row_to_event(row) for row in rows]
+
+
+def chain_origin(store: Store) -> tuple[int, str] | str:
+    """Where the database's part of the chain begins: `(0, GENESIS_HASH)` before any
+    archive, else the last archived event's seq and hash, as the last `archived` event's
+    manifest records them and the database's first event chains to; or a sentence saying
+    why the database's first event follows nothing it accounts for."""
+    first = first_seq(store)
+    if first == 1 or store.head_seq() < first:
+        return 0, GENESIS_HASH
+    recorded = archived_events(store)
+    event = store.event_at(first)
+    if recorded and event is not None:
+        statement = recorded[-1].payload.get("statement", {})
+        if statement.get("last_seq") == first - 1 and statement.get("last_hash") == (
+            event.prev_hash
+        ):
+            return first - 1, event.prev_hash
+    return (
+        f"events 1..{first - 1} are missing from the database and no archived event accounts "
+        "for them"
+    )
 
 
 def _created_at(store: Store, seq: int) -> str:
