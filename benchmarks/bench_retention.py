@@ -73,6 +73,7 @@ def _calls(store: Store, first: int, count: int) -> None:
                     token,
                 )  # fmt: skip
                 number += 1
+        store.take_committed_events()  # (what telemetry would drain; kept, they pile up)
 
 
 def _size(store: Store) -> int:

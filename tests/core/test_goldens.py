@@ -462,6 +462,11 @@ _CHECKPOINT_KEY = bytes(range(32))
 
 async def checkpoint(scenario: Scenario) -> None:
     """A run, then the operator's signed checkpoint of the head (`agentrt checkpoint`)."""
+    await _checkpointed(scenario)
+
+
+async def _checkpointed(scenario: Scenario) -> tuple[Path, Path]:
+    """`checkpoint`'s scenario; the key and the log it used."""
     import tempfile
 
     from cryptography.hazmat.primitives import serialization
@@ -486,6 +491,28 @@ async def checkpoint(scenario: Scenario) -> None:
         scenario.stores[0], load_private_key(str(key_path)), str(directory / "log")
     )
     scenario.trace.returned(f"checkpoint {signed.number} of event {signed.seq}")
+    return key_path, directory / "log"
+
+
+async def archive(scenario: Scenario) -> None:
+    """A completed run, checkpointed, then archived (`agentrt archive`): its events and
+    rows moved into a signed segment, an `archived` event in their place."""
+    import tempfile
+
+    from agentrt.retention import archive_before, load_private_key
+
+    key_path, log_path = await _checkpointed(scenario)
+    directory = Path(tempfile.mkdtemp(prefix="agentrt-golden-"))
+    (directory / "archive").mkdir(mode=0o700)
+    scenario.world.advance(1)
+    scenario.trace.action("archive")
+    result = archive_before(
+        scenario.stores[0], load_private_key(str(key_path)), str(log_path),
+        str(directory / "archive"), "9999", 1e12,
+    )  # fmt: skip
+    assert result.manifest is not None
+    statement = result.manifest["statement"]
+    scenario.trace.returned(f"archived {statement['first_seq']}..{statement['last_seq']}")
 
 
 # The scenarios and whether each runs on PostgreSQL (only those whose clock the test
@@ -503,6 +530,7 @@ SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
     "proxied_duplicate": (proxied_duplicate, True),
     "unknown_outcome": (unknown_outcome, True),
     "checkpoint": (checkpoint, True),
+    "archive": (archive, True),
 }
 
 
