@@ -15,6 +15,8 @@ from click.testing import CliRunner
 from retention_support import World, make_key, unchanged_check
 
 from agentrt.cli import cli
+from agentrt.store import GENESIS_HASH, event_hash
+from agentrt.store._anchor import _write_anchor
 
 
 @pytest.fixture
@@ -263,3 +265,28 @@ def test_checkpoint_refuses_to_sign_a_broken_tail(sqlite_world: World) -> None:
     assert f"the chain is broken at event {target}" in result.output
     assert "so its head is not signed" in result.output
     unchanged()
+
+
+def test_a_history_rebuilt_without_its_checkpoint_events_is_named(sqlite_world: World) -> None:
+    """A forger with the database drops the checkpoint events and renumbers and re-hashes
+    everything: the chain and the anchor agree, the log does not."""
+    world = sqlite_world
+    assert world.checkpoint().exit_code == 0
+    world.start_a_run()
+    kept = [row for row in world.events() if row[2] != "checkpoint"]
+    with sqlite3.connect(world.database) as connection:
+        connection.execute("DELETE FROM events")
+        prev_hash = GENESIS_HASH
+        for seq, (_, run_id, type_, payload, created_at, _, _) in enumerate(kept, start=1):
+            digest = event_hash(prev_hash, seq, run_id, type_, payload, created_at)
+            connection.execute(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (seq, run_id, type_, payload, created_at, prev_hash, digest),
+            )
+            prev_hash = digest
+    _write_anchor(f"{world.database}.anchor", len(kept), prev_hash)
+    assert world.run("verify").exit_code == 0
+    result = world.verify()
+    assert result.exit_code == 1
+    assert "the database contradicts signed checkpoint 1" in result.output
+    assert "is missing or differs from the entry in the log" in result.output
