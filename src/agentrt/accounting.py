@@ -12,6 +12,7 @@ did not say what it billed may have billed all of it.
 from __future__ import annotations
 
 import enum
+import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,12 +37,15 @@ __all__ = [
     "Price",
     "PriceTable",
     "PriceUnknown",
+    "RecordedReply",
     "RunMeter",
     "RunSpending",
     "SpendingLimitReached",
     "Usage",
     "active_seconds",
+    "carried_context",
     "list_attempts",
+    "recorded_replies",
     "run_spending",
     "spending_by_run",
     "spending_of",
@@ -72,6 +76,15 @@ MIGRATIONS: Final[Sequence[str]] = (
         event_seq INTEGER NOT NULL,
         PRIMARY KEY (run_id, step, attempt)
     )
+    """,
+    # What an adapter keeps of an answer for its next request in the run (Anthropic's
+    # thinking blocks with their signatures), so a run resumed in another process sends it.
+    """
+    ALTER TABLE model_attempts ADD COLUMN carry TEXT
+    """,
+    # An answer's body exactly as it came, when the adapter records replies (replay).
+    """
+    ALTER TABLE model_attempts ADD COLUMN reply TEXT
     """,
 )
 """The `models` extension's tables, applied with `Store.migrate_extension`."""
@@ -230,6 +243,10 @@ class AttemptReport:
     budget_output: int
     note: str = ""
     error: str = ""
+    carry: str | None = None
+    """What the adapter keeps of this answer for its next request in the run (JSON text)."""
+    reply: bytes | None = None
+    """The answer's body exactly as it came, when the adapter records replies."""
 
     def charged(self) -> Usage:
         if self.charge_in_full:
@@ -255,6 +272,7 @@ class ModelAttempt:
     cost: Decimal | None
     note: str
     error: str
+    carry: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +317,7 @@ def _attempt_of(row: Any) -> ModelAttempt:
         cost=None if row["cost"] is None else Decimal(row["cost"]),
         note=row["note"],
         error=row["error"],
+        carry=row["carry"],
     )
 
 
@@ -316,6 +335,66 @@ def list_attempts(store: Store, run_id: str) -> list[ModelAttempt]:
         store, "SELECT * FROM model_attempts WHERE run_id = ? ORDER BY event_seq", (run_id,)
     )
     return [_attempt_of(row) for row in rows]
+
+
+def _reply_text(reply: bytes | None) -> str | None:
+    """A recorded body as text (every answer the adapters take is UTF-8 JSON)."""
+    if reply is None:
+        return None
+    try:
+        return reply.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedReply:
+    """One answered attempt of a run whose adapter recorded replies, for a replay."""
+
+    step: int
+    attempt: int
+    provider: str
+    model: str
+    body: bytes
+    sha256: str | None
+    """The hash the chain holds for it (None when the event has none)."""
+
+
+def recorded_replies(store: Store, run_id: str) -> list[RecordedReply]:
+    """The run's recorded answers in the order they came, each with the hash its event holds."""
+    rows = _rows(
+        store,
+        "SELECT step, attempt, provider, model, reply, event_seq FROM model_attempts"
+        " WHERE run_id = ? AND outcome = 'ok' AND reply IS NOT NULL ORDER BY event_seq",
+        (run_id,),
+    )
+    recorded: list[RecordedReply] = []
+    for row in rows:
+        event = store.event_at(int(row["event_seq"]))
+        digest = event.payload.get("reply_sha256") if event is not None else None
+        recorded.append(
+            RecordedReply(
+                int(row["step"]),
+                int(row["attempt"]),
+                str(row["provider"]),
+                str(row["model"]),
+                str(row["reply"]).encode("utf-8"),
+                digest if isinstance(digest, str) else None,
+            )
+        )
+    return recorded
+
+
+def carried_context(store: Store, run_id: str) -> dict[int, str]:
+    """What the adapter kept of the answer that decided each step (`AttemptReport.carry`),
+    by step: the last answered attempt of a step is the one its decision came from."""
+    rows = _rows(
+        store,
+        "SELECT step, carry FROM model_attempts WHERE run_id = ? AND outcome = 'ok'"
+        " AND carry IS NOT NULL ORDER BY event_seq",
+        (run_id,),
+    )
+    return {int(row["step"]): str(row["carry"]) for row in rows}
 
 
 def spending_of(attempts: Sequence[ModelAttempt]) -> RunSpending:
@@ -509,6 +588,9 @@ class RunMeter(ModelMeter):
                 "attempt": attempt,
                 "provider": report.provider,
                 "model": report.model,
+                # When the request went out: a span of the attempt needs its start, and the
+                # event is written when it ended.
+                "started_at": report.started_at,
                 "outcome": str(report.outcome),
                 "stop_reason": report.stop_reason,
                 "usage": None if reported is None else _usage_json(reported),
@@ -517,6 +599,14 @@ class RunMeter(ModelMeter):
                 "note": report.note,
                 "error": report.error,
             }
+            if report.carry is not None:
+                # Covered by the chain: what is sent back to the model is what it answered.
+                payload["carry"] = report.carry
+            reply = _reply_text(report.reply)
+            if reply is not None:
+                # The body sits beside the event; its hash is in the chain, so a replay
+                # of an altered recording is refused.
+                payload["reply_sha256"] = hashlib.sha256(report.reply or b"").hexdigest()
             event = self.store.append_event(
                 connection, self.run_id, EventType.MODEL_ATTEMPT.value, payload
             )
@@ -524,17 +614,31 @@ class RunMeter(ModelMeter):
                 "INSERT INTO model_attempts (run_id, step, attempt, provider, model, started_at,"
                 " finished_at, outcome, stop_reason, input_tokens, output_tokens,"
                 " cache_creation_input_tokens, cache_read_input_tokens, charged_tokens, cost,"
-                " note, error, event_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-                " ?, ?)",
-                (self.run_id, self.step, attempt, report.provider, report.model, report.started_at,
-                 report.finished_at, str(report.outcome), report.stop_reason,
-                 None if reported is None else reported.input_tokens,
-                 None if reported is None else reported.output_tokens,
-                 None if reported is None else reported.cache_creation_input_tokens,
-                 None if reported is None else reported.cache_read_input_tokens,
-                 charged.total, None if cost is None else str(cost), report.note, report.error,
-                 event.seq),
-            )  # fmt: skip
+                " note, error, event_seq, carry, reply) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                " ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    self.run_id,
+                    self.step,
+                    attempt,
+                    report.provider,
+                    report.model,
+                    report.started_at,
+                    report.finished_at,
+                    str(report.outcome),
+                    report.stop_reason,
+                    None if reported is None else reported.input_tokens,
+                    None if reported is None else reported.output_tokens,
+                    None if reported is None else reported.cache_creation_input_tokens,
+                    None if reported is None else reported.cache_read_input_tokens,
+                    charged.total,
+                    None if cost is None else str(cost),
+                    report.note,
+                    report.error,
+                    event.seq,
+                    report.carry,
+                    reply,
+                ),
+            )
 
     async def reached(self, limit: SpendingLimitReached) -> None:
         """Record why the next dispatch did not go (the run then ends with `limit.reason`)."""

@@ -63,6 +63,10 @@ class StepInput:
     history: Sequence[Observation]
     model: Any = None
     metadata: dict[str, str] = field(default_factory=dict)
+    carried: dict[int, str] = field(default_factory=dict)
+    """What a model adapter kept of the answer that decided each earlier step (by step; JSON
+    text it wrote), for an agent whose `carries_context` is true: e.g. Anthropic's thinking
+    blocks, which must go back with the tool call they led to."""
 
 
 @runtime_checkable

@@ -11,6 +11,7 @@ from .accounting import (
     PriceTable,
     RunMeter,
     SpendingLimitReached,
+    carried_context,
 )
 from .agent import Agent, Decision, StepInput
 from .errors import AgentrtError
@@ -93,6 +94,11 @@ class Driver:
                     history=await store.run(self.gate.history, run_id),
                     model=self.model,
                     metadata=dict(run.metadata),
+                    carried=(
+                        await store.run(carried_context, store, run_id)
+                        if getattr(self.agent, "carries_context", False)
+                        else {}
+                    ),
                 )
                 decision = await self._decide(run, step_input)
                 outcome = await self.gate.step(run_id, decision)

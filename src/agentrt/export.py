@@ -222,6 +222,10 @@ class Follower:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    def wait_stopped(self, seconds: float) -> bool:
+        """Wait up to `seconds` for `stop()`; whether it came (a pause that a stop cuts short)."""
+        return self._stop.wait(seconds)
+
     def batches(
         self, *, follow: bool = False, poll_seconds: float = DEFAULT_POLL_SECONDS
     ) -> Iterator[list[Event]]:

@@ -88,7 +88,7 @@ def test_every_command_is_listed_in_the_help_and_resolves() -> None:
     ]
     assert listed == [
         "runs", "show", "events", "approve", "reject", "cancel", "verify", "inbox", "export",
-        "init", "pin", "classify", "check", "proxy", "demo", "recheck",
+        "init", "pin", "classify", "check", "proxy", "demo", "recheck", "bench",
         "checkpoint", "archive", "evidence", "verify-evidence",
     ]  # fmt: skip
     for name in listed:

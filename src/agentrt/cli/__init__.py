@@ -36,6 +36,7 @@ _COMMANDS: Final = {
     "proxy": "._servers:proxy",
     "demo": "._servers:demo",
     "recheck": "._recheck:recheck",
+    "bench": "._bench:bench",
     "checkpoint": "._retention:checkpoint",
     "archive": "._retention:archive_command",
     "evidence": "._retention:evidence",

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
+from urllib.parse import urlsplit
 
 import click
 
@@ -99,6 +100,18 @@ def _sync_if_file(stdout: BinaryIO) -> None:
     metavar="SECONDS",
     help="With --follow, seconds between looks at a quiet database.",
 )
+@click.option(
+    "--otlp",
+    "otlp_url",
+    metavar="URL",
+    help="Send the events' spans to this OTLP/HTTP base URL (as OTEL_EXPORTER_OTLP_ENDPOINT "
+    "takes it) instead of printing the events; needs the otel extra.",
+)
+@click.option(
+    "--content",
+    is_flag=True,
+    help="With --otlp, put arguments and results (sanitized, bounded) in the spans.",
+)
 @click.pass_obj
 def export(
     settings: Settings,
@@ -106,12 +119,21 @@ def export(
     follow: bool,
     from_seq: int | None,
     poll_seconds: float,
+    otlp_url: str | None,
+    content: bool,
 ) -> None:
     """Print every event after the cursor, oldest first, one JSON object per line.
 
     Each line carries seq, run_id, type, payload, created_at, prev_hash and
-    hash, so a consumer can recompute the chain it received.
+    hash, so a consumer can recompute the chain it received.  With --otlp,
+    the events' spans (runs, steps, tool calls, model attempts) are sent to
+    a collector instead, each batch before the cursor moves past it.
     """
+    if otlp_url is not None:
+        _export_spans(settings, otlp_url, cursor_path, follow, from_seq, poll_seconds, content)
+        return
+    if content:
+        raise CommandError("--content goes with --otlp (the JSON Lines always carry everything)")
     stdout: BinaryIO = sys.stdout.buffer
     with open_for_reading(settings) as store:
         follower = Follower(store, cursor_path=cursor_path, from_seq=from_seq)
@@ -138,3 +160,50 @@ def export(
                         f"{sanitize(error.strerror or str(error))}; the lines up to event "
                         f"{batch[-1].seq} were printed and will be printed again next time"
                     ) from error
+
+
+def _export_spans(
+    settings: Settings,
+    url: str,
+    cursor_path: Path | None,
+    follow: bool,
+    from_seq: int | None,
+    poll_seconds: float,
+    content: bool,
+) -> None:
+    """`export --otlp URL`: spans, not lines, with the same cursor and the same stops."""
+    from ..telemetry import SpansNotDelivered, TraceExporter, otel_available, settings_from
+
+    parsed = urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise CommandError(
+            f"--otlp takes an http:// or https:// base URL such as http://127.0.0.1:4318, "
+            f"not {sanitize(url)!r}"
+        )
+    if not otel_available():
+        raise CommandError(
+            "--otlp needs the OpenTelemetry extra, which is not installed "
+            "(pip install 'agentrt[otel]')"
+        )
+    telemetry = settings_from({"otlp_endpoint": url, "content": content})
+    assert telemetry is not None
+    with open_for_reading(settings) as store:
+        follower = Follower(store, cursor_path=cursor_path, from_seq=from_seq)
+        exporter = TraceExporter(store.path, telemetry, log=sys.stderr)
+        with _stopped_by_signals(follower):
+            try:
+                exporter.follow_cursor(store, follower, follow=follow, poll_seconds=poll_seconds)
+            except SpansNotDelivered as error:
+                raise CommandError(str(error)) from None
+            except OSError as error:
+                raise CommandError(
+                    f"the cursor {sanitize(str(cursor_path))} cannot be written: "
+                    f"{sanitize(error.strerror or str(error))}; the spans sent will be sent "
+                    "again next time"
+                ) from error
+        where = f"event {follower.position.seq}" if follower.position.seq else "the start"
+        click.echo(
+            f"agentrt: {exporter.sent} span(s) sent to {sanitize(telemetry.traces_url)}; "
+            f"the position is {where}",
+            err=True,
+        )

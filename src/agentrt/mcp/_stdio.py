@@ -2,7 +2,9 @@
 
 The server is started with `subprocess.Popen` (not `anyio.open_process`)
 because only Popen takes a `preexec_fn`, which sets the Linux parent-death
-signal so the kernel kills the server if this process dies first.  Its pipes
+signal so the kernel kills the server if this process dies first.  What differs
+by platform (groups, signals, the parent-death signal, pipe byte counts, the
+base environment) is in `_proc` and the modules it chooses from.  Its pipes
 are read and written as non-blocking file descriptors through
 `anyio.wait_readable`/`wait_writable`, so nothing here needs a background
 task: whichever caller is waiting for an answer reads the next line and hands
@@ -19,13 +21,8 @@ server exited cleanly by itself.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import fcntl
 import os
-import signal
 import subprocess
-import sys
-import termios
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -37,6 +34,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from ..sanitize import sanitize
+from . import _proc
 from ._connection_errors import (
     ConnectionClosed,
     MCPConnectionError,
@@ -77,37 +75,18 @@ _WRITE_POLL_INTERVAL: Final = 0.01
 _READ_CHUNK: Final = 64 * 1024
 _DRAIN_LIMIT: Final = 1024 * 1024
 
-# Variables a program needs to find its interpreter and a place to write.
-_BASE_VARIABLES: Final = ("PATH", "HOME", "TMPDIR")
-
-_PR_SET_PDEATHSIG: Final = 1
-
-
-def _load_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl: Callable[..., int] = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    return prctl
-
-
-# Resolved once here, never inside the forked child: the child must not load
-# a library or allocate while another thread may hold an allocator lock.
-_prctl: Final = _load_prctl()
-
 
 def server_environment(server: Server) -> dict[str, str]:
     """The exact environment a stdio server gets; nothing else of this process's leaks.
 
-    PATH, HOME and TMPDIR when set here, then each `inherit_env` name set
+    PATH, HOME and TMPDIR when set here (on Windows the reference runtime's list:
+    PATH, PATHEXT, SystemRoot, SystemDrive, ComSpec, TEMP, TMP, USERPROFILE,
+    APPDATA, LOCALAPPDATA and HOME), then each `inherit_env` name set
     here, then `env` as written, a later entry replacing an earlier one.
     Proxy variables (HTTP_PROXY and friends) reach the server only when named.
     """
     environment: dict[str, str] = {}
-    for name in (*_BASE_VARIABLES, *server.inherit_env):
+    for name in (*_proc.BASE_VARIABLES, *server.inherit_env):
         value = os.environ.get(name)
         if value is not None:
             environment[name] = value
@@ -115,23 +94,6 @@ def server_environment(server: Server) -> dict[str, str]:
         name, _, value = entry.partition("=")
         environment[name] = value
     return environment
-
-
-def _parent_death_signal(parent_pid: int) -> Callable[[], None] | None:
-    if _prctl is None:
-        return None
-    prctl = _prctl
-
-    def set_parent_death_signal() -> None:
-        # Runs in the child between fork and exec.  The signal is tied to the
-        # thread that forked; it survives exec.  If the parent already died
-        # before prctl took effect, no signal will ever come: leave now.
-        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            os._exit(126)
-        if os.getppid() != parent_pid:
-            os._exit(1)
-
-    return set_parent_death_signal
 
 
 class _StderrTail:
@@ -162,10 +124,7 @@ class _StderrTail:
 
     def _unread(self) -> int:
         """Bytes the server wrote that the drain has not read yet (0 once the pipe is gone)."""
-        try:
-            return int.from_bytes(fcntl.ioctl(self._fd, termios.FIONREAD, b"\0\0\0\0"), "little")
-        except OSError:
-            return 0
+        return _proc.unread_bytes(self._fd)
 
     def text(self) -> str:
         """The tail, including what the server wrote before this moment.
@@ -522,12 +481,12 @@ class StdioTransport:
         self._close_stdin()
         exited = await self._wait_for_exit(GRACE_AFTER_STDIN_CLOSED, grace=True)
         if not exited and self._polite:
-            self._signal_group(signal.SIGTERM)
+            _proc.stop_tree(self.process)
             exited = await self._wait_for_exit(GRACE_AFTER_SIGTERM, grace=True)
         # Always, even after a clean exit: the server is not reaped yet, so its
         # id still names this group and cannot have been reused; whatever it
         # left behind (a launcher's node process, a daemon) dies with it.
-        self._signal_group(signal.SIGKILL)
+        _proc.kill_tree(self.process)
         if not exited:
             await self._wait_for_exit(REAP_AFTER_SIGKILL)
         self._reap()
@@ -605,10 +564,6 @@ class StdioTransport:
             return True
         return self._exited()
 
-    def _signal_group(self, signal_number: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal_number)
-
     def _reap(self) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=0.5)
@@ -636,8 +591,8 @@ def start_stdio(server: Server) -> StdioTransport:
             stdout=subprocess.PIPE,
             stderr=stderr_target,
             env=environment,
-            start_new_session=True,
-            preexec_fn=_parent_death_signal(os.getpid()),  # why a preexec_fn: ADR 0003
+            start_new_session=_proc.NEW_SESSION,
+            preexec_fn=_proc.parent_death_hook(os.getpid()),  # why a preexec_fn: ADR 0003
             close_fds=True,
         )
     except OSError as exc:

@@ -18,6 +18,7 @@ from ._errors import ServerToolError
 from ._upstream import RestartFailed
 
 if TYPE_CHECKING:
+    from ..schema import CompiledSchema
     from ._upstream import Upstream
 
 __all__ = ["ServerResult", "ServerTool", "map_result"]
@@ -82,6 +83,8 @@ class ServerTool:
         """The server's `title` for the tool, as listed (None when it gave none)."""
         self.output_schema = output_schema
         """The server's `outputSchema` for the tool, as listed (None when it gave none)."""
+        # The compiled `outputSchema` (or why it does not compile), built at the first result.
+        self._output_check: list[CompiledSchema | str] = []
 
     @property
     def spec(self) -> ToolSpec:
@@ -167,34 +170,62 @@ class ServerTool:
                 f"{where} failed: {sanitize(str(exc))}", outcome_known=False
             ) from None
         mapped = map_result(self._server, self._tool, result, self._max_content_bytes)
-        self._check_output(where, result)
+        broken = self._output_refusal(result)
+        if broken is not None:
+            return withheld_result(self._server, self._tool, broken)
         return mapped
 
-    def _check_output(self, where: str, result: Mapping[str, Any]) -> None:
-        """Refuse structured content that fails the tool's own `outputSchema`, as a tool
-        error: the spec says a server MUST conform to it, so a host would reject it anyway."""
+    def _output_refusal(self, result: Mapping[str, Any]) -> str | None:
+        """Why a successful result breaks the tool's own `outputSchema` (None when it
+        keeps it, or the tool has none).  The spec says a server MUST conform to it."""
         if self.output_schema is None:
-            return
-        # Here, not at the top: loading the tools at start-up needs no validator yet.
-        import jsonschema
-
+            return None
         if "structuredContent" not in result or result["structuredContent"] is None:
-            raise ServerToolError(f"{where} has an outputSchema but returned no structured content")
+            return "it has an outputSchema but returned no structured content"
+        compiled = self._output_compiled()
+        if isinstance(compiled, str):
+            return compiled
         try:
-            schema = json.loads(canonical_json(self.output_schema))
             structured = json.loads(canonical_json(result["structuredContent"]))
-            error = jsonschema.exceptions.best_match(
-                jsonschema.validators.validator_for(schema)(schema).iter_errors(structured)
-            )
-        except (jsonschema.exceptions.SchemaError, ValueError, TypeError) as exc:
-            raise ServerToolError(
-                f"{where} has an outputSchema that cannot be checked: {sanitize(str(exc))}"
-            ) from None
-        if error is not None:
-            raise ServerToolError(
-                f"{where} returned structured content that does not match its outputSchema: "
-                f"{sanitize(error.message[:_ERROR_TEXT_CHARS])}"
-            )
+        except (JSONBoundaryError, ValueError, TypeError) as exc:
+            return f"its structured content cannot be checked: {sanitize(str(exc))}"
+        error = compiled.first_error(structured)
+        if error is None:
+            return None
+        return (
+            "it returned structured content that does not match its outputSchema: "
+            f"{error[:_ERROR_TEXT_CHARS]}"
+        )
+
+    def _output_compiled(self) -> CompiledSchema | str:
+        """The tool's `outputSchema`, compiled once, at its first result (loading a server's
+        tools needs no validator), with the input schemas' compiler: self-contained, no
+        retrieval, patterns under the same time budget.  A schema that does not compile
+        is the reason every result of the tool is withheld."""
+        if not self._output_check:
+            from ..errors import SchemaError
+            from ..schema import compile_schema
+
+            assert self.output_schema is not None
+            try:
+                schema = json.loads(canonical_json(self.output_schema))
+                self._output_check.append(compile_schema(schema))
+            except (SchemaError, JSONBoundaryError, ValueError, TypeError) as exc:
+                self._output_check.append(
+                    f"its outputSchema cannot be checked: {sanitize(str(exc))}"
+                )
+        return self._output_check[0]
+
+
+def withheld_result(server: str, tool: str, refusal: str) -> ToolResult:
+    """A result refused after the tool ran: recorded as executed, and the model told that
+    the tool ran and why its result was withheld, so it has no reason to run it again."""
+    label = f"{sanitize(server)}/{sanitize(tool)}"
+    text = (
+        f"RESULT_WITHHELD: the tool {label} ran and its server reported it done, but its "
+        f"result was withheld because {refusal}. Do not call it again to repeat the action."
+    )
+    return ToolResult(content=canonical_json(text), summary=f"{label}: result withheld")
 
 
 def map_result(server: str, tool: str, result: Any, max_content_bytes: int) -> ToolResult:

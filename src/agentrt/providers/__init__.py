@@ -7,7 +7,9 @@ reaches an error.  A tool call's arguments reach the gate as the exact text
 the model sent; the gate checks them.  Each reply's usage and stop reason
 are read; a reply cut off at its token limit is never acted on; failures are
 retried with backoff (`RetryPolicy`) and every attempt is told to a
-`ModelMeter` (the Driver's keeps the run's books).  `ScriptedAgent` answers
+`ModelMeter` (the Driver's keeps the run's books); with `record_replies=True`
+each answer's body is kept with its attempt, and `replay_client(store, run)`
+plays a recorded run's answers back byte for byte.  `ScriptedAgent` answers
 from a script.  `agent_for(spec)` builds one from a `--model` value
 (`ollama:NAME`, `openai:NAME`, `anthropic:NAME`).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 from ..sanitize import sanitize
 from ._chat import DEFAULT_MAX_TOKENS, NO_RETRY, ChatAgent, RetryPolicy
 from ._http import MAX_RESPONSE_BYTES, AttemptError, ProviderError, is_loopback_host
+from ._replay import replay_client
 from .anthropic import DEFAULT_ANTHROPIC_URL, AnthropicAgent
 from .ollama import DEFAULT_OLLAMA_URL, OllamaAgent
 from .openai import DEFAULT_OPENAI_URL, OpenAIAgent
@@ -40,6 +43,7 @@ __all__ = [
     "ScriptedAgent",
     "agent_for",
     "is_loopback_host",
+    "replay_client",
 ]
 
 

@@ -182,6 +182,8 @@ class ModelReply:
     stop_reason: str | None
     cut_off: bool
     note: str = ""
+    carry: str | None = None
+    """What the adapter keeps of this answer for the run's next request (JSON text)."""
 
 
 def read_usage(
@@ -242,6 +244,8 @@ class ChatAgent:
     provider: ClassVar[str] = ""
     provider_key: ClassVar[str] = ""
     path: str = ""
+    carries_context: bool = False
+    """Whether `request_body` needs `StepInput.carried` (the Driver reads it only then)."""
 
     def __init__(
         self,
@@ -253,6 +257,7 @@ class ChatAgent:
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         retry: RetryPolicy | None = None,
+        record_replies: bool = False,
     ) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ProviderError(f"max_tokens must be a positive integer, not {max_tokens!r}")
@@ -263,6 +268,8 @@ class ChatAgent:
         self._client_factory = http_client_factory
         self._timeout = timeout
         self._max_response_bytes = max_response_bytes
+        self.record_replies = record_replies
+        """Keep each answer's body, byte for byte, with its attempt (for `replay_client`)."""
 
     def __repr__(self) -> str:
         # Never the key.
@@ -349,7 +356,8 @@ class ChatAgent:
                 )
                 await meter.record(self._report(started_at, body, failure=unusable))
                 raise unusable from None
-            await meter.record(self._report(started_at, body, reply=reply))
+            raw = answer.raw if self.record_replies else None
+            await meter.record(self._report(started_at, body, reply=reply, raw=raw))
             if not reply.cut_off:
                 return reply.decision
             cut_offs += 1
@@ -395,6 +403,7 @@ class ChatAgent:
         *,
         reply: ModelReply | None = None,
         failure: AttemptError | None = None,
+        raw: bytes | None = None,
     ) -> AttemptReport:
         budget_input = len(canonical_bytes(body))
         if failure is not None:
@@ -430,4 +439,6 @@ class ChatAgent:
             budget_input=budget_input,
             budget_output=self.max_tokens,
             note=note,
+            carry=reply.carry,
+            reply=raw,
         )

@@ -98,10 +98,12 @@ def bearer_key(key: str) -> Mapping[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class HTTPAnswer:
-    """A 2xx answer: its parsed JSON value and the size of the request that got it."""
+    """A 2xx answer: its parsed JSON value, the size of the request that got it, and the
+    body exactly as it came (what a recording keeps, and a replay sends again)."""
 
     value: Any
     request_bytes: int
+    raw: bytes = b""
 
 
 def key_from_environment(
@@ -237,7 +239,8 @@ async def post_json(
                     "POST", url, content=body, headers=all_headers, follow_redirects=False
                 ) as response,
             ):
-                return HTTPAnswer(await _read_answer(response, where, max_bytes), len(body))
+                value, raw = await _read_answer(response, where, max_bytes)
+                return HTTPAnswer(value, len(body), raw)
     except TimeoutError:
         raise AttemptError(
             f"{where} did not answer within {_seconds(deadline)}",
@@ -279,7 +282,7 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-async def _read_answer(response: httpx2.Response, where: str, max_bytes: int) -> Any:
+async def _read_answer(response: httpx2.Response, where: str, max_bytes: int) -> tuple[Any, bytes]:
     status = response.status_code
     if 300 <= status < 400:
         location = response.headers.get("location", "")
@@ -308,7 +311,7 @@ async def _read_answer(response: httpx2.Response, where: str, max_bytes: int) ->
         )
     data = await _read_bounded(response, max_bytes, truncate=False, where=where)
     try:
-        return parse_json(data)
+        return parse_json(data), data
     except JSONBoundaryError as exc:
         raise AttemptError(
             f"{where} sent a body that is not usable JSON: {exc}",

@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from ..accounting import Usage
-from ..agent import Decision, StepInput
-from ..canonical import canonical_json
+from ..agent import Decision, DecisionKind, StepInput
+from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..sanitize import sanitize
 from ..tools import ToolSpec
 from ._chat import (
@@ -28,6 +28,7 @@ from ._http import (
     ProviderError,
     key_from_environment,
 )
+from ._strict import strict_refusal
 
 __all__ = ["ANTHROPIC_VERSION", "DEFAULT_ANTHROPIC_URL", "AnthropicAgent"]
 
@@ -47,11 +48,38 @@ def _text_turn(role: str, text: str) -> dict[str, Any]:
     return {"role": role, "content": [{"type": "text", "text": text}]}
 
 
-def _tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
-    return [
-        {"name": spec.name, "description": spec.description, "input_schema": spec.input_schema}
-        for spec in tools
-    ]
+def _tools(tools: Sequence[ToolSpec], *, strict: bool = False) -> list[dict[str, Any]]:
+    listed: list[dict[str, Any]] = []
+    for spec in tools:
+        tool: dict[str, Any] = {
+            "name": spec.name,
+            "description": spec.description,
+            "input_schema": spec.input_schema,
+        }
+        if strict:
+            refusal = strict_refusal(spec.name, spec.input_schema)
+            if refusal is not None:
+                raise ProviderError(refusal)
+            tool["strict"] = True
+        listed.append(tool)
+    return listed
+
+
+MIN_THINKING_BUDGET: Final = 1024
+"""The smallest `budget_tokens` the Messages API takes for extended thinking."""
+
+
+def _carried_blocks(carried: str | None) -> list[dict[str, Any]]:
+    """The thinking blocks kept with a step's tool call (written by `_thinking`), as sent."""
+    if carried is None:
+        return []
+    try:
+        blocks = parse_json(carried)
+    except JSONBoundaryError:
+        return []
+    if not isinstance(blocks, list):
+        return []
+    return [block for block in blocks if isinstance(block, dict) and block.get("type") in _KEPT]
 
 
 class AnthropicAgent(ChatAgent):
@@ -64,6 +92,13 @@ class AnthropicAgent(ChatAgent):
     API requires one) bounds each reply; `extra_body` adds fields (e.g.
     `{"temperature": 0}`).  A `tool_use` block becomes a tool call whose
     arguments are the canonical JSON of its `input` (every literal kept).
+
+    `thinking_budget` turns extended thinking on; the thinking blocks that led
+    to a tool call (signatures included) are recorded with the attempt and sent
+    back with that call in every later request of the run, as the API requires,
+    also after a resume in another process.  `strict_tools` asks for strict
+    tool use: every tool's schema must fit the API's subset, else the request
+    is refused in one sentence naming the tool and where (see `_strict`).
     """
 
     provider = "Anthropic"
@@ -80,10 +115,22 @@ class AnthropicAgent(ChatAgent):
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         retry: RetryPolicy | None = None,
+        record_replies: bool = False,
         extra_body: Mapping[str, Any] | None = None,
+        thinking_budget: int | None = None,
+        strict_tools: bool = False,
     ) -> None:
         if not model:
             raise ProviderError("an Anthropic agent needs a model name, e.g. anthropic:NAME")
+        if thinking_budget is not None and (
+            isinstance(thinking_budget, bool)
+            or not isinstance(thinking_budget, int)
+            or not MIN_THINKING_BUDGET <= thinking_budget < max_tokens
+        ):
+            raise ProviderError(
+                f"thinking_budget must be a whole number of tokens from {MIN_THINKING_BUDGET} "
+                f"up to max_tokens ({max_tokens}) exclusive, not {thinking_budget!r}"
+            )
         api_key = key_from_environment(
             api_key, base_url, default_url=DEFAULT_ANTHROPIC_URL, variable=_KEY_VARIABLE
         )
@@ -95,9 +142,14 @@ class AnthropicAgent(ChatAgent):
             max_response_bytes=max_response_bytes,
             max_tokens=max_tokens,
             retry=retry,
+            record_replies=record_replies,
         )
         self.path = _messages_path(base_url)
         self._extra_body = dict(extra_body) if extra_body is not None else {}
+        self.thinking_budget = thinking_budget
+        self.strict_tools = strict_tools
+        # With thinking on, each tool call goes back with the thinking that led to it.
+        self.carries_context = thinking_budget is not None
 
     def key_headers(self, key: str) -> Mapping[str, str]:
         return {"x-api-key": key}
@@ -123,12 +175,16 @@ class AnthropicAgent(ChatAgent):
                 messages.append({"role": "user", "content": [{"type": "text", "text": told}]})
                 continue
             use_id = f"toolu_agentrt_{observation.step}"
+            # The thinking that led to this call, exactly as it came (signatures and all):
+            # the API requires it back with the tool call when thinking is on.
+            thought = _carried_blocks(step_input.carried.get(observation.step))
             messages.append(
                 {
                     "role": "assistant",
                     "content": [
+                        *thought,
                         {"type": "tool_use", "id": use_id, "name": observation.tool,
-                         "input": arguments}
+                         "input": arguments},
                     ],
                 }
             )  # fmt: skip
@@ -146,9 +202,11 @@ class AnthropicAgent(ChatAgent):
                 "max_tokens": self.max_tokens,
                 "system": SYSTEM_PROMPT,
                 "messages": messages,
-                "tools": _tools(step_input.tools),
+                "tools": _tools(step_input.tools, strict=self.strict_tools),
             }
         )
+        if self.thinking_budget is not None:
+            body["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
         return body
 
     def read_reply(self, answer: Any, where: str) -> ModelReply:
@@ -161,11 +219,37 @@ class AnthropicAgent(ChatAgent):
         stop_reason = stop if isinstance(stop, str) else None
         usage, note = _usage(answer.get("usage"), where)
         decision = _decision(content, where)
-        return ModelReply(decision, usage, stop_reason, stop_reason in _CUT_OFF, note)
+        carry = _thinking(content, where) if decision.kind is DecisionKind.TOOL_CALL else None
+        return ModelReply(decision, usage, stop_reason, stop_reason in _CUT_OFF, note, carry)
 
 
 # The stop reasons of a reply cut short: by its `max_tokens`, or by the context window.
 _CUT_OFF: Final = frozenset({"max_tokens", "model_context_window_exceeded"})
+
+
+# The blocks kept for the next request: thinking with its signature, and redacted thinking.
+_KEPT: Final = frozenset({"thinking", "redacted_thinking"})
+
+
+def _thinking(content: list[Any], where: str) -> str | None:
+    """The thinking blocks before the first `tool_use`, unmodified, as JSON text (None when
+    there are none); a block without the field the API needs back is refused."""
+    kept: list[Any] = []
+    for block in content:
+        kind = block.get("type") if isinstance(block, Mapping) else None
+        if kind == "tool_use":
+            break
+        if kind == "thinking":
+            if not isinstance(block.get("thinking"), str) or not isinstance(
+                block.get("signature"), str
+            ):
+                raise ProviderError(f"{where} answered with a thinking block without its signature")
+            kept.append(block)
+        elif kind == "redacted_thinking":
+            if not isinstance(block.get("data"), str):
+                raise ProviderError(f"{where} answered with a redacted thinking block without data")
+            kept.append(block)
+    return canonical_json(kept) if kept else None
 
 
 def _decision(content: list[Any], where: str) -> Decision:

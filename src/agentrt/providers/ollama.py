@@ -86,6 +86,7 @@ class OllamaAgent(ChatAgent):
         options: Mapping[str, Any] | None = None,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         retry: RetryPolicy | None = None,
+        record_replies: bool = False,
     ) -> None:
         if not model:
             raise ProviderError("an Ollama agent needs a model name, e.g. ollama:qwen3:30b-a3b")
@@ -99,6 +100,7 @@ class OllamaAgent(ChatAgent):
             max_response_bytes=max_response_bytes,
             max_tokens=_budget(options, max_tokens),
             retry=retry,
+            record_replies=record_replies,
         )
         self._options = dict(options) if options is not None else {}
         self._options.setdefault("num_predict", self.max_tokens)

@@ -62,6 +62,7 @@ class OpenAIAgent(ChatAgent):
         extra_body: Mapping[str, Any] | None = None,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         retry: RetryPolicy | None = None,
+        record_replies: bool = False,
     ) -> None:
         if not model:
             raise ProviderError("an OpenAI-compatible agent needs a model name, e.g. openai:NAME")
@@ -76,6 +77,7 @@ class OpenAIAgent(ChatAgent):
             max_response_bytes=max_response_bytes,
             max_tokens=_budget(extra_body, max_tokens),
             retry=retry,
+            record_replies=record_replies,
         )
         self._extra_body = dict(extra_body) if extra_body is not None else {}
 

@@ -18,6 +18,7 @@ from .._lazy import lazy_names
 
 if TYPE_CHECKING:
     from ._exporter import (
+        SpansNotDelivered,
         TelemetrySettings,
         TraceExporter,
         otel_available,
@@ -37,6 +38,7 @@ __all__ = [
     "CONTENT_CHARS",
     "SpanKind",
     "SpanRecord",
+    "SpansNotDelivered",
     "TelemetrySettings",
     "TraceBuilder",
     "TraceExporter",
@@ -50,6 +52,7 @@ __all__ = [
 # Each name is imported on first use, so the proxy's calls (which need only
 # `trace_context_metadata`) do not load the exporter unless telemetry is configured.
 _WHERE: Final = {
+    "SpansNotDelivered": "._exporter",
     "TelemetrySettings": "._exporter",
     "TraceExporter": "._exporter",
     "otel_available": "._exporter",

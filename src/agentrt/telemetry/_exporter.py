@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 __all__ = [
+    "SpansNotDelivered",
     "TelemetrySettings",
     "TraceExporter",
     "otel_available",
@@ -47,6 +48,8 @@ _POLL_SECONDS: Final = 0.25
 _REPLAY_PAGE: Final = 1000
 _REPLAYED_KEPT: Final = 10_000
 _SCOPE: Final = "agentrt"
+# Pauses between attempts to deliver a batch with a cursor (the last one repeats with --follow).
+_RETRY_SECONDS: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
 
 
 def otel_available() -> bool:
@@ -130,8 +133,7 @@ class TraceExporter:
         self._resource: Resource | None = None
         self._scope: InstrumentationScope | None = None
 
-    def start(self) -> None:
-        """Begin at the database's newest event; the spans of later events are sent."""
+    def _open_exporter(self) -> None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -142,6 +144,10 @@ class TraceExporter:
         self._exporter = OTLPSpanExporter(endpoint=self.settings.traces_url, timeout=timeout)
         self._resource = Resource.create({"service.name": self.settings.service_name})
         self._scope = InstrumentationScope(_SCOPE)
+
+    def start(self) -> None:
+        """Begin at the database's newest event; the spans of later events are sent."""
+        self._open_exporter()
         store = open_store(self.database, read_only=True)
         self._store = store
         self._follower = Follower(store, from_seq=store.head_seq() + 1)
@@ -176,7 +182,59 @@ class TraceExporter:
                     self._exporter.shutdown()
             store.close()
 
-    def _process(self, store: Store, batch: Sequence[Event]) -> None:
+    def follow_cursor(
+        self,
+        store: Store,
+        follower: Follower,
+        *,
+        follow: bool = False,
+        poll_seconds: float = _POLL_SECONDS,
+        retry_seconds: Sequence[float] = _RETRY_SECONDS,
+    ) -> None:
+        """`agentrt export --otlp`: the spans of the events after `follower`'s cursor, each
+        batch's spans delivered before the cursor moves past it.
+
+        Unlike the live exporter nothing is dropped: a batch whose spans the
+        collector refuses is sent again after a pause (`retry_seconds`, the
+        last one repeated), until it is taken or the follower is stopped, and
+        then `SpansNotDelivered` names the event the cursor stays at.  Without
+        `follow`, the attempts end after the listed pauses.  A run that began
+        before the cursor is read back from the store, so its later spans find
+        their parents; the spans its earlier events closed are not sent again.
+        """
+        self._open_exporter()
+        try:
+            for batch in follower.batches(follow=follow, poll_seconds=poll_seconds):
+                records = self._collect(store, batch)
+                attempt = 0
+                while records and not self._deliver(records):
+                    if not self._failing:
+                        self._say(
+                            f"telemetry: {len(records)} span(s) could not be sent to "
+                            f"{sanitize(self.settings.traces_url)}; trying again"
+                        )
+                    self._failing = True
+                    if attempt >= len(retry_seconds) and not follow:
+                        raise SpansNotDelivered(self.settings.traces_url, follower.position.seq)
+                    pause = retry_seconds[min(attempt, len(retry_seconds) - 1)]
+                    attempt += 1
+                    if follower.wait_stopped(pause):
+                        raise SpansNotDelivered(self.settings.traces_url, follower.position.seq)
+                if records:
+                    self.sent += len(records)
+                    if self._failing:
+                        self._say(
+                            f"telemetry: spans reach {sanitize(self.settings.traces_url)} again"
+                        )
+                    self._failing = False
+                follower.advance(batch)
+        finally:
+            if self._exporter is not None:
+                with contextlib.suppress(Exception):
+                    self._exporter.shutdown()
+
+    def _collect(self, store: Store, batch: Sequence[Event]) -> list[SpanRecord]:
+        """The spans `batch` closes, reading back the start of any run it joins midway."""
         finished: list[SpanRecord] = []
         for event in batch:
             run_id = event.run_id
@@ -191,6 +249,10 @@ class TraceExporter:
                 self._replayed.add(run_id)
                 self._replay(store, event)
             finished.extend(self.builder.add(event))
+        return finished
+
+    def _process(self, store: Store, batch: Sequence[Event]) -> None:
+        finished = self._collect(store, batch)
         if finished:
             self._send(finished)
 
@@ -211,15 +273,18 @@ class TraceExporter:
                 return
             offset += len(history)
 
-    def _send(self, records: Sequence[SpanRecord]) -> None:
+    def _deliver(self, records: Sequence[SpanRecord]) -> bool:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
         assert self._exporter is not None
         try:
             result = self._exporter.export([self._to_sdk(record) for record in records])
-            delivered = result is SpanExportResult.SUCCESS
         except Exception:
-            delivered = False
+            return False
+        return result is SpanExportResult.SUCCESS
+
+    def _send(self, records: Sequence[SpanRecord]) -> None:
+        delivered = self._deliver(records)
         if delivered:
             self.sent += len(records)
             if self._failing:
@@ -250,7 +315,10 @@ class TraceExporter:
             if record.error is not None
             else trace.Status(trace.StatusCode.UNSET)
         )
-        kind = trace.SpanKind.SERVER if record.kind is SpanKind.SERVER else trace.SpanKind.INTERNAL
+        kind = {
+            SpanKind.SERVER: trace.SpanKind.SERVER,
+            SpanKind.CLIENT: trace.SpanKind.CLIENT,
+        }.get(record.kind, trace.SpanKind.INTERNAL)
         return ReadableSpan(
             name=record.name,
             context=context,
@@ -270,6 +338,18 @@ class TraceExporter:
             self.log.flush()
         except (OSError, ValueError):
             pass
+
+
+class SpansNotDelivered(AgentrtError):
+    """The collector did not take a batch's spans; the cursor stays before that batch."""
+
+    def __init__(self, url: str, seq: int) -> None:
+        where = f"event {seq}" if seq else "the start"
+        super().__init__(
+            f"spans could not be sent to {sanitize(url)}; the cursor stays at {where}, "
+            "and the next run sends them"
+        )
+        self.seq = seq
 
 
 def _timeout_in_environment() -> bool:

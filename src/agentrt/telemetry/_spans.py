@@ -48,9 +48,10 @@ _CODE_WORD: Final = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 class SpanKind(enum.StrEnum):
     INTERNAL = "internal"
     SERVER = "server"
+    CLIENT = "client"
 
 
-AttributeValue = str | int | bool
+AttributeValue = str | int | bool | tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,7 +363,9 @@ class TraceBuilder:
         approval_id = payload.get("approval_id")
         if step is None or not isinstance(approval_id, str):
             return []
-        run.approval_steps[approval_id] = int(step.span.attributes["agentrt.step"])
+        number = payload.get("step")
+        assert isinstance(number, int)  # `_step_of` found the step by it
+        run.approval_steps[approval_id] = number
         kind = payload.get("kind")
         attributes: dict[str, AttributeValue] = {
             "agentrt.approval.kind": sanitize(kind) if isinstance(kind, str) else "approval",
@@ -451,6 +454,52 @@ class TraceBuilder:
         assert isinstance(number, int)
         return self._close_step(run, number, event)
 
+    def _on_model_attempt(
+        self, run: _Run, event: Event, payload: Mapping[str, Any]
+    ) -> list[SpanRecord]:
+        """One request to a model, as the GenAI semantic conventions name it: a client span
+        `chat MODEL` under the run, from the attempt's start to its record.  Usage, the
+        finish reason and the outcome; never the prompt or the reply (not recorded)."""
+        provider = _code(str(payload.get("provider", "")).lower(), "unknown")
+        model = payload.get("model")
+        model_name = sanitize(model) if isinstance(model, str) and model else "unknown"
+        attributes: dict[str, AttributeValue] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.system": provider,
+            "gen_ai.provider.name": provider,
+            "gen_ai.request.model": model_name,
+        }
+        for name, key in (("agentrt.step", "step"), ("agentrt.model.attempt", "attempt")):
+            value = payload.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                attributes[name] = value
+        usage = payload.get("usage")
+        if isinstance(usage, Mapping):
+            for field_name, attribute in _USAGE_ATTRIBUTES:
+                count = usage.get(field_name)
+                if isinstance(count, int) and not isinstance(count, bool):
+                    attributes[attribute] = count
+        stop = payload.get("stop_reason")
+        if isinstance(stop, str) and _CODE_WORD.match(stop):
+            attributes["gen_ai.response.finish_reasons"] = (stop,)
+        outcome = _code(payload.get("outcome"), "unknown")
+        attributes["agentrt.outcome"] = outcome
+        started = payload.get("started_at")
+        end_ns = _nanoseconds(event.created_at)
+        try:
+            start_ns = _nanoseconds(started) if isinstance(started, str) else end_ns
+        except ValueError:  # not a time the meter wrote: the span is an instant
+            start_ns = end_ns
+        span = _Open(
+            _derived(8, "span", run.run_id, str(event.seq)),
+            run.root.span_id,
+            f"chat {model_name}",
+            SpanKind.CLIENT,
+            min(start_ns, end_ns),
+            attributes,
+        )
+        return [self._finish(run, span, event, None if outcome == "ok" else outcome)]
+
     def _end_run(self, run: _Run, event: Event, payload: Mapping[str, Any]) -> list[SpanRecord]:
         status = event.type.removeprefix("run_")
         reason = _code(payload.get("reason"), "")
@@ -476,6 +525,14 @@ class TraceBuilder:
 
 _RUN_ENDS: Final = frozenset({"completed", "failed", "cancelled"})
 
+# The recorded usage fields and the GenAI semantic conventions' attribute for each.
+_USAGE_ATTRIBUTES: Final = (
+    ("input_tokens", "gen_ai.usage.input_tokens"),
+    ("output_tokens", "gen_ai.usage.output_tokens"),
+    ("cache_read_input_tokens", "gen_ai.usage.cache_read.input_tokens"),
+    ("cache_creation_input_tokens", "gen_ai.usage.cache_creation.input_tokens"),
+)
+
 _HANDLERS: Final = {
     "step_recorded": TraceBuilder._on_step_recorded,
     "step_invalid": TraceBuilder._on_step_invalid,
@@ -490,4 +547,5 @@ _HANDLERS: Final = {
     "tool_error": TraceBuilder._on_tool_ended,
     "step_interrupted": TraceBuilder._on_tool_ended,
     "step_denied": TraceBuilder._on_step_denied,
+    "model_attempt": TraceBuilder._on_model_attempt,
 }
