@@ -381,3 +381,48 @@ def test_the_inbox_chain_check_starts_where_the_archive_left_the_chain(
     with open_store(world.database, read_only=True, create=False) as store:
         broken = ChainCheck(store).report()
         assert not broken.ok and "no archived event accounts for them" in broken.reason
+
+
+def test_the_archive_keeps_what_the_proxys_index_may_still_read(sqlite_world: Archiving) -> None:
+    """A proxied call's index row goes with its archived run; a call not settled, or one
+    younger than --index-window, holds the cut back."""
+    from agentrt.proxy._index import CallIndex
+
+    world = sqlite_world
+    world.settle(world.produced)
+    second = produce(world.produced.database, world.produced.sandbox)
+    world.settle(second)
+    assert world.checkpoint().exit_code == 0
+    with open_store(world.database) as store:
+        CallIndex(store, "s", "proxy:test", 30.0)  # the proxy's tables, as the proxy makes them
+    now = time.time()
+    rows = [
+        (world.produced.completed_run, 1, now - 7200),  # settled, two hours old
+        (second.completed_run, 0, now - 7200),  # not settled: holds the cut back
+    ]
+    with sqlite3.connect(world.database) as connection:
+        for run_id, settled, created in rows:
+            connection.execute(
+                "INSERT INTO proxy_calls (run_id, session, call_key, tool, mutating, created_at,"
+                " settled) VALUES (?, 's', 'k', 'write_note', 1, ?, ?)",
+                (run_id, created, settled),
+            )
+    first_event = {row[1]: row[0] for row in reversed(world.events()) if row[2] == "run_started"}
+    # Inside the default window (a day) even the settled call stays.
+    held = world.run(
+        "archive", "--before", "0s", "--to", str(world.archive),
+        "--key", str(world.key), "--log", str(world.log),
+    )  # fmt: skip
+    assert held.exit_code == 1, held.output
+    assert "a proxied call the proxy's index may still read" in held.output
+    assert "(its first event is 1)" in held.output
+    result = world.run(
+        "archive", "--before", "0s", "--index-window", "1h", "--to", str(world.archive),
+        "--key", str(world.key), "--log", str(world.log),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert f"(its first event is {first_event[second.completed_run]})" in result.output
+    with sqlite3.connect(world.database) as connection:
+        indexed = sorted(row[0] for row in connection.execute("SELECT run_id FROM proxy_calls"))
+    assert indexed == [second.completed_run]
+    assert world.verify_archive().exit_code == 0
