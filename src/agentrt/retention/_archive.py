@@ -192,6 +192,8 @@ def archive_before(
     else:
         planned = archive.plan_cut(store, before, last.seq, index_since)
         if isinstance(planned, archive.NothingToArchive):
+            if first > 1:
+                archive.shrink(store)  # an archive killed after its commit, before this
             return ArchiveResult(None, planned.reason, blocked=planned.blocked)
         cut = planned
         manifest = _write_segment(store, key, directory, cut, str(last.statement["database"]))
