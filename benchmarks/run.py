@@ -1,7 +1,7 @@
 """`make bench`: what governance costs, as ratios against baselines measured in the same run.
 
     python benchmarks/run.py [--quick]
-                             [--only gate,concurrency,mcp,proxy,index,postgres,startup]
+                             [--only gate,concurrency,mcp,proxy,index,postgres,startup,retention]
                              [--no-peers]
 
 Prints a table of ratios and writes everything measured (every sample summary,
@@ -256,6 +256,11 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
                 f"+{commands['minus_interpreter_p50_s'][name]:.2f} s over python -c pass",
                 "<= 0.25 s", _verdict(seconds, 0.25), "",
             ])  # fmt: skip
+    retention = results.get("retention")
+    if isinstance(retention, dict):
+        import bench_retention
+
+        rows.extend(bench_retention.rows(retention))
     return rows
 
 
@@ -264,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
     parser.add_argument(
         "--only",
-        default="gate,concurrency,mcp,proxy,index,postgres,startup",
+        default="gate,concurrency,mcp,proxy,index,postgres,startup,retention",
         help="comma-separated benchmarks",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peer proxies")
@@ -306,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     if "startup" in selected:
         log("startup: a proxy's start-up, memory, and the command's CPU time")
         failed |= _guarded(results, "startup", lambda: _startup(options.quick))
+    if "retention" in selected:
+        log("retention: checkpoints, verify, archive and evidence at size")
+        failed |= _guarded(results, "retention", lambda: _retention(options.quick))
     results["machine"]["load_average_end"] = os.getloadavg()
     results["seconds"] = time.perf_counter() - began
 
@@ -352,6 +360,12 @@ def _postgres(quick: bool) -> Result:
     import bench_postgres
 
     return bench_postgres.run(quick)
+
+
+def _retention(quick: bool) -> Result:
+    import bench_retention
+
+    return bench_retention.run(quick)
 
 
 def _startup(quick: bool) -> Result:

@@ -15,7 +15,10 @@ from agentrt.cli import cli
 try:
     cli([*sys.argv[1:], "--help"], prog_name="agentrt", standalone_mode=False)
 finally:
-    heavy = sorted(m for m in ("mcp", "starlette", "uvicorn", "agentrt.proxy") if m in sys.modules)
+    heavy = sorted(
+        m for m in ("mcp", "starlette", "uvicorn", "agentrt.proxy", "cryptography")
+        if m in sys.modules
+    )
     print(json.dumps(heavy), file=sys.stderr)
 """
 
@@ -29,7 +32,9 @@ def _heavy_modules(*command: str) -> list[str]:
     return heavy
 
 
-@pytest.mark.parametrize("command", ["runs", "show", "approve", "reject", "cancel", "verify"])
+@pytest.mark.parametrize(
+    "command", ["runs", "show", "approve", "reject", "cancel", "verify", "checkpoint"]
+)
 def test_reading_and_deciding_commands_do_not_import_the_mcp_sdk_or_the_proxy(
     command: str,
 ) -> None:
@@ -75,11 +80,17 @@ def test_every_command_is_listed_in_the_help_and_resolves() -> None:
 
     result = CliRunner().invoke(cli, ["--help"])
     assert result.exit_code == 0, result.output
-    listed = [line.split()[0] for line in result.output.split("Commands:")[1].splitlines() if line]
+    # (A short help too long for the column wraps onto a line indented further.)
+    listed = [
+        line.split()[0]
+        for line in result.output.split("Commands:")[1].splitlines()
+        if line.strip() and not line.startswith("   ")
+    ]
     assert listed == [
         "runs", "show", "events", "approve", "reject", "cancel", "grants", "revoke", "verify",
         "inbox", "approver", "export", "init", "pin", "classify", "check", "proxy", "demo",
         "recheck", "bench", "taint", "login",
+        "checkpoint", "archive", "evidence", "verify-evidence",
     ]  # fmt: skip
     for name in listed:
         assert CliRunner().invoke(cli, [name, "--help"]).exit_code == 0, name

@@ -661,6 +661,65 @@ async def standing_grant(scenario: Scenario) -> None:
     ]  # fmt: skip
 
 
+# A fixed Ed25519 key (its 32 private bytes): a signature by it is the same every time.
+_CHECKPOINT_KEY = bytes(range(32))
+
+
+async def checkpoint(scenario: Scenario) -> None:
+    """A run, then the operator's signed checkpoint of the head (`agentrt checkpoint`)."""
+    await _checkpointed(scenario)
+
+
+async def _checkpointed(scenario: Scenario) -> tuple[Path, Path]:
+    """`checkpoint`'s scenario; the key and the log it used."""
+    import tempfile
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from agentrt.retention import load_private_key, write_checkpoint
+
+    await allow(scenario)
+    directory = Path(tempfile.mkdtemp(prefix="agentrt-golden-"))
+    key_path = directory / "operator.key"
+    key_path.write_bytes(
+        Ed25519PrivateKey.from_private_bytes(_CHECKPOINT_KEY).private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    key_path.chmod(0o600)
+    scenario.world.advance(1)
+    scenario.trace.action("checkpoint")
+    signed = write_checkpoint(
+        scenario.stores[0], load_private_key(str(key_path)), str(directory / "log")
+    )
+    scenario.trace.returned(f"checkpoint {signed.number} of event {signed.seq}")
+    return key_path, directory / "log"
+
+
+async def archive(scenario: Scenario) -> None:
+    """A completed run, checkpointed, then archived (`agentrt archive`): its events and
+    rows moved into a signed segment, an `archived` event in their place."""
+    import tempfile
+
+    from agentrt.retention import archive_before, load_private_key
+
+    key_path, log_path = await _checkpointed(scenario)
+    directory = Path(tempfile.mkdtemp(prefix="agentrt-golden-"))
+    (directory / "archive").mkdir(mode=0o700)
+    scenario.world.advance(1)
+    scenario.trace.action("archive")
+    result = archive_before(
+        scenario.stores[0], load_private_key(str(key_path)), str(log_path),
+        str(directory / "archive"), "9999", 1e12,
+    )  # fmt: skip
+    assert result.manifest is not None
+    statement = result.manifest["statement"]
+    scenario.trace.returned(f"archived {statement['first_seq']}..{statement['last_seq']}")
+
+
 # The scenarios and whether each runs on PostgreSQL (only those whose clock the test
 # controls there: the server's clock judges leases and grants, and the test cannot move it).
 SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
@@ -680,6 +739,8 @@ SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
     "flow_held_and_taint_cleared": (flow_held_and_taint_cleared, True),
     "approver_refused": (approver_refused, True),
     "standing_grant": (standing_grant, False),
+    "checkpoint": (checkpoint, True),
+    "archive": (archive, True),
 }
 
 

@@ -42,6 +42,10 @@ _COMMANDS: Final = {
     "bench": "._bench:bench",
     "taint": "._taint:taint",
     "login": "._login:login",
+    "checkpoint": "._retention:checkpoint",
+    "archive": "._retention:archive_command",
+    "evidence": "._retention:evidence",
+    "verify-evidence": "._retention:verify_evidence_command",
 }
 
 

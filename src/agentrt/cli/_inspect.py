@@ -29,6 +29,7 @@ from ..store import (
     StepRecord,
 )
 from ..trace import event_json, format_event
+from . import _retention
 from ._app import CommandError, Settings, open_for_reading
 from ._output import bounded, flatten, value_field
 from ._review import epoch_text, review_lines
@@ -473,17 +474,85 @@ def _parse_head(text: str) -> tuple[int, str]:
     metavar="SEQ:HASH",
     help="A head printed earlier: fail unless the chain still reaches it unchanged.",
 )
+@click.option(
+    "--key",
+    "key_paths",
+    multiple=True,
+    metavar="PUB",
+    help="An operator's Ed25519 public key (PEM) the checkpoints are signed with; repeat it "
+    "for the keys of earlier years.",
+)
+@click.option(
+    "--checkpoints",
+    "checkpoint_log",
+    metavar="LOG",
+    help="The checkpoint log: check the chain against every signed checkpoint in it.",
+)
+@click.option(
+    "--archive",
+    "archive_directory",
+    metavar="DIR",
+    help="The archive directory: check its signed segments and the database as one chain.",
+)
+@click.option(
+    "--tsa-ca",
+    "tsa_certificate",
+    metavar="FILE",
+    help="The timestamp authority's certificate (PEM) to trust: every checkpoint's RFC 3161 "
+    "timestamp must verify with it.",
+)
+@click.option(
+    "--since-checkpoint",
+    is_flag=True,
+    help="Check the hashes only from the last signed checkpoint on (a day's verify reads a "
+    "day); the tables are not checked.",
+)
 @click.pass_obj
-def verify(settings: Settings, from_seq: int | None, to_seq: int | None, head: str | None) -> None:
+def verify(
+    settings: Settings,
+    from_seq: int | None,
+    to_seq: int | None,
+    head: str | None,
+    key_paths: tuple[str, ...],
+    checkpoint_log: str | None,
+    archive_directory: str | None,
+    tsa_certificate: str | None,
+    since_checkpoint: bool,
+) -> None:
     """Check the events' hash chain, that no committed event was lost (the head anchor),
     and that every run and approval row matches its events; print the head, or the
-    first event or row that disagrees.  `--from`/`--to` check only that range of the chain."""
+    first event or row that disagrees.  `--from`/`--to` check only that range of the chain.
+    With `--key` and `--checkpoints`, also check the chain against every signed checkpoint."""
     output = settings.output
     expected = _parse_head(head) if head is not None else None
     if from_seq is not None and to_seq is not None and from_seq > to_seq:
         raise click.BadParameter("--from must not be after --to", param_hint="--from")
+    if bool(key_paths) != (checkpoint_log is not None):
+        raise click.UsageError("--key and --checkpoints go together")
+    if tsa_certificate is not None and checkpoint_log is None:
+        raise click.UsageError("--tsa-ca needs --key and --checkpoints")
+    if archive_directory is not None and checkpoint_log is None:
+        raise click.UsageError("--archive needs --key and --checkpoints (its manifests are signed)")
+    if since_checkpoint and (checkpoint_log is None or from_seq is not None or to_seq is not None):
+        raise click.UsageError("--since-checkpoint needs --key and --checkpoints, not --from/--to")
     whole = from_seq is None and to_seq is None
+    keys = _retention.load_keys(key_paths)
     with open_for_reading(settings) as store:
+        signed = (
+            None
+            if checkpoint_log is None
+            else _retention.signed_check(
+                store,
+                keys,
+                checkpoint_log,
+                archive_directory,
+                since_checkpoint,
+                tsa_certificate,
+            )
+        )
+        start_problem = None
+        if from_seq is None:
+            from_seq, start_problem = _retention.chain_start(store, signed, since_checkpoint)
         report = store.verify_chain(from_seq, to_seq)
         anchor = None
         if expected is not None and report.ok:
@@ -491,7 +560,7 @@ def verify(settings: Settings, from_seq: int | None, to_seq: int | None, head: s
             # wholesale (every hash recomputed) cannot reach the old head.
             anchor = store.verify_chain(None, expected[0])
         anchored = store.check_anchor() if whole else None
-        state = store.verify_state() if whole and report.ok else None
+        state = store.verify_state() if whole and not since_checkpoint and report.ok else None
     problem = None
     if not report.ok:
         problem = f"the chain is broken at event {report.first_bad_seq}: {report.reason}"
@@ -506,35 +575,55 @@ def verify(settings: Settings, from_seq: int | None, to_seq: int | None, head: s
             problem = f"the chain no longer reaches event {seq}: it ends at event {anchor.head_seq}"
         elif anchor.head_hash != digest:
             problem = f"event {seq} no longer has hash {digest}: it is now {anchor.head_hash}"
+    if problem is None and start_problem is not None:
+        problem = start_problem
+    if problem is None and signed is not None:
+        problem = signed.problem
     if problem is None and anchored is not None and not anchored.ok:
         problem = anchored.reason
     if problem is None and state is not None and not state.ok:
         problem = f"the tables disagree with the events at {state.first_bad}: {state.reason}"
     if output.json:
-        output.record(
-            {
-                "record": "verify",
-                "ok": problem is None,
-                "checked": report.checked,
-                "head_seq": report.head_seq,
-                "head_hash": report.head_hash,
-                "first_bad_seq": report.first_bad_seq,
-                "anchor_seq": anchored.anchor_seq if anchored is not None else None,
-                "anchor_hash": anchored.anchor_hash if anchored is not None else None,
-                "first_bad_row": state.first_bad if state is not None else None,
-                "reason": report.reason if problem is None else problem,
-            }
-        )
+        record = {
+            "record": "verify",
+            "ok": problem is None,
+            "checked": report.checked,
+            "head_seq": report.head_seq,
+            "head_hash": report.head_hash,
+            "first_bad_seq": report.first_bad_seq,
+            "anchor_seq": anchored.anchor_seq if anchored is not None else None,
+            "anchor_hash": anchored.anchor_hash if anchored is not None else None,
+            "first_bad_row": state.first_bad if state is not None else None,
+            "reason": report.reason if problem is None else problem,
+        }
+        if signed is not None:
+            last = None if signed.check is None else signed.check.last
+            record["checkpoints"] = None if signed.check is None else signed.check.count
+            record["checkpoint_seq"] = None if last is None else last.seq
+            record["from_seq"] = report.head_seq - report.checked + 1
+        output.record(record)
     elif problem is None:
         lost = (
             "nothing lost since its anchor"
             if anchored is None or anchored.anchor_seq is not None
             else "no head anchor on this host (a restored older backup is not detected here)"
         )
-        checks = "" if not whole else f"; {lost}; every row matches its events"
+        rows = (
+            "the tables were not checked (--since-checkpoint)"
+            if since_checkpoint
+            else "every row matches its events"
+        )
+        checks = "" if not whole else f"; {lost}; {rows}"
+        since = ""
+        if since_checkpoint and from_seq is not None:
+            since = f" (from event {from_seq}, after the last signed checkpoint)"
+        elif whole and from_seq is not None:
+            since = f" (from event {from_seq}: the events before it are archived)"
         output.line(
-            f"intact: {report.checked} events checked, head {report.head_seq}:{report.head_hash}"
+            f"intact: {report.checked} events checked{since}, head "
+            f"{report.head_seq}:{report.head_hash}"
             + checks
+            + ("" if signed is None else signed.summary())
         )
     if problem is not None:
         raise CommandError(problem)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Final
 
 from ..store import GENESIS_HASH, ChainReport, Store
+from ..store.archive import chain_origin, first_seq
 
 __all__ = ["ChainCheck"]
 
@@ -54,6 +55,7 @@ class ChainCheck:
         # The last event verified, every one before it verified since the whole check
         # began at `_whole_since` (None: the next check verifies the whole chain).
         self._head: tuple[int, str] = (0, GENESIS_HASH)
+        self._origin: tuple[int, str] = (0, GENESIS_HASH)
         self._whole_since: float | None = None
 
     def report(self) -> ChainReport:
@@ -61,7 +63,15 @@ class ChainCheck:
         with self._guard:
             now = self._clock()
             if self._whole_since is None or now - self._whole_since >= self._full_every:
-                self._head, self._whole_since = (0, GENESIS_HASH), now
+                # From where the database's part of the chain begins (after an archive,
+                # the last archived event, which its first event must chain to).
+                origin = chain_origin(self._store)
+                if isinstance(origin, str):
+                    self._whole_since = None
+                    first = first_seq(self._store)
+                    return ChainReport(False, 0, GENESIS_HASH, first, origin, 0)
+                self._origin = origin
+                self._head, self._whole_since = origin, now
             report = self._extend()
             if not report.ok:
                 self._whole_since = None  # whatever comes next is checked whole again
@@ -70,22 +80,25 @@ class ChainCheck:
     def _extend(self) -> ChainReport:
         while True:
             seq, digest = self._head
-            if seq > 0:
+            origin = self._origin[0]
+            if seq > origin:
                 event = self._store.event_at(seq)
                 if event is None or event.hash != digest:
                     # The event last verified was re-hashed or removed (a chain rebuilt
                     # under the inbox): the whole chain, slice by slice, says where.
-                    self._head = (0, GENESIS_HASH)
+                    self._head = self._origin
                     continue
             # From the last event verified, itself verified again (its content against its
             # hash), so a change to it is found at once.
-            part = self._store.verify_chain(from_seq=max(seq, 1), to_seq=seq + self._chunk)
+            part = self._store.verify_chain(from_seq=max(seq, origin + 1), to_seq=seq + self._chunk)
             if not part.ok:
                 return part
-            added = part.checked - (1 if seq > 0 else 0)
+            added = part.checked - (1 if seq > origin else 0)
             if added:
                 self._head = (part.head_seq, part.head_hash)
             if added < self._chunk:
                 # Every event from the first to the head is verified: as many as the head's seq.
                 head_seq, head_hash = self._head
-                return ChainReport(True, head_seq, head_hash, None, "intact", head_seq)
+                return ChainReport(
+                    True, head_seq, head_hash, None, "intact", head_seq - self._origin[0]
+                )

@@ -72,10 +72,24 @@ class _Chain:
         return event
 
     def verify_chain(self, from_seq: int | None = None, to_seq: int | None = None) -> ChainReport:
-        """Recompute the hash chain over [from_seq, to_seq] and report the first break."""
+        """Recompute the hash chain over [from_seq, to_seq] and report the first break.
+
+        Without `from_seq`, from the chain's first event, or, after an archive
+        (`store/archive.py`), from the database's first event, chained to the last
+        archived event as the last `archived` event's manifest records it.
+        """
         start = max(from_seq or 1, 1)
+        origin = None
+        if from_seq is None:
+            from .archive import chain_origin  # (built on this module)
+
+            found = chain_origin(self)  # type: ignore[arg-type]
+            if not isinstance(found, str) and found[0] > 0:
+                origin, start = found, found[0] + 1
         with self._lock:
-            if start > 1:
+            if origin is not None:
+                prev_hash: str | None = origin[1]
+            elif start > 1:
                 previous = self._connection.execute(
                     "SELECT hash FROM events WHERE seq = ?", (start - 1,)
                 ).fetchone()

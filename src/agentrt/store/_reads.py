@@ -153,6 +153,14 @@ class _Reads:
         rows = self._query("SELECT * FROM events WHERE seq = ?", (seq,))
         return _row_to_event(rows[0]) if rows else None
 
+    def checkpoint_events(self) -> list[Event]:
+        """The chain's `checkpoint` events, oldest first (run id "": they belong to no run,
+        so the events-by-run index finds them without reading the runs' events)."""
+        rows = self._query(
+            "SELECT * FROM events WHERE run_id = '' AND type = 'checkpoint' ORDER BY seq"
+        )
+        return [_row_to_event(row) for row in rows]
+
     def grant_event(self, approval: ApprovalRecord) -> Event | None:
         """The `approval_granted` event that granted this approval (its id and hash), if any."""
         for row in self._query(

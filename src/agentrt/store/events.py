@@ -79,6 +79,10 @@ class EventType(enum.StrEnum):
     STANDING_GRANT_USED = "standing_grant_used"
     STANDING_GRANT_REVOKED = "standing_grant_revoked"
     STANDING_GRANT_EXPIRED = "standing_grant_expired"
+    # The chain's own: an operator's signed checkpoint of its head (`retention/`).
+    CHECKPOINT = "checkpoint"
+    # A prefix of the chain moved into a signed segment file (`store/archive.py`).
+    ARCHIVED = "archived"
 
 
 class EndReason(enum.StrEnum):

@@ -14,19 +14,20 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from ..canonical import canonical_json, parse_json
 from ..errors import LeaseLost, RunLeased, RunStateError
 from ..sanitize import sanitize
-from ._chain import _disagreement
+from ._chain import GENESIS_HASH, _disagreement
 from ._outbox import enqueue
 from ._records import (
     ApprovalRecord,
     ApprovalStatus,
     Connection,
+    Event,
     RunRecord,
     RunStatus,
     StateReport,
@@ -73,6 +74,7 @@ __all__ = [
     "mark_executing",
     "reconcile_step",
     "record_approver_refusal",
+    "record_checkpoint",
     "record_invalid_step",
     "record_result",
     "record_state_read",
@@ -833,6 +835,35 @@ def record_approver_refusal(
     code, reason, method and path, as the channel bounded them; never its body.
     `run_id` is the path's run for a request that verified, else empty."""
     _append(store, connection, run_id, EventType.APPROVER_REFUSED, refusal)
+
+
+# -- the chain's own events ------------------------------------------------------
+
+_LAST_CHECKPOINT: Final = (
+    "SELECT payload FROM events WHERE run_id = '' AND type = 'checkpoint' ORDER BY seq DESC LIMIT 1"
+)
+_HEAD: Final = "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
+
+
+def record_checkpoint(
+    store: Store,
+    connection: Connection,
+    seal: Callable[[int, str, Mapping[str, Any] | None], Mapping[str, Any]],
+) -> Event:
+    """Append a `checkpoint` event sealing the chain's head as this transaction sees it.
+
+    `seal(head_seq, head_hash, previous)` returns the event's payload (the signed
+    statement, `retention/`); `previous` is the payload of the chain's latest
+    checkpoint event, or None.  The head is read inside the write, so no event can
+    slip between what is signed and the checkpoint event that follows it.
+    """
+    row = connection.execute(_HEAD).fetchone()
+    head_seq, head_hash = (int(row[0]), str(row[1])) if row else (0, GENESIS_HASH)
+    previous_row = connection.execute(_LAST_CHECKPOINT).fetchone()
+    previous = None if previous_row is None else parse_json(previous_row[0])
+    return store.append_event(
+        connection, "", EventType.CHECKPOINT.value, seal(head_seq, head_hash, previous)
+    )
 
 
 # -- the check -----------------------------------------------------------------
