@@ -1,8 +1,10 @@
-"""Real hosts, headless: Claude Code's own binary calls a tool through the proxy.
+"""Real hosts, headless: Claude Code's and gemini-cli's own programs call a tool through
+the proxy.
 
-The model is a fake Messages API on loopback that answers the first request with a
-`tool_use` of the proxied tool and records the next request: its `tool_result` block is
-what Claude Code made of the proxy's answer, exactly as the model would read it.
+The model is a fake API on loopback (Anthropic's Messages API, Google's Gemini API) that
+answers the first request with a call of the proxied tool and records the next request:
+the tool result in it is what the host made of the proxy's answer, exactly as the model
+reads it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import shlex
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proxy_helpers import REPO, ProxySetup, build_setup
+from proxy_helpers import REPO, ProxySetup, build_setup, write_private
 from test_proxy_hosts import filesystem_setup
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(120)]
@@ -41,42 +43,107 @@ def claude_binary() -> Path:
 
 
 @dataclass
-class FakeMessagesAPI:
-    """Anthropic's Messages API as Claude Code streams it: the first request that offers
-    `tool` gets a `tool_use` of it with `arguments`; every later request gets a short text."""
+class Seen:
+    """A tool result as the host sent it to the model."""
+
+    is_error: bool
+    text: str
+    raw: dict[str, Any]
+
+
+@dataclass
+class FakeModel:
+    """A model that calls `tool` with `arguments` when first offered it, then says a word."""
 
     tool: str
     arguments: dict[str, Any]
     requests: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
 
-    def tool_results(self) -> list[dict[str, Any]]:
-        """Every `tool_result` block Claude Code sent back for the scripted call."""
+    def respond(self, path: str, body: dict[str, Any]) -> tuple[bytes, str]:
+        raise NotImplementedError
+
+    def results(self) -> list[Seen]:
+        raise NotImplementedError
+
+
+class FakeMessagesAPI(FakeModel):
+    """Anthropic's Messages API as Claude Code streams it (`tool_use`, `tool_result`)."""
+
+    def results(self) -> list[Seen]:
         return [
-            block
+            Seen(block.get("is_error") is True, _text_in(block), block)
             for request in self.requests
-            for message in request.get("messages", [])
-            if isinstance(message.get("content"), list)
-            for block in message["content"]
+            for block in _blocks(request)
             if block.get("type") == "tool_result" and block.get("tool_use_id") == TOOL_USE_ID
         ]
 
-    def reply(self, body: dict[str, Any]) -> dict[str, Any]:
+    def respond(self, path: str, body: dict[str, Any]) -> tuple[bytes, str]:
         offered = {tool.get("name") for tool in body.get("tools", [])}
-        answered = any(
-            block.get("type") == "tool_result"
-            for message in body.get("messages", [])
-            if isinstance(message.get("content"), list)
-            for block in message["content"]
-        )
+        answered = any(block.get("type") == "tool_result" for block in _blocks(body))
+        block: dict[str, Any] = {"type": "text", "text": "Noted."}
         if self.tool in offered and not answered:
-            return {
-                "type": "tool_use",
-                "id": TOOL_USE_ID,
-                "name": self.tool,
-                "input": self.arguments,
-            }
-        return {"type": "text", "text": "Noted."}
+            block = {"type": "tool_use", "id": TOOL_USE_ID, "name": self.tool,
+                     "input": self.arguments}  # fmt: skip
+        if body.get("stream"):
+            return _sse(body, block), "text/event-stream"
+        return json.dumps(_message(body, [block], _stop(block))).encode(), "application/json"
+
+
+def _blocks(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        block
+        for message in body.get("messages", [])
+        if isinstance(message.get("content"), list)
+        for block in message["content"]
+    ]
+
+
+def _text_in(block: dict[str, Any]) -> str:
+    content = block.get("content", "")
+    if isinstance(content, str):
+        return content
+    return "\n".join(part.get("text", "") for part in content)
+
+
+class FakeGeminiAPI(FakeModel):
+    """Google's Gemini API as gemini-cli calls it (`functionCall`, `functionResponse`):
+    a failed call's response holds `error`, a result's `output`."""
+
+    def results(self) -> list[Seen]:
+        return [
+            Seen("error" in response, str(response.get("output", response.get("error"))), part)
+            for request in self.requests
+            for part in _parts(request)
+            if part.get("functionResponse", {}).get("name") == self.tool
+            for response in [part["functionResponse"]["response"]]
+        ]
+
+    def respond(self, path: str, body: dict[str, Any]) -> tuple[bytes, str]:
+        if ":countTokens" in path:
+            return json.dumps({"totalTokens": 1}).encode(), "application/json"
+        offered = {
+            declaration["name"]
+            for tool in body.get("tools", [])
+            for declaration in tool.get("functionDeclarations", [])
+        }
+        answered = any("functionResponse" in part for part in _parts(body))
+        part: dict[str, Any] = {"text": "Noted."}
+        if self.tool in offered and not answered:
+            part = {"functionCall": {"name": self.tool, "args": self.arguments}}
+        whole = {
+            "candidates": [{"content": {"role": "model", "parts": [part]},
+                            "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": 1, "candidatesTokenCount": 1,
+                              "totalTokenCount": 2},
+        }  # fmt: skip
+        if "alt=sse" in path:
+            return f"data: {json.dumps(whole)}\r\n\r\n".encode(), "text/event-stream"
+        return json.dumps(whole).encode(), "application/json"
+
+
+def _parts(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [part for content in body.get("contents", []) for part in content.get("parts", [])]
 
 
 def _message(body: dict[str, Any], content: list[dict[str, Any]], stop: str | None) -> Any:
@@ -113,17 +180,13 @@ def _sse(body: dict[str, Any], block: dict[str, Any]) -> bytes:
 
 
 @contextmanager
-def serving(api: FakeMessagesAPI) -> Iterator[FakeMessagesAPI]:
+def serving(model: FakeModel) -> Iterator[FakeModel]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            api.requests.append(body)
-            block = api.reply(body)
-            if body.get("stream"):
-                data, kind = _sse(body, block), "text/event-stream"
-            else:
-                whole = _message(body, [block], _stop(block))
-                data, kind = json.dumps(whole).encode(), "application/json"
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            model.requests.append(body)
+            data, kind = model.respond(self.path, body)
             self.send_response(200)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(data)))
@@ -136,55 +199,97 @@ def serving(api: FakeMessagesAPI) -> Iterator[FakeMessagesAPI]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    api.url = f"http://127.0.0.1:{server.server_address[1]}"
+    model.url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        yield api
+        yield model
     finally:
         server.shutdown()
         server.server_close()
         thread.join()
 
 
-def run_claude(setup: ProxySetup, api: FakeMessagesAPI, tool: str) -> dict[str, Any]:
-    """One headless Claude Code session (`-p`) with the proxy as its only MCP server,
-    allowed to call `tool` without asking; the tool_result it sent the model."""
-    home = setup.root / "claude-home"
-    home.mkdir(exist_ok=True)
-    # The proxy's stderr (where it prints the approve command) goes to the setup's file.
+def proxy_command(setup: ProxySetup) -> list[str]:
+    """The proxy as a host starts it, its stderr (where it prints the approve command)
+    into the setup's file."""
     proxy = f"exec {shlex.join(setup.command())} 2>>{shlex.quote(str(setup.stderr_path))}"
-    config = {"mcpServers": {"agentrt": {"command": "sh", "args": ["-c", proxy]}}}
-    (setup.root / "claude-mcp.json").write_text(json.dumps(config))
-    before = len(api.tool_results())
+    return ["sh", "-c", proxy]
+
+
+def finish(model: FakeModel, command: list[str], setup: ProxySetup, **env: str) -> Seen:
+    """Run one headless session; the one tool result it sent the model."""
+    before = len(model.results())
     finished = subprocess.run(
-        [
-            str(claude_binary()), "-p", "Save the note.", "--bare",
-            "--output-format", "stream-json", "--verbose",
-            "--mcp-config", str(setup.root / "claude-mcp.json"), "--strict-mcp-config",
-            "--allowedTools", f"mcp__agentrt__{tool}",
-            "--model", "claude-sonnet-4-5", "--no-session-persistence",
-        ],
-        capture_output=True, text=True, timeout=90, cwd=setup.root, stdin=subprocess.DEVNULL,
-        env={
-            **setup.environment(),
-            "HOME": str(home),
-            "CLAUDE_CONFIG_DIR": str(home / "config"),
-            "ANTHROPIC_BASE_URL": api.url,
-            "ANTHROPIC_API_KEY": "sk-ant-agentrt-test",
-            "DISABLE_AUTOUPDATER": "1",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        },
+        command, capture_output=True, text=True, timeout=90, cwd=setup.root,
+        stdin=subprocess.DEVNULL, env={**setup.environment(), **env},
     )  # fmt: skip
-    assert finished.returncode == 0, finished.stderr + finished.stdout[-2000:]
-    results = api.tool_results()
+    assert finished.returncode == 0, finished.stderr[-2000:] + finished.stdout[-2000:]
+    results = model.results()
     assert len(results) == before + 1, finished.stdout[-2000:]
     return results[-1]
 
 
-def text_in(block: dict[str, Any]) -> str:
-    content = block.get("content", "")
-    if isinstance(content, str):
-        return content
-    return "\n".join(part.get("text", "") for part in content)
+def run_claude(setup: ProxySetup, model: FakeModel) -> Seen:
+    """Claude Code (`-p`) with the proxy as its only MCP server, allowed to call the tool."""
+    home = setup.root / "claude-home"
+    home.mkdir(exist_ok=True)
+    command = proxy_command(setup)
+    config = {"mcpServers": {"agentrt": {"command": command[0], "args": command[1:]}}}
+    (home / "mcp.json").write_text(json.dumps(config))
+    return finish(
+        model,
+        [
+            str(claude_binary()), "-p", "Save the note.", "--bare",
+            "--output-format", "stream-json", "--verbose",
+            "--mcp-config", str(home / "mcp.json"), "--strict-mcp-config",
+            "--allowedTools", model.tool,
+            "--model", "claude-sonnet-4-5", "--no-session-persistence",
+        ],
+        setup,
+        HOME=str(home),
+        CLAUDE_CONFIG_DIR=str(home / "config"),
+        ANTHROPIC_BASE_URL=model.url,
+        ANTHROPIC_API_KEY="sk-ant-agentrt-test",
+        DISABLE_AUTOUPDATER="1",
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+    )  # fmt: skip
+
+
+def run_gemini(setup: ProxySetup, model: FakeModel) -> Seen:
+    """gemini-cli (`-p`) with the proxy as its only MCP server, trusted to call its tools."""
+    home = setup.root / "gemini-home"
+    command = proxy_command(setup)
+    settings = {
+        "mcpServers": {"agentrt": {"command": command[0], "args": command[1:], "trust": True}},
+        "security": {"auth": {"selectedType": "gemini-api-key"}},
+        "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+        "telemetry": {"enabled": False},
+        "privacy": {"usageStatisticsEnabled": False},
+    }
+    write_private(home / ".gemini" / "settings.json", json.dumps(settings))
+    return finish(
+        model,
+        [
+            "node", str(HOSTS / "@google/gemini-cli/bundle/gemini.js"), "-p", "Save the note.",
+            "--output-format", "stream-json", "--skip-trust", "--model", "gemini-2.5-flash",
+        ],
+        setup,
+        HOME=str(home),
+        GEMINI_API_KEY="agentrt-test",
+        GOOGLE_GEMINI_BASE_URL=model.url,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Host:
+    model: type[FakeModel]
+    tool_name: Callable[[str], str]
+    run: Callable[[ProxySetup, FakeModel], Seen]
+
+
+REAL_HOSTS = {
+    "claude-code": Host(FakeMessagesAPI, "mcp__agentrt__{}".format, run_claude),
+    "gemini-cli": Host(FakeGeminiAPI, "mcp_agentrt_{}".format, run_gemini),
+}
 
 
 @dataclass
@@ -209,26 +314,25 @@ async def held_case(root: Path, with_output_schema: bool) -> HeldCase:
 
 
 @pytest.mark.parametrize("with_output_schema", [False, True], ids=["plain", "output-schema"])
-async def test_claude_code_shows_a_held_call_as_pending_and_runs_it_once_after_approval(
-    tmp_path: Path, with_output_schema: bool
+@pytest.mark.parametrize("host_name", sorted(REAL_HOSTS))
+async def test_a_real_host_shows_a_held_call_as_pending_and_runs_it_once_after_approval(
+    tmp_path: Path, host_name: str, with_output_schema: bool
 ) -> None:
+    host = REAL_HOSTS[host_name]
     case = await held_case(tmp_path, with_output_schema)
-    name = f"mcp__agentrt__{case.tool}"
-    with serving(FakeMessagesAPI(name, case.arguments)) as api:
-        held = run_claude(case.setup, api, case.tool)
-        # Claude Code shows the model the text content, or for a tool with an outputSchema
-        # the structured content as JSON: either way a wait, not an error.
-        assert held.get("is_error") is not True, held
-        assert "PENDING_APPROVAL: this call needs a person's approval" in text_in(held), held
-        if with_output_schema:
-            assert json.loads(text_in(held))["agentrt"]["status"] == "PENDING_APPROVAL"
+    with serving(host.model(host.tool_name(case.tool), case.arguments)) as model:
+        held = host.run(case.setup, model)
+        # The model is shown the text content (Claude Code: for a tool with an outputSchema,
+        # the structured content as JSON, whose message is that text): a wait, not an error.
+        assert not held.is_error, held.raw
+        assert "PENDING_APPROVAL: this call needs a person's approval" in held.text, held.raw
         assert case.content not in (case.target.read_text() if case.target.exists() else "")
         approve = subprocess.run(
             case.setup.operator_command("approve"), capture_output=True, text=True, timeout=60,
             cwd=case.setup.root, env=case.setup.environment(),
         )  # fmt: skip
         assert approve.returncode == 0, approve.stderr
-        ran = run_claude(case.setup, api, case.tool)
-    assert ran.get("is_error") is not True, ran
-    assert "PENDING_APPROVAL" not in text_in(ran), ran
+        ran = host.run(case.setup, model)
+    assert not ran.is_error, ran.raw
+    assert "PENDING_APPROVAL" not in ran.text, ran.raw
     assert case.target.read_text().count(case.content) == 1
