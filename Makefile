@@ -9,6 +9,7 @@ RUN_STAMP     := $(VENV)/.installed
 TEST_SERVERS  := tests/npm/node_modules/.installed
 INSPECTOR     := tests/npm-inspector/node_modules/.installed
 CONFORMANCE   := tests/npm-conformance/node_modules/.installed
+HOSTS         := tests/npm-hosts/node_modules/.installed
 DEMO_SERVER   := examples/filesystem/node_modules/.installed
 
 .PHONY: test demo bench lint typecheck pytest clean system-test
@@ -44,6 +45,13 @@ $(CONFORMANCE): tests/npm-conformance/package-lock.json
 	cd tests/npm-conformance && $(NPM) ci --ignore-scripts
 	touch $@
 
+# Real hosts the tests drive headless (tests/proxy/test_proxy_real_hosts.py). Without its
+# install script Claude Code's bin/claude.exe stays a stub; the tests run the native binary
+# from the platform package npm installed beside it.
+$(HOSTS): tests/npm-hosts/package-lock.json
+	cd tests/npm-hosts && $(NPM) ci --ignore-scripts
+	touch $@
+
 $(DEMO_SERVER): examples/filesystem/package-lock.json
 	cd examples/filesystem && $(NPM) ci --ignore-scripts
 	touch $@
@@ -60,7 +68,7 @@ typecheck: $(DEV_STAMP)
 system-test:
 	tools/debian-packages $(TEST_PACKAGES)
 
-pytest: system-test $(DEV_STAMP) $(TEST_SERVERS) $(INSPECTOR) $(CONFORMANCE) $(DEMO_SERVER)
+pytest: system-test $(DEV_STAMP) $(TEST_SERVERS) $(INSPECTOR) $(CONFORMANCE) $(HOSTS) $(DEMO_SERVER)
 	# Two workers (most tests wait on a subprocess); a file stays on one worker,
 	# so its module-scoped servers start once.
 	$(BIN)/pytest -q -n 2 --dist loadfile
@@ -76,4 +84,4 @@ bench: $(DEV_STAMP) $(TEST_SERVERS)
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) tests/npm/node_modules tests/npm-inspector/node_modules tests/npm-conformance/node_modules examples/filesystem/node_modules
+	rm -rf $(VENV) tests/npm/node_modules tests/npm-inspector/node_modules tests/npm-conformance/node_modules tests/npm-hosts/node_modules examples/filesystem/node_modules
