@@ -299,9 +299,11 @@ async def _serve_config(
             # Over stdio the proxy serves exactly one host: the one principal it may ask.
             proxy.single_host = address is None
             server = Handlers(proxy).server()
+            from ._checkpointing import checkpointing
             from ._notify import delivering
 
             async with (
+                checkpointing(store, config.checkpoint, stream),
                 running(proxy),
                 _serving_inbox(config, proxy, [tool for tool, _ in tools], servers_of, stream),
                 delivering(store, config.notify, stream),

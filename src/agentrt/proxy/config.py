@@ -107,8 +107,10 @@ _TOP_FIELDS: Final = frozenset(
         "notify",
         "standing_grants",
         "approve_in_host",
+        "checkpoint",
     }
 )
+_CHECKPOINT_FIELDS: Final = frozenset({"key", "log", "every_events", "every"})
 _INBOX_FIELDS: Final = frozenset({"listen", "notify", "token_file"})
 _TELEMETRY_FIELDS: Final = frozenset({"otlp_endpoint", "content"})
 _STANDING_GRANT_FIELDS: Final = frozenset({"max_for", "max_calls", "destructive"})
@@ -276,6 +278,9 @@ class ProxyConfig:
     # `"notify"`: who is told of approvals, signed, from the outbox (`_notify.py`).
     notify: tuple[NotifyTarget, ...] = ()
 
+    # `"checkpoint"`: the proxy signs the chain's head on its own (docs/retention.md).
+    checkpoint: CheckpointConfig | None = None
+
     # The operator's maximum for standing grants; None: no grant may be given.
     standing_grants: GrantLimits | None = None
     # `"approve_in_host"`: a held call may ask the host's user (stdio only); None: never.
@@ -290,6 +295,8 @@ class ProxyConfig:
         if self.inbox is not None and self.inbox.token_file is not None:
             paths.append(self.inbox.token_file)  # whoever reads it can decide approvals
         paths += [target.secret_file for target in self.notify]  # it signs what they are told
+        if self.checkpoint is not None:  # whoever holds the key signs history
+            paths += [self.checkpoint.key, self.checkpoint.log]
         for upstream in self.servers:
             paths.append(upstream.manifest_path)
             if upstream.rules_path is not None:
@@ -441,6 +448,7 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
         telemetry=_telemetry(reader, top["telemetry"]) if "telemetry" in top else TelemetryConfig(),
         flows=flows,
         notify=parse_notify(top["notify"], config_path) if "notify" in top else (),
+        checkpoint=_checkpoint(reader, top["checkpoint"]) if "checkpoint" in top else None,
         standing_grants=(
             _standing_grants(reader, top["standing_grants"]) if "standing_grants" in top else None
         ),
@@ -834,6 +842,43 @@ def _client_sending(headers: dict[str, str]) -> Callable[[], Any]:
         )
 
     return client
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointConfig:
+    """`"checkpoint"`: sign the chain's head with `key` into `log` every `every_events` new
+    events and/or every `every_seconds` (when there is anything new), as `agentrt checkpoint`
+    does (docs/retention.md)."""
+
+    key: Path
+    log: Path
+    every_events: int | None = None
+    every_seconds: float | None = None
+
+
+def _checkpoint(reader: _Reader, raw: Any) -> CheckpointConfig:
+    entry = reader.object(raw, "checkpoint", _CHECKPOINT_FIELDS)
+    for name in ("key", "log"):
+        if name not in entry:
+            raise reader.fail(f"checkpoint.{name}", "is required")
+    every_events = (
+        reader.count(entry["every_events"], "checkpoint.every_events")
+        if "every_events" in entry
+        else None
+    )
+    if every_events is not None and every_events < 1:
+        raise reader.fail("checkpoint.every_events", "must be at least 1")
+    every_seconds = (
+        reader.duration(entry["every"], "checkpoint.every") if "every" in entry else None
+    )
+    if every_events is None and every_seconds is None:
+        raise reader.fail("checkpoint", "needs every_events, every, or both")
+    return CheckpointConfig(
+        key=reader.path_field(entry["key"], "checkpoint.key"),
+        log=reader.path_field(entry["log"], "checkpoint.log"),
+        every_events=every_events,
+        every_seconds=every_seconds,
+    )
 
 
 def _telemetry(reader: _Reader, raw: Any) -> TelemetryConfig:
