@@ -229,3 +229,32 @@ async def test_the_host_is_offered_no_grant_where_none_may_be_given(tmp_path: Pa
     # An answer the form did not offer decides nothing: the approval still waits.
     assert text_of(held).startswith("PENDING_APPROVAL: ")
     assert setup.executions() == []
+
+
+async def test_a_host_on_the_2026_revision_is_asked_through_an_input_required_result(
+    tmp_path: Path,
+) -> None:
+    from mcp import Client
+
+    setup = await build_setup(tmp_path, approve_in_host=True)
+    asked: list[str] = []
+    answer = _answering(asked, "accept", {"decision": "approve", "note": "yes, statelessly"})
+    command = setup.command()
+    parameters = StdioServerParameters(
+        command=command[0], args=command[1:], env=setup.environment(), cwd=str(setup.root)
+    )
+    async with Client(
+        parameters, mode="2026-07-28", elicitation_callback=answer,
+        client_info=types.Implementation(name="new-host", version="2.0"),
+    ) as client:  # fmt: skip
+        assert client.protocol_version == "2026-07-28"
+        result = await client.call_tool("up_send_mail", {"to": "ops@example.org", "body": "hi"})
+    assert result.is_error is False, text_of(result)
+    # Asked once, through the call's input-required result; the retry ran the call once.
+    [message] = asked
+    assert "up_send_mail" in message
+    assert setup.executions() == ["send_mail ops@example.org"]
+    approval = _latest_approval(setup)
+    assert approval.status is ApprovalStatus.USED
+    assert approval.decided_by == "host:new-host" and approval.note == "yes, statelessly"
+    assert approval.approval_hash in message

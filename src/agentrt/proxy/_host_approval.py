@@ -1,7 +1,8 @@
 """Approve in the host: a held call asks the host's own user, through form elicitation.
 
 Opt-in (`"approve_in_host": true` in the configuration).  When a call waits for
-a person and its host advertised form elicitation, the proxy asks the host's
+a person and its host advertised form elicitation (a host on the 2026-07-28
+revision through its call's input-required result), the proxy asks the host's
 user the same sanitized, hash-bound view `agentrt approve` prints (the tool, its
 server, the change, the reason) with approve / reject and a note, and, where a
 standing grant may be given, approve-and-grant at the operator's maximum, its
@@ -35,6 +36,7 @@ from ..inbox.review import displayed_hash
 from ..sanitize import sanitize
 from ..store import ApprovalRecord, ApprovalStatus, Store
 from ..tools import ToolSpec
+from ._input_required import HostCall, is_stateless
 from ._log import log_line
 
 __all__ = ["DECLINED_NOTE", "HostApproval", "HostAsk"]
@@ -81,8 +83,12 @@ class HostApproval:
         spec: ToolSpec,
         server: str | None,
         log: IO[str],
+        *,
+        call: HostCall | None = None,
     ) -> HostAsk | None:
-        """The asker for one host call, or None where the host may not be asked."""
+        """The asker for one host call, or None where the host may not be asked.  A host on
+        the 2026-07-28 revision has no channel for the proxy's request: it is asked through
+        its call's input-required result (`call`), and answers in its retry."""
         if (
             str(spec.side_effect) in self.exclude_classes
             or spec.name in self.exclude_tools
@@ -101,9 +107,16 @@ class HostApproval:
             params = {"message": message, "requestedSchema": _form(scope is not None)}
             try:
                 with anyio.move_on_after(self.wait):
-                    answer = await ctx.session._request_outbound.send_raw_request(
-                        "elicitation/create", params, None
-                    )
+                    if call is not None and is_stateless(ctx.protocol_version):
+                        # The question rides the call's result; the host's retry answers it.
+                        asked = await call.ask("elicitation/create", params, self.wait)
+                        if asked is None:
+                            return  # the call ended or the host never answered: it waits
+                        answer: Mapping[str, Any] = asked
+                    else:
+                        answer = await ctx.session._request_outbound.send_raw_request(
+                            "elicitation/create", params, None
+                        )
                     await store.run(_decide, store, approval, shown, by, answer, scope)
             except AgentrtError as exc:
                 # Decided elsewhere meanwhile, expired, changed: the gate's answer says which.

@@ -297,7 +297,9 @@ class Proxy:
 
         spec = self.calls.spec_of(tool)
         host_ask = (
-            self.host_approval.asker(self.store, ctx, spec, self.server_names.get(tool), self.log)
+            self.host_approval.asker(
+                self.store, ctx, spec, self.server_names.get(tool), self.log, call=call
+            )
             if self.host_approval is not None and self.single_host and spec is not None
             else None
         )
