@@ -176,6 +176,22 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+async def _json_object(request: Request, what: str) -> dict[str, Any] | Response:
+    """The request's body as a JSON object, or the error answer: bounded, and read with
+    `parse_json` like every other JSON input (with a repeated "verdict", a reader keeping
+    the last would approve what a reader keeping the first rejects)."""
+    body = await request.body()
+    if len(body) > _MAX_BODY:
+        return _error(413, f"{what} is too large")
+    try:
+        document = parse_json(body)
+    except JSONBoundaryError as exc:
+        return _error(400, f"{what} is refused: {exc}")
+    if not isinstance(document, dict):
+        return _error(400, f"{what} must be a JSON object")
+    return document
+
+
 def create_app(state: InboxState) -> Any:
     """The inbox as an ASGI application (the guard around a Starlette app)."""
     templates = jinja2.Environment(
@@ -233,17 +249,9 @@ def create_app(state: InboxState) -> Any:
         return JSONResponse(chain_view(await store.run(chain.report)))
 
     async def decide(request: Request) -> Response:
-        body = await request.body()
-        if len(body) > _MAX_BODY:
-            return _error(413, "the decision is too large")
-        try:
-            # parse_json, like every other JSON input: with a repeated "verdict",
-            # a reader keeping the last would approve what a reader keeping the first rejects.
-            decision = parse_json(body)
-        except JSONBoundaryError as exc:
-            return _error(400, f"the decision is refused: {exc}")
-        if not isinstance(decision, dict):
-            return _error(400, "the decision must be a JSON object")
+        decision = await _json_object(request, "the decision")
+        if isinstance(decision, Response):
+            return decision
         verdict = decision.get("verdict")
         fields = {name: decision.get(name) for name in ("run_id", "approval_id", "approval_hash")}
         run_id, approval_id, shown_hash = (fields[name] for name in fields)
@@ -292,15 +300,9 @@ def create_app(state: InboxState) -> Any:
     async def clear_taint(request: Request) -> Response:
         """The operator's reset of a host session's taint: the same function as
         `agentrt taint clear`, recorded in the chain as `taint_cleared`."""
-        body = await request.body()
-        if len(body) > _MAX_BODY:
-            return _error(413, "the request is too large")
-        try:
-            asked = parse_json(body)
-        except JSONBoundaryError as exc:
-            return _error(400, f"the request is refused: {exc}")
-        if not isinstance(asked, dict):
-            return _error(400, "the request must be a JSON object")
+        asked = await _json_object(request, "the request")
+        if isinstance(asked, Response):
+            return asked
         host_session, by, note = asked.get("session"), asked.get("by", ""), asked.get("note", "")
         if not isinstance(host_session, str) or not host_session:
             return _error(400, "session is required")
@@ -320,15 +322,9 @@ def create_app(state: InboxState) -> Any:
     async def scope_of_grant(request: Request) -> Response:
         """The scope a standing grant asked with an approval would have, and its hash: shown
         before the grant is given (the decision names the hash)."""
-        body = await request.body()
-        if len(body) > _MAX_BODY:
-            return _error(413, "the request is too large")
-        try:
-            asked = parse_json(body)
-        except JSONBoundaryError as exc:
-            return _error(400, f"the request is refused: {exc}")
-        if not isinstance(asked, dict):
-            return _error(400, "the request must be a JSON object")
+        asked = await _json_object(request, "the request")
+        if isinstance(asked, Response):
+            return asked
         run_id, approval_id = asked.get("run_id"), asked.get("approval_id")
         if not (isinstance(run_id, str) and isinstance(approval_id, str)):
             return _error(400, "run_id and approval_id are required")
