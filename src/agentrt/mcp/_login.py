@@ -32,7 +32,7 @@ import time
 import urllib.parse
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import httpx2
@@ -42,6 +42,7 @@ from ..sanitize import sanitize
 from ._oauth import (
     TokenResponseError,
     _challenge,
+    _error_code,
     _origin,
     _union,
     canonical_resource,
@@ -49,6 +50,9 @@ from ._oauth import (
     updated_record,
 )
 from ._tokens import AuthSettings, TokenRecord, TokenStoreError, token_file
+
+if TYPE_CHECKING:
+    from mcp.shared.auth import OAuthMetadata
 
 __all__ = ["AuthSettings", "LoginError", "login", "read_secret_file"]
 
@@ -151,8 +155,8 @@ async def login(
     wanted = _union(
         previous.scope if previous else None, previous.wanted_scope if previous else None
     )
-    if settings.grant == "client_credentials":
-        record = await _client_credentials(name, endpoint, settings)
+    if settings.grant in ("client_credentials", "identity_assertion"):
+        record = await _machine_grant(name, endpoint, settings)
     else:
         record = await _authorization_code(
             name, endpoint, settings, wanted or None, previous, show_url=show_url, timeout=timeout
@@ -417,43 +421,50 @@ def _registering_for(request: httpx2.Request, wanted: str | None) -> httpx2.Requ
     return httpx2.Request("POST", request.url, json=body, headers=headers)
 
 
-async def _client_credentials(name: str, endpoint: str, settings: AuthSettings) -> TokenRecord:
-    """The client credentials grant: no person; the secret from an owner-only file."""
+async def _authorization_server(name: str, endpoint: str, configured: str | None) -> OAuthMetadata:
+    """The authorization server's metadata: the `configured` issuer's own (the resource
+    server not asked), else the one the server's protected resource metadata names (its
+    resource checked); its `issuer` must be the one it was found for."""
     from mcp.client.auth.utils import (
         build_oauth_authorization_server_metadata_discovery_urls,
         build_protected_resource_metadata_discovery_urls,
     )
     from mcp.shared.auth import OAuthMetadata, ProtectedResourceMetadata
 
-    if settings.client_id is None or settings.client_secret_file is None:
-        raise LoginError(
-            f'server "{sanitize(name)}": the client_credentials grant needs client_id and '
-            "client_secret_file"
-        )
-    secret = read_secret_file(settings.client_secret_file)
-    metadata_url = await _discover(name, endpoint)
     resource = canonical_resource(endpoint)
     async with httpx2.AsyncClient(follow_redirects=False, timeout=30.0) as client:
-        prm: ProtectedResourceMetadata | None = None
-        for url in build_protected_resource_metadata_discovery_urls(metadata_url, endpoint):
-            response = await client.get(url)
-            if response.status_code == 200:
-                prm = ProtectedResourceMetadata.model_validate_json(response.content)
-                break
-        if prm is None or not prm.authorization_servers:
-            raise LoginError(f'server "{sanitize(name)}" publishes no protected resource metadata')
-        if canonical_resource(str(prm.resource)) != resource:
-            raise LoginError(
-                f'server "{sanitize(name)}" names another resource in its metadata '
-                f"({sanitize(str(prm.resource))}), which is refused"
-            )
-        issuer = str(prm.authorization_servers[0])
+        if configured is not None:
+            issuer, base = configured, configured
+        else:
+            metadata_url = await _discover(name, endpoint)
+            prm: ProtectedResourceMetadata | None = None
+            for url in build_protected_resource_metadata_discovery_urls(metadata_url, endpoint):
+                response = await client.get(url)
+                if response.status_code == 200:
+                    prm = ProtectedResourceMetadata.model_validate_json(response.content)
+                    break
+            if prm is None or not prm.authorization_servers:
+                raise LoginError(
+                    f'server "{sanitize(name)}" publishes no protected resource metadata'
+                )
+            if canonical_resource(str(prm.resource)) != resource:
+                raise LoginError(
+                    f'server "{sanitize(name)}" names another resource in its metadata '
+                    f"({sanitize(str(prm.resource))}), which is refused"
+                )
+            issuer, base = str(prm.authorization_servers[0]), endpoint
         oauth: OAuthMetadata | None = None
-        for url in build_oauth_authorization_server_metadata_discovery_urls(issuer, endpoint):
-            response = await client.get(url)
-            if response.status_code == 200:
-                oauth = OAuthMetadata.model_validate_json(response.content)
-                break
+        try:
+            for url in build_oauth_authorization_server_metadata_discovery_urls(issuer, base):
+                response = await client.get(url)
+                if response.status_code == 200:
+                    oauth = OAuthMetadata.model_validate_json(response.content)
+                    break
+        except httpx2.HTTPError as exc:
+            raise LoginError(
+                f'the authorization server of "{sanitize(name)}" could not be reached: '
+                f"{sanitize(str(exc))}"
+            ) from None
         if oauth is None:
             raise LoginError(
                 f'the authorization server of "{sanitize(name)}" publishes no metadata'
@@ -463,38 +474,115 @@ async def _client_credentials(name: str, endpoint: str, settings: AuthSettings) 
                 f'the authorization server of "{sanitize(name)}" names another issuer '
                 f"({sanitize(str(oauth.issuer))}), which is refused"
             )
+    return oauth
+
+
+def _credentials_first(name: str, settings: AuthSettings) -> tuple[str | None, str | None]:
+    """Every credential file of a machine grant read (owner-only, a key that can sign)
+    before anything is sent: the client secret, and the signing algorithm of a key."""
+    from ._assertions import CredentialError, read_owner_only, signing_algorithm
+
+    where = f'server "{sanitize(name)}"'
+    if settings.client_id is None:
+        raise LoginError(f"{where}: the {settings.grant} grant needs client_id")
+    try:
+        secret = (
+            read_owner_only(settings.client_secret_file, "client secret file")
+            if settings.client_secret_file is not None
+            else None
+        )
+        alg = (
+            signing_algorithm(settings.private_key_file, settings.alg)[1]
+            if settings.private_key_file is not None
+            else None
+        )
+        if settings.grant == "identity_assertion":
+            if not (
+                secret and settings.idp_token_endpoint and settings.idp_client_id
+                and settings.id_token_file
+            ):  # fmt: skip
+                raise LoginError(
+                    f"{where}: the identity_assertion grant needs client_id, "
+                    "client_secret_file, idp_token_endpoint, idp_client_id and id_token_file"
+                )
+            read_owner_only(settings.id_token_file, "ID token file")
+            if settings.idp_client_secret_file is not None:
+                read_owner_only(settings.idp_client_secret_file, "identity provider secret file")
+    except CredentialError as exc:
+        raise LoginError(str(exc)) from None
+    if settings.grant == "client_credentials" and (secret is None) == (alg is None):
+        raise LoginError(
+            f"{where}: the client_credentials grant needs client_id and client_secret_file "
+            "or private_key_file"
+        )
+    return secret, alg
+
+
+async def _machine_grant(name: str, endpoint: str, settings: AuthSettings) -> TokenRecord:
+    """A grant without a person: client credentials (a secret or a signed client
+    assertion) or an identity assertion; the credentials from owner-only files."""
+    from ._assertions import CredentialError, grant_request
+
+    secret, alg = _credentials_first(name, settings)
+    assert settings.client_id is not None
+    oauth = await _authorization_server(
+        name,
+        endpoint,
+        settings.authorization_server if settings.grant == "identity_assertion" else None,
+    )
+    token_endpoint = str(oauth.token_endpoint)
+    if settings.grant == "identity_assertion" and _origin(token_endpoint) != _origin(
+        str(oauth.issuer)
+    ):
+        raise LoginError(
+            f'the authorization server of "{sanitize(name)}" names a token endpoint on another '
+            f"origin ({sanitize(token_endpoint)}), which is refused"
+        )
     methods = oauth.token_endpoint_auth_methods_supported or ["client_secret_basic"]
+    if alg is not None:
+        method = "private_key_jwt"
+    else:
+        method = "client_secret_basic" if "client_secret_basic" in methods else "client_secret_post"
     record = TokenRecord(
         server=name,
-        resource=resource,
+        resource=canonical_resource(endpoint),
         issuer=str(oauth.issuer),
-        token_endpoint=str(oauth.token_endpoint),
+        token_endpoint=token_endpoint,
         client_id=settings.client_id,
         client_secret=secret,
-        token_endpoint_auth_method=(
-            "client_secret_basic" if "client_secret_basic" in methods else "client_secret_post"
-        ),
+        token_endpoint_auth_method=method,
         scope=settings.scope,
-        grant="client_credentials",
+        grant=settings.grant,
+        private_key_file=_text(settings.private_key_file),
+        signing_alg=alg,
+        idp_token_endpoint=settings.idp_token_endpoint,
+        idp_client_id=settings.idp_client_id,
+        idp_client_secret_file=_text(settings.idp_client_secret_file),
+        id_token_file=_text(settings.id_token_file),
     )
-    data = {"grant_type": "client_credentials", "resource": resource}
-    if settings.scope:
-        data["scope"] = settings.scope
+    what = "identity assertion" if settings.grant == "identity_assertion" else "client credentials"
     try:
-        response = await post_token_request(record, data)
+        response = await post_token_request(record, await grant_request(record))
+    except CredentialError as exc:
+        raise LoginError(f'the login to server "{sanitize(name)}" failed: {exc}') from None
     except httpx2.HTTPError as exc:
         raise LoginError(
             f'the token endpoint of "{sanitize(name)}" could not be reached: {sanitize(str(exc))}'
         ) from None
     if response.status_code != 200:
+        error = _error_code(response)
         raise LoginError(
-            f'the authorization server of "{sanitize(name)}" refused the client credentials '
-            f"(HTTP {response.status_code})"
+            f'the authorization server of "{sanitize(name)}" refused the {what} '
+            f"(HTTP {response.status_code}{', ' + sanitize(error) if error else ''})"
         )
     try:
         return updated_record(record, response)
     except TokenResponseError as exc:
         raise LoginError(f'server "{sanitize(name)}": {exc}') from None
+
+
+def _text(path: Path | None) -> str | None:
+    return None if path is None else str(path)
 
 
 def _without_secrets(text: str) -> str:

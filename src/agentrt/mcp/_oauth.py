@@ -201,10 +201,16 @@ class OAuthSession:
             return (await self._refresh(refused)).access_token
 
     async def _token_request(self, record: TokenRecord) -> TokenRecord:
-        if record.grant == "client_credentials":
-            data = {"grant_type": "client_credentials", "resource": record.resource}
-            if record.scope:
-                data["scope"] = record.scope
+        if record.grant == "client_credentials" or (
+            record.grant == "identity_assertion" and not record.refresh_token
+        ):
+            # Made again without a person (docs/decisions/0045).
+            from ._assertions import CredentialError, grant_request
+
+            try:
+                data = await grant_request(record)
+            except CredentialError as exc:
+                raise self._needs_login(str(exc)) from None
         elif record.refresh_token:
             data = {
                 "grant_type": "refresh_token",

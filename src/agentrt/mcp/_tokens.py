@@ -79,6 +79,14 @@ class TokenRecord:
     scope: str | None = None
     wanted_scope: str | None = None
     grant: str = "authorization_code"
+    # The grants made again without a person (docs/decisions/0045): where their
+    # credentials are read from each time, never the credentials themselves.
+    private_key_file: str | None = None
+    signing_alg: str | None = None
+    idp_token_endpoint: str | None = None
+    idp_client_id: str | None = None
+    idp_client_secret_file: str | None = None
+    id_token_file: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -105,6 +113,16 @@ class AuthSettings:
     client_secret_file: Path | None = None
     scope: str | None = None
     client_metadata_url: str | None = None
+    # client_credentials with private_key_jwt (RFC 7523 section 2.2) instead of a secret.
+    private_key_file: Path | None = None
+    alg: str | None = None
+    # identity_assertion (SEP-990): the MCP authorization server's issuer (else the one the
+    # server's metadata names), and the enterprise identity provider's token exchange.
+    authorization_server: str | None = None
+    idp_token_endpoint: str | None = None
+    idp_client_id: str | None = None
+    idp_client_secret_file: Path | None = None
+    id_token_file: Path | None = None
 
 
 def token_directory() -> Path:

@@ -119,6 +119,24 @@ _APPROVE_IN_HOST_FIELDS: Final = frozenset(
 )
 _AUTH_FIELDS: Final = frozenset(
     {"grant", "client_id", "client_secret_file", "scope", "client_metadata_url"}
+    # private_key_jwt and the identity assertion grant (docs/decisions/0045).
+    | {"private_key_file", "alg", "authorization_server", "idp_token_endpoint"}
+    | {"idp_client_id", "idp_client_secret_file", "id_token_file"}
+)
+_AUTH_TEXTS: Final = (
+    "client_id",
+    "scope",
+    "client_metadata_url",
+    "alg",
+    "idp_client_id",
+    "authorization_server",
+    "idp_token_endpoint",
+)
+_AUTH_FILES: Final = (
+    "client_secret_file",
+    "private_key_file",
+    "idp_client_secret_file",
+    "id_token_file",
 )
 _SERVER_FIELDS: Final = frozenset(
     {
@@ -806,28 +824,57 @@ def _auth(reader: _Reader, raw: Any, where: str, endpoint: str | None, entry: An
         raise reader.fail(f"{where} auth", "is only for a server with an endpoint and no headers")
     value = reader.object(raw, f"{where} auth", _AUTH_FIELDS)
     grant = value.get("grant", "authorization_code")
-    if grant not in ("authorization_code", "client_credentials"):
+    if grant not in ("authorization_code", "client_credentials", "identity_assertion"):
         raise reader.fail(
-            f"{where} auth.grant", 'must be "authorization_code" or "client_credentials"'
+            f"{where} auth.grant",
+            'must be "authorization_code", "client_credentials" or "identity_assertion"',
         )
-    texts = {
-        key: reader.string(value[key], f"{where} auth.{key}")
-        for key in ("client_id", "scope", "client_metadata_url")
+    texts: dict[str, str] = {
+        key: reader.string(value[key], f"{where} auth.{key}") for key in _AUTH_TEXTS if key in value
+    }
+    files: dict[str, Path] = {
+        key: reader.path_field(value[key], f"{where} auth.{key}")
+        for key in _AUTH_FILES
         if key in value
     }
-    secret = (
-        reader.path_field(value["client_secret_file"], f"{where} auth.client_secret_file")
-        if "client_secret_file" in value
-        else None
-    )
-    if grant == "client_credentials" and ("client_id" not in texts or secret is None):
+    secret = files.get("client_secret_file")
+    for key in ("authorization_server", "idp_token_endpoint"):
+        if key in texts and not texts[key].startswith(("http://", "https://")):
+            raise reader.fail(f"{where} auth.{key}", "must be an http:// or https:// URL")
+    if grant == "client_credentials" and (
+        "client_id" not in texts or (secret is None) == ("private_key_file" not in files)
+    ):
         raise reader.fail(
             f"{where} auth",
-            "with the client_credentials grant needs client_id and client_secret_file",
+            "with the client_credentials grant needs client_id and client_secret_file "
+            "or private_key_file (one of them)",
         )
+    if "private_key_file" in files and grant != "client_credentials":
+        raise reader.fail(f"{where} auth.private_key_file", "is for the client_credentials grant")
+    if "alg" in texts:
+        from ..mcp._assertions import SIGNING_ALGORITHMS
+
+        if "private_key_file" not in files:
+            raise reader.fail(f"{where} auth.alg", "needs a private_key_file beside it")
+        if texts["alg"] not in SIGNING_ALGORITHMS:
+            raise reader.fail(
+                f"{where} auth.alg", f"must be one of {', '.join(sorted(SIGNING_ALGORITHMS))}"
+            )
+    assertion_fields = ("idp_token_endpoint", "idp_client_id", "id_token_file")
+    if grant == "identity_assertion":
+        needed = ("client_id", "client_secret_file", *assertion_fields)
+        if any(key not in texts and key not in files for key in needed):
+            raise reader.fail(
+                f"{where} auth", f"with the identity_assertion grant needs {', '.join(needed)}"
+            )
+    else:
+        for key in (*assertion_fields, "idp_client_secret_file", "authorization_server"):
+            if key in texts or key in files:
+                raise reader.fail(f"{where} auth.{key}", "is for the identity_assertion grant")
     if secret is not None and "client_id" not in texts:
         raise reader.fail(f"{where} auth.client_secret_file", "needs a client_id beside it")
-    return AuthSettings(grant=grant, client_secret_file=secret, **texts)
+    settings: dict[str, Any] = {**texts, **files}
+    return AuthSettings(grant=grant, **settings)
 
 
 def _client_sending(headers: dict[str, str]) -> Callable[[], Any]:

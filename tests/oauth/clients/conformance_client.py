@@ -1,8 +1,9 @@
 """The conformance suite's client command: agentrt's upstream client, as an operator uses it.
 
 `conformance client --command "python conformance_client.py" --scenario auth/...` runs
-this with the scenario's server URL as the last argument and, for pre-registration and
-client credentials, the client's credentials in MCP_CONFORMANCE_CONTEXT.  It connects as
+this with the scenario's server URL as the last argument and, for pre-registration,
+client credentials and cross-app access, the client's credentials (a secret, a private
+key, an ID token from the scenario's identity provider) in MCP_CONFORMANCE_CONTEXT.  It connects as
 `agentrt pin`/`check` do (the proxy's OAuth-carrying HTTP client), lists the tools and
 calls the first; when the connection says the server needs `agentrt login NAME` (a 401,
 or a 403 asking for a scope not granted), it does what the operator would: runs the
@@ -32,17 +33,39 @@ CIMD_URL = "https://conformance-test.local/client-metadata.json"
 MAX_LOGINS = 3
 
 
+def _owner_only(directory: Path, name: str, content: str) -> Path:
+    path = directory / name
+    path.write_text(content)
+    path.chmod(0o600)
+    return path
+
+
 def _settings(context: dict[str, Any], directory: Path) -> AuthSettings:
+    """The server entry's `auth` an operator would write for the scenario, its secrets
+    (a client secret, a private key, the person's ID token) in owner-only files."""
     secret_file = None
     if context.get("client_secret"):
-        secret_file = directory / "client.secret"
-        secret_file.write_text(str(context["client_secret"]))
-        secret_file.chmod(0o600)
-    if str(context.get("name", "")).startswith("auth/client-credentials"):
+        secret_file = _owner_only(directory, "client.secret", str(context["client_secret"]))
+    name = str(context.get("name", ""))
+    if name == "auth/cross-app-access-complete-flow":
+        return AuthSettings(
+            grant="identity_assertion",
+            client_id=context.get("client_id"),
+            client_secret_file=secret_file,
+            idp_token_endpoint=context.get("idp_token_endpoint"),
+            idp_client_id=context.get("idp_client_id"),
+            id_token_file=_owner_only(directory, "id.token", str(context["idp_id_token"])),
+        )
+    if name.startswith("auth/client-credentials"):
+        key_file = None
+        if context.get("private_key_pem"):
+            key_file = _owner_only(directory, "client.key", str(context["private_key_pem"]))
         return AuthSettings(
             grant="client_credentials",
             client_id=context.get("client_id"),
             client_secret_file=secret_file,
+            private_key_file=key_file,
+            alg=context.get("signing_algorithm"),
         )
     return AuthSettings(
         client_id=context.get("client_id"),
