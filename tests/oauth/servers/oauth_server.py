@@ -16,7 +16,14 @@ Tools: `whoami` (any token) and `admin_reset` (needs the `admin` scope: without
 it the server answers HTTP 403 `insufficient_scope`, the step-up challenge).
 `POST /test/revoke-all` (no token) revokes every token, for the tests'
 "revoked refresh token" case; `GET /test/log` returns the Authorization
-headers the MCP endpoint saw.
+headers the MCP endpoint saw, and the assertions the token endpoint took.
+
+The grants without a person (decision 0045): `--jwt-client ID:PUBLIC_PEM` registers a
+client that authenticates with `private_key_jwt` (RFC 7523 section 2.2: a JWT signed by
+its key, `iss` and `sub` the client, `aud` the issuer); `--idp-key PRIVATE_PEM` makes
+`/idp` an enterprise identity provider whose token endpoint `/idp/token` exchanges an ID
+token it signed (audience `idp-client`) for an ID-JAG (RFC 8693, SEP-990), which
+`/token` takes in the jwt-bearer grant from a `--client` with its secret.
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ import time
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode
 
+import jwt
 import uvicorn
+from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_pem_public_key
 from mcp.server.auth.provider import (
     AccessToken,
     AuthorizationCode,
@@ -47,6 +56,12 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from pydantic import AnyUrl
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+CLIENT_ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+TOKEN_EXCHANGE = "urn:ietf:params:oauth:grant-type:token-exchange"
+ID_TOKEN = "urn:ietf:params:oauth:token-type:id_token"
+ID_JAG = "urn:ietf:params:oauth:token-type:id-jag"
 
 
 class LoopbackClient(OAuthClientInformationFull):
@@ -87,6 +102,13 @@ class Provider:
         self.refresh: dict[str, RefreshToken] = {}
         self.refreshes = 0
         self.refresh_ttl: int | None = None
+        # The grants without a person: clients' public keys, the identity provider's key,
+        # and every assertion the token endpoints took (for the tests' leak searches).
+        self.jwt_clients: dict[str, Any] = {}
+        self.idp_key: Any = None
+        self.idp_jag_client = ""
+        self.idp_exchanges = 0
+        self.assertions: list[str] = []
 
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
         client = self.clients.get(client_id)
@@ -320,7 +342,7 @@ def _client_credentials(app: Any, provider: Provider) -> Any:
     pre-registered client with its secret, in the body or as HTTP Basic."""
 
     async def wrapped(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != "/token":
+        if scope["type"] != "http" or scope["path"] not in ("/token", "/idp/token"):
             await app(scope, receive, send)
             return
         chunks = []
@@ -331,7 +353,13 @@ def _client_credentials(app: Any, provider: Provider) -> Any:
                 break
         body = b"".join(chunks)
         form = dict(parse_qsl(body.decode()))
-        if form.get("grant_type") != "client_credentials":
+        grant_type = form.get("grant_type")
+        invalid_grant = False
+        if scope["path"] == "/idp/token":
+            status, answer = _idp_token_exchange(provider, form)
+            await _answer(send, status, answer)
+            return
+        if grant_type not in ("client_credentials", JWT_BEARER):
             delivered = False
 
             async def replay() -> Any:
@@ -348,9 +376,21 @@ def _client_credentials(app: Any, provider: Provider) -> Any:
         if basic.startswith("Basic "):
             client_id, _, secret = base64.b64decode(basic[6:]).decode().partition(":")
             client_id, secret = unquote(client_id), unquote(secret)
-        client = provider.clients.get(client_id or "")
-        if client is None or not secret or client.client_secret != secret:
-            status, answer = 401, {"error": "invalid_client"}
+        if "client_assertion" in form:
+            provider.assertions.append(form["client_assertion"])
+            client_id = _assertion_client(provider, form)
+            client = provider.clients.get(client_id or "")
+        else:
+            client = provider.clients.get(client_id or "")
+            if client is None or not secret or client.client_secret != secret:
+                client = None
+        if client is not None and grant_type == JWT_BEARER:
+            provider.assertions.append(form.get("assertion", ""))
+            if not _id_jag_accepted(provider, form, client.client_id or ""):
+                client, invalid_grant = None, True
+        if client is None:
+            status, answer = (400, {"error": "invalid_grant"}) if invalid_grant else (
+                401, {"error": "invalid_client"})  # fmt: skip
         elif form.get("resource") != provider.resource:
             status, answer = 400, {"error": "invalid_target"}
         else:
@@ -358,16 +398,87 @@ def _client_credentials(app: Any, provider: Provider) -> Any:
             token = provider._issue(client.client_id or "", scopes, form.get("resource"))
             token.refresh_token = None
             status, answer = 200, token.model_dump(exclude_none=True)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": json.dumps(answer).encode()})
+        await _answer(send, status, answer)
 
     return wrapped
+
+
+async def _answer(send: Any, status: int, answer: dict[str, Any]) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "http.response.body", "body": json.dumps(answer).encode()})
+
+
+def _assertion_client(provider: Provider, form: dict[str, str]) -> str | None:
+    """The client a `private_key_jwt` assertion proves, or None when it proves none."""
+    if form.get("client_assertion_type") != CLIENT_ASSERTION_TYPE:
+        return None
+    try:
+        claims = jwt.decode(form["client_assertion"], options={"verify_signature": False})
+        key = provider.jwt_clients.get(str(claims.get("iss")))
+        if key is None or claims.get("sub") != claims.get("iss"):
+            return None
+        jwt.decode(
+            form["client_assertion"], key, algorithms=["ES256", "RS256", "EdDSA"],
+            audience=[provider.issuer, provider.issuer + "/"], leeway=30,
+        )  # fmt: skip
+    except jwt.PyJWTError:
+        return None
+    return str(claims["iss"])
+
+
+def _idp_token_exchange(provider: Provider, form: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    """The identity provider's token exchange: its own ID token in, an ID-JAG out."""
+    if provider.idp_key is None:
+        return 404, {"error": "not_found"}
+    provider.idp_exchanges += 1
+    if (
+        form.get("grant_type") != TOKEN_EXCHANGE
+        or form.get("requested_token_type") != ID_JAG
+        or form.get("subject_token_type") != ID_TOKEN
+        or not form.get("audience")
+        or not form.get("resource")
+    ):
+        return 400, {"error": "invalid_request"}
+    try:
+        claims = jwt.decode(
+            form.get("subject_token", ""), provider.idp_key.public_key(), algorithms=["ES256"],
+            audience="idp-client", issuer=provider.issuer + "/idp",
+        )  # fmt: skip
+    except jwt.PyJWTError:
+        return 400, {"error": "invalid_grant"}
+    now = int(time.time())
+    grant = jwt.encode(
+        {
+            "iss": provider.issuer + "/idp", "sub": claims["sub"], "aud": form["audience"],
+            "resource": form["resource"], "client_id": provider.idp_jag_client,
+            "iat": now, "exp": now + 300, "jti": secrets.token_urlsafe(12),
+        },
+        provider.idp_key, algorithm="ES256", headers={"typ": "oauth-id-jag+jwt"},
+    )  # fmt: skip
+    provider.assertions.append(grant)
+    return 200, {"access_token": grant, "issued_token_type": ID_JAG, "token_type": "N_A"}
+
+
+def _id_jag_accepted(provider: Provider, form: dict[str, str], client_id: str) -> bool:
+    """Whether the jwt-bearer grant's assertion is an ID-JAG for this server and client."""
+    if provider.idp_key is None:
+        return False
+    try:
+        if jwt.get_unverified_header(form.get("assertion", "")).get("typ") != "oauth-id-jag+jwt":
+            return False
+        claims = jwt.decode(
+            form.get("assertion", ""), provider.idp_key.public_key(), algorithms=["ES256"],
+            audience=[provider.issuer, provider.issuer + "/"], issuer=provider.issuer + "/idp",
+        )  # fmt: skip
+    except jwt.PyJWTError:
+        return False
+    return claims.get("client_id") == client_id and claims.get("resource") == provider.resource
 
 
 def main() -> None:
@@ -381,6 +492,8 @@ def main() -> None:
     parser.add_argument("--metadata-origin", help="name resource metadata on this origin")
     parser.add_argument("--token-redirect", help="answer a refresh with a redirect here")
     parser.add_argument("--refresh-ttl", type=int, help="refresh tokens end after this")
+    parser.add_argument("--jwt-client", action="append", default=[], help="ID:PUBLIC_PEM")
+    parser.add_argument("--idp-key", help="the identity provider's private key (PEM)")
     arguments = parser.parse_args()
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -404,6 +517,21 @@ def main() -> None:
             grant_types=["authorization_code", "refresh_token", "client_credentials"],
             scope=" ".join(scopes),
         )
+    for pair in arguments.jwt_client:
+        client_id, _, key_path = pair.partition(":")
+        with open(key_path, "rb") as handle:
+            provider.jwt_clients[client_id] = load_pem_public_key(handle.read())
+        provider.clients[client_id] = OAuthClientInformationFull(
+            client_id=client_id,
+            redirect_uris=None,
+            token_endpoint_auth_method="private_key_jwt",
+            grant_types=["client_credentials"],
+            scope=" ".join(scopes),
+        )
+    if arguments.idp_key:
+        with open(arguments.idp_key, "rb") as handle:
+            provider.idp_key = load_pem_private_key(handle.read(), password=None)
+        provider.idp_jag_client = arguments.client[0].partition(":")[0]
     server = MCPServer(
         "oauth-test",
         auth_server_provider=provider,  # type: ignore[arg-type]
@@ -461,7 +589,14 @@ def main() -> None:
 
     @server.custom_route("/test/log", methods=["GET"])
     async def log(request: Request) -> Response:
-        return JSONResponse({"authorization": seen, "refreshes": provider.refreshes})
+        return JSONResponse(
+            {
+                "authorization": seen,
+                "refreshes": provider.refreshes,
+                "assertions": provider.assertions,
+                "idp_exchanges": provider.idp_exchanges,
+            }
+        )
 
     app = _requiring_admin(server.streamable_http_app(json_response=True), provider, seen)
     app = _misbehaving(_client_credentials(app, provider), arguments, resource)
