@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -300,3 +302,139 @@ def test_the_auth_entry_of_the_grants_without_a_person_is_checked(tmp_path: Path
     settings = load_config(path).servers[0].auth
     assert settings is not None and settings.id_token_file == tmp_path / "id.token"
     assert settings.authorization_server == "https://as.example"
+
+
+def _proxy_config(root: Path, servers: dict[str, tuple[OAuthServer, dict[str, str]]]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o700)
+    entries = [
+        {"name": name, "endpoint": server.endpoint, "manifest": f"{name}.manifest.json",
+         "rules": RULES, "auth": auth}
+        for name, (server, auth) in servers.items()
+    ]  # fmt: skip
+    path = root / "proxy.json"
+    path.write_text(json.dumps({"database": "proxy.db", "session": "s", "servers": entries}))
+    path.chmod(0o600)
+    return path
+
+
+def _text(result: Any) -> str:
+    return "".join(getattr(block, "text", "") for block in result.content)
+
+
+@pytest.mark.slow
+async def test_a_proxy_session_with_both_grants_keeps_keys_id_tokens_and_assertions_out(
+    tmp_path: Path, state_home: Path
+) -> None:
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    keys = tmp_path / "keys"
+    robot_key, robot_public = _key_pair(keys, "robot")
+    idp_key, _ = _key_pair(keys, "idp")
+    other_key, _ = _key_pair(keys, "other")
+    environment = {
+        "PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"),
+        "XDG_STATE_HOME": str(state_home),
+        **{k: v for k, v in os.environ.items() if k == "AGENTRT_ANCHOR_DIR"},
+    }  # fmt: skip
+    with (
+        oauth_server("--jwt-client", f"robot:{robot_public}", "--access-ttl", "2") as robot,
+        oauth_server(
+            "--client", "app:app-secret-value", "--idp-key", str(idp_key), "--access-ttl", "2"
+        ) as app,
+    ):
+        id_token = _id_token(idp_key, app)
+        conf = tmp_path / "conf"
+        id_token_file = _owner_only(conf / "id.token", id_token)
+        config = _proxy_config(
+            conf,
+            {
+                "robot": (robot, {"grant": "client_credentials", "client_id": "robot",
+                                  "private_key_file": str(robot_key), "scope": "read"}),
+                "app": (app, {"grant": "identity_assertion", "client_id": "app",
+                              "client_secret_file": str(_owner_only(conf / "app.secret",
+                                                                    "app-secret-value")),
+                              "idp_token_endpoint": f"{app.origin}/idp/token",
+                              "idp_client_id": "idp-client", "id_token_file": str(id_token_file)}),
+            },
+        )  # fmt: skip
+        outputs = []
+        for command in (["login", "robot"], ["login", "app"], ["pin"]):
+            done = subprocess.run(
+                [str(AGENTRT), *command, "--config", str(config)],
+                env=environment, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            outputs.append(done.stdout + done.stderr)
+        assert "logged in until" in outputs[0] and "logged in until" in outputs[1]
+
+        stderr_path = tmp_path / "proxy.stderr"
+        parameters = StdioServerParameters(
+            command=str(AGENTRT), args=["proxy", "--config", str(config)], env=environment,
+            cwd=str(tmp_path),
+        )  # fmt: skip
+        forged = _id_token(other_key, app)
+        with stderr_path.open("a") as errlog:
+            async with (
+                stdio_client(parameters, errlog=errlog) as (read, write),
+                ClientSession(read, write) as host,
+            ):
+                await host.initialize()
+                for _ in range(2):  # the second time after the tokens ended: grants again
+                    for name in ("robot", "app"):
+                        result = await host.call_tool(f"{name}_whoami", {})
+                        assert _text(result) == "an authorized client", _text(result)
+                    await anyio.sleep(2.1)
+                assert app.log()["idp_exchanges"] >= 2
+                assert len(set(robot.log()["assertions"])) >= 2
+
+                # The identity provider refuses the next exchange: that server waits for a
+                # login and nothing ran; the other server keeps working.
+                _owner_only(id_token_file, forged)
+                await anyio.sleep(2.1)
+                waiting = await host.call_tool("app_whoami", {})
+                assert _text(waiting).startswith("UNAVAILABLE"), _text(waiting)
+                assert "needs `agentrt login app`" in _text(waiting)
+                assert "Nothing ran." in _text(waiting)
+                still = await host.call_tool("robot_whoami", {})
+                assert _text(still) == "an authorized client", _text(still)
+
+        database = conf / "proxy.db"
+        verified = subprocess.run(
+            [str(AGENTRT), "--db", str(database), "verify"],
+            env=environment, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        export = subprocess.run(
+            [str(AGENTRT), "--db", str(database), "export"],
+            env=environment, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert export.returncode == 0, export.stderr
+        assert "robot_whoami" in export.stdout
+        key_lines = robot_key.read_text().splitlines()[1:-1]  # the key's base64 lines
+        secrets_ = [
+            *key_lines,
+            id_token, forged, "app-secret-value",
+            *robot.log()["assertions"], *app.log()["assertions"],
+            *(header.removeprefix("Bearer ") for server in (robot, app)
+              for header in server.log()["authorization"] if header),
+        ]  # fmt: skip
+        assert len(secrets_) > 12
+        places = {
+            "database": b"".join(
+                path.read_bytes() for path in conf.iterdir() if path.name.startswith("proxy.db")
+            ),
+            "proxy stderr": stderr_path.read_bytes(),
+            "login and pin output": "".join(outputs).encode(),
+            "export": export.stdout.encode(),
+            "manifests": b"".join(path.read_bytes() for path in conf.glob("*.manifest.json")),
+            "configuration": config.read_bytes(),
+        }
+        for where, content in places.items():
+            for secret in secrets_:
+                assert secret.encode() not in content, f"a secret was found in the {where}"
+        # The token files keep the tokens, not the key, the ID token or an assertion.
+        stored = b"".join(path.read_bytes() for path in (state_home / "agentrt").rglob("*.json"))
+        for secret in (*key_lines, id_token, forged):
+            assert secret.encode() not in stored

@@ -14,18 +14,19 @@
 
 Both are made again whenever the access token ends (there is usually no
 refresh token), by `agentrt login` and by the proxy alike, through
-`grant_request`.  The assertion is minted by the SDK's
-`SignedJWTParameters`, the piece of `PrivateKeyJWTOAuthProvider` that signs.
+`grant_request`.  The client assertion carries the claims the SDK's
+`PrivateKeyJWTOAuthProvider` gives one (through `SignedJWTParameters`).
 Nothing here puts a key, an ID token or an assertion in an error: every
 refusal names the file or the endpoint.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import stat
+import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -62,6 +63,7 @@ _ALGORITHMS: Final = {
 }
 SIGNING_ALGORITHMS: Final = frozenset(alg for algs in _ALGORITHMS.values() for alg in algs)
 _TIMEOUT: Final = httpx2.Timeout(30.0)
+_ASSERTION_LIFE: Final = 300
 
 
 class CredentialError(AgentrtError):
@@ -124,13 +126,23 @@ def signing_algorithm(path: Path | str, alg: str | None) -> tuple[str, str]:
 
 
 def _sign(client_id: str, pem: str, alg: str, audience: str) -> str:
-    """A client assertion (RFC 7523 section 3) signed by the SDK's `SignedJWTParameters`."""
-    module = importlib.import_module("mcp.client.auth.extensions.client_credentials")
-    parameters = module.SignedJWTParameters(
-        issuer=client_id, subject=client_id, signing_key=pem, signing_algorithm=alg
-    )
-    # The provider is a coroutine that does no I/O: run on a loop of this worker thread.
-    return str(anyio.run(parameters.create_assertion_provider(), audience))
+    """A client assertion (RFC 7523 section 3) with the claims the SDK's
+    `SignedJWTParameters` gives one: `iss` and `sub` the client, `aud` the authorization
+    server's issuer, five minutes of life, a fresh `jti`.  Signed with PyJWT (the SDK's
+    own signer) rather than through the SDK's module: importing the SDK from the proxy's
+    worker while its servers start deadlocked on the import lock (decision 0045)."""
+    import jwt
+
+    now = int(time.time())
+    claims = {
+        "iss": client_id,
+        "sub": client_id,
+        "aud": audience,
+        "iat": now,
+        "exp": now + _ASSERTION_LIFE,
+        "jti": str(uuid.uuid4()),
+    }
+    return jwt.encode(claims, pem, algorithm=alg)
 
 
 async def client_assertion(record: TokenRecord) -> dict[str, str]:
@@ -142,7 +154,7 @@ async def client_assertion(record: TokenRecord) -> dict[str, str]:
         pem, alg = signing_algorithm(record.private_key_file or "", record.signing_alg)
         return _sign(record.client_id, pem, alg, audience)
 
-    # A worker thread: reading the key and the first import of the SDK stay off the loop.
+    # A worker thread: reading the key and signing stay off the loop.
     assertion = await anyio.to_thread.run_sync(sign)
     return {"client_assertion_type": CLIENT_ASSERTION_TYPE, "client_assertion": assertion}
 
