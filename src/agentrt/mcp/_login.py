@@ -18,8 +18,11 @@ checked; the resource indicator, RFC 8707), driven here with:
 - the tokens written to the server's owner-only token file with what a
   later refresh needs (`_tokens.py`), under its lock.
 
-`client_credentials` needs no person: the secret is read from an owner-only
-file and exchanged at the authorization server's token endpoint.
+`client_credentials` needs no person: the secret (or a client assertion signed
+by a private key, `private_key_jwt`) is read from an owner-only file and taken
+to the authorization server's token endpoint; so does `identity_assertion`,
+whose ID-JAG comes from the identity provider's token exchange of the
+person's ID token (`_assertions.py`, decision 0045).
 """
 
 from __future__ import annotations
