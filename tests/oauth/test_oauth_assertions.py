@@ -205,6 +205,16 @@ async def test_the_identity_assertion_grant_exchanges_the_id_token_then_takes_th
         assert await _call_whoami("r", server.endpoint) == "an authorized client"
         assert server.log()["idp_exchanges"] == 2
 
+        # The authorization server named in the entry: the resource server is not asked.
+        pinned = dataclasses.replace(settings, authorization_server=server.origin)
+        again = await login("r", server.endpoint, pinned, show_url=_no_browser)
+        assert again.issuer == record.issuer and again.access_token != record.access_token
+        kept = token_file("r", canonical_resource(server.endpoint)).path.read_bytes()
+        nowhere = dataclasses.replace(settings, authorization_server="http://127.0.0.1:9")
+        with pytest.raises(LoginError, match=r'^the metadata of server "r" could not be fetched'):
+            await login("r", server.endpoint, nowhere, show_url=_no_browser)
+        assert token_file("r", canonical_resource(server.endpoint)).path.read_bytes() == kept
+
 
 async def test_an_identity_provider_that_refuses_ends_the_login_and_keeps_the_last_one(
     tmp_path: Path,

@@ -428,6 +428,22 @@ async def _authorization_server(name: str, endpoint: str, configured: str | None
     """The authorization server's metadata: the `configured` issuer's own (the resource
     server not asked), else the one the server's protected resource metadata names (its
     resource checked); its `issuer` must be the one it was found for."""
+    try:
+        return await _find_authorization_server(name, endpoint, configured)
+    except httpx2.HTTPError as exc:
+        raise LoginError(
+            f'the metadata of server "{sanitize(name)}" could not be fetched: {sanitize(str(exc))}'
+        ) from None
+    except ValueError:  # the SDK's models refused a document
+        raise LoginError(
+            f'server "{sanitize(name)}" or its authorization server publishes metadata that '
+            "is not valid"
+        ) from None
+
+
+async def _find_authorization_server(
+    name: str, endpoint: str, configured: str | None
+) -> OAuthMetadata:
     from mcp.client.auth.utils import (
         build_oauth_authorization_server_metadata_discovery_urls,
         build_protected_resource_metadata_discovery_urls,
@@ -457,17 +473,11 @@ async def _authorization_server(name: str, endpoint: str, configured: str | None
                 )
             issuer, base = str(prm.authorization_servers[0]), endpoint
         oauth: OAuthMetadata | None = None
-        try:
-            for url in build_oauth_authorization_server_metadata_discovery_urls(issuer, base):
-                response = await client.get(url)
-                if response.status_code == 200:
-                    oauth = OAuthMetadata.model_validate_json(response.content)
-                    break
-        except httpx2.HTTPError as exc:
-            raise LoginError(
-                f'the authorization server of "{sanitize(name)}" could not be reached: '
-                f"{sanitize(str(exc))}"
-            ) from None
+        for url in build_oauth_authorization_server_metadata_discovery_urls(issuer, base):
+            response = await client.get(url)
+            if response.status_code == 200:
+                oauth = OAuthMetadata.model_validate_json(response.content)
+                break
         if oauth is None:
             raise LoginError(
                 f'the authorization server of "{sanitize(name)}" publishes no metadata'
