@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import stat
 import time
 import urllib.parse
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -83,21 +81,12 @@ class LoginError(AgentrtError):
 
 def read_secret_file(path: Path) -> str:
     """A client secret from an owner-only file (refused when others can read it)."""
+    from ._assertions import CredentialError, read_owner_only
+
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise LoginError(
-            f"client secret file {sanitize(str(path))} cannot be read: "
-            f"{sanitize(exc.strerror or type(exc).__name__)}"
-        ) from None
-    with os.fdopen(descriptor, "r", encoding="utf-8") as handle:
-        info = os.fstat(handle.fileno())
-        if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
-            raise LoginError(
-                f"client secret file {sanitize(str(path))} can be read by other users or is "
-                "not owned by this user, so it is not used; make it owner-only (chmod 600)"
-            )
-        return handle.read().strip()
+        return read_owner_only(path, "client secret file")
+    except CredentialError as exc:
+        raise LoginError(str(exc)) from None
 
 
 class _Callback:
