@@ -24,7 +24,9 @@ from ..canonical import plain_json
 from ..tools import SideEffect
 from ._answers import Answer, admits_waiting, bounded
 from ._input_required import HostCall, Question
+from ._listen import HostEvents
 from ._proxy import Proxy
+from ._revision import cache_hints
 from ._status import STATUS_TOOL
 from .config import DEFAULT_SERVER_TIMEOUT
 
@@ -43,6 +45,10 @@ class Handlers:
         # Hosts subscribed to each resource URI (notifications/resources/updated): by the
         # host's MCP session id over HTTP (one stdio host), its latest session object.
         self.subscribers: dict[str, dict[str, Any]] = {}
+        # 2026 hosts' listen streams (`_listen.py`), and the servers' subscriptions they hold.
+        self.events = HostEvents(
+            self._forward_subscription, lambda uri: bool(self.subscribers.get(uri))
+        )
         for name in proxy.offered.tools:
             # A server offering prompts or resources may tell of a resource's update.
             proxy.offered.upstreams[name].connection.on_notification = self._upstream_notified
@@ -71,6 +77,7 @@ class Handlers:
             on_read_resource=self._read_resource,
             on_subscribe_resource=self._subscribe,
             on_unsubscribe_resource=self._unsubscribe,
+            on_subscriptions_listen=self.events.listen,
             on_list_prompts=self._list_prompts,
             on_get_prompt=self._get_prompt,
             on_completion=self._complete,
@@ -100,7 +107,8 @@ class Handlers:
         return types.ListPromptsResult(
             prompts=[
                 types.Prompt.model_validate(raw) for raw, _ in self.proxy.offered.prompts.values()
-            ]
+            ],
+            **cache_hints(),
         )
 
     async def _list_resources(
@@ -109,7 +117,8 @@ class Handlers:
         return types.ListResourcesResult(
             resources=[
                 types.Resource.model_validate(raw) for raw, _ in self.proxy.offered.resources
-            ]
+            ],
+            **cache_hints(),
         )
 
     async def _list_resource_templates(
@@ -119,7 +128,8 @@ class Handlers:
             resource_templates=[
                 types.ResourceTemplate.model_validate(raw)
                 for raw, _ in self.proxy.offered.templates
-            ]
+            ],
+            **cache_hints(),
         )
 
     async def _get_prompt(
@@ -170,7 +180,8 @@ class Handlers:
         self.subscribers.get(uri, {}).pop(_host_key(ctx), None)
         if not self.subscribers.get(uri):
             self.subscribers.pop(uri, None)
-            await self._forward_subscription("resources/unsubscribe", uri)
+            if not self.events.listening.get(uri):
+                await self._forward_subscription("resources/unsubscribe", uri)
         return types.EmptyResult()
 
     async def _forward_subscription(self, method: str, uri: str) -> None:
@@ -195,6 +206,7 @@ class Handlers:
                 await session.send_resource_updated(uri)
             except Exception:
                 self.subscribers.get(uri, {}).pop(key, None)  # that host went away
+        await self.events.resource_updated(uri)
 
     async def _complete(
         self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
@@ -241,7 +253,7 @@ class Handlers:
             if spec.name not in self.proxy.hidden
         ]
         tools.append(self.proxy.status.listed())
-        return types.ListToolsResult(tools=tools)
+        return types.ListToolsResult(tools=tools, **cache_hints())
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams

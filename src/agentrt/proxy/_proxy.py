@@ -35,11 +35,12 @@ from ._flows import host_session_of, new_stdio_session
 from ._forward import Forwarded
 from ._grants import GrantCover
 from ._index import CallIndex
-from ._input_required import HostCall, Suspended
+from ._input_required import HostCall, Suspended, is_stateless
 from ._log import log_line
 from ._logins import oauth_preflights
 from ._offers import Offered, OfferTool, hidden_name
 from ._preconditions import StatefulTool, precondition_reader
+from ._revision import wanted_log_level
 from ._status import GateStatus
 from .config import DEFAULT_SERVER_TIMEOUT, ProxyConfig, UpstreamConfig
 
@@ -271,7 +272,9 @@ class Proxy:
             # A server's log lines are the host session's, not this call's: whichever call
             # reads them passes them on, a call its host gave up on included (it goes on,
             # and may be the one reading the server's stdout for the others).
-            wanted = self.log_level
+            wanted = wanted_log_level(
+                meta, self.log_level, stateless=is_stateless(call.ctx.protocol_version)
+            )
             if wanted is None or level not in _LOG_LEVELS:
                 return
             if _LOG_LEVELS.index(level) < _LOG_LEVELS.index(wanted):
