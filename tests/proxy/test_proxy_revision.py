@@ -21,14 +21,17 @@ from proxy_helpers import (
     ProxySetup,
     build_setup,
     conformance_config,
+    host,
     raw_http_host,
     serving_http,
     sse_data,
+    text_of,
     until,
 )
 from test_proxy_hosts import http_proxy
 
 from agentrt.store import open_store
+from agentrt.telemetry import TraceBuilder
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120), pytest.mark.slow]
 
@@ -185,3 +188,26 @@ async def test_a_2026_host_listening_is_told_of_a_resource_update_through_its_st
     lines = log.read_text().splitlines()
     assert lines.count(f"resources/subscribe {watched}") == 1
     assert read.contents[0].text == "Watched content."
+
+
+async def test_a_hosts_traceparent_is_carried_upstream_and_continues_in_the_runs_spans(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(tmp_path)
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    async with host(setup) as session:
+        carried = await session.call_tool(
+            "up_echo", {"text": "meta?"}, meta={"traceparent": parent, "tracestate": "k=v"}
+        )
+        plain = await session.call_tool("up_echo", {"text": "meta?"}, meta={"traceparent": "0"})
+    assert json.loads(text_of(carried)) == {"traceparent": parent, "tracestate": "k=v"}
+    # A malformed traceparent goes nowhere: neither upstream nor into the run.
+    assert json.loads(text_of(plain)) is None
+    with open_store(setup.database, create=False) as store:
+        events = store.events_after(0, limit=1000)
+    builder = TraceBuilder()
+    spans = [span for event in events for span in builder.add(event)]
+    traced = [span for span in spans if span.trace_id == int(parent.split("-")[1], 16)]
+    roots = [span for span in traced if span.parent_span_id == int(parent.split("-")[2], 16)]
+    assert roots and all(span.parent_is_remote for span in roots)
+    assert any(span.name == "tools/call up_echo" for span in traced)

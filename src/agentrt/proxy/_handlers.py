@@ -23,6 +23,7 @@ from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from ..canonical import plain_json
 from ..tools import SideEffect
 from ._answers import Answer, admits_waiting, bounded
+from ._apps import host_renders_apps, is_app_uri
 from ._input_required import HostCall, Question
 from ._listen import HostEvents
 from ._proxy import Proxy
@@ -114,9 +115,12 @@ class Handlers:
     async def _list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
+        apps = host_renders_apps(ctx)
         return types.ListResourcesResult(
             resources=[
-                types.Resource.model_validate(raw) for raw, _ in self.proxy.offered.resources
+                types.Resource.model_validate(raw)
+                for raw, _ in self.proxy.offered.resources
+                if apps or not is_app_uri(str(raw.get("uri", "")))
             ],
             **cache_hints(),
         )
@@ -152,6 +156,9 @@ class Handlers:
         uri = str(params.uri)
         server = self.proxy.offered.server_of_uri(uri)
         if server is None or server not in self.proxy.offered.tools:
+            raise MCPError(-32002, f"there is no resource {bounded(uri, 200)}")
+        if is_app_uri(uri) and not host_renders_apps(ctx):
+            # An app is offered only to a host that said it renders apps (`_apps.py`).
             raise MCPError(-32002, f"there is no resource {bounded(uri, 200)}")
         answer = await self._gated(
             ctx, self.proxy.offered.tools[server][1], {"uri": uri}, params.meta
@@ -237,6 +244,7 @@ class Handlers:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         # The hints a host sees are the operator's classification, never the server's claims.
+        ui = self.proxy.ui if host_renders_apps(ctx) else {}
         tools = [
             types.Tool(
                 name=spec.name,
@@ -248,6 +256,7 @@ class Handlers:
                     read_only_hint=spec.side_effect is SideEffect.READ_ONLY,
                     destructive_hint=spec.side_effect is SideEffect.DESTRUCTIVE,
                 ),
+                _meta=ui.get(spec.name),
             )
             for spec in self.proxy.calls.specs
             if spec.name not in self.proxy.hidden
