@@ -136,3 +136,20 @@ def wanted_log_level(
         return process_level
     asked = request_meta.get(LOG_LEVEL_META_KEY) if isinstance(request_meta, Mapping) else None
     return asked if isinstance(asked, str) else None
+
+
+# The deprecated `includeContext` values (SEP-2596): what the host would attach.
+_WIDE_CONTEXT: Final = ("thisServer", "allServers")
+
+
+def narrowed_sampling(params: Any) -> tuple[Any, str | None]:
+    """A server's `sampling/createMessage` params with a deprecated `includeContext` of
+    "thisServer" or "allServers" turned to "none" (the revision's migration), and the value
+    it had; else the params unchanged and None.
+
+    Behind the proxy either value reaches past the server that asked: to the host, the
+    proxy is "this server", so the host would attach the context of every server behind
+    it — another server's data handed to this one."""
+    if isinstance(params, Mapping) and params.get("includeContext") in _WIDE_CONTEXT:
+        return {**params, "includeContext": "none"}, str(params["includeContext"])
+    return params, None
