@@ -19,7 +19,7 @@ from mcp import Client, ClientSession
 from mcp.client.extension import ClientExtension
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
-from proxy_helpers import host_environment, text_of, write_private
+from proxy_helpers import host_environment, serving_http, text_of, write_private
 
 from agentrt.mcp import Manifest, Server, pin
 from agentrt.store import open_store
@@ -269,3 +269,20 @@ async def test_the_official_basic_mcp_app_server_is_pinned_and_served_to_an_apps
     assert _ui(plain) is None
     with open_store(conf / "proxy.db", create=False) as store:
         store.verify_chain()
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_over_http_the_app_is_offered_by_each_requests_own_capabilities(
+    apps: AppsSetup, mode: str
+) -> None:
+    # 2026 hosts are stateless (the capabilities ride each request); 2025 hosts have sessions.
+    with serving_http(apps.config, apps.root) as (url, _stderr):
+        async with Client(url, mode=mode, cache=None, extensions=[RendersApps()]) as client:  # type: ignore[arg-type]
+            listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+            read = await client.read_resource(APP_URI)
+        async with Client(url, mode=mode, cache=None) as plain:  # type: ignore[arg-type]
+            withheld = {tool.name: tool for tool in (await plain.list_tools()).tools}
+            resources = (await plain.list_resources()).resources
+    assert _ui(listed["apps_show_board"]) == {"resourceUri": APP_URI}
+    assert read.contents[0].text == "<!doctype html><p>board v1</p>"
+    assert _ui(withheld["apps_show_board"]) is None and resources == []
