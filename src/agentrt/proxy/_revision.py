@@ -21,11 +21,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+import pydantic_core
 from mcp.shared.inbound import NAME_BEARING_METHODS, decode_header_value
 from mcp_types import LOG_LEVEL_META_KEY, PROTOCOL_VERSION_META_KEY
 from mcp_types.jsonrpc import HEADER_MISMATCH
 
-from ..canonical import JSONBoundaryError, canonical_bytes, parse_json
+from ..canonical import canonical_bytes
 from ..sanitize import sanitize
 
 __all__ = [
@@ -65,8 +66,10 @@ def header_mismatch(raw_headers: Iterable[tuple[bytes, bytes]], body: bytes) -> 
     if "mcp-method" not in seen and "mcp-name" not in seen:
         return None  # the SDK's own ladder judges a body that names no route
     try:
-        message = parse_json(body)
-    except JSONBoundaryError:
+        # The transport's own parser (pydantic's), so the check reads the body exactly as
+        # the request will be read: with a repeated key, the same (last) value.
+        message = pydantic_core.from_json(body)
+    except ValueError:
         return None  # not JSON: the transport's parse error answers it
     if not isinstance(message, dict) or not isinstance(message.get("method"), str):
         return None
