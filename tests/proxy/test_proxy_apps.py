@@ -14,13 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from click.testing import CliRunner
 from mcp import Client, ClientSession
 from mcp.client.extension import ClientExtension
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 from proxy_helpers import host_environment, serving_http, text_of, write_private
 
+from agentrt.cli import cli
 from agentrt.mcp import Manifest, Server, pin
 from agentrt.store import open_store
 
@@ -286,3 +289,29 @@ async def test_over_http_the_app_is_offered_by_each_requests_own_capabilities(
     assert _ui(listed["apps_show_board"]) == {"resourceUri": APP_URI}
     assert read.contents[0].text == "<!doctype html><p>board v1</p>"
     assert _ui(withheld["apps_show_board"]) is None and resources == []
+
+
+async def test_a_repin_shows_a_changed_app_and_writes_its_new_hash_only_when_agreed(
+    apps: AppsSetup,
+) -> None:
+    manifest_path = apps.root / "conf" / "apps.manifest.json"
+    before = manifest_path.read_bytes()
+    runner = CliRunner()
+    unchanged = await anyio.to_thread.run_sync(
+        lambda: runner.invoke(cli, ["pin", "--config", str(apps.config)])
+    )
+    assert "unchanged since it was pinned" in unchanged.output, unchanged.output
+    apps.html.write_text("<!doctype html><p>board v2</p>")
+    declined = await anyio.to_thread.run_sync(
+        lambda: runner.invoke(cli, ["pin", "--config", str(apps.config)], input="n\n")
+    )
+    assert f'changed app "{APP_URI}"' in declined.output, declined.output
+    assert "named by: pin_card, show_board" in declined.output
+    assert manifest_path.read_bytes() == before
+    agreed = await anyio.to_thread.run_sync(
+        lambda: runner.invoke(cli, ["pin", "--config", str(apps.config), "--yes"])
+    )
+    assert agreed.exit_code == 0, agreed.output
+    repinned = Manifest.from_json(manifest_path.read_bytes())
+    assert repinned.apps is not None and apps.manifest.apps is not None
+    assert repinned.apps[APP_URI].content_hash != apps.manifest.apps[APP_URI].content_hash
