@@ -22,13 +22,22 @@ from mcp.server.context import ServerRequestContext
 
 from ..mcp._apps import APP_MIME_TYPE, UI_EXTENSION, UI_SCHEME
 
-__all__ = ["host_renders_apps", "is_app_uri"]
+__all__ = ["host_renders_apps", "is_app_uri", "renders_apps"]
 
 
 def host_renders_apps(ctx: ServerRequestContext[Any]) -> bool:
     """Whether the host of this request advertised MCP Apps with the HTML mime type."""
-    capabilities = ctx.session.client_capabilities
-    extensions = getattr(capabilities, "extensions", None)
+    return renders_apps(ctx.session.client_capabilities)
+
+
+def renders_apps(capabilities: Any) -> bool:
+    """Whether client capabilities (the SDK's model, or the wire's object as a dict)
+    advertise MCP Apps with the HTML mime type: for a front that has no SDK context."""
+    extensions = (
+        capabilities.get("extensions")
+        if isinstance(capabilities, Mapping)
+        else getattr(capabilities, "extensions", None)
+    )
     settings = extensions.get(UI_EXTENSION) if isinstance(extensions, Mapping) else None
     if not isinstance(settings, Mapping):
         return False
