@@ -34,18 +34,18 @@ def _served(events: HostEvents) -> Server[Any]:
 async def test_a_list_change_reaches_only_the_streams_that_asked_for_it() -> None:
     upstream = Upstream()
     events = HostEvents(upstream.forward, upstream.held_by_2025_hosts.__contains__)
-    async with Client(_served(events), mode="auto", cache=None) as client:
-        async with (
-            client.listen(tools_list_changed=True) as tools,
-            client.listen(prompts_list_changed=True) as prompts,
-        ):
-            await events.list_changed("tools")
-            with anyio.fail_after(5):
-                assert await tools.__anext__() == ToolsListChanged()
-            await events.list_changed("prompts")
-            with anyio.fail_after(5):
-                # The prompts stream never saw the tools change: its first event is its own.
-                assert type(await prompts.__anext__()).__name__ == "PromptsListChanged"
+    async with (
+        Client(_served(events), mode="auto", cache=None) as client,
+        client.listen(tools_list_changed=True) as tools,
+        client.listen(prompts_list_changed=True) as prompts,
+    ):
+        await events.list_changed("tools")
+        with anyio.fail_after(5):
+            assert await tools.__anext__() == ToolsListChanged()
+        await events.list_changed("prompts")
+        with anyio.fail_after(5):
+            # The prompts stream never saw the tools change: its first event is its own.
+            assert type(await prompts.__anext__()).__name__ == "PromptsListChanged"
     assert upstream.sent == []
 
 
