@@ -315,3 +315,24 @@ async def test_a_repin_shows_a_changed_app_and_writes_its_new_hash_only_when_agr
     repinned = Manifest.from_json(manifest_path.read_bytes())
     assert repinned.apps is not None and apps.manifest.apps is not None
     assert repinned.apps[APP_URI].content_hash != apps.manifest.apps[APP_URI].content_hash
+
+
+async def test_a_resource_rule_denying_ui_uris_denies_the_apps_read(apps: AppsSetup) -> None:
+    document = json.loads(apps.config.read_text())
+    document["servers"][0]["resource_rules"] = [{"uri": "ui://*", "outcome": "deny"}]
+    write_private(apps.config, json.dumps(document))
+    async with apps.client(apps=True) as client:
+        with pytest.raises(MCPError, match="^DENIED"):
+            await client.read_resource(APP_URI)
+        shown = await client.call_tool("apps_show_board", {})
+    # The tool itself is still the tool; only its app's read is refused, and recorded.
+    assert text_of(shown) == "the board has 2 cards"
+    with open_store(apps.root / "conf" / "proxy.db", create=False) as store:
+        denied = [
+            step
+            for run in store.list_runs()
+            for step in store.list_steps(run.run_id)
+            if step.tool == "resource--apps"
+        ]
+    assert len(denied) == 1 and denied[0].status == "denied"
+    _chain_verifies(apps)
