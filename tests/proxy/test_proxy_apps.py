@@ -322,7 +322,7 @@ async def test_a_resource_rule_denying_ui_uris_denies_the_apps_read(apps: AppsSe
     document["servers"][0]["resource_rules"] = [{"uri": "ui://*", "outcome": "deny"}]
     write_private(apps.config, json.dumps(document))
     async with apps.client(apps=True) as client:
-        with pytest.raises(MCPError, match="^DENIED"):
+        with pytest.raises(MCPError, match=r"^DENIED"):
             await client.read_resource(APP_URI)
         shown = await client.call_tool("apps_show_board", {})
     # The tool itself is still the tool; only its app's read is refused, and recorded.
