@@ -843,3 +843,25 @@ async def test_a_servers_input_required_result_no_host_can_answer_stays_a_tool_e
     (request,) = _client_request_events(running, running.last_run_of("ask_name"))
     assert "did not advertise the elicitation capability" in request.payload["reason"]
     assert not served.is_error
+
+
+async def test_a_sampling_request_for_all_servers_context_is_sent_asking_for_none(
+    running: Running,
+) -> None:
+    # Deprecated (SEP-2596); behind the proxy the host would attach every server's context.
+    received: list[Any] = []
+
+    async def on_sample(context: Any, params: Any) -> types.CreateMessageResult:
+        received.append(params.include_context)
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="ok"), model="m"
+        )
+
+    async with host(running.url, sampling_callback=on_sample) as session:
+        wide = await session.call_tool("test_sampling", {"prompt": "context:allServers"})
+        own = await session.call_tool("test_sampling", {"prompt": "context:thisServer"})
+    assert "ok" in text_of(wide) and "ok" in text_of(own)
+    assert received == ["none", "none"]
+    request, _ = _client_request_events(running, running.last_run_of("test_sampling"))
+    assert request.payload["include_context_asked"] == "thisServer"
+    assert request.payload["params"]["includeContext"] == "none"

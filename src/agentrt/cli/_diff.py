@@ -66,6 +66,29 @@ def manifest_changes(
                 changes.append(ToolChange(name, "changed", lines))
     if only is None:
         changes += _offer_changes(old, new)
+        changes += _app_changes(old, new)
+    return changes
+
+
+def _app_changes(old: Manifest, new: Manifest) -> list[ToolChange]:
+    """MCP Apps whose contents or tools differ: the HTML is not in the manifest, so the
+    review names the change and asks for the app itself to be read."""
+    changes: list[ToolChange] = []
+    before_all, after_all = old.apps or {}, new.apps or {}
+    for uri in sorted(set(before_all) | set(after_all)):
+        before, after = before_all.get(uri), after_all.get(uri)
+        if after is not None and (before is None or before.content_hash != after.content_hash):
+            lines = [
+                f"contents SHA-256 {after.content_hash[:16]}…; read the app "
+                "(resources/read of its URI) before you agree",
+                f"named by: {', '.join(sanitize(tool) for tool in after.tools) or 'no tool'}",
+            ]
+            changes.append(ToolChange(uri, "added" if before is None else "changed", lines, "app"))
+        elif after is None:
+            changes.append(ToolChange(uri, "removed", ["no longer named or offered"], "app"))
+        elif before is not None and before.tools != after.tools:
+            named = ", ".join(sanitize(tool) for tool in after.tools) or "no tool"
+            changes.append(ToolChange(uri, "changed", [f"named by: {named}"], "app"))
     return changes
 
 

@@ -326,13 +326,14 @@ class Connection:
         second parse."""
         if progress is None and context is not None:
             progress = context.progress
-        meta = ""
+        meta_entries: dict[str, Any] = dict(context.trace or {}) if context is not None else {}
         token = ""
         if progress is not None:
             self._next_progress += 1
             token = f"agentrt-{self._next_progress}"
             self._progress[token] = progress
-            meta = f',"_meta":{{"progressToken":{canonical_json(token)}}}'
+            meta_entries["progressToken"] = token
+        meta = f',"_meta":{canonical_json(meta_entries)}' if meta_entries else ""
         params = f'{{"name":{canonical_json(name)},"arguments":{arguments_json}{meta}}}'
         asker = context.ask if context is not None else None
         if asker is not None:

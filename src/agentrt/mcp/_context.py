@@ -12,7 +12,7 @@ gives each message to the context of the request whose read (stdio) or stream
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,3 +56,6 @@ class CallContext:
     log: LogListener | None = None
     ask: Ask | None = None
     on_run: Callable[[str], None] | None = None
+    trace: Mapping[str, str] | None = None
+    """W3C trace context (`traceparent`, `tracestate`) the call's requests carry in their
+    `_meta`, so the server's spans join the caller's trace."""

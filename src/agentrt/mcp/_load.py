@@ -15,6 +15,7 @@ from ..errors import RegistrationError
 from ..sanitize import sanitize
 from ..tools import TOOL_NAME_PATTERN, SideEffect, Tool, ToolSpec, check_tool
 from . import _connection
+from ._apps import check_apps, ui_meta_of, ui_resource_of
 from ._errors import LoadError
 from ._manifest import Manifest, PinnedTool, description_hash, schema_text
 from ._phase import Phase
@@ -63,6 +64,8 @@ class Report:
     refused: list[Refusal] = field(default_factory=list)
     unpinned: list[str] = field(default_factory=list)
     unclassified: list[str] = field(default_factory=list)
+    # MCP Apps: a registered tool offered without its app, and why (`_apps.check_apps`).
+    without_app: dict[str, str] = field(default_factory=dict)
 
     def __str__(self) -> str:
         server = sanitize(self.server)
@@ -84,6 +87,8 @@ class Report:
             )
         for name in self.unclassified:
             lines.append(f"{server}: unclassified {sanitize(name)}: pinned but no rule names it")
+        for name, reason in self.without_app.items():
+            lines.append(f"{server}: {sanitize(name)} without its app: {reason}")
         return "\n".join(lines)
 
 
@@ -146,6 +151,8 @@ async def load(
             assert phase.connection is not None
             upstream = Upstream(server, phase.connection, log if log is not None else stderr_line)
             tools, report = await _check_all(server, manifest, rules, raw_tools, phase, upstream)
+            phase.enter("checking the tools' apps")
+            await _check_apps(server, manifest, tools, report, upstream)
     except BaseException as exc:
         await phase.close()
         if isinstance(exc, Exception):
@@ -171,6 +178,34 @@ async def load(
         )
     upstream.recheck = _recheck(server, manifest, rules, upstream, tools)
     return tools, report
+
+
+async def _check_apps(
+    server: Server, manifest: Manifest, tools: list[Tool], report: Report, upstream: Upstream
+) -> None:
+    """Hold each loaded tool's MCP App to its pin: a changed app refuses the tool (removed from
+    `tools` and `report.registered`), an unpinned one leaves the tool without it."""
+    named = {
+        tool.server_tool_name: (tool, uri)
+        for tool in tools
+        if isinstance(tool, ServerTool)
+        and (uri := ui_resource_of({"_meta": tool.ui or {}})) is not None
+    }
+    if not named:
+        return
+    refused, unpinned = await check_apps(
+        manifest.apps or {},
+        [(name, uri) for name, (_, uri) in named.items()],
+        upstream.connection,
+        server.connect_timeout,
+    )
+    for name, reason in unpinned.items():
+        named[name][0].ui = None
+        report.without_app[name] = reason
+    for name, reason in refused.items():
+        tools.remove(named[name][0])
+        report.registered[:] = [entry for entry in report.registered if entry.tool != name]
+        report.refused.append(Refusal(tool=name, reason=reason))
 
 
 def _recheck(
@@ -342,6 +377,7 @@ def _check_tool(
             raw_tool["outputSchema"] if isinstance(raw_tool.get("outputSchema"), dict) else None
         ),
     )
+    tool.ui = ui_meta_of(raw_tool)
     try:
         # The runtime's own rules, as the gate registers a tool.
         check_tool(tool)

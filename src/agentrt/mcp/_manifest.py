@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from ..canonical import JSONBoundaryError, canonical_bytes, canonical_json, parse_json, sha256_hex
 from ..sanitize import sanitize
+from ._apps import PinnedApp
 from ._errors import OperatorFileError
 
 __all__ = [
@@ -116,6 +117,8 @@ class Manifest:
     prompts: dict[str, PinnedOffer] | None = None
     resources: dict[str, PinnedOffer] | None = None
     resource_templates: dict[str, PinnedOffer] | None = None
+    apps: dict[str, PinnedApp] | None = None
+    """MCP Apps: each `ui://` resource's content hash as read (None: none pinned)."""
 
     def offers(self, section: str) -> dict[str, PinnedOffer] | None:
         """The pins of one section: `"prompts"`, `"resources"` or `"resource_templates"`."""
@@ -155,6 +158,12 @@ class Manifest:
                     }
                     for key, offer in pins.items()
                 }
+        if self.apps:
+            # Written only when a server has apps: every other manifest stays byte-identical.
+            document["apps"] = {
+                uri: {"uri": app.uri, "content_hash": app.content_hash, "tools": list(app.tools)}
+                for uri, app in self.apps.items()
+            }
         return _indented(document, "") + "\n"
 
     @classmethod
@@ -164,7 +173,7 @@ class Manifest:
             document = parse_json(data)
         except JSONBoundaryError as exc:
             raise OperatorFileError(f"{source} is not usable JSON: {sanitize(str(exc))}") from None
-        _expect_fields(document, _MANIFEST_FIELDS, source, optional=OFFER_SECTIONS)
+        _expect_fields(document, _MANIFEST_FIELDS, source, optional=(*OFFER_SECTIONS, "apps"))
         server, stamp, tools = document["server"], document["pinned_at"], document["tools"]
         if not isinstance(server, str) or not server:
             raise OperatorFileError(f'{source}: "server" must be a non-empty string')
@@ -186,6 +195,7 @@ class Manifest:
             pinned_at=pinned_at,
             tools={name: _pinned_tool(name, entry, source) for name, entry in tools.items()},
             **offers,
+            apps=_pinned_apps(document["apps"], source) if "apps" in document else None,
         )
 
 
@@ -203,6 +213,24 @@ def _pinned_offers(section: str, entries: Any, source: str) -> dict[str, PinnedO
             raise OperatorFileError(f"{where} is pinned under another key")
         pins[key] = PinnedOffer(**{name: entry[name] for name in _OFFER_FIELDS})
     return pins
+
+
+def _pinned_apps(entries: Any, source: str) -> dict[str, PinnedApp]:
+    if not isinstance(entries, dict):
+        raise OperatorFileError(f'{source}: "apps" must be an object')
+    apps: dict[str, PinnedApp] = {}
+    for uri, entry in entries.items():
+        where = f'{source}: the app "{sanitize(uri)}"'
+        _expect_fields(entry, ("content_hash", "tools", "uri"), where)
+        tools = entry["tools"]
+        if entry["uri"] != uri:
+            raise OperatorFileError(f"{where} is pinned under another URI")
+        if not isinstance(entry["content_hash"], str):
+            raise OperatorFileError(f'{where}: "content_hash" must be a string')
+        if not isinstance(tools, list) or not all(isinstance(tool, str) for tool in tools):
+            raise OperatorFileError(f'{where}: "tools" must be a list of tool names')
+        apps[uri] = PinnedApp(uri=uri, content_hash=entry["content_hash"], tools=tuple(tools))
+    return apps
 
 
 def _pinned_tool(name: str, entry: Any, source: str) -> PinnedTool:

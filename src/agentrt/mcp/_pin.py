@@ -7,6 +7,7 @@ from typing import Any
 
 import anyio
 
+from ._apps import pin_apps
 from ._connection import Connection, ProtocolViolation, ServerErrorResponse
 from ._errors import PinError
 from ._manifest import Manifest, PinnedOffer, PinnedTool, pin_offer, pin_raw_tool
@@ -32,6 +33,12 @@ async def pin(server: Server) -> Manifest:
             assert phase.connection is not None
             phase.enter("listing the prompts and resources")
             offers = await _list_offers(phase.connection, server.connect_timeout)
+            phase.enter("reading the tools' apps")
+            named = [(raw.name, raw.raw) for raw in raw_tools if raw.name is not None]
+            # An app that cannot be read stays unpinned; `load` says its tools go without it.
+            apps, _unread = await pin_apps(
+                phase.connection, named, offers.get("resources") or {}, server.connect_timeout
+            )
     except Exception as exc:
         raise PinError(phase.failure(exc)) from exc
     finally:
@@ -41,7 +48,9 @@ async def pin(server: Server) -> Manifest:
         # A tool without a usable name cannot be classified, so it cannot be pinned either.
         if raw_tool.name is not None:
             tools[raw_tool.name] = pin_raw_tool(raw_tool.name, raw_tool.raw)
-    return Manifest(server=server.name, pinned_at=datetime.now(UTC), tools=tools, **offers)
+    return Manifest(
+        server=server.name, pinned_at=datetime.now(UTC), tools=tools, **offers, apps=apps or None
+    )
 
 
 LISTINGS: dict[str, tuple[str, str, str]] = {

@@ -83,6 +83,9 @@ class ServerTool:
         """The server's `title` for the tool, as listed (None when it gave none)."""
         self.output_schema = output_schema
         """The server's `outputSchema` for the tool, as listed (None when it gave none)."""
+        self.ui: dict[str, Any] | None = None
+        """The tool's MCP Apps `_meta` entries as listed, once its app passed its pin at load
+        (`_apps.py`); None when it has none (or it was not pinned)."""
         # The compiled `outputSchema` (or why it does not compile), built at the first result.
         self._output_check: list[CompiledSchema | str] = []
 

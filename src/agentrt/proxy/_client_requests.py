@@ -25,6 +25,7 @@ from ..mcp._jsonrpc import METHOD_NOT_FOUND
 from ..store import Connection, Store
 from ..store.events import EventType
 from ._input_required import HostCall, is_stateless
+from ._revision import narrowed_sampling
 from .config import UpstreamConfig
 
 __all__ = ["CLIENT_REQUEST_ANSWERED", "CLIENT_REQUEST_EVENT", "asker_for"]
@@ -110,15 +111,16 @@ def asker_for(
         if stateless and call.asking:
             # One question per round: the host answers the first before it sees another.
             await refuse(method, params, "the host is already asked another question for this call")
-        await record(
-            CLIENT_REQUEST_EVENT,
-            {
-                "server": server,
-                "method": method,
-                "params": _bounded_json(params),
-                "forwarded": True,
-            },
-        )
+        params, wide_context = narrowed_sampling(params) if kind == "sampling" else (params, None)
+        forwarded_request: dict[str, Any] = {
+            "server": server,
+            "method": method,
+            "params": _bounded_json(params),
+            "forwarded": True,
+        }
+        if wide_context is not None:
+            forwarded_request["include_context_asked"] = wide_context  # and sent as "none"
+        await record(CLIENT_REQUEST_EVENT, forwarded_request)
         # Parsed with literals kept (Decimal); the SDK's writer wants plain JSON.
         plain = plain_json(params) if isinstance(params, dict) else None
         try:

@@ -23,8 +23,11 @@ from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from ..canonical import plain_json
 from ..tools import SideEffect
 from ._answers import Answer, admits_waiting, bounded
+from ._apps import host_renders_apps, is_app_uri
 from ._input_required import HostCall, Question
+from ._listen import HostEvents
 from ._proxy import Proxy
+from ._revision import cache_hints
 from ._status import STATUS_TOOL
 from .config import DEFAULT_SERVER_TIMEOUT
 
@@ -43,6 +46,10 @@ class Handlers:
         # Hosts subscribed to each resource URI (notifications/resources/updated): by the
         # host's MCP session id over HTTP (one stdio host), its latest session object.
         self.subscribers: dict[str, dict[str, Any]] = {}
+        # 2026 hosts' listen streams (`_listen.py`), and the servers' subscriptions they hold.
+        self.events = HostEvents(
+            self._forward_subscription, lambda uri: bool(self.subscribers.get(uri))
+        )
         for name in proxy.offered.tools:
             # A server offering prompts or resources may tell of a resource's update.
             proxy.offered.upstreams[name].connection.on_notification = self._upstream_notified
@@ -71,6 +78,7 @@ class Handlers:
             on_read_resource=self._read_resource,
             on_subscribe_resource=self._subscribe,
             on_unsubscribe_resource=self._unsubscribe,
+            on_subscriptions_listen=self.events.listen,
             on_list_prompts=self._list_prompts,
             on_get_prompt=self._get_prompt,
             on_completion=self._complete,
@@ -100,16 +108,21 @@ class Handlers:
         return types.ListPromptsResult(
             prompts=[
                 types.Prompt.model_validate(raw) for raw, _ in self.proxy.offered.prompts.values()
-            ]
+            ],
+            **cache_hints(),
         )
 
     async def _list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
+        apps = host_renders_apps(ctx)
         return types.ListResourcesResult(
             resources=[
-                types.Resource.model_validate(raw) for raw, _ in self.proxy.offered.resources
-            ]
+                types.Resource.model_validate(raw)
+                for raw, _ in self.proxy.offered.resources
+                if apps or not is_app_uri(str(raw.get("uri", "")))
+            ],
+            **cache_hints(),
         )
 
     async def _list_resource_templates(
@@ -119,7 +132,8 @@ class Handlers:
             resource_templates=[
                 types.ResourceTemplate.model_validate(raw)
                 for raw, _ in self.proxy.offered.templates
-            ]
+            ],
+            **cache_hints(),
         )
 
     async def _get_prompt(
@@ -142,6 +156,9 @@ class Handlers:
         uri = str(params.uri)
         server = self.proxy.offered.server_of_uri(uri)
         if server is None or server not in self.proxy.offered.tools:
+            raise MCPError(-32002, f"there is no resource {bounded(uri, 200)}")
+        if is_app_uri(uri) and not host_renders_apps(ctx):
+            # An app is offered only to a host that said it renders apps (`_apps.py`).
             raise MCPError(-32002, f"there is no resource {bounded(uri, 200)}")
         answer = await self._gated(
             ctx, self.proxy.offered.tools[server][1], {"uri": uri}, params.meta
@@ -170,7 +187,8 @@ class Handlers:
         self.subscribers.get(uri, {}).pop(_host_key(ctx), None)
         if not self.subscribers.get(uri):
             self.subscribers.pop(uri, None)
-            await self._forward_subscription("resources/unsubscribe", uri)
+            if not self.events.listening.get(uri):
+                await self._forward_subscription("resources/unsubscribe", uri)
         return types.EmptyResult()
 
     async def _forward_subscription(self, method: str, uri: str) -> None:
@@ -195,6 +213,7 @@ class Handlers:
                 await session.send_resource_updated(uri)
             except Exception:
                 self.subscribers.get(uri, {}).pop(key, None)  # that host went away
+        await self.events.resource_updated(uri)
 
     async def _complete(
         self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
@@ -225,6 +244,7 @@ class Handlers:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         # The hints a host sees are the operator's classification, never the server's claims.
+        ui = self.proxy.ui if host_renders_apps(ctx) else {}
         tools = [
             types.Tool(
                 name=spec.name,
@@ -236,12 +256,13 @@ class Handlers:
                     read_only_hint=spec.side_effect is SideEffect.READ_ONLY,
                     destructive_hint=spec.side_effect is SideEffect.DESTRUCTIVE,
                 ),
+                _meta=ui.get(spec.name),
             )
             for spec in self.proxy.calls.specs
             if spec.name not in self.proxy.hidden
         ]
         tools.append(self.proxy.status.listed())
-        return types.ListToolsResult(tools=tools)
+        return types.ListToolsResult(tools=tools, **cache_hints())
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams

@@ -28,6 +28,7 @@ from ..canonical import (
     sha256_hex,
 )
 from ..mcp import CallContext
+from ..mcp._apps import app_content_hash
 from ..mcp._errors import ServerToolError
 from ..mcp._upstream import RestartFailed, Upstream
 from ..policy import Outcome
@@ -73,6 +74,7 @@ class OfferTool:
         timeout: float,
         max_result_bytes: int,
         forwarded: dict[str, Forwarded],
+        apps: Mapping[str, tuple[str, str]] | None = None,
     ) -> None:
         schema = PROMPT_SCHEMA if method == "prompts/get" else READ_SCHEMA
         self._spec = ToolSpec(
@@ -88,6 +90,8 @@ class OfferTool:
         self._upstream = upstream
         self._max_result_bytes = max_result_bytes
         self._forwarded = forwarded
+        # MCP Apps pinned: URI → (server, content hash); a read of one is held to its pin.
+        self._apps = apps if apps is not None else {}
 
     @property
     def spec(self) -> ToolSpec:
@@ -102,8 +106,11 @@ class OfferTool:
         try:
             context = call.context if isinstance(call.context, CallContext) else None
             await self._upstream.ready(context)
+            request = plain_json(params)
+            if context is not None and context.trace:
+                request["_meta"] = dict(context.trace)  # the host's trace, carried upstream
             result = await self._upstream.connection.request(
-                self._method, plain_json(params), timeout=self._spec.timeout, context=context
+                self._method, request, timeout=self._spec.timeout, context=context
             )
         except RestartFailed as exc:
             raise ServerToolError(f"{where} was not sent: {sanitize(str(exc))}") from None
@@ -117,6 +124,14 @@ class OfferTool:
             raise ServerToolError(
                 f"{where} returned {size} bytes, more than the server's max_result_bytes "
                 f"({self._max_result_bytes}); nothing was forwarded"
+            )
+        app = self._apps.get(str(params.get("uri"))) if self._method == "resources/read" else None
+        if app is not None and app[0] == self._server and app_content_hash(result) != app[1]:
+            # Changed between pin and now, or between listing and read: the host renders
+            # exactly what the operator pinned, or nothing.
+            raise ServerToolError(
+                f"{where}: the app {sanitize(str(params.get('uri')))[:200]} changed since it "
+                "was pinned (its contents' SHA-256 differs); nothing was forwarded"
             )
         digest = sha256_hex(data)
         forwarded = Forwarded(plain_json(result), size, digest)
@@ -140,13 +155,15 @@ class Offered:
     # server → (prompts/get tool, resources/read tool)
     tools: dict[str, tuple[str, str]] = field(default_factory=dict)
     upstreams: dict[str, Upstream] = field(default_factory=dict)
+    # MCP Apps pinned: each `ui://` URI → (its server, its content hash); `proxy/_apps.py`.
+    apps: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def offers_anything(self, server: str) -> bool:
         """Whether `server` has a prompt, a resource or a template offered to the host."""
         return any(
             entry[1] == server
             for entry in [*self.prompts.values(), *self.resources, *self.templates]
-        )
+        ) or any(owner == server for owner, _ in self.apps.values())
 
     def drop(self, server: str) -> None:
         """Offer nothing of `server` (its gate tools could not be named)."""
@@ -154,10 +171,13 @@ class Offered:
         self.resources = [entry for entry in self.resources if entry[1] != server]
         self.templates = [entry for entry in self.templates if entry[1] != server]
         self.upstreams.pop(server, None)
+        self.apps = {uri: app for uri, app in self.apps.items() if app[0] != server}
 
     def server_of_uri(self, uri: str) -> str | None:
         """The server offering a resource: by its listed URI, else the one template whose
         fixed prefix it starts with, else the only server offering resources."""
+        if uri in self.apps:
+            return self.apps[uri][0]
         for raw, server in self.resources:
             if raw.get("uri") == uri:
                 return server

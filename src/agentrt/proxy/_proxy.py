@@ -27,6 +27,7 @@ from ..mcp._tool import ServerTool
 from ..policy import Outcome
 from ..sanitize import sanitize
 from ..store import Store
+from ..telemetry import trace_context_metadata
 from ..tools import Tool
 from ._answers import Answer, bounded, listed_output_schema
 from ._calls import Calls, WatchedTool, new_owner, proxy_policy
@@ -35,11 +36,12 @@ from ._flows import host_session_of, new_stdio_session
 from ._forward import Forwarded
 from ._grants import GrantCover
 from ._index import CallIndex
-from ._input_required import HostCall, Suspended
+from ._input_required import HostCall, Suspended, is_stateless
 from ._log import log_line
 from ._logins import oauth_preflights
 from ._offers import Offered, OfferTool, hidden_name
 from ._preconditions import StatefulTool, precondition_reader
+from ._revision import wanted_log_level
 from ._status import GateStatus
 from .config import DEFAULT_SERVER_TIMEOUT, ProxyConfig, UpstreamConfig
 
@@ -114,6 +116,10 @@ class Proxy:
         repeat_windows: dict[str, float] = {}
         # The server's own `title` and `outputSchema`, listed for results forwarded as sent.
         self.listed: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
+        # MCP Apps: each tool's `_meta` naming its app, offered to hosts that render apps.
+        self.ui: dict[str, dict[str, Any]] = {
+            tool.spec.name: tool.ui for tool, _ in tools if isinstance(tool, ServerTool) and tool.ui
+        }
         watched: list[Tool] = []
         for tool, upstream in tools:
             name = tool.spec.name
@@ -171,6 +177,7 @@ class Proxy:
                         timeout=upstream.server.default_timeout or DEFAULT_SERVER_TIMEOUT,
                         max_result_bytes=upstream.max_result_bytes,
                         forwarded=forwarded,
+                        apps=self.offered.apps,
                     )
                 )
                 self.hidden.add(tool_name)
@@ -271,7 +278,9 @@ class Proxy:
             # A server's log lines are the host session's, not this call's: whichever call
             # reads them passes them on, a call its host gave up on included (it goes on,
             # and may be the one reading the server's stdout for the others).
-            wanted = self.log_level
+            wanted = wanted_log_level(
+                meta, self.log_level, stateless=is_stateless(call.ctx.protocol_version)
+            )
             if wanted is None or level not in _LOG_LEVELS:
                 return
             if _LOG_LEVELS.index(level) < _LOG_LEVELS.index(wanted):
@@ -293,6 +302,8 @@ class Proxy:
             log=upstream_log,
             ask=None if upstream is None else asker_for(upstream, call, self.store, runs, timeout),
             on_run=runs.append,
+            # The host's W3C trace context goes upstream too: the server's spans join its trace.
+            trace=trace_context_metadata(meta) or None,
         )
 
         spec = self.calls.spec_of(tool)

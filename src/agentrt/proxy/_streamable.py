@@ -64,6 +64,7 @@ from pydantic import ValidationError
 from starlette.datastructures import Headers
 
 from ..sanitize import sanitize
+from ._revision import header_mismatch
 
 __all__ = ["StreamableHTTP"]
 
@@ -362,6 +363,11 @@ class StreamableHTTP:
             await _respond(send, 404, b"Not Found", [_TEXT])
             return
         headers = Headers(scope=scope)
+        if scope["method"] == "POST":
+            mismatch = header_mismatch(scope["headers"], body)
+            if mismatch is not None:
+                await _respond(send, 400, mismatch, [_JSON])
+                return
         version = headers.get("mcp-protocol-version")
         if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
             await self._modern.handle_request(scope, _replay(body, receive), send)

@@ -82,6 +82,8 @@ async def load_upstreams(
             timeout=upstream.server.connect_timeout,
         )
         offered.upstreams[upstream.server.name] = server_tools[0].upstream
+        for uri, app in (manifest.apps or {}).items():
+            offered.apps.setdefault(uri, (upstream.server.name, app.content_hash))
 
     # Together, so the host waits for the slowest server, not for the sum of them.
     async with anyio.create_task_group() as group:

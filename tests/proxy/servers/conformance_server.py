@@ -249,6 +249,12 @@ async def _call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Cal
                         }
                     ],
                     "maxTokens": 100,
+                    # "context:allServers" asks for a deprecated includeContext value.
+                    **(
+                        {"includeContext": str(arguments["prompt"])[len("context:") :]}
+                        if str(arguments.get("prompt")).startswith("context:")
+                        else {}
+                    ),
                 },
             )
             content = answer.get("content") or {}

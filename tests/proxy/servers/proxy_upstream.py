@@ -131,6 +131,11 @@ def _answer_call(request_id: Any, params: dict[str, Any]) -> None:
             _send({"jsonrpc": "2.0", "method": "notifications/message", "params": {
                 "level": level, "logger": "upstream", "data": f"\x1b[31m{level} {text}\u202e",
             }})  # fmt: skip
+    if params["name"] == "echo" and text == "meta?":
+        # What the request's `_meta` carried (the host's trace context, forwarded or not).
+        _send({"jsonrpc": "2.0", "id": request_id,
+               "result": _text(json.dumps(params.get("_meta"), sort_keys=True))})  # fmt: skip
+        return
     result = _call(params["name"], params.get("arguments") or {})
     _send({"jsonrpc": "2.0", "id": request_id, "result": result})
 
