@@ -22,6 +22,7 @@ from ..sanitize import sanitize
 from ..store import (
     Connection,
     GrantLimits,
+    Principal,
     StandingGrant,
     Store,
     ledger,
@@ -70,11 +71,21 @@ class GrantCover:
             if grant.expires_at <= now:
                 await self.store.write(self._expire, grant)
                 continue
+            if not await self._same_principal(grant, run.principal):
+                continue  # another person's yes is not this person's (issue 35)
             if grant.condition is not None and not await self._holds(grant, request):
                 continue
             claim = functools.partial(self._use, grant.grant_id, tool)
             return PolicyDecision.allow(f"standing grant {grant.grant_id} covers it", claim=claim)
         return decided
+
+    async def _same_principal(self, grant: StandingGrant, asking: Principal | None) -> bool:
+        """Whether the call is by the principal whose call the grant was given on (both
+        without one, as over stdio, counts as the same)."""
+        owner = await self.store.run(self.store.principal_of_run, grant.run_id)
+        if owner is None or asking is None:
+            return owner is None and asking is None
+        return (owner.issuer, owner.subject) == (asking.issuer, asking.subject)
 
     def _expire(self, connection: Connection, grant: StandingGrant) -> None:
         ledger.expire_standing_grant(self.store, connection, grant.grant_id, grant.run_id)
