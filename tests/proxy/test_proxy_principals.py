@@ -23,7 +23,7 @@ from proxy_helpers import ProxySetup, build_setup, free_port, text_of, until
 from agentrt import open_store
 from agentrt.approvals import approve
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(90)]
 
 _APPROVAL = re.compile(r"\(approval (\S+)\)")
 
