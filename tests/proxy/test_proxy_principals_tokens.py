@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 from joserfc.jwk import RSAKey
 from jwt_issuer import Issuer, running_issuer
@@ -284,3 +285,47 @@ def test_a_bad_principals_section_is_one_sentence(raw: dict[str, Any], problem: 
     with pytest.raises(ConfigError) as raised:
         parse_principals(raw, fail)
     assert problem in str(raised.value)
+
+
+async def test_a_suspended_calls_state_resumes_only_for_its_own_principal() -> None:
+    from types import SimpleNamespace
+
+    from agentrt.proxy._input_required import HostCall, Question, Suspended
+    from agentrt.proxy._proxy import principal_of_request
+    from agentrt.proxy._resource import PRINCIPAL_SCOPE_KEY, same_principal
+
+    def request_by(principal: Principal | None) -> object:
+        scope = {} if principal is None else {PRINCIPAL_SCOPE_KEY: principal}
+        return SimpleNamespace(request=SimpleNamespace(scope=scope))
+
+    alice = Principal(issuer="https://id.example/", subject="alice", jti="one")
+    alice_again = Principal(issuer="https://id.example/", subject="alice", jti="two")
+    bob = Principal(issuer="https://id.example/", subject="bob")
+    suspended = Suspended()
+    call = HostCall(request_by(alice), "ask_name", {"who": "me"})
+    answered: list[dict[str, object] | None] = []
+
+    async def server_asks() -> None:
+        answered.append(await call.ask("elicitation/create", {"message": "name?"}, 10.0))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(server_asks)
+        question = await call.next_round()  # handed to the host, as the handler does
+        assert isinstance(question, Question)
+        state = suspended.issue(call, question, 30.0)
+        answers = {question.key: {"action": "accept", "content": {"name": "ada"}}}
+
+        def retry_by(principal: Principal | None) -> HostCall | str:
+            caller = principal_of_request(request_by(principal))  # type: ignore[arg-type]
+            return suspended.resume(
+                state, "ask_name", {"who": "me"}, answers,
+                lambda held: same_principal(principal_of_request(held.ctx), caller),
+            )  # fmt: skip
+
+        # bob (or a caller with no principal) holding alice's state learns nothing and
+        # spends nothing; alice, with a fresh token, resumes her call with her answer.
+        refused = retry_by(bob)
+        assert isinstance(refused, str) and "unknown" in refused
+        assert isinstance(retry_by(None), str)
+        assert retry_by(alice_again) is call
+    assert answered == [{"action": "accept", "content": {"name": "ada"}}]

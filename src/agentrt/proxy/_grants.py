@@ -31,6 +31,7 @@ from ..store import (
 )
 from ..tools import SideEffect
 from ._conditions import ConditionError, ToolConditions, compile_when
+from ._resource import same_principal
 
 __all__ = ["GrantCover"]
 
@@ -86,9 +87,7 @@ class GrantCover:
         """Whether the call is by the principal whose call the grant was given on (both
         without one, as over stdio, counts as the same)."""
         owner = await self.store.run(self.store.principal_of_run, grant.run_id)
-        if owner is None or asking is None:
-            return owner is None and asking is None
-        return (owner.issuer, owner.subject) == (asking.issuer, asking.subject)
+        return same_principal(owner, asking)
 
     def _expire(self, connection: Connection, grant: StandingGrant) -> None:
         ledger.expire_standing_grant(self.store, connection, grant.grant_id, grant.run_id)

@@ -25,6 +25,7 @@ from ..tools import SideEffect
 from ._answers import Answer, admits_waiting, bounded
 from ._input_required import HostCall, Question
 from ._proxy import Proxy, principal_of_request
+from ._resource import same_principal
 from ._status import STATUS_TOOL
 from .config import DEFAULT_SERVER_TIMEOUT
 
@@ -252,7 +253,7 @@ class Handlers:
         if raw.get("requestState") is not None or raw.get("inputResponses") is not None:
             # A retry answering a server's question resumes the call its state names; it
             # never starts one.
-            resumed = self._resume(params.name, params.arguments, raw)
+            resumed = self._resume(params.name, params.arguments, raw, ctx)
             if isinstance(resumed, HostCall):
                 call, resumed.ctx = resumed, ctx
             else:
@@ -277,13 +278,24 @@ class Handlers:
         assert isinstance(outcome, Answer)
         return self._tool_result(params.name, outcome)
 
-    def _resume(self, tool: str, arguments: dict[str, Any] | None, raw: Any) -> HostCall | Answer:
-        """The suspended call a retry's state names, its answer delivered; else the refusal."""
+    def _resume(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None,
+        raw: Any,
+        ctx: ServerRequestContext[Any],
+    ) -> HostCall | Answer:
+        """The suspended call a retry's state names, its answer delivered; else the refusal.
+        Only the principal who made the call may resume it (none, without principals)."""
         state = raw.get("requestState")
         if state is None:
             return Answer("inputResponses without the requestState they answer resume "
                           "nothing; nothing was run.", True)  # fmt: skip
-        resumed = self.proxy.suspended.resume(state, tool, arguments, raw.get("inputResponses"))
+        caller = principal_of_request(ctx)
+        resumed = self.proxy.suspended.resume(
+            state, tool, arguments, raw.get("inputResponses"),
+            lambda call: same_principal(principal_of_request(call.ctx), caller),
+        )  # fmt: skip
         if isinstance(resumed, str):
             return Answer(resumed, True)
         return resumed

@@ -46,6 +46,7 @@ __all__ = [
     "Refusal",
     "parse_principals",
     "principal_key",
+    "same_principal",
 ]
 
 # Where the doorkeeper leaves a request's validated principal in its ASGI scope.
@@ -484,6 +485,17 @@ class ProtectedResource:
 
 def _invalid(description: str) -> Refusal:
     return Refusal(401, "invalid_token", description)
+
+
+def same_principal(first: object, second: object) -> bool:
+    """Whether two requests' principals are one person (issuer and subject; a refreshed
+    token of the same person is the same principal).  Two without one are the same."""
+    if first is None or second is None:
+        return first is None and second is None
+    return bool(
+        getattr(first, "issuer", None) == getattr(second, "issuer", None)
+        and getattr(first, "subject", None) == getattr(second, "subject", None)
+    )
 
 
 def principal_key(principal: Principal) -> str:

@@ -64,7 +64,7 @@ from pydantic import ValidationError
 from starlette.datastructures import Headers
 
 from ..sanitize import sanitize
-from ._resource import PRINCIPAL_SCOPE_KEY
+from ._resource import PRINCIPAL_SCOPE_KEY, same_principal
 
 __all__ = ["StreamableHTTP"]
 
@@ -621,15 +621,8 @@ class StreamableHTTP:
 
 
 def _same_principal(opener: object, scope: Scope) -> bool:
-    """Whether a request is by the principal who opened its session (issuer and subject;
-    a refreshed token of the same person is the same principal)."""
-    caller = scope.get(PRINCIPAL_SCOPE_KEY)
-    if opener is None or caller is None:
-        return opener is caller
-    return bool(
-        getattr(opener, "issuer", None) == getattr(caller, "issuer", None)
-        and getattr(opener, "subject", None) == getattr(caller, "subject", None)
-    )
+    """Whether a request is by the principal who opened its session."""
+    return same_principal(opener, scope.get(PRINCIPAL_SCOPE_KEY))
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
