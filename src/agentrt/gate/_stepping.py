@@ -22,6 +22,7 @@ from ..store import (
     ApprovalStatus,
     Connection,
     Event,
+    Principal,
     RunRecord,
     RunStatus,
     StepRecord,
@@ -115,19 +116,29 @@ class Stepping:
         return payload
 
     def _new_run(
-        self, goal: str, run_id: str, metadata: Mapping[str, str] | None, now: float
+        self,
+        goal: str,
+        run_id: str,
+        metadata: Mapping[str, str] | None,
+        now: float,
+        principal: Principal | None = None,
     ) -> NewRun:
         deadline_at = None if self.limits.deadline is None else now + self.limits.deadline
-        return NewRun(run_id, goal, utc_now(), dict(metadata or {}), deadline_at)
+        return NewRun(run_id, goal, utc_now(), dict(metadata or {}), deadline_at, principal)
 
     # -- starting ------------------------------------------------------------
 
     async def start(
-        self, goal: str, *, run_id: str | None = None, metadata: Mapping[str, str] | None = None
+        self,
+        goal: str,
+        *,
+        run_id: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        principal: Principal | None = None,
     ) -> str:
-        """Record a new run and return its id."""
+        """Record a new run and return its id (and who it is for, when `principal` is given)."""
         run_id = run_id or uuid.uuid4().hex
-        new = self._new_run(goal, run_id, metadata, time.time())
+        new = self._new_run(goal, run_id, metadata, time.time(), principal)
         self._views[run_id] = await self.store.write(self._insert_run, new)
         self._notify()
         return run_id
@@ -142,6 +153,7 @@ class Stepping:
         admit: Callable[[Connection], tuple[bool, _A]],
         on_end: OnEnd | None = None,
         context: object | None = None,
+        principal: Principal | None = None,
     ) -> tuple[_A, StepOutcome | None]:
         """Start a run and take its first step in as few commits as the step needs.
 
@@ -154,10 +166,10 @@ class Stepping:
         policy decides before that transaction, on the run as it would start
         (no steps yet).  A decision that is not a valid call of a registered
         tool starts the run, then is stepped as `step` would.  `context` is
-        handed to the tool as `step` hands it.
+        handed to the tool as `step` hands it; `principal` is who the run is for.
         """
         now = time.time()
-        new = self._new_run(goal, run_id, metadata, now)
+        new = self._new_run(goal, run_id, metadata, now, principal)
         registered, arguments, problem = self._check_request(decision.tool, decision.args)
         plain = (
             decision.kind is not DecisionKind.TOOL_CALL
@@ -176,7 +188,9 @@ class Stepping:
             return value, await self.step(run_id, decision, context=context)
         assert registered is not None
         request = ToolRequest(registered.spec, decision.args, arguments, run_id, 1)
-        decided = await self._evaluate(request, RunView(run_id, goal, 0, 0, dict(new.metadata)))
+        decided = await self._evaluate(
+            request, RunView(run_id, goal, 0, 0, dict(new.metadata), new.principal)
+        )
         state: StateCheck | None = None
         if decided.outcome is Outcome.REQUIRE_APPROVAL and has_precondition(registered):
             decided, state = await self._with_state(registered, decided, run_id, 1,
@@ -234,6 +248,7 @@ class Stepping:
             self.store, connection, new.run_id, new.goal, self._tool_names, new.metadata,
             new.created, new.deadline_at,
             None if leased is None else ledger.NewLease(self.owner, self.lease_ttl, leased),
+            new.principal,
         )  # fmt: skip
         if token is not None:
             self._leases.adopt(new.run_id, token)

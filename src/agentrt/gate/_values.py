@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ..agent import Observation
-from ..store import ApprovalRecord, Connection, RunRecord, RunStatus, StepRecord
+from ..store import ApprovalRecord, Connection, Principal, RunRecord, RunStatus, StepRecord
 from ..tools import CheckedTool
 
 __all__ = ["INTERRUPTED_SIDE_EFFECT", "Limits", "StepOutcome"]
@@ -68,6 +68,8 @@ class NewRun:
     created: str
     metadata: dict[str, str]
     deadline_at: float | None
+    # Who the run is for (issue 35); recorded in `run_started` only when set.
+    principal: Principal | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,8 @@ from ._answers import Answer, admits_waiting, bounded
 from ._apps import host_renders_apps, is_app_uri
 from ._input_required import HostCall, Question
 from ._listen import HostEvents
-from ._proxy import Proxy
+from ._proxy import Proxy, principal_of_request
+from ._resource import same_principal
 from ._revision import cache_hints
 from ._status import STATUS_TOOL
 from .config import DEFAULT_SERVER_TIMEOUT
@@ -273,13 +274,15 @@ class Handlers:
         if raw.get("requestState") is not None or raw.get("inputResponses") is not None:
             # A retry answering a server's question resumes the call its state names; it
             # never starts one.
-            resumed = self._resume(params.name, params.arguments, raw)
+            resumed = self._resume(params.name, params.arguments, raw, ctx)
             if isinstance(resumed, HostCall):
                 call, resumed.ctx = resumed, ctx
             else:
                 outcome = resumed
         elif params.name == STATUS_TOOL:
-            outcome = await self.proxy.status.answer(params.arguments)
+            outcome = await self.proxy.status.answer(
+                params.arguments, self.proxy.calls.index_session(principal_of_request(ctx))
+            )
         elif params.name in self.proxy.hidden:
             # The proxy's own names for prompts/get and resources/read are not tools.
             outcome = Answer.invalid(params.name, "there is no tool with this name")
@@ -296,13 +299,24 @@ class Handlers:
         assert isinstance(outcome, Answer)
         return self._tool_result(params.name, outcome)
 
-    def _resume(self, tool: str, arguments: dict[str, Any] | None, raw: Any) -> HostCall | Answer:
-        """The suspended call a retry's state names, its answer delivered; else the refusal."""
+    def _resume(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None,
+        raw: Any,
+        ctx: ServerRequestContext[Any],
+    ) -> HostCall | Answer:
+        """The suspended call a retry's state names, its answer delivered; else the refusal.
+        Only the principal who made the call may resume it (none, without principals)."""
         state = raw.get("requestState")
         if state is None:
             return Answer("inputResponses without the requestState they answer resume "
                           "nothing; nothing was run.", True)  # fmt: skip
-        resumed = self.proxy.suspended.resume(state, tool, arguments, raw.get("inputResponses"))
+        caller = principal_of_request(ctx)
+        resumed = self.proxy.suspended.resume(
+            state, tool, arguments, raw.get("inputResponses"),
+            lambda call: same_principal(principal_of_request(call.ctx), caller),
+        )  # fmt: skip
         if isinstance(resumed, str):
             return Answer(resumed, True)
         return resumed

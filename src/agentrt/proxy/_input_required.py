@@ -16,6 +16,7 @@ no call.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -188,12 +189,15 @@ class Suspended:
         tool: str,
         arguments: dict[str, Any] | None,
         responses: Any,
+        same_caller: Callable[[HostCall], bool] | None = None,
     ) -> HostCall | str:
         """Deliver the answer a retry carries to the call its `state` names, and return that
-        call; else the one sentence the host is told (nothing delivered, no state spent)."""
+        call; else the one sentence the host is told (nothing delivered, no state spent).
+        `same_caller(call)` says whether the retry is by whoever made the call (over HTTP
+        with "principals": the same person); a state presented by anyone else is unknown."""
         self._forget_stale()
         issued = self.issued.get(state) if isinstance(state, str) else None
-        if issued is None:
+        if issued is None or (same_caller is not None and not same_caller(issued.call)):
             return _UNKNOWN_STATE
         call, question = issued.call, issued.question
         key = _arguments_key(arguments)

@@ -51,6 +51,8 @@ The rooms, each a module of this package:
 - `_schema.py`: the core migrations and the extensions' own (the proxy's call
   index, `proxy/_index.py`; the accounting, `accounting.py`);
 - `_grants.py`: the standing grants' extension tables, records and reads;
+- `_principals.py`: a run's principal (`Principal`), recorded in its `run_started`
+  event only when it has one, and read back (`Store.principal_of_run`);
 - `_open.py`: `open_store`, for a file or a URL;
 - `_sqlite.py`: opening a SQLite file safely, and SQLite's hooks;
 - `_postgres.py`: the PostgreSQL adapter, and PostgreSQL's hooks;
@@ -75,6 +77,7 @@ from ._grants import (
     standing_grant,
 )
 from ._open import is_postgres_url, open_store
+from ._principals import Principal, principal_from_payload
 from ._reads import _LIST_RUNS as _LIST_RUNS  # not public: a test compares it with a sort
 from ._records import (
     AnchorReport,
@@ -108,6 +111,7 @@ __all__ = [
     "Event",
     "GrantLimits",
     "GrantStatus",
+    "Principal",
     "RunRecord",
     "RunStatus",
     "StandingGrant",
@@ -126,6 +130,7 @@ __all__ = [
     "migrate_grants",
     "open_store",
     "postgres_anchor_path",
+    "principal_from_payload",
     "set_grant_limits",
     "standing_grant",
     "utc_at",

@@ -7,6 +7,7 @@ from typing import Any, Final
 
 from ..errors import RunNotFound
 from ..sanitize import sanitize
+from ._principals import PRINCIPAL_OF_RUN, Principal, principal_from_row, read_principal
 from ._records import (
     ApprovalRecord,
     ApprovalStatus,
@@ -85,6 +86,18 @@ class _Reads:
     def read_waiting_approval(self, connection: Connection, run_id: str) -> ApprovalRecord | None:
         """Inside a write: `waiting_approval`."""
         return _waiting(self.read_latest_approval(connection, run_id))
+
+    def principal_of_run(self, run_id: str) -> Principal | None:
+        """Who `run_id` is for (its `run_started` event's principal), or None when it has
+        none: a run of the library, a stdio proxy, or a proxy behind the shared token."""
+        rows = self._query(PRINCIPAL_OF_RUN, (run_id,))
+        if not rows:
+            return None
+        return principal_from_row(rows[0])
+
+    def read_principal_of_run(self, connection: Connection, run_id: str) -> Principal | None:
+        """Inside a write: `principal_of_run` on the write's own connection."""
+        return read_principal(connection, run_id)
 
     def list_runs(self, limit: int = 50, offset: int = 0) -> list[RunRecord]:
         """Runs newest first, those waiting for an approval in front."""

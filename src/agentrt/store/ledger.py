@@ -23,6 +23,7 @@ from ..errors import LeaseLost, RunLeased, RunStateError
 from ..sanitize import sanitize
 from ._chain import GENESIS_HASH, _disagreement
 from ._outbox import enqueue
+from ._principals import PRINCIPAL_FIELD, Principal
 from ._records import (
     ApprovalRecord,
     ApprovalStatus,
@@ -217,8 +218,12 @@ def start_run(
     created: str,
     deadline_at: float | None,
     lease: NewLease | None = None,
+    principal: Principal | None = None,
 ) -> tuple[RunRecord, str | None]:
-    """Insert a running run (`run_started`); the row as written and its lease token."""
+    """Insert a running run (`run_started`); the row as written and its lease token.
+
+    `principal` (who the run is for, issue 35) is recorded in the event only when given,
+    so a run without one is written exactly as before."""
     owner = token = expires = None
     updated, steps = created, 0
     if lease is not None:
@@ -237,10 +242,10 @@ def start_run(
         )  # fmt: skip
     except INTEGRITY_ERRORS:
         raise RunStateError(f"run {sanitize(run_id)} already exists") from None
-    _append(
-        store, connection, run_id, EventType.RUN_STARTED,
-        {"goal": goal, "tools": list(tools), "metadata": dict(metadata or {})},
-    )  # fmt: skip
+    started: dict[str, Any] = {"goal": goal, "tools": list(tools), "metadata": dict(metadata or {})}
+    if principal is not None:
+        started[PRINCIPAL_FIELD] = principal.as_payload()
+    _append(store, connection, run_id, EventType.RUN_STARTED, started)
     # The row as this statement wrote it (what a read of it would give), not read back.
     run = RunRecord(
         run_id=run_id, goal=goal, status=RunStatus.RUNNING, reason="", result=None,
