@@ -224,6 +224,8 @@ class Handlers:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        # A host that listed the tools is told when the list it may see changes.
+        self.proxy.listeners.listened(_host_key(ctx), ctx.session)
         # The hints a host sees are the operator's classification, never the server's claims.
         tools = [
             types.Tool(
@@ -238,7 +240,7 @@ class Handlers:
                 ),
             )
             for spec in self.proxy.calls.specs
-            if spec.name not in self.proxy.hidden
+            if spec.name not in self.proxy.hidden and self.proxy.serves(spec.name)
         ]
         tools.append(self.proxy.status.listed())
         return types.ListToolsResult(tools=tools)

@@ -148,6 +148,7 @@ async def _watch_signals(shutdown: _Shutdown, log: IO[str], *, keep_caught: bool
 async def _serve_stdio(
     server: LowLevelServer[Any], proxy: Proxy, log: IO[str], stopping: anyio.Event
 ) -> None:
+    from ._live import initialization_options
     from ._stdio import stdio_wire
 
     def settled() -> bool:
@@ -162,7 +163,7 @@ async def _serve_stdio(
         anyio.create_task_group() as group,
     ):
         group.start_soon(stop_when_asked, wire)
-        await server.run(wire.incoming, wire.outgoing, server.create_initialization_options())
+        await server.run(wire.incoming, wire.outgoing, initialization_options(server))
         group.cancel_scope.cancel()
 
 
@@ -280,6 +281,7 @@ async def _serve_config(
         try:
             servers_of: dict[str, str] = {}
             offered = Offered()
+            pinned: dict[str, frozenset[str]] = {}
             # The servers start first; while they do (a Node server takes a third of a
             # second or more), a worker thread imports what serving needs and opens the
             # store, which used to come before them (issue 36).
@@ -288,7 +290,7 @@ async def _serve_config(
                 starting.start_soon(preparing.run, config, address is not None)
                 await preparing.started.wait()
                 tools, shutdown.connections = await load_upstreams(
-                    config, stream, servers_of, offered
+                    config, stream, servers_of, offered, pinned
                 )
             store = preparing.result()
             telemetry = _start_telemetry(config, tools, stream)
@@ -299,6 +301,11 @@ async def _serve_config(
             # Over stdio the proxy serves exactly one host: the one principal it may ask.
             proxy.single_host = address is None
             server = Handlers(proxy).server()
+            from ._live import LiveListings
+
+            # After the handlers: a server's list_changed is taken before what they forward.
+            live = LiveListings(proxy, pinned, stream)
+            live.install()
             from ._checkpointing import checkpointing
             from ._notify import delivering
 
@@ -308,6 +315,8 @@ async def _serve_config(
                 _serving_inbox(config, proxy, [tool for tool, _ in tools], servers_of, stream),
                 delivering(store, config.notify, stream),
             ):
+                assert proxy.work is not None
+                proxy.work.start_soon(live.run)
                 if address is not None and listener is not None:
                     from ._http import serve_http
 

@@ -36,6 +36,7 @@ from ._forward import Forwarded
 from ._grants import GrantCover
 from ._index import CallIndex
 from ._input_required import HostCall, Suspended
+from ._live import HostListeners
 from ._log import log_line
 from ._logins import oauth_preflights
 from ._offers import Offered, OfferTool, hidden_name
@@ -104,6 +105,12 @@ class Proxy:
         self.upstreams = {
             up.server.name: tool.upstream for tool, up in tools if isinstance(tool, ServerTool)
         }
+        # The server tools by final name, so a tool its server's new listing refused is
+        # withheld from the host's listing (`_live.py`); and the hosts to tell it changed.
+        self.server_tools = {
+            tool.spec.name: tool for tool, _ in tools if isinstance(tool, ServerTool)
+        }
+        self.listeners = HostListeners()
         self.store = store
         self.log = log
         owner = new_owner()
@@ -226,6 +233,20 @@ class Proxy:
         # A remote server's OAuth tokens are checked (and refreshed) before its call
         # enters the gate: one that needs a login is UNAVAILABLE, nothing recorded or run.
         self.calls.logins = oauth_preflights(tools)
+
+    def serves(self, tool: str) -> bool:
+        """Whether `tool` is offered to the host now: not refused since its server listed
+        its tools again (or was started again)."""
+        server_tool = self.server_tools.get(tool)
+        return server_tool is None or not server_tool.upstream.refusal(server_tool.server_tool_name)
+
+    def visible_tools(self) -> frozenset[str]:
+        """The tool names a host's `tools/list` shows now (besides `gate_status`)."""
+        return frozenset(
+            spec.name
+            for spec in self.calls.specs
+            if spec.name not in self.hidden and self.serves(spec.name)
+        )
 
     def start(
         self,

@@ -35,11 +35,14 @@ async def load_upstreams(
     log: IO[str],
     servers_of: dict[str, str] | None = None,
     offered: Offered | None = None,
+    pinned: dict[str, frozenset[str]] | None = None,
 ) -> tuple[list[Loaded], list[Connection]]:
     """Load every upstream; one that fails is reported and left out, the others serve.
 
     `servers_of`, when given, is filled with each served tool's server name;
-    `offered` with the prompts, resources and templates that passed their pins."""
+    `offered` with the prompts, resources and templates that passed their pins;
+    `pinned` with each loaded server's pinned tool names (what a later listing is
+    held to, `_live.py`)."""
     tools: list[Loaded] = []
     connections: list[Connection] = []
     taken: dict[str, str] = {STATUS_TOOL: "the proxy itself"}
@@ -68,6 +71,8 @@ async def load_upstreams(
                 raise
             outcome = await load(upstream.server, manifest, upstream.rules)
             outcomes[position] = outcome
+            if pinned is not None:
+                pinned[upstream.server.name] = frozenset(manifest.tools)
         except (AgentrtError, OSError, ValueError) as exc:
             outcomes[position] = exc
             return

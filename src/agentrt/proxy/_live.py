@@ -1,0 +1,193 @@
+"""Live list changes: a server's `notifications/tools/list_changed`, held to the pins.
+
+When a loaded server says its tools changed, the proxy lists them again and
+holds each loaded tool to its pin exactly as `load` did (`Upstream.relist`):
+an unchanged tool stays, a changed one is refused (withheld from the host's
+listing, its calls answered "nothing ran") and a tool nothing pinned stays
+unserved.  Each change of what is refused or unpinned is one stderr line and
+one `listing_changed` event in the chain (run id `server:<name>`); the hosts
+that listed the tools are told `tools/list_changed` only when what they may
+see changed.
+
+Bounded: the notification only marks the server as wanting a listing; one
+worker per server lists, so at most one listing is in flight per server, and
+it waits `RELIST_INTERVAL` after each, so a storm of notifications costs one
+listing a second while it lasts, and one after it.  The notification is read
+whenever the proxy next reads from the server (over stdio, while any request
+to it is open; over HTTP, on the stream of a request), since the upstream
+client keeps no idle reader.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, Any, Final
+
+import anyio
+
+from ..mcp._upstream import Upstream
+from ..sanitize import sanitize
+from ..store import ledger
+from ._log import log_line
+
+if TYPE_CHECKING:
+    from mcp.server.lowlevel import Server as LowLevelServer
+    from mcp.server.models import InitializationOptions
+
+    from ._proxy import Proxy
+
+__all__ = ["HostListeners", "LiveListings", "initialization_options"]
+
+TOOLS_CHANGED: Final = "notifications/tools/list_changed"
+RELIST_INTERVAL: Final = 1.0
+"""Seconds between two listings of one server, however many notifications it sends."""
+
+Notified = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+def initialization_options(server: LowLevelServer[Any]) -> InitializationOptions:
+    """The proxy's capabilities, saying that its tool list may change while it serves."""
+    from mcp.server.lowlevel import NotificationOptions
+
+    return server.create_initialization_options(NotificationOptions(tools_changed=True))
+
+
+class HostListeners:
+    """The host sessions that listed the proxy's tools, to be told when the list changed:
+    by the host's MCP session id over HTTP ("stdio" for the one stdio host), its latest
+    session object.  A stateless host keeps no session and is told nothing."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, Any] = {}
+
+    def listened(self, key: str, session: Any) -> None:
+        self._sessions[key] = session
+
+    async def tools_changed(self) -> int:
+        """Tell every listening host; a host that went away is forgotten.  How many were told."""
+        told = 0
+        for key, session in list(self._sessions.items()):
+            try:
+                await session.send_tool_list_changed()
+                told += 1
+            except Exception:
+                self._sessions.pop(key, None)
+        return told
+
+
+@dataclass
+class _Watch:
+    """One server's wish to be listed again, and what its last listing found."""
+
+    upstream: Upstream
+    pinned: frozenset[str]
+    wanted: anyio.Event = field(default_factory=anyio.Event)
+    refused: dict[str, str] = field(default_factory=dict)
+    unpinned: tuple[str, ...] = ()
+    # Counted for the tests and the operator: notifications taken, listings made.
+    notified: int = 0
+    listings: int = 0
+
+
+class LiveListings:
+    """Each loaded server's list_changed, turned into at most one listing in flight."""
+
+    def __init__(self, proxy: Proxy, pinned: Mapping[str, frozenset[str]], log: IO[str]) -> None:
+        self.proxy = proxy
+        self.log = log
+        self.watches: dict[str, _Watch] = {
+            name: _Watch(upstream, pinned.get(name, frozenset()))
+            for name, upstream in proxy.upstreams.items()
+        }
+
+    def install(self) -> None:
+        """Take each server's list_changed; its other notifications go where they went."""
+        for name, watch in self.watches.items():
+            connection = watch.upstream.connection
+            connection.on_notification = functools.partial(
+                self._notified, name, connection.on_notification
+            )
+
+    async def _notified(
+        self, name: str, then: Notified | None, method: str, params: dict[str, Any]
+    ) -> None:
+        if method == TOOLS_CHANGED:
+            # Only marked here: this runs inside the reader of another request, which must
+            # not wait for a listing that reads from the same server.
+            watch = self.watches[name]
+            watch.notified += 1
+            watch.wanted.set()
+            return
+        if then is not None:
+            await then(method, params)
+
+    async def run(self) -> None:
+        """One worker per server until cancelled (the proxy's shutdown)."""
+        async with anyio.create_task_group() as group:
+            for name in self.watches:
+                group.start_soon(self._work, name)
+
+    async def _work(self, name: str) -> None:
+        watch = self.watches[name]
+        while True:
+            await watch.wanted.wait()
+            # Cleared before listing: a notification during the listing asks for one more.
+            watch.wanted = anyio.Event()
+            await self.relist(name)
+            # At most one listing a second: a storm costs a listing a second while it lasts.
+            await anyio.sleep(RELIST_INTERVAL)
+
+    async def relist(self, name: str) -> None:
+        """List server `name` again, record what changed and tell the hosts if they see a
+        different list now.  A listing that fails keeps what was served and says so."""
+        watch = self.watches[name]
+        shown = sanitize(name)
+        before = self.proxy.visible_tools()
+        watch.listings += 1
+        try:
+            listing = await watch.upstream.relist()
+        except Exception as exc:
+            log_line(self.log, f"agentrt proxy: server {shown} said its tools changed, but "
+                     f"listing them again failed: {sanitize(str(exc))}")  # fmt: skip
+            return
+        if listing is None:
+            return  # the server is down: its next call starts it again and lists then
+        refused = watch.upstream.refused
+        listed = {raw.name for raw in listing if raw.name is not None}
+        unpinned = tuple(sorted(listed - watch.pinned))
+        if refused != watch.refused or unpinned != watch.unpinned:
+            self._report(name, watch, refused, unpinned)
+            watch.refused, watch.unpinned = refused, unpinned
+            await self._record(name, refused, unpinned)
+        if self.proxy.visible_tools() != before:
+            await self.proxy.listeners.tools_changed()
+
+    def _report(
+        self, name: str, watch: _Watch, refused: dict[str, str], unpinned: tuple[str, ...]
+    ) -> None:
+        shown = sanitize(name)
+        for tool, reason in sorted(refused.items()):
+            if watch.refused.get(tool) != reason:
+                log_line(self.log, f"agentrt proxy: server {shown} listed its tools again: "
+                         f"refused {sanitize(tool)}: {sanitize(reason)}")  # fmt: skip
+        for tool in sorted(set(watch.refused) - set(refused)):
+            log_line(self.log, f"agentrt proxy: server {shown} listed its tools again: "
+                     f"{sanitize(tool)} matches its pin again and is served")  # fmt: skip
+        for tool in unpinned:
+            if tool not in watch.unpinned:
+                log_line(self.log, f"agentrt proxy: server {shown} listed its tools again: "
+                         f"{sanitize(tool)} is not pinned, so it is not served; review it "
+                         "with agentrt pin --config FILE")  # fmt: skip
+
+    async def _record(self, name: str, refused: dict[str, str], unpinned: tuple[str, ...]) -> None:
+        store = self.proxy.store
+        try:
+            await store.write(
+                functools.partial(ledger.record_listing_change, store),
+                name, self.proxy.config.session, refused, unpinned,
+            )  # fmt: skip
+        except Exception as exc:
+            log_line(self.log, f"agentrt proxy: the listing change of server {sanitize(name)} "
+                     f"could not be recorded: {sanitize(str(exc))}")  # fmt: skip
