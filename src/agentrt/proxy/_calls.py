@@ -422,6 +422,10 @@ class Calls:
     def spec_of(self, tool: str) -> ToolSpec | None:
         return self._specs.get(tool)
 
+    def add_spec(self, spec: ToolSpec) -> None:
+        """A tool the gate registered while serving (`Proxy.admit`)."""
+        self._specs[spec.name] = spec
+
     def new_run_id(self) -> str:
         return f"{self.session}.{secrets.token_hex(8)}"
 

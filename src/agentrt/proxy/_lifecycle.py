@@ -38,7 +38,7 @@ from ..store import Store, open_store
 from ._log import log_line
 from ._offers import Offered
 from ._upstreams import load_upstreams
-from .config import ConfigError, ProxyConfig, load_config
+from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
 
 if TYPE_CHECKING:
     from mcp.server.lowlevel import Server as LowLevelServer
@@ -282,6 +282,7 @@ async def _serve_config(
             servers_of: dict[str, str] = {}
             offered = Offered()
             pinned: dict[str, frozenset[str]] = {}
+            waiting: list[UpstreamConfig] = []
             # The servers start first; while they do (a Node server takes a third of a
             # second or more), a worker thread imports what serving needs and opens the
             # store, which used to come before them (issue 36).
@@ -290,7 +291,7 @@ async def _serve_config(
                 starting.start_soon(preparing.run, config, address is not None)
                 await preparing.started.wait()
                 tools, shutdown.connections = await load_upstreams(
-                    config, stream, servers_of, offered, pinned
+                    config, stream, servers_of, offered, pinned, waiting
                 )
             store = preparing.result()
             telemetry = _start_telemetry(config, tools, stream)
@@ -306,6 +307,9 @@ async def _serve_config(
             # After the handlers: a server's list_changed is taken before what they forward.
             live = LiveListings(proxy, pinned, stream)
             live.install()
+            from ._logins import LoginWatch
+
+            logins = LoginWatch(proxy, waiting, live, shutdown.connections, stream)
             from ._checkpointing import checkpointing
             from ._notify import delivering
 
@@ -317,6 +321,7 @@ async def _serve_config(
             ):
                 assert proxy.work is not None
                 proxy.work.start_soon(live.run)
+                proxy.work.start_soon(logins.run)
                 if address is not None and listener is not None:
                     from ._http import serve_http
 

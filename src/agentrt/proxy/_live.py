@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Final
 
 import anyio
+from anyio.abc import TaskGroup
 
 from ..mcp._upstream import Upstream
 from ..sanitize import sanitize
@@ -101,14 +102,25 @@ class LiveListings:
             name: _Watch(upstream, pinned.get(name, frozenset()))
             for name, upstream in proxy.upstreams.items()
         }
+        self._group: TaskGroup | None = None
 
     def install(self) -> None:
         """Take each server's list_changed; its other notifications go where they went."""
-        for name, watch in self.watches.items():
-            connection = watch.upstream.connection
-            connection.on_notification = functools.partial(
-                self._notified, name, connection.on_notification
-            )
+        for name in self.watches:
+            self._install(name)
+
+    def _install(self, name: str) -> None:
+        connection = self.watches[name].upstream.connection
+        connection.on_notification = functools.partial(
+            self._notified, name, connection.on_notification
+        )
+
+    def watch(self, name: str, upstream: Upstream, pinned: frozenset[str]) -> None:
+        """Watch a server loaded while the proxy serves (its login came later)."""
+        self.watches[name] = _Watch(upstream, pinned)
+        self._install(name)
+        if self._group is not None:
+            self._group.start_soon(self._work, name)
 
     async def _notified(
         self, name: str, then: Notified | None, method: str, params: dict[str, Any]
@@ -126,6 +138,7 @@ class LiveListings:
     async def run(self) -> None:
         """One worker per server until cancelled (the proxy's shutdown)."""
         async with anyio.create_task_group() as group:
+            self._group = group
             for name in self.watches:
                 group.start_soon(self._work, name)
 
