@@ -9,8 +9,9 @@ The operator is told each time, in one line.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Final
 
 import anyio
@@ -65,6 +66,18 @@ class Upstream:
     def refused(self) -> dict[str, str]:
         """Each loaded tool refused now, with its reason."""
         return dict(self._refused)
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[bool]:
+        """Hold the session alone (no restart or relisting meanwhile); yields whether the
+        server is up."""
+        async with self._lock:
+            yield self._why_restart() is None
+
+    def adopt(self, refused: dict[str, str], since: str) -> None:
+        """Take the refusals a new manifest's check found (`take_manifest`)."""
+        self._refused = dict(refused)
+        self.refused_since = since
 
     async def relist(self) -> list[RawTool] | None:
         """List the tools again (the server said they changed) and hold each loaded tool to

@@ -310,6 +310,9 @@ async def _serve_config(
             from ._logins import LoginWatch
 
             logins = LoginWatch(proxy, waiting, live, shutdown.connections, stream)
+            from ._reload import ManifestWatch
+
+            manifests = ManifestWatch(proxy, live, stream)
             from ._checkpointing import checkpointing
             from ._notify import delivering
 
@@ -322,6 +325,7 @@ async def _serve_config(
                 assert proxy.work is not None
                 proxy.work.start_soon(live.run)
                 proxy.work.start_soon(logins.run)
+                proxy.work.start_soon(manifests.run)
                 if address is not None and listener is not None:
                     from ._http import serve_http
 

@@ -244,15 +244,18 @@ class Proxy:
             )
         return WatchedTool(tool, **watching)
 
-    def admit(self, tools: list[Loaded]) -> list[str]:
+    def admit(self, tools: list[Loaded], *, replacing: bool = False) -> list[str]:
         """Serve the tools of a server that loaded after the proxy started (its login came
-        later, `_logins.py`), held to its pins as at start; the lines to log.  A name
-        already served goes to neither silently: the late tool is refused."""
+        later, `_logins.py`), or with `replacing` those its new manifest registered in place
+        of its own (`_reload.py`), held to its pins as at start; the lines to log.  A name
+        another server holds goes to neither silently: the late tool is refused."""
         lines: list[str] = []
         repeat_windows: dict[str, float] = {}
         for tool, upstream in tools:
             name = tool.spec.name
-            if self.calls.spec_of(name) is not None or name == STATUS_TOOL:
+            holder = self.server_of.get(name)
+            own = replacing and holder is not None and holder.server.name == upstream.server.name
+            if not own and (self.calls.spec_of(name) is not None or name == STATUS_TOOL):
                 lines.append(f"server {sanitize(upstream.server.name)}: refused {name}: the "
                              "name is already taken; give it a rename rule")  # fmt: skip
                 continue
@@ -260,7 +263,7 @@ class Proxy:
             if isinstance(watched, StatefulTool):
                 watched.policy = self.policy
             try:
-                self.gate.register(watched)
+                self.gate.register(watched, replacing=own)
             except RegistrationError as exc:
                 lines.append(f"server {sanitize(upstream.server.name)}: refused {name}: "
                              f"{sanitize(str(exc))}")  # fmt: skip
