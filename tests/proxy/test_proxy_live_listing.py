@@ -179,6 +179,7 @@ async def test_a_description_changed_mid_session_refuses_the_tool_and_tells_the_
         await host.wait_changed()
         after = await host.names()
         refused = await host.session.call_tool("chg_note", {"text": "after"})
+        status = await host.session.call_tool("gate_status", {})
         echo = await host.session.call_tool("chg_echo", {"text": "unchanged"})
         other = await host.session.call_tool("up_echo", {"text": "other server"})
         # Changed back to exactly the pin: served again, and the host told again.
@@ -194,6 +195,12 @@ async def test_a_description_changed_mid_session_refuses_the_tool_and_tells_the_
         "since it was pinned"
     ) in text_of(refused)
     assert "Nothing ran." in text_of(refused)
+    # The model can ask why a tool it saw is gone.
+    assert text_of(status).endswith(
+        "1 tool(s) are withheld: their server changed them since the operator reviewed them, "
+        "and nothing runs until the operator pins them again:\n"
+        "- chg_note: its description changed since it was pinned; review it and pin again"
+    ), text_of(status)
     assert text_of(echo) == "unchanged"
     assert text_of(other) == "other server"
     assert "chg_note" in restored

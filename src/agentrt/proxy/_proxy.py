@@ -193,6 +193,7 @@ class Proxy:
             forwarded=forwarded,
         )
         self.status = GateStatus(store, self.index, functools.partial(log_line, log))
+        self.status.withheld = self.withheld
         # The host session of this process's stdio host (docs/flows.md), when labels are used.
         self.stdio_session = new_stdio_session() if config.labelled else None
         self.in_flight = _InFlight()
@@ -283,6 +284,16 @@ class Proxy:
         its tools again (or was started again)."""
         server_tool = self.server_tools.get(tool)
         return server_tool is None or not server_tool.upstream.refusal(server_tool.server_tool_name)
+
+    def withheld(self) -> list[tuple[str, str]]:
+        """Each tool refused since its server listed its tools again (or was started
+        again), by name, with the reason."""
+        found = []
+        for name, tool in sorted(self.server_tools.items()):
+            reason = tool.upstream.refusal(tool.server_tool_name)
+            if reason:
+                found.append((name, reason))
+        return found
 
     def visible_tools(self) -> frozenset[str]:
         """The tool names a host's `tools/list` shows now (besides `gate_status`)."""
