@@ -94,12 +94,15 @@ class _Host:
     def __init__(self) -> None:
         self.changed = 0
         self._seen = anyio.Event()
+        self.prompts_changed = anyio.Event()
         self.session: ClientSession
 
     async def on_message(self, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
             self.changed += 1
             self._seen.set()
+        if isinstance(message, types.PromptListChangedNotification):
+            self.prompts_changed.set()
 
     async def wait_changed(self, seconds: float = 10.0) -> None:
         with anyio.fail_after(seconds):
@@ -283,3 +286,26 @@ async def test_a_refused_tool_pinned_again_is_served_without_a_restart_unless_th
     assert len(refused) == 1 and "the proxy keeps the one it had" in refused[0]
     assert "agentrt proxy: server chg: took its new manifest" in lines
     assert _listing_events(setup)[-1]["refused"] == {}
+
+
+async def test_a_prompt_changed_mid_session_is_no_longer_offered_and_the_host_is_told(
+    tmp_path: Path, changing: dict[str, Any]
+) -> None:
+    setup = await _setup(tmp_path, changing)
+    async with _host(setup) as host:
+        before = [prompt.name for prompt in (await host.session.list_prompts()).prompts]
+        greeted = await host.session.get_prompt("greet")
+        await host.session.call_tool("chg_change", {"what": "reprompt"})
+        with anyio.fail_after(10):
+            await host.prompts_changed.wait()
+        after = [prompt.name for prompt in (await host.session.list_prompts()).prompts]
+        echo = await host.session.call_tool("chg_echo", {"text": "tools unharmed"})
+    assert before == ["greet"]
+    assert greeted.messages[0].content.text == "Hello"  # type: ignore[union-attr]
+    assert after == []
+    assert text_of(echo) == "tools unharmed"
+    assert host.changed == 0
+    assert (
+        "agentrt proxy: server chg listed its prompts and resources again: chg: refused "
+        "prompts greet: its description changed since it was pinned; review it and pin again"
+    ) in setup.stderr().splitlines()

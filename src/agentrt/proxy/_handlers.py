@@ -97,6 +97,7 @@ class Handlers:
     async def _list_prompts(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
+        self.proxy.listeners.listened(_host_key(ctx), ctx.session)
         return types.ListPromptsResult(
             prompts=[
                 types.Prompt.model_validate(raw) for raw, _ in self.proxy.offered.prompts.values()
@@ -106,6 +107,7 @@ class Handlers:
     async def _list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
+        self.proxy.listeners.listened(_host_key(ctx), ctx.session)
         return types.ListResourcesResult(
             resources=[
                 types.Resource.model_validate(raw) for raw, _ in self.proxy.offered.resources

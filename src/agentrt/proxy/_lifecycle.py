@@ -43,7 +43,7 @@ from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
 if TYPE_CHECKING:
     from mcp.server.lowlevel import Server as LowLevelServer
 
-    from ..mcp import Connection
+    from ..mcp import Connection, Manifest
     from ..telemetry import TraceExporter
     from ..tools import Tool
     from ._proxy import Proxy
@@ -281,7 +281,7 @@ async def _serve_config(
         try:
             servers_of: dict[str, str] = {}
             offered = Offered()
-            pinned: dict[str, frozenset[str]] = {}
+            manifests: dict[str, Manifest] = {}
             waiting: list[UpstreamConfig] = []
             # The servers start first; while they do (a Node server takes a third of a
             # second or more), a worker thread imports what serving needs and opens the
@@ -291,7 +291,7 @@ async def _serve_config(
                 starting.start_soon(preparing.run, config, address is not None)
                 await preparing.started.wait()
                 tools, shutdown.connections = await load_upstreams(
-                    config, stream, servers_of, offered, pinned, waiting
+                    config, stream, servers_of, offered, manifests, waiting
                 )
             store = preparing.result()
             telemetry = _start_telemetry(config, tools, stream)
@@ -305,14 +305,14 @@ async def _serve_config(
             from ._live import LiveListings
 
             # After the handlers: a server's list_changed is taken before what they forward.
-            live = LiveListings(proxy, pinned, stream)
+            live = LiveListings(proxy, manifests, stream)
             live.install()
             from ._logins import LoginWatch
 
             logins = LoginWatch(proxy, waiting, live, shutdown.connections, stream)
             from ._reload import ManifestWatch
 
-            manifests = ManifestWatch(proxy, live, stream)
+            manifest_watch = ManifestWatch(proxy, live, stream)
             from ._checkpointing import checkpointing
             from ._notify import delivering
 
@@ -325,7 +325,7 @@ async def _serve_config(
                 assert proxy.work is not None
                 proxy.work.start_soon(live.run)
                 proxy.work.start_soon(logins.run)
-                proxy.work.start_soon(manifests.run)
+                proxy.work.start_soon(manifest_watch.run)
                 if address is not None and listener is not None:
                     from ._http import serve_http
 

@@ -1,4 +1,4 @@
-"""Live list changes: a server's `notifications/tools/list_changed`, held to the pins.
+"""Live list changes: a server's `notifications/*/list_changed`, held to the pins.
 
 When a loaded server says its tools changed, the proxy lists them again and
 holds each loaded tool to its pin exactly as `load` did (`Upstream.relist`):
@@ -7,7 +7,10 @@ listing, its calls answered "nothing ran") and a tool nothing pinned stays
 unserved.  Each change of what is refused or unpinned is one stderr line and
 one `listing_changed` event in the chain (run id `server:<name>`); the hosts
 that listed the tools are told `tools/list_changed` only when what they may
-see changed.
+see changed.  A server's prompts or resources `list_changed` lists those
+again and holds them to their pins as `load_offers` did at start: what now
+fails is no longer offered (one stderr line), and the hosts are told
+`prompts/list_changed` or `resources/list_changed` when their list changed.
 
 Bounded: the notification only marks the server as wanting a listing; one
 worker per server lists, so at most one listing is in flight per server, and
@@ -28,10 +31,15 @@ from typing import IO, TYPE_CHECKING, Any, Final
 import anyio
 from anyio.abc import TaskGroup
 
+from ..canonical import canonical_json
+from ..mcp import Manifest
+from ..mcp._offers import load_offers
 from ..mcp._upstream import Upstream
 from ..sanitize import sanitize
 from ..store import ledger
 from ._log import log_line
+from ._offers import Offered
+from ._upstreams import take_offers
 
 if TYPE_CHECKING:
     from mcp.server.lowlevel import Server as LowLevelServer
@@ -42,6 +50,10 @@ if TYPE_CHECKING:
 __all__ = ["HostListeners", "LiveListings", "initialization_options"]
 
 TOOLS_CHANGED: Final = "notifications/tools/list_changed"
+# A server's prompts or resources: listed again together, as at load (`load_offers`).
+OFFERS_CHANGED: Final = frozenset(
+    {"notifications/prompts/list_changed", "notifications/resources/list_changed"}
+)
 RELIST_INTERVAL: Final = 1.0
 """Seconds between two listings of one server, however many notifications it sends."""
 
@@ -52,13 +64,16 @@ def initialization_options(server: LowLevelServer[Any]) -> InitializationOptions
     """The proxy's capabilities, saying that its tool list may change while it serves."""
     from mcp.server.lowlevel import NotificationOptions
 
-    return server.create_initialization_options(NotificationOptions(tools_changed=True))
+    return server.create_initialization_options(
+        NotificationOptions(tools_changed=True, prompts_changed=True, resources_changed=True)
+    )
 
 
 class HostListeners:
-    """The host sessions that listed the proxy's tools, to be told when the list changed:
-    by the host's MCP session id over HTTP ("stdio" for the one stdio host), its latest
-    session object.  A stateless host keeps no session and is told nothing."""
+    """The host sessions that listed the proxy's tools, prompts or resources, to be told
+    when a list changed: by the host's MCP session id over HTTP ("stdio" for the one stdio
+    host), its latest session object.  A stateless host keeps no session and is told
+    nothing."""
 
     def __init__(self) -> None:
         self._sessions: dict[str, Any] = {}
@@ -68,10 +83,19 @@ class HostListeners:
 
     async def tools_changed(self) -> int:
         """Tell every listening host; a host that went away is forgotten.  How many were told."""
+        return await self._tell("send_tool_list_changed")
+
+    async def prompts_changed(self) -> int:
+        return await self._tell("send_prompt_list_changed")
+
+    async def resources_changed(self) -> int:
+        return await self._tell("send_resource_list_changed")
+
+    async def _tell(self, method: str) -> int:
         told = 0
         for key, session in list(self._sessions.items()):
             try:
-                await session.send_tool_list_changed()
+                await getattr(session, method)()
                 told += 1
             except Exception:
                 self._sessions.pop(key, None)
@@ -83,8 +107,10 @@ class _Watch:
     """One server's wish to be listed again, and what its last listing found."""
 
     upstream: Upstream
-    pinned: frozenset[str]
+    manifest: Manifest
     wanted: anyio.Event = field(default_factory=anyio.Event)
+    offers_wanted: anyio.Event = field(default_factory=anyio.Event)
+    offer_lines: frozenset[str] = frozenset()
     refused: dict[str, str] = field(default_factory=dict)
     unpinned: tuple[str, ...] = ()
     # Counted for the tests and the operator: notifications taken, listings made.
@@ -95,12 +121,13 @@ class _Watch:
 class LiveListings:
     """Each loaded server's list_changed, turned into at most one listing in flight."""
 
-    def __init__(self, proxy: Proxy, pinned: Mapping[str, frozenset[str]], log: IO[str]) -> None:
+    def __init__(self, proxy: Proxy, manifests: Mapping[str, Manifest], log: IO[str]) -> None:
         self.proxy = proxy
         self.log = log
         self.watches: dict[str, _Watch] = {
-            name: _Watch(upstream, pinned.get(name, frozenset()))
+            name: _Watch(upstream, manifests[name])
             for name, upstream in proxy.upstreams.items()
+            if name in manifests
         }
         self._group: TaskGroup | None = None
 
@@ -115,9 +142,9 @@ class LiveListings:
             self._notified, name, connection.on_notification
         )
 
-    def watch(self, name: str, upstream: Upstream, pinned: frozenset[str]) -> None:
+    def watch(self, name: str, upstream: Upstream, manifest: Manifest) -> None:
         """Watch a server loaded while the proxy serves (its login came later)."""
-        self.watches[name] = _Watch(upstream, pinned)
+        self.watches[name] = _Watch(upstream, manifest)
         self._install(name)
         if self._group is not None:
             self._group.start_soon(self._work, name)
@@ -132,6 +159,10 @@ class LiveListings:
             watch.notified += 1
             watch.wanted.set()
             return
+        if method in OFFERS_CHANGED and name in self.proxy.offered.tools:
+            # Only a server whose prompts or resources are served has gate tools for them.
+            self.watches[name].offers_wanted.set()
+            return
         if then is not None:
             await then(method, params)
 
@@ -141,6 +172,8 @@ class LiveListings:
             self._group = group
             for name in self.watches:
                 group.start_soon(self._work, name)
+                if name in self.proxy.offered.tools:
+                    group.start_soon(self._work_offers, name)
 
     async def _work(self, name: str) -> None:
         watch = self.watches[name]
@@ -151,6 +184,46 @@ class LiveListings:
             await self.relist(name)
             # At most one listing a second: a storm costs a listing a second while it lasts.
             await anyio.sleep(RELIST_INTERVAL)
+
+    async def _work_offers(self, name: str) -> None:
+        watch = self.watches[name]
+        while True:
+            await watch.offers_wanted.wait()
+            watch.offers_wanted = anyio.Event()
+            await self.relist_offers(name)
+            await anyio.sleep(RELIST_INTERVAL)
+
+    async def relist_offers(self, name: str) -> None:
+        """List server `name`'s prompts, resources and templates again and hold each to its
+        pin as at load: what now fails is no longer offered, what matches again is; the
+        hosts are told which list they may see changed."""
+        watch = self.watches[name]
+        offered = self.proxy.offered
+        upstream = next(up for up in self.proxy.config.servers if up.server.name == name)
+        before = _offer_view(offered)
+        try:
+            offers = await load_offers(
+                watch.upstream.connection, watch.manifest,
+                prompts=upstream.prompts, timeout=upstream.server.connect_timeout,
+            )  # fmt: skip
+        except Exception as exc:
+            log_line(self.log, f"agentrt proxy: server {sanitize(name)} said its prompts or "
+                     f"resources changed, but listing them again failed: "
+                     f"{sanitize(str(exc))}")  # fmt: skip
+            return
+        offered.prompts = {key: entry for key, entry in offered.prompts.items() if entry[1] != name}
+        offered.resources = [entry for entry in offered.resources if entry[1] != name]
+        offered.templates = [entry for entry in offered.templates if entry[1] != name]
+        lines = frozenset(take_offers(offered, name, offers))
+        for line in sorted(lines - watch.offer_lines):
+            log_line(self.log, f"agentrt proxy: server {sanitize(name)} listed its prompts and "
+                     f"resources again: {line}")  # fmt: skip
+        watch.offer_lines = lines
+        after = _offer_view(offered)
+        if after[0] != before[0]:
+            await self.proxy.listeners.prompts_changed()
+        if after[1:] != before[1:]:
+            await self.proxy.listeners.resources_changed()
 
     async def relist(self, name: str) -> None:
         """List server `name` again, record what changed and tell the hosts if they see a
@@ -169,7 +242,7 @@ class LiveListings:
             return  # the server is down: its next call starts it again and lists then
         refused = watch.upstream.refused
         listed = {raw.name for raw in listing if raw.name is not None}
-        unpinned = tuple(sorted(listed - watch.pinned))
+        unpinned = tuple(sorted(listed - set(watch.manifest.tools)))
         if refused != watch.refused or unpinned != watch.unpinned:
             self._report(name, watch, refused, unpinned)
             watch.refused, watch.unpinned = refused, unpinned
@@ -204,3 +277,12 @@ class LiveListings:
         except Exception as exc:
             log_line(self.log, f"agentrt proxy: the listing change of server {sanitize(name)} "
                      f"could not be recorded: {sanitize(str(exc))}")  # fmt: skip
+
+
+def _offer_view(offered: Offered) -> tuple[str, str, str]:
+    """What a host's prompts, resources and templates listings show, comparable."""
+    return (
+        canonical_json(sorted(offered.prompts)),
+        canonical_json(sorted(canonical_json(raw) for raw, _ in offered.resources)),
+        canonical_json(sorted(canonical_json(raw) for raw, _ in offered.templates)),
+    )

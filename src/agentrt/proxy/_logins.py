@@ -124,6 +124,6 @@ class LoginWatch:
         log_line(self.log, f"agentrt proxy: server {shown} is logged in now and served")
         served = [tool for tool in tools if isinstance(tool, ServerTool)]
         if served:
-            self.live.watch(name, served[0].upstream, frozenset(manifest.tools))
+            self.live.watch(name, served[0].upstream, manifest)
         await self.proxy.listeners.tools_changed()
         return True

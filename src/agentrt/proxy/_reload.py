@@ -106,7 +106,7 @@ class ManifestWatch:
         watch = self.live.watches.get(name)
         if watch is not None:
             # Listed again against the new pins: what changed is said and recorded there.
-            watch.pinned = frozenset(manifest.tools)
+            watch.manifest = manifest
             watch.wanted.set()
         if self.proxy.visible_tools() != before:
             await self.proxy.listeners.tools_changed()

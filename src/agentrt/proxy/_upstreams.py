@@ -14,7 +14,7 @@ import anyio
 
 from ..canonical import plain_json
 from ..errors import AgentrtError
-from ..mcp import Connection, Report, load, read_manifest
+from ..mcp import Connection, Manifest, Report, load, read_manifest
 from ..mcp._offers import Offers, load_offers
 from ..mcp._tool import ServerTool
 from ..sanitize import sanitize
@@ -35,15 +35,15 @@ async def load_upstreams(
     log: IO[str],
     servers_of: dict[str, str] | None = None,
     offered: Offered | None = None,
-    pinned: dict[str, frozenset[str]] | None = None,
+    manifests: dict[str, Manifest] | None = None,
     waiting: list[UpstreamConfig] | None = None,
 ) -> tuple[list[Loaded], list[Connection]]:
     """Load every upstream; one that fails is reported and left out, the others serve.
 
     `servers_of`, when given, is filled with each served tool's server name;
     `offered` with the prompts, resources and templates that passed their pins;
-    `pinned` with each loaded server's pinned tool names (what a later listing is
-    held to, `_live.py`); `waiting` with each server left out because it waits for
+    `manifests` with each loaded server's manifest (what a later listing is held
+    to, `_live.py`); `waiting` with each server left out because it waits for
     `agentrt login` (loaded once it is made, `_logins.py`)."""
     tools: list[Loaded] = []
     connections: list[Connection] = []
@@ -73,8 +73,8 @@ async def load_upstreams(
                 raise
             outcome = await load(upstream.server, manifest, upstream.rules)
             outcomes[position] = outcome
-            if pinned is not None:
-                pinned[upstream.server.name] = frozenset(manifest.tools)
+            if manifests is not None:
+                manifests[upstream.server.name] = manifest
         except (AgentrtError, OSError, ValueError) as exc:
             outcomes[position] = exc
             return
