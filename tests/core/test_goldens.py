@@ -41,6 +41,7 @@ one call at a time, so each unit is a batch of its own and the order is fixed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import os
@@ -78,6 +79,7 @@ from agentrt import (
     reject,
 )
 from agentrt.grants import GrantRequest, grant_scope, list_grants, revoke
+from agentrt.store import ledger
 
 from .helpers import RecordingTool, approval_policy
 
@@ -720,6 +722,22 @@ async def archive(scenario: Scenario) -> None:
     scenario.trace.returned(f"archived {statement['first_seq']}..{statement['last_seq']}")
 
 
+async def listing_changed(scenario: Scenario) -> None:
+    """A proxied server's new listing refused a changed tool and listed an unpinned one
+    (`listing_changed`, `proxy/_live.py`), then matched its pins again."""
+    store = scenario.open()
+    for action, refused, unpinned in (
+        ("refused note, unpinned plugin", {"note": "its description changed"}, ["plugin"]),
+        ("matches again", {}, []),
+    ):
+        scenario.world.advance(1)
+        scenario.trace.action(action)
+        await store.write(
+            functools.partial(ledger.record_listing_change, store),
+            "chg", "golden-session", refused, unpinned,
+        )  # fmt: skip
+
+
 # The scenarios and whether each runs on PostgreSQL (only those whose clock the test
 # controls there: the server's clock judges leases and grants, and the test cannot move it).
 SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
@@ -741,6 +759,7 @@ SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
     "standing_grant": (standing_grant, False),
     "checkpoint": (checkpoint, True),
     "archive": (archive, True),
+    "listing_changed": (listing_changed, True),
 }
 
 

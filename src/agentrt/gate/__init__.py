@@ -85,6 +85,16 @@ class Gate(Resuming):
         """The specs the agent is shown, in registration order."""
         return [registered.spec for registered in self._tools.values()]
 
+    def register(self, tool: Tool, *, replacing: bool = False) -> None:
+        """Register one more tool while the gate serves (a server loaded late), or with
+        `replacing` one in place of the tool of its name (its pin was taken again; calls
+        in flight keep the one they began with); checked as at construction, and refused
+        (`RegistrationError`) when its name is taken."""
+        registered = check_tool(tool)
+        if registered.spec.name in self._tools and not replacing:
+            raise RegistrationError(f'tool name "{registered.spec.name}" is registered twice')
+        self._tools[registered.spec.name] = registered
+
     def renew_lease(self, run_id: str) -> bool:
         """Extend this gate's lease on a run; False if it no longer holds it (blocking)."""
         return self._leases.renew(run_id)

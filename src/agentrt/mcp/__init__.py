@@ -21,7 +21,8 @@ context relays the server's progress and log lines for that call.
 
 Out of scope: the server side of MCP, HTTP reconnection, input-required
 round trips unless a call's `CallContext` has an `ask` (the proxy's does), and
-`tools/list_changed` (ignored until the next load, or the next restart).
+`tools/list_changed` (ignored until the next load, or the next restart, unless the
+caller relists with `Upstream.relist`, as the proxy does).
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ dropped.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.metadata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -575,6 +576,10 @@ class Connection:
         if message.kind is IncomingKind.REQUEST:
             await self._answer_request(message, context)
             return
+        if message.params is None and message.method is not None:
+            # A notification may have no params at all (tools/list_changed, as the SDKs
+            # send it): it still goes to the listener, with empty ones.
+            message = dataclasses.replace(message, params={})
         if not isinstance(message.params, dict):
             return
         if message.method == "notifications/message":

@@ -208,6 +208,47 @@ async def _check_apps(
         report.refused.append(Refusal(tool=name, reason=reason))
 
 
+async def take_manifest(
+    server: Server, manifest: Manifest, rules: Rules, upstream: Upstream
+) -> tuple[list[Tool], Report]:
+    """Hold a loaded server's listing, on its running session, to a new `manifest` (the
+    operator pinned it again) exactly as `load` does: the tools it registers, and the
+    report.  From then on its relistings and restarts are held to the new manifest; a
+    tool loaded before that no longer registers stays refused on the session.  Raises
+    `LoadError` (one sentence) and changes nothing when it cannot be taken."""
+    if manifest.server != server.name:
+        raise LoadError(
+            f'manifest is for server "{sanitize(manifest.server)}", not "{sanitize(server.name)}"'
+        )
+    missing = sorted(name for name in rules if name not in manifest.tools)
+    if missing:
+        raise LoadError(f'a rule names "{sanitize(missing[0])}", which the new manifest for '
+                        f'server "{sanitize(server.name)}" does not pin')  # fmt: skip
+    async with upstream.exclusive() as up:
+        if not up:
+            raise LoadError(f'server "{sanitize(server.name)}" is down; pin it again once it runs')
+        try:
+            with anyio.fail_after(server.connect_timeout):
+                listing = await upstream.connection.list_tools()
+                tools, report = await _check_all(
+                    server, manifest, rules, listing, Phase(server, "reloading"), upstream
+                )
+                await _check_apps(server, manifest, tools, report, upstream)
+        except Exception as exc:
+            raise LoadError(f'server "{sanitize(server.name)}" could not be listed again: '
+                            f"{sanitize(str(exc))}") from None  # fmt: skip
+        withdrawn = {refusal.tool: refusal.reason for refusal in report.refused}
+        recheck = _recheck(server, manifest, rules, upstream, tools)
+
+        def held(raw_tools: list[_connection.RawTool]) -> dict[str, str]:
+            # A tool refused when the manifest was taken stays refused in this process.
+            return {**withdrawn, **recheck(raw_tools)}
+
+        upstream.recheck = held
+        upstream.adopt(held(listing), "its server's new manifest was taken")
+    return tools, report
+
+
 def _recheck(
     server: Server,
     manifest: Manifest,

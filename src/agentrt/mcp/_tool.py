@@ -145,7 +145,7 @@ class ServerTool:
                 refusal = self._upstream.refusal(self._tool)
                 if refusal:
                     raise ServerToolError(
-                        f"{where} was not called: since its server was started again, "
+                        f"{where} was not called: since {self._upstream.refused_since}, "
                         f"{sanitize(refusal)}. Nothing ran."
                     )
                 remaining = max(timeout - (anyio.current_time() - started), 0.001)

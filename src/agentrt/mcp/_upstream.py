@@ -9,8 +9,9 @@ The operator is told each time, in one line.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Final
 
 import anyio
@@ -55,9 +56,43 @@ class Upstream:
         self._refused: dict[str, str] = {}
         self._checked = True  # the tools were held to their pins since the last start
         self._lock = anyio.Lock()
+        # What made the refusals in force: a restart, or the server's own list_changed.
+        self.refused_since = "its server was started again"
 
     def refusal(self, tool: str) -> str:
         return self._refused.get(tool, "")
+
+    @property
+    def refused(self) -> dict[str, str]:
+        """Each loaded tool refused now, with its reason."""
+        return dict(self._refused)
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[bool]:
+        """Hold the session alone (no restart or relisting meanwhile); yields whether the
+        server is up."""
+        async with self._lock:
+            yield self._why_restart() is None
+
+    def adopt(self, refused: dict[str, str], since: str) -> None:
+        """Take the refusals a new manifest's check found (`take_manifest`)."""
+        self._refused = dict(refused)
+        self.refused_since = since
+
+    async def relist(self) -> list[RawTool] | None:
+        """List the tools again (the server said they changed) and hold each loaded tool to
+        its pin exactly as `load` did; the listing, or None when the server is down (the
+        next call starts it again and lists then).  Bounded by `server.connect_timeout`;
+        never at the same time as a restart."""
+        async with self._lock:
+            if self._why_restart() is not None:
+                return None
+            with anyio.fail_after(self.server.connect_timeout):
+                listing = await self.connection.list_tools()
+            assert self.recheck is not None
+            self._refused = self.recheck(listing)
+            self.refused_since = "its server listed its tools again"
+            return listing
 
     async def ready(self, context: CallContext | None = None) -> None:
         """Return once the session can take a request, restarting the server if it died.
@@ -103,6 +138,7 @@ class Upstream:
             listing = await self.connection.list_tools(context=context)
             assert self.recheck is not None
             self._refused = self.recheck(listing)
+            self.refused_since = "its server was started again"
             self._checked = True
         except Exception as exc:
             reason = sanitize(str(exc))

@@ -451,6 +451,10 @@ class Calls:
             return self.session
         return f"{self.session}~{principal_key(principal)}"
 
+    def add_spec(self, spec: ToolSpec) -> None:
+        """A tool the gate registered while serving (`Proxy.admit`)."""
+        self._specs[spec.name] = spec
+
     def new_run_id(self) -> str:
         return f"{self.session}.{secrets.token_hex(8)}"
 

@@ -51,6 +51,8 @@ class Handlers:
         self.events = HostEvents(
             self._forward_subscription, lambda uri: bool(self.subscribers.get(uri))
         )
+        # A list change the proxy tells its hosts (`_live.py`) reaches their listen streams too.
+        proxy.listeners.streams = self.events.list_changed
         for name in proxy.offered.tools:
             # A server offering prompts or resources may tell of a resource's update.
             proxy.offered.upstreams[name].connection.on_notification = self._upstream_notified
@@ -106,6 +108,7 @@ class Handlers:
     async def _list_prompts(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
+        self.proxy.listeners.listened(_host_key(ctx), ctx.session)
         return types.ListPromptsResult(
             prompts=[
                 types.Prompt.model_validate(raw) for raw, _ in self.proxy.offered.prompts.values()
@@ -117,6 +120,7 @@ class Handlers:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         apps = host_renders_apps(ctx)
+        self.proxy.listeners.listened(_host_key(ctx), ctx.session)
         return types.ListResourcesResult(
             resources=[
                 types.Resource.model_validate(raw)
@@ -244,6 +248,8 @@ class Handlers:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        # A host that listed the tools is told when the list it may see changes.
+        self.proxy.listeners.listened(_host_key(ctx), ctx.session)
         # The hints a host sees are the operator's classification, never the server's claims.
         ui = self.proxy.ui if host_renders_apps(ctx) else {}
         tools = [
@@ -260,7 +266,7 @@ class Handlers:
                 _meta=ui.get(spec.name),
             )
             for spec in self.proxy.calls.specs
-            if spec.name not in self.proxy.hidden
+            if spec.name not in self.proxy.hidden and self.proxy.serves(spec.name)
         ]
         tools.append(self.proxy.status.listed())
         return types.ListToolsResult(tools=tools, **cache_hints())

@@ -38,12 +38,12 @@ from ..store import Store, open_store
 from ._log import log_line
 from ._offers import Offered
 from ._upstreams import load_upstreams
-from .config import ConfigError, ProxyConfig, load_config
+from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
 
 if TYPE_CHECKING:
     from mcp.server.lowlevel import Server as LowLevelServer
 
-    from ..mcp import Connection
+    from ..mcp import Connection, Manifest
     from ..telemetry import TraceExporter
     from ..tools import Tool
     from ._proxy import Proxy
@@ -148,6 +148,7 @@ async def _watch_signals(shutdown: _Shutdown, log: IO[str], *, keep_caught: bool
 async def _serve_stdio(
     server: LowLevelServer[Any], proxy: Proxy, log: IO[str], stopping: anyio.Event
 ) -> None:
+    from ._live import initialization_options
     from ._stdio import stdio_wire
 
     def settled() -> bool:
@@ -162,7 +163,7 @@ async def _serve_stdio(
         anyio.create_task_group() as group,
     ):
         group.start_soon(stop_when_asked, wire)
-        await server.run(wire.incoming, wire.outgoing, server.create_initialization_options())
+        await server.run(wire.incoming, wire.outgoing, initialization_options(server))
         group.cancel_scope.cancel()
 
 
@@ -289,6 +290,8 @@ async def _serve_config(
         try:
             servers_of: dict[str, str] = {}
             offered = Offered()
+            manifests: dict[str, Manifest] = {}
+            waiting: list[UpstreamConfig] = []
             # The servers start first; while they do (a Node server takes a third of a
             # second or more), a worker thread imports what serving needs and opens the
             # store, which used to come before them (issue 36).
@@ -297,7 +300,7 @@ async def _serve_config(
                 starting.start_soon(preparing.run, config, address is not None)
                 await preparing.started.wait()
                 tools, shutdown.connections = await load_upstreams(
-                    config, stream, servers_of, offered
+                    config, stream, servers_of, offered, manifests, waiting
                 )
             store = preparing.result()
             telemetry = _start_telemetry(config, tools, stream)
@@ -308,6 +311,17 @@ async def _serve_config(
             # Over stdio the proxy serves exactly one host: the one principal it may ask.
             proxy.single_host = address is None
             server = Handlers(proxy).server()
+            from ._live import LiveListings
+
+            # After the handlers: a server's list_changed is taken before what they forward.
+            live = LiveListings(proxy, manifests, stream)
+            live.install()
+            from ._logins import LoginWatch
+
+            logins = LoginWatch(proxy, waiting, live, shutdown.connections, stream)
+            from ._reload import ManifestWatch
+
+            manifest_watch = ManifestWatch(proxy, live, stream)
             from ._checkpointing import checkpointing
             from ._notify import delivering
 
@@ -317,6 +331,10 @@ async def _serve_config(
                 _serving_inbox(config, proxy, [tool for tool, _ in tools], servers_of, stream),
                 delivering(store, config.notify, stream),
             ):
+                assert proxy.work is not None
+                proxy.work.start_soon(live.run)
+                proxy.work.start_soon(logins.run)
+                proxy.work.start_soon(manifest_watch.run)
                 if address is not None and listener is not None:
                     from ._http import serve_http
 

@@ -22,6 +22,7 @@ from anyio.abc import TaskGroup
 from mcp.server.context import ServerRequestContext
 
 from ..canonical import canonical_json, plain_json
+from ..errors import RegistrationError
 from ..gate import Gate, Limits
 from ..mcp import CallContext
 from ..mcp._tool import ServerTool
@@ -38,13 +39,14 @@ from ._forward import Forwarded
 from ._grants import GrantCover
 from ._index import CallIndex
 from ._input_required import HostCall, Suspended, is_stateless
+from ._live import HostListeners
 from ._log import log_line
 from ._logins import oauth_preflights
 from ._offers import Offered, OfferTool, hidden_name
 from ._preconditions import StatefulTool, precondition_reader
 from ._resource import PRINCIPAL_SCOPE_KEY, ProtectedResource
 from ._revision import wanted_log_level
-from ._status import GateStatus
+from ._status import STATUS_TOOL, GateStatus
 from .config import DEFAULT_SERVER_TIMEOUT, ProxyConfig, UpstreamConfig
 
 __all__ = ["Loaded", "Proxy", "log_line"]
@@ -108,6 +110,12 @@ class Proxy:
         self.upstreams = {
             up.server.name: tool.upstream for tool, up in tools if isinstance(tool, ServerTool)
         }
+        # The server tools by final name, so a tool its server's new listing refused is
+        # withheld from the host's listing (`_live.py`); and the hosts to tell it changed.
+        self.server_tools = {
+            tool.spec.name: tool for tool, _ in tools if isinstance(tool, ServerTool)
+        }
+        self.listeners = HostListeners()
         self.store = store
         self.log = log
         owner = new_owner()
@@ -120,41 +128,15 @@ class Proxy:
         sent: set[str] = set()
         forwarded: dict[str, Forwarded] = {}
         repeat_windows: dict[str, float] = {}
+        # Shared by every watched tool, those a late server brings too (`admit`).
+        self._shared = (cut_off, sent, forwarded)
         # The server's own `title` and `outputSchema`, listed for results forwarded as sent.
         self.listed: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
         # MCP Apps: each tool's `_meta` naming its app, offered to hosts that render apps.
         self.ui: dict[str, dict[str, Any]] = {
             tool.spec.name: tool.ui for tool, _ in tools if isinstance(tool, ServerTool) and tool.ui
         }
-        watched: list[Tool] = []
-        for tool, upstream in tools:
-            name = tool.spec.name
-            as_sent = upstream.results == "as_sent"
-            on_server = tool.server_tool_name if isinstance(tool, ServerTool) else name
-            extra = upstream.tool_rules.get(on_server)
-            if extra is not None and extra.repeat_window is not None:
-                repeat_windows[name] = extra.repeat_window
-            if isinstance(tool, ServerTool):
-                schema = plain_json(tool.output_schema) if as_sent and tool.output_schema else None
-                self.listed[name] = (
-                    tool.title,
-                    None if schema is None else listed_output_schema(schema),
-                )
-            watching: dict[str, Any] = {
-                "cut_off": cut_off,
-                "sent": sent,
-                "forwarded": forwarded if as_sent else None,
-                "max_result_bytes": upstream.max_result_bytes if as_sent else None,
-            }
-            if extra is not None and extra.precondition is not None:
-                reader = precondition_reader(tools, upstream, extra.precondition)
-                watched.append(
-                    StatefulTool(
-                        tool, extra.precondition, reader, reconcile=extra.reconcile, **watching
-                    )
-                )
-            else:
-                watched.append(WatchedTool(tool, **watching))
+        watched = [self._watched(tool, upstream, tools, repeat_windows) for tool, upstream in tools]
         # prompts/get and resources/read of each server that offers them: read-only gate tools
         # the host never sees, so each one is recorded and decided like a call.
         self.hidden: set[str] = set()
@@ -227,6 +209,7 @@ class Proxy:
             forwarded=forwarded,
         )
         self.status = GateStatus(store, self.index, functools.partial(log_line, log))
+        self.status.withheld = self.withheld
         # The host session of this process's stdio host (docs/flows.md), when labels are used.
         self.stdio_session = new_stdio_session() if config.labelled else None
         self.in_flight = _InFlight()
@@ -242,6 +225,103 @@ class Proxy:
         # A remote server's OAuth tokens are checked (and refreshed) before its call
         # enters the gate: one that needs a login is UNAVAILABLE, nothing recorded or run.
         self.calls.logins = oauth_preflights(tools)
+
+    def _watched(
+        self,
+        tool: Tool,
+        upstream: UpstreamConfig,
+        tools: list[Loaded],
+        repeat_windows: dict[str, float],
+    ) -> Tool:
+        """`tool` as the gate registers it: watched for a call cut off before its server
+        answered, and for its state when its rule names a precondition."""
+        cut_off, sent, forwarded = self._shared
+        name = tool.spec.name
+        as_sent = upstream.results == "as_sent"
+        on_server = tool.server_tool_name if isinstance(tool, ServerTool) else name
+        extra = upstream.tool_rules.get(on_server)
+        if extra is not None and extra.repeat_window is not None:
+            repeat_windows[name] = extra.repeat_window
+        if isinstance(tool, ServerTool):
+            schema = plain_json(tool.output_schema) if as_sent and tool.output_schema else None
+            self.listed[name] = (
+                tool.title,
+                None if schema is None else listed_output_schema(schema),
+            )
+        watching: dict[str, Any] = {
+            "cut_off": cut_off,
+            "sent": sent,
+            "forwarded": forwarded if as_sent else None,
+            "max_result_bytes": upstream.max_result_bytes if as_sent else None,
+        }
+        if extra is not None and extra.precondition is not None:
+            reader = precondition_reader(tools, upstream, extra.precondition)
+            return StatefulTool(
+                tool, extra.precondition, reader, reconcile=extra.reconcile, **watching
+            )
+        return WatchedTool(tool, **watching)
+
+    def admit(self, tools: list[Loaded], *, replacing: bool = False) -> list[str]:
+        """Serve the tools of a server that loaded after the proxy started (its login came
+        later, `_logins.py`), or with `replacing` those its new manifest registered in place
+        of its own (`_reload.py`), held to its pins as at start; the lines to log.  A name
+        another server holds goes to neither silently: the late tool is refused."""
+        lines: list[str] = []
+        repeat_windows: dict[str, float] = {}
+        for tool, upstream in tools:
+            name = tool.spec.name
+            holder = self.server_of.get(name)
+            own = replacing and holder is not None and holder.server.name == upstream.server.name
+            if not own and (self.calls.spec_of(name) is not None or name == STATUS_TOOL):
+                lines.append(f"server {sanitize(upstream.server.name)}: refused {name}: the "
+                             "name is already taken; give it a rename rule")  # fmt: skip
+                continue
+            watched = self._watched(tool, upstream, tools, repeat_windows)
+            if isinstance(watched, StatefulTool):
+                watched.policy = self.policy
+            try:
+                self.gate.register(watched, replacing=own)
+            except RegistrationError as exc:
+                lines.append(f"server {sanitize(upstream.server.name)}: refused {name}: "
+                             f"{sanitize(str(exc))}")  # fmt: skip
+                continue
+            self.calls.add_spec(tool.spec)
+            self.server_of[name] = upstream
+            self.timeouts[name] = tool.spec.timeout
+            if isinstance(tool, ServerTool):
+                self.server_tools[name] = tool
+                self.upstreams[upstream.server.name] = tool.upstream
+                if tool.ui:
+                    self.ui[name] = tool.ui
+                else:
+                    self.ui.pop(name, None)
+            self.calls.logins.update(oauth_preflights([(tool, upstream)]))
+        self.calls.repeat_windows.update(repeat_windows)
+        return lines
+
+    def serves(self, tool: str) -> bool:
+        """Whether `tool` is offered to the host now: not refused since its server listed
+        its tools again (or was started again)."""
+        server_tool = self.server_tools.get(tool)
+        return server_tool is None or not server_tool.upstream.refusal(server_tool.server_tool_name)
+
+    def withheld(self) -> list[tuple[str, str]]:
+        """Each tool refused since its server listed its tools again (or was started
+        again), by name, with the reason."""
+        found = []
+        for name, tool in sorted(self.server_tools.items()):
+            reason = tool.upstream.refusal(tool.server_tool_name)
+            if reason:
+                found.append((name, reason))
+        return found
+
+    def visible_tools(self) -> frozenset[str]:
+        """The tool names a host's `tools/list` shows now (besides `gate_status`)."""
+        return frozenset(
+            spec.name
+            for spec in self.calls.specs
+            if spec.name not in self.hidden and self.serves(spec.name)
+        )
 
     def start(
         self,

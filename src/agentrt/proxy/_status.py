@@ -45,6 +45,9 @@ class GateStatus:
         self.store = store
         self.index = index
         self.log = log
+        # Each tool withheld now (its server changed it since its pin) and why, told with
+        # the listing so the model can say why a tool it saw is gone (`_live.py`).
+        self.withheld: Callable[[], list[tuple[str, str]]] = list
 
     def listed(self) -> types.Tool:
         """The tool as `tools/list` offers it: read-only, one optional argument."""
@@ -66,11 +69,19 @@ class GateStatus:
         answer names a run, a path or the database.
         """
         try:
-            return await self.store.run(self._read, arguments, session)
+            answer = await self.store.run(self._read, arguments, session)
         except Exception as exc:
             self.log(f"agentrt proxy: gate_status could not read the database: "
                      f"{sanitize(str(exc))}")  # fmt: skip
             return Answer.status_unavailable()
+        withheld = self.withheld()
+        if withheld and not answer.is_error and not (arguments or {}).get("approval_id"):
+            lines = [f"{len(withheld)} tool(s) are withheld: their server changed them since the "
+                     "operator reviewed them, and nothing runs until the operator pins them "
+                     "again:"]  # fmt: skip
+            lines += [f"- {name}: {bounded(sanitize(reason), 200)}" for name, reason in withheld]
+            return Answer(answer.text + "\n" + "\n".join(lines), False)
+        return answer
 
     def _listing(self, session: str | None) -> Answer:
         held = self.index.waiting(session)

@@ -492,9 +492,9 @@ class StreamableHTTP:
         server = self._server
         try:
             async with session.received:
-                await server.run(
-                    session.received, _Outbox(session), server.create_initialization_options()
-                )
+                from ._live import initialization_options
+
+                await server.run(session.received, _Outbox(session), initialization_options(server))
         except Exception as exc:  # one session's failure must not end the others
             self._log.write(
                 f"agentrt proxy: an HTTP session ended with an error: {sanitize(repr(exc))[:300]}\n"

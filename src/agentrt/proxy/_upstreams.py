@@ -14,7 +14,7 @@ import anyio
 
 from ..canonical import plain_json
 from ..errors import AgentrtError
-from ..mcp import Connection, Report, load, read_manifest
+from ..mcp import Connection, Manifest, Report, load, read_manifest
 from ..mcp._offers import Offers, load_offers
 from ..mcp._tool import ServerTool
 from ..sanitize import sanitize
@@ -35,11 +35,16 @@ async def load_upstreams(
     log: IO[str],
     servers_of: dict[str, str] | None = None,
     offered: Offered | None = None,
+    manifests: dict[str, Manifest] | None = None,
+    waiting: list[UpstreamConfig] | None = None,
 ) -> tuple[list[Loaded], list[Connection]]:
     """Load every upstream; one that fails is reported and left out, the others serve.
 
     `servers_of`, when given, is filled with each served tool's server name;
-    `offered` with the prompts, resources and templates that passed their pins."""
+    `offered` with the prompts, resources and templates that passed their pins;
+    `manifests` with each loaded server's manifest (what a later listing is held
+    to, `_live.py`); `waiting` with each server left out because it waits for
+    `agentrt login` (loaded once it is made, `_logins.py`)."""
     tools: list[Loaded] = []
     connections: list[Connection] = []
     taken: dict[str, str] = {STATUS_TOOL: "the proxy itself"}
@@ -68,6 +73,8 @@ async def load_upstreams(
                 raise
             outcome = await load(upstream.server, manifest, upstream.rules)
             outcomes[position] = outcome
+            if manifests is not None:
+                manifests[upstream.server.name] = manifest
         except (AgentrtError, OSError, ValueError) as exc:
             outcomes[position] = exc
             return
@@ -100,6 +107,8 @@ async def load_upstreams(
         name = sanitize(upstream.server.name)
         if not isinstance(outcome, tuple):
             log_line(log, f"agentrt proxy: server {name} did not load: {sanitize(str(outcome))}")
+            if waiting is not None and await _waits_for_login(upstream):
+                waiting.append(upstream)
             continue
         loaded, report = outcome
         if report.connection is not None:
@@ -121,6 +130,16 @@ async def load_upstreams(
                 servers_of[tool.spec.name] = upstream.server.name
             tools.append((tool, upstream))
     return tools, connections
+
+
+async def _waits_for_login(upstream: UpstreamConfig) -> bool:
+    """Whether `upstream` is reached with OAuth and has no tokens that serve now."""
+    from ..mcp._oauth import OAuthClientFactory
+
+    factory = upstream.server.http_client_factory
+    if not isinstance(factory, OAuthClientFactory):
+        return False
+    return await factory.session.waiting_for_login() is not None
 
 
 def take_offers(offered: Offered, name: str, offers: Offers) -> list[str]:

@@ -83,6 +83,10 @@ class EventType(enum.StrEnum):
     CHECKPOINT = "checkpoint"
     # A prefix of the chain moved into a signed segment file (`store/archive.py`).
     ARCHIVED = "archived"
+    # A proxied server's listing, taken again on its `list_changed`, changed what the
+    # proxy serves of it: tools refused (changed since pinned) or listed unpinned
+    # (`proxy/_live.py`).
+    LISTING_CHANGED = "listing_changed"
 
 
 class EndReason(enum.StrEnum):

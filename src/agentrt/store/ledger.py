@@ -52,6 +52,7 @@ from .events import (
 )
 
 __all__ = [
+    "SERVER_EVENTS_PREFIX",
     "TAINT_EVENTS_PREFIX",
     "UNREAD",
     "ApprovalRequest",
@@ -77,6 +78,7 @@ __all__ = [
     "record_approver_refusal",
     "record_checkpoint",
     "record_invalid_step",
+    "record_listing_change",
     "record_result",
     "record_state_read",
     "record_step",
@@ -1062,3 +1064,28 @@ def expire_standing_grant(store: Store, connection: Connection, grant_id: str, r
         return False
     _append(store, connection, run_id, EventType.STANDING_GRANT_EXPIRED, {"grant_id": grant_id})
     return True
+
+
+# -- a proxied server's live listing -------------------------------------------
+
+
+SERVER_EVENTS_PREFIX: Final = "server:"
+"""The chain's name for a proxied server's events: `server:<name>` in place of a run id."""
+
+
+def record_listing_change(
+    store: Store,
+    connection: Connection,
+    server: str,
+    session: str,
+    refused: Mapping[str, str],
+    unpinned: Sequence[str],
+) -> None:
+    """Server `server`'s new listing changed what the proxy of `session` serves of it:
+    `refused` is each loaded tool now refused with its reason, `unpinned` each tool it
+    lists that nothing pinned (neither is served)."""
+    _append(
+        store, connection, SERVER_EVENTS_PREFIX + server, EventType.LISTING_CHANGED,
+        {"server": server, "session": session, "refused": dict(refused),
+         "unpinned": list(unpinned)},
+    )  # fmt: skip

@@ -1,0 +1,132 @@
+"""A login made while `agentrt proxy` runs serves the server that waited for it, without a
+restart: loaded when its tokens and its manifest appear, held to its pins, and the host
+told its list changed (docs/oauth.md); the other server serves throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from oauth_support import OAuthServer, click_consent, oauth_server
+
+from agentrt.mcp._login import login
+from agentrt.mcp._tokens import AuthSettings
+from agentrt.store import open_store
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(120)]
+
+AGENTRT = Path(sys.executable).parent / "agentrt"
+CHANGING = Path(__file__).parents[1] / "proxy" / "servers" / "changing_server.py"
+
+
+def _config(root: Path, server: OAuthServer) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o700)
+    path = root / "proxy.json"
+    document = {
+        "database": "proxy.db",
+        "session": "oauth",
+        "servers": [
+            {
+                "name": "remote",
+                "endpoint": server.endpoint,
+                "manifest": "remote.manifest.json",
+                "rules": {"whoami": {"side_effect": "read_only"}},
+            },
+            {
+                "name": "chg",
+                "command": [sys.executable, str(CHANGING)],
+                "default_timeout": "10s",
+                "manifest": "chg.manifest.json",
+                "rules": {"echo": {"side_effect": "read_only"}},
+            },
+        ],
+    }
+    path.write_text(json.dumps(document))
+    path.chmod(0o600)
+    return path
+
+
+def _environment(state: Path) -> dict[str, str]:
+    environment = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "XDG_STATE_HOME": str(state),
+    }
+    if "AGENTRT_ANCHOR_DIR" in os.environ:
+        environment["AGENTRT_ANCHOR_DIR"] = os.environ["AGENTRT_ANCHOR_DIR"]
+    return environment
+
+
+async def _login(server: OAuthServer) -> None:
+    async def browser(url: str) -> None:
+        group.start_soon(click_consent, url)
+
+    async with anyio.create_task_group() as group:
+        await login("remote", server.endpoint, AuthSettings(), show_url=browser)
+
+
+def _pin(config: Path, environment: dict[str, str], name: str) -> None:
+    pinned = subprocess.run(
+        [str(AGENTRT), "pin", "--config", str(config), name],
+        env=environment, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert pinned.returncode == 0, pinned.stderr
+
+
+def _text(result: Any) -> str:
+    return "".join(getattr(block, "text", "") for block in result.content)
+
+
+async def test_a_login_made_while_the_proxy_runs_serves_the_server_without_a_restart(
+    tmp_path: Path, state_home: Path
+) -> None:
+    changed = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+
+    with oauth_server() as server:
+        config = _config(tmp_path / "conf", server)
+        environment = _environment(state_home)
+        _pin(config, environment, "chg")
+        stderr_path = tmp_path / "proxy.stderr"
+        parameters = StdioServerParameters(
+            command=str(AGENTRT), args=["proxy", "--config", str(config)],
+            env=environment, cwd=str(tmp_path),
+        )  # fmt: skip
+        with stderr_path.open("a") as errlog:
+            async with (
+                stdio_client(parameters, errlog=errlog) as (read, write),
+                ClientSession(read, write, message_handler=on_message) as host,
+            ):
+                await host.initialize()
+                before = {tool.name for tool in (await host.list_tools()).tools}
+                # The person logs in, then the operator pins what the server offers.
+                await _login(server)
+                _pin(config, environment, "remote")
+                with anyio.fail_after(30):
+                    await changed.wait()
+                after = {tool.name for tool in (await host.list_tools()).tools}
+                whoami = await host.call_tool("remote_whoami", {})
+                echo = await host.call_tool("chg_echo", {"text": "unharmed"})
+    assert "remote_whoami" not in before
+    assert "chg_echo" in before
+    assert "remote_whoami" in after
+    assert _text(whoami) == "an authorized client", _text(whoami)
+    assert _text(echo) == "unharmed"
+    stderr = stderr_path.read_text()
+    assert "agentrt proxy: server remote did not load:" in stderr
+    assert "agentrt proxy: server remote is logged in now and served" in stderr
+    with open_store(config.parent / "proxy.db", create=False) as store:
+        assert store.verify_chain().ok
