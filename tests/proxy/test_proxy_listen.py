@@ -74,3 +74,21 @@ async def test_a_resource_is_subscribed_once_while_streams_hold_it_and_let_go_af
             await anyio.sleep(0.1)
         await anyio.sleep(0.1)
     assert upstream.sent == [("resources/subscribe", uri), ("resources/unsubscribe", uri)]
+
+
+async def test_a_list_change_the_proxy_tells_its_hosts_reaches_the_listen_streams() -> None:
+    # `_live.HostListeners` tells the 2025 sessions that listed, and (set by `Handlers`) the
+    # 2026-07-28 hosts' listen streams; before the merge of the two, streams heard nothing.
+    from agentrt.proxy._live import HostListeners
+
+    upstream = Upstream()
+    events = HostEvents(upstream.forward, upstream.held_by_2025_hosts.__contains__)
+    listeners = HostListeners()
+    listeners.streams = events.list_changed
+    async with (
+        Client(_served(events), mode="auto", cache=None) as client,
+        client.listen(tools_list_changed=True) as tools,
+    ):
+        assert await listeners.tools_changed() == 0  # no 2025 session listed
+        with anyio.fail_after(5):
+            assert await tools.__anext__() == ToolsListChanged()
