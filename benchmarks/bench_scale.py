@@ -253,6 +253,8 @@ async def _backend(
         "HOME": os.environ.get("HOME", "/tmp"),
         "AGENTRT_ANCHOR_DIR": str(root / "anchors"),
     }
+    if "PYTHONPATH" in os.environ:  # (to measure another checkout's agentrt)
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     configs = []
     for index in range(max(PROXIES)):
         document = {

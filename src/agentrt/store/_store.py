@@ -201,6 +201,8 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
                     connection.execute("SAVEPOINT unit")
                 try:
                     unit.value = unit.function(connection, *unit.args)
+                    # Each unit's statements answered within it, so a refused one is its own.
+                    self._backend.settle(connection)
                 except BaseException as exc:
                     unit.error = exc
                     self._pending_events = []
@@ -308,6 +310,7 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
             self._head = None
             try:
                 yield connection
+                self._backend.settle(connection)
                 connection.execute("COMMIT")
                 self.commits += 1
             except BaseException:
