@@ -307,3 +307,49 @@ async def test_a_batch_whose_connection_is_lost_mid_write_writes_nothing_and_the
     assert after == [3, 4]
     assert _chain_is_whole(store) == [1, 2, 3, 4]
     store.close()
+
+
+def test_a_commit_after_an_error_the_caller_caught_is_refused_not_reported_written(
+    url: str,
+) -> None:
+    store = open_store(url)
+    with (
+        pytest.raises(StoreError, match="rolled back a transaction after an error in it"),
+        store.transaction() as connection,
+    ):
+        _append(store, connection, 2, "lost")
+        connection.execute("INSERT INTO extensions (name, version) VALUES ('y', 1)")
+        with pytest.raises(StoreError, match="refused a write"):
+            connection.execute("INSERT INTO extensions (name, version) VALUES ('y', 1)")
+    assert store._query("SELECT name FROM extensions WHERE name = 'y'") == []
+    with store.transaction() as connection:
+        assert _append(store, connection, 1, "next") == [1]
+    assert _chain_is_whole(store) == [1]
+    store.close()
+
+
+def test_a_commit_the_server_refuses_is_one_sentence_and_the_store_goes_on(url: str) -> None:
+    import psycopg
+
+    store = open_store(url)
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(
+            "CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN RAISE EXCEPTION 'refused at commit'; END $$"
+        )
+        admin.execute(
+            "CREATE CONSTRAINT TRIGGER refuses_at_commit AFTER INSERT ON extensions"
+            " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW"
+            " WHEN (NEW.name = 'refused') EXECUTE FUNCTION refuse_at_commit()"
+        )
+    with (
+        pytest.raises(StoreError, match=r"^database postgresql://.*: refused at commit$"),
+        store.transaction() as connection,
+    ):
+        _append(store, connection, 2, "lost")
+        connection.execute("INSERT INTO extensions (name, version) VALUES ('refused', 1)")
+    assert store._query("SELECT name FROM extensions WHERE name = 'refused'") == []
+    with store.transaction() as connection:
+        assert _append(store, connection, 1, "next") == [1]
+    assert _chain_is_whole(store) == [1]
+    store.close()

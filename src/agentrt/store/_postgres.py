@@ -257,7 +257,7 @@ class PostgresConnection:
     def in_transaction(self) -> bool:
         if self._cut:
             return True  # until the store rolls back the write the break cut
-        if self._connection.broken:
+        if self._connection.broken or self._connection.closed:
             return False  # the server ended whatever was open with the session
         if self._pipeline is not None:
             return True  # a write this began, not ended yet
