@@ -353,3 +353,21 @@ def test_a_commit_the_server_refuses_is_one_sentence_and_the_store_goes_on(url: 
         assert _append(store, connection, 1, "next") == [1]
     assert _chain_is_whole(store) == [1]
     store.close()
+
+
+def test_without_libpq_pipeline_mode_each_statement_is_waited_for_and_writes_still_work(
+    slow_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentrt.store import _postgres
+
+    monkeypatch.setattr(_postgres, "_PIPELINE", False)  # as with a libpq older than 14
+    store = open_store(slow_url)
+    with store.transaction() as connection:
+        _append(store, connection, 1, "first")
+    began = time.perf_counter()
+    with store.transaction() as connection:
+        seqs = _append(store, connection, 20, "twenty")
+    assert time.perf_counter() - began > 20 * _DELAY_S  # one wait per statement
+    assert seqs == list(range(2, 22))
+    assert _chain_is_whole(store) == list(range(1, 22))
+    store.close()

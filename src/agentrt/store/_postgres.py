@@ -65,6 +65,9 @@ _TAKE_WRITE_LOCK: Final = (
     "SELECT pg_advisory_xact_lock(?), EXTRACT(EPOCH FROM clock_timestamp())::float8"
 )
 
+# Whether this libpq has pipeline mode (14 and later; psycopg's binary wheels have it).
+_PIPELINE: Final = psycopg.capabilities.has_pipeline()
+
 # Statements of a write not waited for one by one: the chain's appends (answered
 # together at the end of the unit, `settle`: nobody catches their error, a refused one
 # fails the unit) and a unit's savepoints (answered with the next statement that is).
@@ -491,6 +494,8 @@ class PostgresConnection:
         BEGIN and the lock go out together, one round trip.  A connection found broken
         by them is opened again and they are sent once more (nothing was written yet).
         """
+        if not _PIPELINE:
+            return self._begin_waiting_each()
         if self._cut or (self._writing and self._connection.broken):
             self._drop_pipeline()
             self._writing = self._cut = False
@@ -523,6 +528,17 @@ class PostgresConnection:
             self._writing = True
             return float(row[1])
         raise AssertionError("unreachable")  # (the loop returns or raises)
+
+    def _begin_waiting_each(self) -> float:
+        """`begin_write` where libpq has no pipeline mode (before 14): every statement of
+        the write waited for, one by one."""
+        self.execute("BEGIN")
+        try:
+            row = self.execute(_TAKE_WRITE_LOCK, (WRITE_LOCK,)).fetchone()
+        except BaseException:
+            self.rollback_quietly()
+            raise
+        return float(row[1])
 
     def rollback_quietly(self) -> None:
         self._cut = self._writing = False
