@@ -371,3 +371,30 @@ def test_without_libpq_pipeline_mode_each_statement_is_waited_for_and_writes_sti
     assert seqs == list(range(2, 22))
     assert _chain_is_whole(store) == list(range(1, 22))
     store.close()
+
+
+def test_the_store_counts_the_seconds_its_writes_wait_for_and_hold_the_write_lock(
+    database: str | Path,
+) -> None:
+    holder, waiter = open_store(database), open_store(database)
+    taken = threading.Event()
+
+    def hold() -> None:
+        with holder.transaction() as connection:
+            _append(holder, connection, 1, "holder")
+            taken.set()
+            time.sleep(0.4)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert taken.wait(10)
+    with waiter.transaction() as connection:
+        _append(waiter, connection, 1, "waiter")
+    thread.join()
+    # The waiter waited for the holder's lock; the holder held it through its sleep.
+    assert 0.2 <= waiter.write_lock_wait_s < 10
+    assert 0.4 <= holder.write_lock_held_s < 10
+    assert waiter.write_lock_held_s < holder.write_lock_held_s
+    assert _chain_is_whole(holder) == [1, 2]
+    holder.close()
+    waiter.close()
