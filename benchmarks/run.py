@@ -1,7 +1,8 @@
 """`make bench`: what governance costs, as ratios against baselines measured in the same run.
 
     python benchmarks/run.py [--quick]
-                             [--only gate,concurrency,mcp,proxy,index,postgres,startup,retention]
+                             [--only gate,concurrency,mcp,proxy,index,postgres,startup,
+                                     retention,scale]
                              [--no-peers]
 
 Prints a table of ratios and writes everything measured (every sample summary,
@@ -261,6 +262,11 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
         import bench_retention
 
         rows.extend(bench_retention.rows(retention))
+    scale = results.get("scale")
+    if isinstance(scale, dict) and "error" not in scale:
+        import bench_scale
+
+        rows.extend(bench_scale.rows(scale))
     return rows
 
 
@@ -269,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
     parser.add_argument(
         "--only",
-        default="gate,concurrency,mcp,proxy,index,postgres,startup,retention",
+        default="gate,concurrency,mcp,proxy,index,postgres,startup,retention,scale",
         help="comma-separated benchmarks",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peer proxies")
@@ -314,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     if "retention" in selected:
         log("retention: checkpoints, verify, archive and evidence at size")
         failed |= _guarded(results, "retention", lambda: _retention(options.quick))
+    if "scale" in selected:
+        log("scale: 1, 2, 4 and 8 proxies on one database")
+        failed |= _guarded(results, "scale", lambda: _scale(options.quick))
     results["machine"]["load_average_end"] = os.getloadavg()
     results["seconds"] = time.perf_counter() - began
 
@@ -360,6 +369,12 @@ def _postgres(quick: bool) -> Result:
     import bench_postgres
 
     return bench_postgres.run(quick)
+
+
+def _scale(quick: bool) -> Result:
+    import bench_scale
+
+    return bench_scale.run(quick)
 
 
 def _retention(quick: bool) -> Result:

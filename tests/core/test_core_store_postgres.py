@@ -480,9 +480,10 @@ def test_a_write_whose_connection_was_found_broken_elsewhere_is_never_committed(
         connection.execute("INSERT INTO extensions (name, version) VALUES ('found', 1)")
         assert _end_sessions(url) == 1
         # Something other than the store's statements finds the break first (psycopg
-        # then knows the connection is broken before the store sends its COMMIT).
+        # then knows the connection is broken before the store sends its COMMIT).  (A
+        # write's statements go out in pipeline mode: reading the answer finds it.)
         with pytest.raises(psycopg.OperationalError):
-            store._connection._connection.execute("SELECT 1")  # type: ignore[union-attr]
+            store._connection._connection.execute("SELECT 1").fetchone()  # type: ignore[union-attr]
     assert store._query("SELECT name FROM extensions WHERE name = 'found'") == []
     store.close()
 

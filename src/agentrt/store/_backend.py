@@ -45,6 +45,12 @@ class Backend(Protocol):
         """Whether a read failed only because another writer held the database."""
         ...
 
+    def settle(self, connection: Connection) -> None:
+        """Wait for every statement sent so far in the write to be answered, raising the
+        error of one that failed (PostgreSQL sends a write's statements without waiting
+        for each answer; SQLite has nothing to wait for)."""
+        ...
+
     def ddl(self, statement: str) -> str:
         """A migration's statement (written in SQLite's dialect) as this database takes it."""
         ...

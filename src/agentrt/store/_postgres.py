@@ -15,6 +15,15 @@ a lease or a hold are the database server's (`clock_timestamp()`, read in the
 same statement that took the lock), so hosts whose clocks disagree still
 agree on who holds what.
 
+Every other writer waits while one holds that lock, so a write holds it for as
+few round trips as it can (decision 0044): its statements go out in psycopg's
+pipeline mode, BEGIN and the lock together; the chain's appends and a unit's
+savepoints are not waited for one by one but answered together at the end of
+the unit (`settle`) or with the next statement that is; any other statement
+is answered before `execute` returns, as without a pipeline, so a caller that
+catches its error or reads its result sees what it always saw.  The
+statements sent, and their order, are the same.
+
 Credentials come only from libpq's environment (`PGPASSWORD`, a pgpass file,
 a service): a URL holding a password is refused, so no password is ever
 written into an event, a log or an error.  This module imports psycopg; the
@@ -24,6 +33,7 @@ the store's hooks for PostgreSQL (`_backend.Backend`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -49,6 +59,20 @@ __all__ = [
 # The key of the advisory lock every write transaction takes first (any
 # 64-bit number nothing else in the database uses: "agentrt" in ASCII).
 WRITE_LOCK: Final = 0x6167656E747274
+
+# The statement that takes it, with the server's time then.
+_TAKE_WRITE_LOCK: Final = (
+    "SELECT pg_advisory_xact_lock(?), EXTRACT(EPOCH FROM clock_timestamp())::float8"
+)
+
+# Whether this libpq has pipeline mode (14 and later; psycopg's binary wheels have it).
+_PIPELINE: Final = psycopg.capabilities.has_pipeline()
+
+# Statements of a write not waited for one by one: the chain's appends (answered
+# together at the end of the unit, `settle`: nobody catches their error, a refused one
+# fails the unit) and a unit's savepoints (answered with the next statement that is).
+_APPEND: Final = "INSERT INTO events "
+_BOOKKEEPING: Final = ("SAVEPOINT ", "RELEASE ", "ROLLBACK TO ")
 
 # PostgreSQL's REAL and INTEGER are 4 bytes: an epoch time in a REAL would lose
 # its seconds, so the shared migrations' types are widened here.
@@ -145,27 +169,47 @@ def _row_factory(cursor: Any) -> Any:
 
 
 class Cursor:
-    """The part of `sqlite3.Cursor` the store's SQL uses: rows, iteration, rowcount."""
+    """The part of `sqlite3.Cursor` the store's SQL uses: rows, iteration, rowcount.
 
-    __slots__ = ("_cursor",)
+    A statement of a write is sent without waiting for its answer (`PostgresConnection`);
+    the first look at its rows or its row count waits for it (and for every statement
+    sent before it), so a caller that reads a result sees the same as if each statement
+    had been waited for."""
 
-    def __init__(self, cursor: psycopg.ClientCursor[Any] | None) -> None:
+    __slots__ = ("_cursor", "_owner")
+
+    def __init__(
+        self,
+        cursor: psycopg.ClientCursor[Any] | None,
+        owner: PostgresConnection | None = None,
+    ) -> None:
         # None: a statement nothing was sent for (a ROLLBACK of what the server ended).
         self._cursor = cursor
+        self._owner = owner  # set while the statement's answer may still be on its way
+
+    def _answered(self) -> psycopg.ClientCursor[Any] | None:
+        cursor, owner = self._cursor, self._owner
+        if cursor is not None and owner is not None and cursor.pgresult is None:
+            owner.sync()
+        self._owner = None
+        return cursor
 
     @property
     def rowcount(self) -> int:
-        return -1 if self._cursor is None else self._cursor.rowcount
+        cursor = self._answered()
+        return -1 if cursor is None else cursor.rowcount
 
     def fetchone(self) -> Any:
-        if self._cursor is None or self._cursor.description is None:
+        cursor = self._answered()
+        if cursor is None or cursor.description is None:
             return None
-        return self._cursor.fetchone()
+        return cursor.fetchone()
 
     def fetchall(self) -> list[Any]:
-        if self._cursor is None or self._cursor.description is None:
+        cursor = self._answered()
+        if cursor is None or cursor.description is None:
             return []
-        return self._cursor.fetchall()
+        return cursor.fetchall()
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.fetchall())
@@ -205,13 +249,21 @@ class PostgresConnection:
         self._closed = False
         self._writing = False  # between a BEGIN this sent and its COMMIT or ROLLBACK
         self._cut = False  # the connection broke inside a write not yet rolled back
+        # A write's statements go out in pipeline mode (`begin_write`): sent without
+        # waiting for each answer, answered together when a result is read, at
+        # `settle`, and at the COMMIT.
+        self._pipeline: psycopg.Pipeline | None = None
+        self._pipeline_scope: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None
+        self._unanswered = 0  # statements sent since the last wait for answers
 
     @property
     def in_transaction(self) -> bool:
         if self._cut:
             return True  # until the store rolls back the write the break cut
-        if self._connection.broken:
+        if self._connection.broken or self._connection.closed:
             return False  # the server ended whatever was open with the session
+        if self._pipeline is not None:
+            return True  # a write this began, not ended yet
         return self._connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
     def execute(self, sql: str, parameters: Sequence[Any] = ()) -> Cursor:
@@ -219,6 +271,7 @@ class PostgresConnection:
             # The break came inside a write: nothing of it stands on the server, and no
             # statement of it (a COMMIT least of all) may go on on another connection.
             self._writing = False
+            self._drop_pipeline()
             if sql == "ROLLBACK":
                 self._cut = False
                 return Cursor(None)
@@ -226,6 +279,8 @@ class PostgresConnection:
                 self._cut = True
                 raise self._cut_write()
             self._cut = False
+        if self._pipeline is not None:
+            return self._pipelined(sql, parameters)
         if sql == "COMMIT" and self._failed():
             # PostgreSQL answers COMMIT of a failed transaction by rolling it back,
             # silently: say so instead of letting a caller believe it was written.
@@ -234,7 +289,7 @@ class PostgresConnection:
                 f"database {self.label} rolled back a transaction after an error in it; "
                 "nothing of it was written"
             )
-        if self._connection.broken:
+        if self._connection.broken or self._connection.closed:
             self._reopen()
         writing = self._writing
         try:
@@ -262,6 +317,113 @@ class PostgresConnection:
         elif sql in ("COMMIT", "ROLLBACK"):
             self._writing = False
         return Cursor(cursor)
+
+    # -- a write in pipeline mode ---------------------------------------------
+
+    def _pipelined(self, sql: str, parameters: Sequence[Any]) -> Cursor:
+        """Send one statement of the write without waiting for its answer."""
+        if sql in ("COMMIT", "ROLLBACK"):
+            return self._end_write(sql)
+        try:
+            cursor = self._send(sql, parameters)
+        except psycopg.Error as exc:
+            raise self._refused_in_pipeline(exc) from None
+        if sql.startswith(_APPEND):
+            self._unanswered += 1  # answered by the unit's `settle`, or a later read
+        elif not sql.startswith(_BOOKKEEPING):
+            # Any other statement is answered before it returns, as outside a pipeline:
+            # a caller may catch its error (a duplicate run id) or act on its effect.
+            self.sync()
+        return Cursor(cursor, self)
+
+    def settle(self) -> None:
+        """Wait for the answers to every statement of the write sent so far, raising the
+        error of one the server refused (mapped as `execute` maps it)."""
+        if self._unanswered:
+            self.sync()
+
+    def sync(self) -> None:
+        """`settle`, even when only a savepoint's statement is unanswered."""
+        pipeline = self._pipeline
+        if pipeline is None:
+            return
+        try:
+            pipeline.sync()
+        except psycopg.Error as exc:
+            raise self._refused_in_pipeline(exc) from None
+        self._unanswered = 0
+
+    def _refused_in_pipeline(self, exc: psycopg.Error) -> StoreError:
+        """The error to raise for `exc`, met while the write's statements were answered;
+        the pipeline is left ready for the write's ROLLBACK (or ROLLBACK TO)."""
+        if self._connection.broken:
+            self._drop_pipeline()
+            self._writing, self._cut = False, True
+            return self._cut_write()
+        pipeline = self._pipeline
+        if pipeline is not None:
+            # The server skipped what followed the refused statement up to the next
+            # sync: read those answers too, so the write can be rolled back.
+            with contextlib.suppress(psycopg.Error):
+                pipeline.sync()
+        self._unanswered = 0
+        return self._mapped(exc)
+
+    def _end_write(self, sql: str) -> Cursor:
+        """COMMIT or ROLLBACK the write and leave pipeline mode."""
+        if sql == "COMMIT" and self._unanswered:
+            # Make sure every statement of the write was kept before asking for the
+            # COMMIT, so a break while it is answered leaves only its own fate unknown.
+            self.settle()
+        scope = self._pipeline_scope
+        cursor: psycopg.ClientCursor[Any] | None = None
+        try:
+            cursor = self._send(sql, ())
+            if scope is not None:
+                scope.__exit__(None, None, None)  # one sync: every answer, then pipeline off
+        except psycopg.Error as exc:
+            broken = self._connection.broken
+            self._forget_pipeline()
+            self._writing = False
+            if sql == "ROLLBACK":
+                if not broken:
+                    self._connection.close()  # the server ends the write with the session
+                return Cursor(None)
+            if broken:
+                raise StoreError(
+                    f"the connection to database {self.label} broke before its COMMIT was "
+                    "answered; whether the write was kept is unknown"
+                ) from None
+            self._connection.close()  # the write is not kept; a new session for the next
+            raise self._mapped(exc) from None
+        self._forget_pipeline()
+        self._writing = False
+        if sql == "COMMIT" and cursor is not None and cursor.statusmessage == "ROLLBACK":
+            # PostgreSQL answers COMMIT of a failed transaction by rolling it back,
+            # silently: say so instead of letting a caller believe it was written.
+            raise StoreError(
+                f"database {self.label} rolled back a transaction after an error in it; "
+                "nothing of it was written"
+            )
+        return Cursor(cursor)
+
+    def _enter_pipeline(self) -> None:
+        scope = self._connection.pipeline()
+        self._pipeline = scope.__enter__()
+        self._pipeline_scope = scope
+        self._unanswered = 0
+
+    def _forget_pipeline(self) -> None:
+        self._pipeline = self._pipeline_scope = None
+        self._unanswered = 0
+
+    def _drop_pipeline(self) -> None:
+        """Leave pipeline mode on a connection that broke (nothing can be answered)."""
+        scope = self._pipeline_scope
+        self._forget_pipeline()
+        if scope is not None:
+            with contextlib.suppress(Exception):
+                scope.__exit__(None, None, None)
 
     def _send(self, sql: str, parameters: Sequence[Any]) -> psycopg.ClientCursor[Any]:
         cursor = self._connection.cursor()
@@ -299,14 +461,19 @@ class PostgresConnection:
         # (Only ever inside a write: a break cuts it, as in `execute`.)
         if self._cut or (self._writing and self._connection.broken):
             self._writing, self._cut = False, True
+            self._drop_pipeline()
             raise self._cut_write()
         try:
             self._connection.cursor().executemany(_translate(sql), [tuple(row) for row in rows])
         except psycopg.Error as exc:
+            if self._pipeline is not None:
+                raise self._refused_in_pipeline(exc) from None
             if self._connection.broken and self._writing:
                 self._writing, self._cut = False, True
                 raise self._cut_write() from None
             raise self._mapped(exc) from None
+        if self._pipeline is not None:
+            self._unanswered += 1
 
     def _mapped(self, exc: psycopg.Error) -> StoreError:
         detail = sanitize(
@@ -321,13 +488,53 @@ class PostgresConnection:
         return StoreError(f"database {self.label}: {detail}")
 
     def begin_write(self) -> float:
-        """Start a write transaction holding the write lock; return the server's time then."""
+        """Start a write transaction holding the write lock, its statements in pipeline
+        mode from here to its COMMIT or ROLLBACK; return the server's time then.
+
+        BEGIN and the lock go out together, one round trip.  A connection found broken
+        by them is opened again and they are sent once more (nothing was written yet).
+        """
+        if not _PIPELINE:
+            return self._begin_waiting_each()
+        if self._cut or (self._writing and self._connection.broken):
+            self._drop_pipeline()
+            self._writing = self._cut = False
+        for last in (False, True):
+            if self._connection.broken or self._connection.closed:
+                self._reopen()
+            try:
+                self._enter_pipeline()
+                self._send("BEGIN", ())
+                cursor = self._send(_TAKE_WRITE_LOCK, (WRITE_LOCK,))
+                assert self._pipeline is not None
+                self._pipeline.sync()
+                row = cursor.fetchone()
+            except psycopg.Error as exc:
+                broken = self._connection.broken
+                if broken:
+                    self._drop_pipeline()
+                    if not last:
+                        continue
+                    raise self._mapped(exc) from None
+                error = self._refused_in_pipeline(exc)
+                self.rollback_quietly()
+                raise error from None
+            except BaseException:
+                self.rollback_quietly()
+                raise
+            if row is None:
+                self.rollback_quietly()
+                raise StoreError(f"database {self.label} did not answer for its write lock")
+            self._writing = True
+            return float(row[1])
+        raise AssertionError("unreachable")  # (the loop returns or raises)
+
+    def _begin_waiting_each(self) -> float:
+        """`begin_write` where libpq has no pipeline mode (before 14): every statement of
+        the write waited for, one by one."""
         self.execute("BEGIN")
         try:
-            row = self.execute(
-                "SELECT pg_advisory_xact_lock(?), EXTRACT(EPOCH FROM clock_timestamp())::float8",
-                (WRITE_LOCK,),
-            ).fetchone()
+            row = self.execute(_TAKE_WRITE_LOCK, (WRITE_LOCK,)).fetchone()
         except BaseException:
             self.rollback_quietly()
             raise
@@ -335,6 +542,9 @@ class PostgresConnection:
 
     def rollback_quietly(self) -> None:
         self._cut = self._writing = False
+        if self._pipeline is not None:
+            self._end_write("ROLLBACK")
+            return
         if self.in_transaction:
             try:
                 self._connection.execute("ROLLBACK")
@@ -364,6 +574,10 @@ class PostgresBackend:
 
     def is_busy(self, error: Exception) -> bool:
         return False  # the server waits; the adapter says a wait too long as StoreBusy
+
+    def settle(self, connection: Connection) -> None:
+        """Wait for the answers to the write's statements sent so far (`PostgresConnection`)."""
+        self._connection.settle()
 
     def ddl(self, statement: str) -> str:
         return widen_types(statement)

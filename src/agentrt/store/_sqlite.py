@@ -74,6 +74,9 @@ class SqliteBackend:
     def is_busy(self, error: Exception) -> bool:
         return isinstance(error, sqlite3.OperationalError) and _is_busy(error)
 
+    def settle(self, connection: Connection) -> None:
+        return None  # every statement was answered when it returned
+
     def ddl(self, statement: str) -> str:
         return statement
 

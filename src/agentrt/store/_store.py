@@ -80,6 +80,13 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         self._lock_waiters = 0
         self.commits = 0
         """COMMITs this store's connection has made (each one fsync of the WAL)."""
+        self.write_lock_wait_s = 0.0
+        """Seconds this store's writes waited for the write lock (the store's own lock,
+        then the database's: `BEGIN IMMEDIATE`, or PostgreSQL's advisory lock)."""
+        self.write_lock_held_s = 0.0
+        """Seconds this store's writes held the database's write lock: from taking it
+        to the end of their transaction (on PostgreSQL, until the lock is released)."""
+        self._lock_taken = 0.0
         self.outbox: Outbox | None = None
         """Which events this store announces (`_outbox.enable_outbox`); None: none."""
 
@@ -194,6 +201,8 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
                     connection.execute("SAVEPOINT unit")
                 try:
                     unit.value = unit.function(connection, *unit.args)
+                    # Each unit's statements answered within it, so a refused one is its own.
+                    self._backend.settle(connection)
                 except BaseException as exc:
                     unit.error = exc
                     self._pending_events = []
@@ -236,6 +245,7 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         finally:
             self._head = None
             self._server_now = None
+            self.write_lock_held_s += time.perf_counter() - self._lock_taken
             self._lock.release()
         if committed:
             with self._events_lock:
@@ -268,10 +278,13 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         """
         if deadline is None:
             deadline = time.monotonic() + self.busy_deadline
+        asked = time.perf_counter()
         while True:
             self._acquire_lock()
             try:
                 self._server_now = self._backend.begin(self._connection)
+                self._lock_taken = time.perf_counter()
+                self.write_lock_wait_s += self._lock_taken - asked
                 return
             except Busy:
                 self._lock.release()
@@ -297,6 +310,7 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
             self._head = None
             try:
                 yield connection
+                self._backend.settle(connection)
                 connection.execute("COMMIT")
                 self.commits += 1
             except BaseException:
@@ -314,6 +328,7 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         finally:
             self._head = None
             self._server_now = None
+            self.write_lock_held_s += time.perf_counter() - self._lock_taken
             self._lock.release()
 
     def take_committed_events(self) -> list[Event]:

@@ -1,0 +1,366 @@
+"""Benchmark 13 (issue 36, scaling): 1, 2, 4 and 8 `agentrt proxy` processes on one
+database, each with 8 calls in flight, on PostgreSQL and on one SQLite file.
+
+    python benchmarks/bench_scale.py [--quick]      (or run.py --only scale)
+
+Eight proxies are started once per backend, all on the same database (each with
+its own session and its own upstream, `_scale_server.py`: a standard-library
+server that costs next to no CPU); each phase then drives the first 1, 2, 4 or 8
+of them for a fixed window from one host process speaking newline-delimited
+JSON-RPC over their pipes, 8 calls in flight per proxy.  Per phase:
+
+- calls/s over all proxies, and the ratio to the 1-proxy phase of the same run;
+- p50 and p99 of a call's latency, as the host sees it;
+- COMMITs per call and the write lock: the seconds the proxies' writes waited
+  for it and held it, per call, timed by the store itself around taking the
+  lock (`Store.write_lock_wait_s`, `write_lock_held_s`, written out by
+  `_counted_proxy.py`); held/wall is the lock's utilisation (1.0: the lock is
+  never free, every writer queues for it);
+- CPU: the proxies' and their upstreams' CPU seconds per call, the database
+  server's (PostgreSQL's processes), and how busy the machine's cores were.
+
+Skips PostgreSQL, with the reason, where its programs are not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from _common import (
+    HERE,
+    PYTHON,
+    REPO,
+    Result,
+    children_of,
+    cpu_seconds,
+    log,
+    private_file,
+    ratio,
+    summary,
+)
+
+from agentrt.mcp import Server, pin
+
+sys.path.insert(0, str(REPO / "tests"))
+import _postgres
+
+PROXIES: Final = (1, 2, 4, 8)
+IN_FLIGHT: Final = 8
+SERVER: Final = [PYTHON, str(HERE / "_scale_server.py")]
+PROXY: Final = [PYTHON, str(HERE / "_counted_proxy.py")]
+_INITIALIZE: Final = {
+    "protocolVersion": "2025-06-18",
+    "capabilities": {},
+    "clientInfo": {"name": "bench-scale", "version": "1"},
+}
+
+
+class Host:
+    """One proxy process and the calls in flight to it, answered by id."""
+
+    def __init__(self, process: asyncio.subprocess.Process, counts: Path) -> None:
+        self.process = process
+        self.counts = counts
+        self._next = 0
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    @classmethod
+    async def start(cls, config: Path, counts: Path, env: dict[str, str]) -> Host:
+        process = await asyncio.create_subprocess_exec(
+            *PROXY, "--config", str(config),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL, env={**env, "BENCH_STORE_COUNTS": str(counts)},
+            limit=1 << 24,
+        )  # fmt: skip
+        host = cls(process, counts)
+        await host.request("initialize", _INITIALIZE, timeout=120)
+        host._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        await host.request("tools/list", {}, timeout=60)
+        return host
+
+    async def request(
+        self, method: str, params: dict[str, Any], timeout: float = 30
+    ) -> dict[str, Any]:
+        self._next += 1
+        ident = self._next
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[ident] = future
+        self._send({"jsonrpc": "2.0", "id": ident, "method": method, "params": params})
+        answer = await asyncio.wait_for(future, timeout)
+        if "error" in answer:
+            raise RuntimeError(f"{method} failed: {answer['error']}")
+        result: dict[str, Any] = answer["result"]
+        return result
+
+    async def call(self, number: int) -> float:
+        began = time.perf_counter()
+        result = await self.request(
+            "tools/call", {"name": "bench_noop_0000", "arguments": {"n": number}}
+        )
+        elapsed = time.perf_counter() - began
+        text = result["content"][0]["text"] if result.get("content") else ""
+        if result.get("isError") or text != f"ok {number}":
+            raise RuntimeError(f"call {number} through the proxy failed: {result!r:.300}")
+        return elapsed
+
+    def counters(self) -> dict[str, float]:
+        try:
+            totals: dict[str, float] = json.loads(self.counts.read_text())
+        except (OSError, ValueError):
+            return {"commits": 0, "lock_wait_s": 0.0, "lock_held_s": 0.0}
+        return totals
+
+    def cpu(self) -> float:
+        """CPU seconds of the proxy and its upstream so far."""
+        pids = [self.process.pid, *children_of(self.process.pid)]
+        total = 0.0
+        for pid in pids:
+            try:
+                total += cpu_seconds(pid)
+            except OSError:
+                continue
+        return total
+
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(message).encode() + b"\n")
+
+    async def _read(self) -> None:
+        assert self.process.stdout is not None
+        while line := await self.process.stdout.readline():
+            answer = json.loads(line)
+            future = self._waiting.pop(answer.get("id"), None)
+            if future is not None and not future.done():
+                future.set_result(answer)
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(RuntimeError("the proxy exited"))
+
+    async def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            await asyncio.wait_for(self.process.wait(), 30)
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
+        self._reader.cancel()
+
+
+def _machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of every core so far, from /proc/stat."""
+    with open("/proc/stat") as handle:
+        fields = [float(value) for value in handle.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def _postgres_cpu(server: _postgres.PostgresServer | None) -> float:
+    if server is None:
+        return 0.0
+    try:
+        postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError):
+        return 0.0
+    total = 0.0
+    for pid in [postmaster, *children_of(postmaster)]:
+        try:
+            total += cpu_seconds(pid)
+        except OSError:
+            continue
+    return total
+
+
+async def _phase(
+    hosts: list[Host], window: float, server: _postgres.PostgresServer | None
+) -> dict[str, Any]:
+    """Drive `hosts` with IN_FLIGHT calls each for `window` seconds (after a short warm-up)."""
+    latencies: list[float] = []
+    measuring = False
+    stop_at = 0.0
+
+    async def worker(host: Host, number: int) -> None:
+        step = 0
+        while time.perf_counter() < stop_at:
+            elapsed = await host.call(number * 1_000_000 + step)
+            step += 1
+            if measuring:
+                latencies.append(elapsed)
+
+    async def drive(seconds: float) -> None:
+        nonlocal stop_at
+        stop_at = time.perf_counter() + seconds
+        async with asyncio.TaskGroup() as group:
+            for host in hosts:
+                for number in range(IN_FLIGHT):
+                    group.create_task(worker(host, number))
+
+    await drive(min(1.0, window / 3))  # warm-up: every proxy's pools and caches filled
+    await asyncio.sleep(0.3)  # the counters' files caught up
+    before = [host.counters() for host in hosts]
+    cpu_before = [host.cpu() for host in hosts]
+    db_before = _postgres_cpu(server)
+    busy_before, total_before = _machine_busy()
+    measuring = True
+    began = time.perf_counter()
+    await drive(window)
+    wall = time.perf_counter() - began
+    busy_after, total_after = _machine_busy()
+    db_cpu = _postgres_cpu(server) - db_before
+    proxy_cpu = sum(host.cpu() for host in hosts) - sum(cpu_before)
+    await asyncio.sleep(0.3)
+    after = [host.counters() for host in hosts]
+    calls = len(latencies)
+
+    def delta(key: str) -> float:
+        return sum(a[key] - b[key] for a, b in zip(after, before, strict=True))
+
+    stats = summary(latencies)
+    return {
+        "proxies": len(hosts),
+        "calls": calls,
+        "wall_s": wall,
+        "calls_per_s": calls / wall,
+        "p50_s": stats["p50"],
+        "p99_s": stats["p99"],
+        "commits_per_call": delta("commits") / calls,
+        "lock_wait_ms_per_call": 1000 * delta("lock_wait_s") / calls,
+        "lock_held_ms_per_call": 1000 * delta("lock_held_s") / calls,
+        "lock_utilisation": delta("lock_held_s") / wall,
+        "proxy_cpu_ms_per_call": 1000 * proxy_cpu / calls,
+        "database_cpu_ms_per_call": 1000 * db_cpu / calls,
+        "machine_busy": (busy_after - busy_before) / max(total_after - total_before, 1.0),
+    }
+
+
+async def _backend(
+    name: str, database: str, root: Path, window: float, server: _postgres.PostgresServer | None
+) -> dict[str, Any]:
+    manifest = await pin(Server(name="bench", command=SERVER, connect_timeout=60.0))
+    conf = root / "conf"
+    private_file(conf / "bench.manifest.json", manifest.to_json())
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "AGENTRT_ANCHOR_DIR": str(root / "anchors"),
+    }
+    if "PYTHONPATH" in os.environ:  # (to measure another checkout's agentrt)
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    configs = []
+    for index in range(max(PROXIES)):
+        document = {
+            "database": database,
+            "session": f"scale-{index}",
+            "servers": [
+                {"name": "bench", "command": SERVER, "manifest": "bench.manifest.json",
+                 "rules": {tool: {"side_effect": "read_only"} for tool in manifest.tools}},
+            ],
+        }  # fmt: skip
+        configs.append(private_file(conf / f"proxy-{index}.json", json.dumps(document)))
+    log(f"scale: {name}: starting {max(PROXIES)} proxies on one database")
+    # One first, so the schema is made once; then the rest together.
+    hosts = [await Host.start(configs[0], root / "counts-0.json", env)]
+    hosts += await asyncio.gather(
+        *(
+            Host.start(configs[index], root / f"counts-{index}.json", env)
+            for index in range(1, max(PROXIES))
+        )
+    )
+    rows = []
+    try:
+        for count in PROXIES:
+            log(f"scale: {name}: {count} proxies, {IN_FLIGHT} calls in flight each")
+            rows.append(await _phase(hosts[:count], window, server))
+    finally:
+        for host in hosts:
+            await host.close()
+    baseline = rows[0]["calls_per_s"]
+    for row in rows:
+        row["ratio_to_one"] = ratio(row["calls_per_s"], baseline)
+    return {"rows": rows, "chain": _verified(database)}
+
+
+def _verified(database: str) -> dict[str, Any]:
+    """The chain every proxy extended, verified once the proxies stopped."""
+    from agentrt import open_store
+
+    store = open_store(database, read_only=True)
+    try:
+        report = store.verify_chain()
+    finally:
+        store.close()
+    if not report.ok:
+        raise RuntimeError(f"the chain does not verify after the run: {report.reason}")
+    return {"events": report.checked, "ok": report.ok}
+
+
+def run(quick: bool = False) -> Result:
+    window = 2.0 if quick else 5.0
+    results: dict[str, Any] = {"in_flight": IN_FLIGHT, "window_s": window}
+    with tempfile.TemporaryDirectory(prefix="agentrt-bench-scale-") as name:
+        root = Path(name)
+        binaries = _postgres.find_binaries()
+        if binaries is None:
+            results["postgresql"] = {"skipped": "PostgreSQL is not installed; nothing measured"}
+        else:
+            server = _postgres.PostgresServer(binaries)
+            try:
+                results["postgresql"] = asyncio.run(
+                    _backend("postgresql", server.database(), root / "pg", window, server)
+                )
+            finally:
+                server.stop()
+        results["sqlite"] = asyncio.run(
+            _backend("sqlite", str(root / "lite" / "scale.db"), root / "lite", window, None)
+        )
+    return results
+
+
+def rows(results: dict[str, Any]) -> list[list[str]]:
+    """The `make bench` table's rows: one per backend and proxy count."""
+    table: list[list[str]] = []
+    for backend, target in (("postgresql", 1.6), ("sqlite", None)):
+        part = results.get(backend)
+        if not isinstance(part, dict):
+            continue
+        if "skipped" in part:
+            table.append([f"13 scale, {backend}", "skipped", "", "", "", part["skipped"]])
+            continue
+        for row in part["rows"]:
+            goal = target is not None and row["proxies"] == 4
+            verdict = ("met" if row["ratio_to_one"] >= target else "missed") if goal else ""
+            table.append([
+                f"13 {row['proxies']} proxies on one {backend} database, calls/s vs 1 proxy",
+                f"{row['ratio_to_one']:.2f}x",
+                f"p99 {row['p99_s'] * 1000:.0f} ms",
+                ">= 1.6x" if goal else "reported", verdict,
+                f"{row['calls_per_s']:.0f} calls/s; lock wait {row['lock_wait_ms_per_call']:.2f}"
+                f" ms/call, held {row['lock_utilisation']:.0%} of the time; "
+                f"{row['commits_per_call']:.2f} commits/call; "
+                f"machine {row['machine_busy']:.0%} busy",
+            ])  # fmt: skip
+    return table
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a shorter window per phase")
+    options = parser.parse_args()
+    results = run(options.quick)
+    print(json.dumps(results, indent=1))
+    for line in rows(results):
+        print(" | ".join(line))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
