@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -31,7 +31,7 @@ from ._connection_errors import ConnectionClosed, MCPConnectionError, NotSent, P
 from ._jsonrpc import Incoming, IncomingKind, answer_server_request, read_message
 from ._server import Server
 
-__all__ = ["MAX_RESPONSE_BODY_BYTES", "HttpTransport", "open_http"]
+__all__ = ["MAX_RESPONSE_BODY_BYTES", "HttpTransport", "RefusedRedirect", "open_http"]
 
 MAX_RESPONSE_BODY_BYTES: Final = 16 * 1024 * 1024
 
@@ -46,6 +46,10 @@ _CLOSE_TIMEOUT: Final = 2.0
 # Clients owned by open connections, only to refuse a factory that hands out
 # the same client twice.  Holds no client alive.
 _clients_in_use: Final[weakref.WeakSet[httpx2.AsyncClient]] = weakref.WeakSet()
+
+
+class RefusedRedirect(ProtocolViolation):
+    """The server answered with a redirect, which is not followed."""
 
 
 @dataclass(slots=True)
@@ -77,7 +81,7 @@ class HttpTransport:
     def _name(self) -> str:
         return sanitize(self.server.name)
 
-    def _headers(self) -> dict[str, str]:
+    def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = {
             "accept": "application/json, text/event-stream",
             "content-type": "application/json",
@@ -86,18 +90,27 @@ class HttpTransport:
             headers[SESSION_ID_HEADER] = self.session_id
         if self.protocol_version is not None:
             headers[PROTOCOL_VERSION_HEADER] = self.protocol_version
+        if extra:
+            headers.update(extra)  # a modern request's own, the protocol version among them
         return headers
 
     # -- requests and notifications --------------------------------------------
 
-    async def request(self, request_id: int, method: str, message: bytes) -> Incoming:
-        """POST one request and return the message that answers it."""
+    async def request(
+        self,
+        request_id: int,
+        method: str,
+        message: bytes,
+        headers: Mapping[str, str] | None = None,
+    ) -> Incoming:
+        """POST one request (with `headers` besides the transport's) and return the message
+        that answers it."""
         if self._closed is not None:
             raise NotSent(self.server.name, f"{self._closed}; the request was not sent")
         with anyio.CancelScope() as scope:
             self._in_flight.add(scope)
             try:
-                return await self._post_request(request_id, method, message)
+                return await self._post_request(request_id, method, message, headers)
             except httpx2.ConnectError as exc:
                 # No connection was made, so no byte of the request left here.
                 raise NotSent(
@@ -138,9 +151,11 @@ class HttpTransport:
             f"{sanitize(str(error) or type(error).__name__)}",
         )
 
-    async def _post_request(self, request_id: int, method: str, message: bytes) -> Incoming:
+    async def _post_request(
+        self, request_id: int, method: str, message: bytes, headers: Mapping[str, str] | None
+    ) -> Incoming:
         async with self.client.stream(
-            "POST", self.url, content=message, headers=self._headers()
+            "POST", self.url, content=message, headers=self._headers(headers)
         ) as response:
             self._refuse_redirect(response, method)
             if response.status_code == 202:
@@ -207,7 +222,7 @@ class HttpTransport:
     def _refuse_redirect(self, response: httpx2.Response, what: str) -> None:
         if 300 <= response.status_code < 400:
             location = sanitize(response.headers.get("location", "nowhere"))
-            raise ProtocolViolation(
+            raise RefusedRedirect(
                 self.server.name,
                 f'server "{self._name()}" answered {what} with a redirect to {location}, '
                 "which is not followed; use that URL as the endpoint if it is the intended server",
