@@ -474,7 +474,7 @@ class Connection:
         self.modern = False
         self._listings.clear()
         self._header_maps.clear()
-        if await self._discover(context):
+        if self.server.revision == "auto" and await self._discover(context):
             return
         await self._initialize(context)
 
@@ -595,8 +595,10 @@ class Connection:
                 name = element.get("name") if isinstance(element, dict) else None
                 if not isinstance(name, str):
                     name = None
-                elif self.modern and self.server.endpoint is not None and not self._headers_ok(
-                    name, element
+                elif (
+                    self.modern
+                    and self.server.endpoint is not None
+                    and not self._headers_ok(name, element)
                 ):
                     continue
                 elif name in names:

@@ -116,6 +116,9 @@ class Manifest:
     prompts: dict[str, PinnedOffer] | None = None
     resources: dict[str, PinnedOffer] | None = None
     resource_templates: dict[str, PinnedOffer] | None = None
+    # The protocol revision the server spoke when pinned ("2026-07-28" or the version the
+    # initialize handshake chose); None in a manifest written before it was kept.
+    revision: str | None = None
 
     def offers(self, section: str) -> dict[str, PinnedOffer] | None:
         """The pins of one section: `"prompts"`, `"resources"` or `"resource_templates"`."""
@@ -155,6 +158,8 @@ class Manifest:
                     }
                     for key, offer in pins.items()
                 }
+        if self.revision is not None:
+            document["revision"] = self.revision
         return _indented(document, "") + "\n"
 
     @classmethod
@@ -164,7 +169,7 @@ class Manifest:
             document = parse_json(data)
         except JSONBoundaryError as exc:
             raise OperatorFileError(f"{source} is not usable JSON: {sanitize(str(exc))}") from None
-        _expect_fields(document, _MANIFEST_FIELDS, source, optional=OFFER_SECTIONS)
+        _expect_fields(document, _MANIFEST_FIELDS, source, optional=(*OFFER_SECTIONS, "revision"))
         server, stamp, tools = document["server"], document["pinned_at"], document["tools"]
         if not isinstance(server, str) or not server:
             raise OperatorFileError(f'{source}: "server" must be a non-empty string')
@@ -176,6 +181,9 @@ class Manifest:
             ) from None
         if not isinstance(tools, dict):
             raise OperatorFileError(f'{source}: "tools" must be an object of tool name to pin')
+        revision = document.get("revision")
+        if revision is not None and (not isinstance(revision, str) or not revision):
+            raise OperatorFileError(f'{source}: "revision" must be a non-empty string')
         offers = {
             section: _pinned_offers(section, document[section], source)
             for section in OFFER_SECTIONS
@@ -186,6 +194,7 @@ class Manifest:
             pinned_at=pinned_at,
             tools={name: _pinned_tool(name, entry, source) for name, entry in tools.items()},
             **offers,
+            revision=revision,
         )
 
 

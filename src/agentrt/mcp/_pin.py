@@ -32,6 +32,7 @@ async def pin(server: Server) -> Manifest:
             assert phase.connection is not None
             phase.enter("listing the prompts and resources")
             offers = await _list_offers(phase.connection, server.connect_timeout)
+            revision = phase.connection.protocol_version
     except Exception as exc:
         raise PinError(phase.failure(exc)) from exc
     finally:
@@ -41,7 +42,13 @@ async def pin(server: Server) -> Manifest:
         # A tool without a usable name cannot be classified, so it cannot be pinned either.
         if raw_tool.name is not None:
             tools[raw_tool.name] = pin_raw_tool(raw_tool.name, raw_tool.raw)
-    return Manifest(server=server.name, pinned_at=datetime.now(UTC), tools=tools, **offers)
+    return Manifest(
+        server=server.name,
+        pinned_at=datetime.now(UTC),
+        tools=tools,
+        **offers,
+        revision=revision,
+    )
 
 
 LISTINGS: dict[str, tuple[str, str, str]] = {

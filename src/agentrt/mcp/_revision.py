@@ -180,3 +180,21 @@ def listing_lifetime(server: str, method: str, result: Any) -> tuple[float, str 
             "lifetime in milliseconds; the listing is not reused"
         )
     return min(float(ttl), float(MAX_LISTING_TTL_MS)) / 1000.0, None
+
+
+def era(revision: str | None) -> str:
+    """ "modern" for the per-request revision, "legacy" for a handshake one."""
+    return "modern" if revision == MODERN_REVISION else "legacy"
+
+
+def revision_change(server: str, pinned: str | None, spoken: str | None) -> str | None:
+    """The sentence refusing a server that now speaks the other era than it was pinned
+    over (modern against legacy), or None: a manifest without a revision, or the same era
+    (a legacy server choosing a newer handshake version is not a change of era)."""
+    if pinned is None or spoken is None or era(pinned) == era(spoken):
+        return None
+    return (
+        f'server "{sanitize(server)}" now speaks protocol revision {sanitize(spoken)} but was '
+        f"pinned over {sanitize(pinned)}; it is refused until `agentrt pin` is run again "
+        "and the result reviewed"
+    )

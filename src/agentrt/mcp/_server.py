@@ -33,6 +33,8 @@ class Server:
     sandbox is never started without one.  `client_capabilities` are what the
     handshake advertises (default none): set `sampling`, `elicitation` or `roots`
     only when a caller answers them (a `CallContext` with an `ask`); anything else is refused.
+    `revision`: "auto" probes with `server/discover` and speaks the 2026-07-28 revision to a
+    server that answers it, else the `initialize` handshake; "legacy" skips the probe.
     """
 
     name: str
@@ -47,6 +49,8 @@ class Server:
     max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES
     sandbox: Sandbox | None = None
     client_capabilities: Mapping[str, Any] | None = None
+    # "auto": probe with server/discover, fall back to initialize; "legacy": initialize only.
+    revision: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -85,5 +89,7 @@ class Server:
             raise ValueError(f'server "{sanitize(self.name)}": connect_timeout must be positive')
         if self.default_timeout is not None and not self.default_timeout > 0:
             raise ValueError(f'server "{sanitize(self.name)}": default_timeout must be positive')
+        if self.revision not in ("auto", "legacy"):
+            raise ValueError(f'server "{sanitize(self.name)}": revision must be "auto" or "legacy"')
         if self.max_content_bytes < 64:
             raise ValueError(f'server "{sanitize(self.name)}": max_content_bytes is too small')

@@ -16,6 +16,7 @@ from typing import Final
 import anyio
 
 from ..sanitize import sanitize
+from . import _revision
 from ._connection import Connection, RawTool
 from ._context import CallContext
 from ._server import Server
@@ -55,6 +56,8 @@ class Upstream:
         self._refused: dict[str, str] = {}
         self._checked = True  # the tools were held to their pins since the last start
         self._lock = anyio.Lock()
+        # The revision it spoke when loaded: a restart that finds the other era is refused.
+        self._revision = connection.protocol_version
 
     def refusal(self, tool: str) -> str:
         return self._refused.get(tool, "")
@@ -100,6 +103,12 @@ class Upstream:
         self._checked = False
         try:
             await self.connection.restart(context=context)
+            changed = _revision.revision_change(
+                self.server.name, self._revision, self.connection.protocol_version
+            )
+            if changed is not None:
+                self._checked = False
+                raise RuntimeError(changed)
             listing = await self.connection.list_tools(context=context)
             assert self.recheck is not None
             self._refused = self.recheck(listing)

@@ -10,6 +10,7 @@ and serves until killed.  Any path serves MCP.  Members, all optional:
 - "oversize": a method or tool name; its answer is a 17 MiB body ("declared": true adds a
   Content-Length header saying so).
 - "pages": {cursor: raw result text} for tools/list ("" is the first page).
+- "methods": {method: raw result text} for any other method (default "{}").
 - "calls": {tool: spec}; spec "result": raw result text, "elicit": true
   (SSE only: ask the client for input mid-call, wait for its answer, then
   answer with text naming the answer's error code), "before": raw data lines
@@ -118,7 +119,7 @@ class Handler(BaseHTTPRequestHandler):
             default = {"content": [{"type": "text", "text": "ok"}]}
             result = spec.get("result", json.dumps(default))
         else:
-            result = "{}"
+            result = _scenario.get("methods", {}).get(method, "{}")
         failure = _scenario.get("http_error", {}).get(params.get("name") or method)
         if failure is not None:
             body = failure.get("body", "").replace("{id}", json.dumps(request_id))
