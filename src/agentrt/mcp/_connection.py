@@ -132,6 +132,7 @@ class _Transport(Protocol):
         method: str,
         message: bytes,
         headers: Mapping[str, str] | None = None,
+        listen: bool = False,
     ) -> Incoming: ...
 
     async def send(self, message: bytes) -> None: ...
@@ -675,7 +676,9 @@ class Connection:
                 deadline=float("inf") if limit is None else anyio.current_time() + limit
             )
             with bound:
-                answer = await self._transport.request(request_id, method, message, headers)
+                answer = await self._transport.request(
+                    request_id, method, message, headers, listen=self._listens(context)
+                )
             if bound.cancelled_caught and anyio.current_time() >= bound.deadline:
                 raise TimeoutError
         except TimeoutError:
@@ -798,6 +801,17 @@ class Connection:
         tool = params.get("name") if params is not None and method == "tools/call" else None
         header_map = self._header_maps.get(tool) if isinstance(tool, str) else None
         return _revision.request_headers(method, params, header_map)
+
+    def _listens(self, context: CallContext | None) -> bool:
+        """Whether a request's standalone stream is held open: a legacy HTTP session whose
+        request has an asker for the server's requests, as the client advertised."""
+        return (
+            context is not None
+            and context.ask is not None
+            and not self.modern
+            and self.server.endpoint is not None
+            and bool(self.server.client_capabilities)
+        )
 
     def forget_listings(self) -> None:
         """Drop the listing pages kept per their `ttlMs`: the next listing asks the server."""

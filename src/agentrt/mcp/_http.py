@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import anyio
+import anyio.abc
 import httpx2
 
 from ..canonical import JSONBoundaryError, parse_json
@@ -117,14 +118,19 @@ class HttpTransport:
         method: str,
         message: bytes,
         headers: Mapping[str, str] | None = None,
+        listen: bool = False,
     ) -> Incoming:
         """POST one request (with `headers` besides the transport's) and return the message
-        that answers it."""
+        that answers it.  `listen`: on a legacy session, hold the standalone GET stream open
+        while the request is in flight, for the server's requests sent there (a server
+        that does not tie its elicitation to the call's own stream)."""
         if self._closed is not None:
             raise NotSent(self.server.name, f"{self._closed}; the request was not sent")
         with anyio.CancelScope() as scope:
             self._in_flight.add(scope)
             try:
+                if listen and self.session_id is not None:
+                    return await self._post_listening(request_id, method, message, headers)
                 return await self._post_request(request_id, method, message, headers)
             except httpx2.ConnectError as exc:
                 # No connection was made, so no byte of the request left here.
@@ -216,6 +222,60 @@ class HttpTransport:
                     f'"{sanitize(content_type)}"',
                 )
         return await self._resume(events, request_id, method)
+
+    async def _post_listening(
+        self, request_id: int, method: str, message: bytes, headers: Mapping[str, str] | None
+    ) -> Incoming:
+        answer: Incoming | None = None
+        failure: Exception | None = None
+        async with anyio.create_task_group() as group:
+            await group.start(self._listen, request_id)
+            try:
+                answer = await self._post_request(request_id, method, message, headers)
+            except Exception as exc:  # re-raised below, outside the task group
+                failure = exc
+            group.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        assert answer is not None
+        return answer
+
+    async def _listen(
+        self,
+        request_id: int,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The standalone GET stream, for as long as the request is in flight: the server's
+        requests and notifications on it go to the listener as if read for `request_id`.
+        Started (the request may go) once the server answered the GET, whatever it said."""
+        started = False
+        headers = self._headers()
+        headers.pop("content-type", None)
+        headers["accept"] = "text/event-stream"
+        try:
+            async with self.client.stream("GET", self.url, headers=headers) as response:
+                task_status.started()
+                started = True
+                content_type = response.headers.get("content-type", "").partition(";")[0]
+                if response.status_code != 200 or content_type.strip().lower() != (
+                    "text/event-stream"
+                ):
+                    return
+                async for data in _sse_data(response, self.server):
+                    if not data.strip():
+                        continue
+                    incoming = read_message(data)
+                    if self.listener is not None and incoming.kind in (
+                        IncomingKind.REQUEST,
+                        IncomingKind.NOTIFICATION,
+                    ):
+                        await self.listener(incoming, request_id)
+        except Exception:  # noqa: S110 - a courtesy: the call's own stream carries its answer
+            pass
+        finally:
+            if not started:
+                task_status.started()
 
     async def _read_events(
         self, response: httpx2.Response, events: _SSEEvents, request_id: int, method: str

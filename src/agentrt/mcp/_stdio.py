@@ -286,6 +286,7 @@ class StdioTransport:
         method: str,
         message: bytes,
         headers: Mapping[str, str] | None = None,
+        listen: bool = False,
     ) -> Incoming:
         """Send a request and wait for the message that answers it (`headers` are HTTP's).
 
