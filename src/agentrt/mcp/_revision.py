@@ -10,14 +10,18 @@ that is not positive evidence of a modern server falls back to `initialize`.
 A listing may say how long it may be reused (`ttlMs`, `cacheScope`); this
 module decides whether and how long the client keeps it.
 
-The header codec and the `x-mcp-header` rules are the official SDK's
-(`mcp.shared.inbound`), imported only when a server speaks the revision, so
-the client and an SDK server agree on them by construction.
+The header codec and the `x-mcp-header` rules follow the transport page of
+the revision, as the official SDK's `mcp.shared.inbound` does (its tests here
+run against an SDK server, which rejects a header that disagrees).  They are
+not imported from the SDK: importing `mcp` on the event loop while the proxy
+imports the SDK's server in a worker thread deadlocks on its module locks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import base64
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
@@ -111,8 +115,6 @@ def request_headers(
     """The HTTP headers mirroring a modern request: `MCP-Protocol-Version`, `Mcp-Method`,
     `Mcp-Name` for the methods that name something, and `Mcp-Param-*` for the arguments of
     a `tools/call` whose tool marks them with `x-mcp-header` (`header_map`, from its listing)."""
-    from mcp.shared.inbound import encode_header_value, mcp_param_headers
-
     headers = {"mcp-protocol-version": MODERN_REVISION, "mcp-method": method}
     key = _NAME_BEARING.get(method)
     name = params.get(key) if key is not None and params is not None else None
@@ -121,35 +123,109 @@ def request_headers(
     if method == "tools/call" and header_map and params is not None:
         arguments = params.get("arguments")
         if isinstance(arguments, dict):
-            headers.update(mcp_param_headers(header_map, _plain(arguments)))
+            for path, token in header_map.items():
+                rendered = _rendered(_value_at(arguments, path))
+                if rendered is not None:
+                    headers[f"mcp-param-{token}"] = encode_header_value(rendered)
     return headers
 
 
-def _plain(value: Any) -> Any:
-    """Arguments as parsed by `parse_json` with each number literal as the SDK renders it
-    (a Decimal integer as an int; any other Decimal is a `number`, never mirrored)."""
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else None
-    return value
+_SENTINEL: Final = re.compile(r"^=\?base64\?.*\?=$", re.DOTALL)
+_HEADER_SAFE: Final = re.compile(r"^[\x20-\x7e]*$")
+_TOKEN: Final = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_MIRRORABLE: Final = frozenset({"string", "integer", "boolean"})
+# Keywords whose values are schemas reached other than through `properties` (a header
+# annotation below them is not statically reachable), by the shape of their value.
+_SUBSCHEMA: Final = frozenset(
+    {"items", "contains", "unevaluatedItems", "additionalProperties", "propertyNames",
+     "unevaluatedProperties", "not", "if", "then", "else", "contentSchema"}
+)  # fmt: skip
+_SUBSCHEMA_LIST: Final = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_SUBSCHEMA_MAP: Final = frozenset({"patternProperties", "dependentSchemas", "$defs", "definitions"})
+
+
+def encode_header_value(value: str) -> str:
+    """`value` as a header value: verbatim when it is visible ASCII without edge spaces and
+    does not look like the sentinel, else `=?base64?...?=` of its UTF-8 bytes."""
+    if _HEADER_SAFE.match(value) and value == value.strip() and not _SENTINEL.match(value):
+        return value
+    return f"=?base64?{base64.b64encode(value.encode('utf-8')).decode('ascii')}?="
+
+
+def _rendered(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, Decimal) and value == value.to_integral_value():
+        return str(int(value))
+    return None
+
+
+def _value_at(arguments: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = arguments
+    for key in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
+
+
+def _positions(schema: Any) -> Iterator[tuple[tuple[str, ...] | None, dict[str, Any]]]:
+    """Every schema position under `schema`, with its chain of `properties` keys from the
+    root (None once any other keyword was crossed).  `$ref` is not followed."""
+    stack: list[tuple[tuple[str, ...] | None, Any]] = [((), schema)]
+    while stack:
+        path, node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        yield path, node
+        for keyword, value in node.items():
+            if keyword == "properties" and isinstance(value, dict):
+                for name, sub in value.items():
+                    stack.append((None if path is None else (*path, name), sub))
+            elif keyword in _SUBSCHEMA:
+                stack.append((None, value))
+            elif keyword in _SUBSCHEMA_LIST and isinstance(value, list):
+                stack.extend((None, sub) for sub in value)
+            elif keyword in _SUBSCHEMA_MAP and isinstance(value, dict):
+                stack.extend((None, sub) for sub in value.values())
 
 
 def x_mcp_header_problem(raw_tool: Any) -> str | None:
     """Why a listed tool's `x-mcp-header` annotations are invalid (the spec then has the
-    client leave the tool out of its listing), or None."""
-    from mcp.shared.inbound import find_invalid_x_mcp_header
-
+    client leave the tool out of its listing), or None: each must sit on a property reached
+    through `properties` alone, be an HTTP token, unique regardless of case, on a string,
+    integer or boolean property."""
     schema = raw_tool.get("inputSchema") if isinstance(raw_tool, dict) else None
-    return find_invalid_x_mcp_header(schema)
+    seen: set[str] = set()
+    for path, position in _positions(schema):
+        if "x-mcp-header" not in position:
+            continue
+        token = position["x-mcp-header"]
+        if not path:
+            return "an x-mcp-header is not on a property reached through properties alone"
+        where = sanitize(".".join(path))
+        if not isinstance(token, str) or not _TOKEN.match(token):
+            return f'the x-mcp-header of property "{where}" is not an HTTP header token'
+        if position.get("type") not in _MIRRORABLE:
+            return f'property "{where}" has an x-mcp-header but is not a string, integer or boolean'
+        if token.lower() in seen:
+            return f'the x-mcp-header of property "{where}" repeats another one'
+        seen.add(token.lower())
+    return None
 
 
 def x_mcp_header_map(raw_tool: Any) -> dict[tuple[str, ...], str]:
     """Each argument path a valid tool mirrors into a header, to its header token."""
-    from mcp.shared.inbound import x_mcp_header_map as header_map
-
     schema = raw_tool.get("inputSchema") if isinstance(raw_tool, dict) else None
-    return header_map(schema)
+    return {
+        path: position["x-mcp-header"]
+        for path, position in _positions(schema)
+        if path and isinstance(position.get("x-mcp-header"), str)
+    }
 
 
 def listing_lifetime(server: str, method: str, result: Any) -> tuple[float, str | None]:

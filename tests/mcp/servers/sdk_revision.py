@@ -53,7 +53,7 @@ _TOOLS: list[types.Tool] = [
             "properties": {"text": {"type": "string"}},
             "required": ["text"],
         },
-        annotations=types.ToolAnnotations(destructive_hint=True),
+        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False),
     ),
 ]
 
