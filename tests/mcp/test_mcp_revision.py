@@ -20,6 +20,7 @@ from servers.harness import HOSTILE_STDIO, http_server, stdio_server
 
 from agentrt.mcp import LoadError, Rule, Server, load, pin
 from agentrt.mcp._connection import ServerErrorResponse, connect
+from agentrt.mcp._context import CallContext
 from agentrt.mcp._manifest import Manifest
 from agentrt.mcp._revision import MAX_LISTING_TTL_MS, MODERN_REVISION
 from agentrt.tools import SideEffect
@@ -326,3 +327,35 @@ async def test_a_server_that_flips_revision_between_pin_and_load_is_refused(
     finally:
         assert report.connection is not None
         await report.connection.aclose()
+
+
+async def test_input_required_rounds_on_the_revision_carry_the_envelope_each_time(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "rounds.log"
+    script = Path(__file__).resolve().parents[1] / "proxy" / "servers" / "input_required_server.py"
+    server = Server(
+        name="asking",
+        command=[sys.executable, str(script)],
+        env=[f"INPUT_REQUIRED_LOG={log}", "INPUT_REQUIRED_MODERN=1"],
+    )
+    asked: list[str] = []
+
+    async def ask(method: str, params: Any) -> dict[str, Any]:
+        asked.append(method)
+        return {"action": "accept", "content": {"username": "Ada"}}
+
+    connection = await connect(server)
+    try:
+        assert connection.modern
+        result = await connection.call_tool(
+            "ask_name", "{}", timeout=10, context=CallContext(ask=ask)
+        )
+    finally:
+        await connection.aclose()
+    assert result["content"][0]["text"] == "Hello, Ada (accept)"
+    assert asked == ["elicitation/create"]
+    assert log.read_text().splitlines() == [
+        "tools/call ask_name first",
+        "tools/call ask_name answered",
+    ]
