@@ -107,12 +107,8 @@ async def test_session_id_and_protocol_version_are_sent_back_and_the_session_del
         await connection.list_tools()
         await connection.aclose()
         requests = _requests(log)
-    # The hostile server speaks only the legacy revision: the probe falls back.
-    discover, initialize, initialized, listing, delete = requests
-    assert json.loads(discover["body"])["method"] == "server/discover"
-    assert "mcp-session-id" not in discover["headers"]
+    initialize, initialized, listing, delete = requests
     assert "mcp-session-id" not in initialize["headers"]
-    assert "mcp-protocol-version" not in initialize["headers"]
     assert initialize["headers"]["accept"] == "application/json, text/event-stream"
     assert json.loads(initialize["body"])["params"]["capabilities"] == {}
     for later in (initialized, listing, delete):
@@ -192,7 +188,7 @@ async def test_http_redirect_is_not_followed(tmp_path: Path) -> None:
     assert paths == ["/mcp"]  # nothing was sent where the redirect pointed
     message = str(caught.value)
     assert message.startswith(
-        'server "remote" answered server/discover with a redirect to http://127.0.0.1:'
+        'server "remote" answered initialize with a redirect to http://127.0.0.1:'
     )
     assert "/elsewhere, which is not followed" in message
 
@@ -267,7 +263,7 @@ async def test_http_sse_body_over_the_cap_fails_the_read() -> None:
 async def test_an_unreachable_endpoint_is_an_error_naming_the_server() -> None:
     with pytest.raises(MCPConnectionError) as caught:
         await connect(Server(name="remote", endpoint="http://127.0.0.1:9/mcp"))
-    assert str(caught.value).startswith('server "remote" could not be reached for server/discover:')
+    assert str(caught.value).startswith('server "remote" could not be reached for initialize:')
 
 
 async def test_http_call_never_answered_times_out_and_posts_cancelled(tmp_path: Path) -> None:

@@ -36,12 +36,9 @@ async def test_handshake_advertises_no_client_capabilities(tmp_path: Path) -> No
     connection = await connect(stdio_server({"log": str(log)}))
     await connection.aclose()
     lines = [json.loads(line) for line in log.read_text().splitlines()]
-    # The probe first (this server speaks only the legacy revision), then the handshake.
-    assert lines[0]["method"] == "server/discover"
-    assert lines[0]["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] == {}
-    assert lines[1]["method"] == "initialize"
-    assert lines[1]["params"]["capabilities"] == {}
-    assert lines[2] == {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert lines[0]["method"] == "initialize"
+    assert lines[0]["params"]["capabilities"] == {}
+    assert lines[1] == {"jsonrpc": "2.0", "method": "notifications/initialized"}
 
 
 async def test_call_arguments_are_sent_as_the_exact_text_given(tmp_path: Path) -> None:

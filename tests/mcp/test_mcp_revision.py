@@ -40,6 +40,7 @@ _ENVELOPE_KEYS = {
 
 
 def _sdk_stdio(*arguments: str, **settings: Any) -> Server:
+    settings.setdefault("revision", "auto")
     return Server(
         name="sdk", command=[sys.executable, str(SDK_REVISION), "stdio", *arguments], **settings
     )
@@ -52,7 +53,7 @@ def _received(log: Path) -> list[dict[str, Any]]:
 def _modern(log: Path, **scenario: Any) -> Server:
     """A scripted stdio server that answers server/discover naming the revision."""
     methods = {"server/discover": {"result": _DISCOVERED}, **scenario.pop("methods", {})}
-    return stdio_server({"log": str(log), "methods": methods, **scenario})
+    return stdio_server({"log": str(log), "methods": methods, **scenario}, revision="auto")
 
 
 async def test_a_modern_sdk_server_is_spoken_to_statelessly_with_the_envelope() -> None:
@@ -106,7 +107,7 @@ async def _ignore(*_args: Any) -> None:
 
 async def test_over_http_requests_carry_mcp_method_name_and_x_mcp_header_parameters() -> None:
     with http_server(SDK_REVISION, "http", "--stateless") as url:
-        connection = await connect(Server(name="remote", endpoint=url))
+        connection = await connect(Server(name="remote", endpoint=url, revision="auto"))
         try:
             assert connection.modern
             await connection.list_tools()
@@ -142,7 +143,7 @@ async def test_a_tool_with_invalid_x_mcp_header_annotations_is_left_out_and_said
         Path(__file__).parent / "servers" / "hostile_http.py",
         json.dumps({"methods": {"server/discover": _DISCOVERED}, "pages": {"": page}}),
     ) as url:
-        connection = await connect(Server(name="remote", endpoint=url))
+        connection = await connect(Server(name="remote", endpoint=url, revision="auto"))
         try:
             assert connection.modern
             listed = [tool.name for tool in await connection.list_tools()]
@@ -225,7 +226,7 @@ async def test_a_discover_answer_that_is_not_modern_falls_back_to_the_handshake(
 ) -> None:
     log = tmp_path / "received.jsonl"
     connection = await connect(
-        stdio_server({"log": str(log), "methods": {"server/discover": discover}})
+        stdio_server({"log": str(log), "methods": {"server/discover": discover}}, revision="auto")
     )
     try:
         assert not connection.modern
@@ -246,7 +247,7 @@ async def test_a_modern_only_server_sharing_no_revision_is_refused_in_one_senten
         "message": "Unsupported protocol version",
         "data": {"supported": ["2027-01-01"], "requested": MODERN_REVISION},
     }
-    server = stdio_server({"methods": {"server/discover": {"error": error}}})
+    server = stdio_server({"methods": {"server/discover": {"error": error}}}, revision="auto")
     with pytest.raises(Exception) as caught:
         await connect(server)
     assert str(caught.value).startswith(
@@ -258,7 +259,9 @@ async def test_a_modern_only_server_sharing_no_revision_is_refused_in_one_senten
 async def test_a_server_silent_on_discover_falls_back_within_the_probes_bound(
     tmp_path: Path,
 ) -> None:
-    server = stdio_server({"methods": {"server/discover": {"never": True}}}, connect_timeout=4)
+    server = stdio_server(
+        {"methods": {"server/discover": {"never": True}}}, connect_timeout=4, revision="auto"
+    )
     started = time.monotonic()
     with anyio.fail_after(4):
         connection = await connect(server)
@@ -271,16 +274,18 @@ async def test_a_server_silent_on_discover_falls_back_within_the_probes_bound(
         await connection.aclose()
 
 
-async def test_revision_legacy_skips_the_probe(tmp_path: Path) -> None:
+async def test_revision_legacy_never_probes(tmp_path: Path) -> None:
     log = tmp_path / "received.jsonl"
-    connection = await connect(stdio_server({"log": str(log)}, revision="legacy"))
-    await connection.aclose()
-    assert _received(log)[0]["method"] == "initialize"
+    refused = {"error": {"code": -32022, "message": "Unsupported protocol version"}}
+    modern_only = _modern(log, initialize=refused)
+    with pytest.raises(ServerErrorResponse):
+        await connect(Server(name="hostile", command=modern_only.command, revision="legacy"))
+    assert [message.get("method") for message in _received(log)] == ["initialize"]
 
 
 async def test_the_pins_are_the_same_whichever_revision_the_tools_were_listed_over() -> None:
     modern = await pin(_sdk_stdio())
-    legacy = await pin(_sdk_stdio(revision="legacy"))
+    legacy = await pin(_sdk_stdio(revision="session"))
     assert modern.revision == MODERN_REVISION
     assert legacy.revision == "2025-11-25"
 
@@ -308,7 +313,7 @@ async def test_a_server_that_flips_revision_between_pin_and_load_is_refused(
     scenario = tmp_path / "scenario.json"
     scenario.write_text(json.dumps({"methods": {"server/discover": {"result": _DISCOVERED}}}))
     command = [sys.executable, str(HOSTILE_STDIO), str(scenario)]
-    server = Server(name="hostile", command=command, default_timeout=5)
+    server = Server(name="hostile", command=command, default_timeout=5, revision="auto")
     manifest = await pin(server)
     assert manifest.revision == MODERN_REVISION
     scenario.write_text("{}")  # the same server, now on the legacy handshake only
@@ -338,6 +343,7 @@ async def test_input_required_rounds_on_the_revision_carry_the_envelope_each_tim
         name="asking",
         command=[sys.executable, str(script)],
         env=[f"INPUT_REQUIRED_LOG={log}", "INPUT_REQUIRED_MODERN=1"],
+        revision="auto",
     )
     asked: list[str] = []
 
@@ -359,3 +365,31 @@ async def test_input_required_rounds_on_the_revision_carry_the_envelope_each_tim
         "tools/call ask_name first",
         "tools/call ask_name answered",
     ]
+
+
+async def test_session_mode_keeps_a_session_with_a_dual_era_server_and_goes_modern_without_one(
+    tmp_path: Path,
+) -> None:
+    dual = await connect(_sdk_stdio(revision="session"))
+    await dual.aclose()
+    assert not dual.modern and dual.protocol_version == "2025-11-25"
+    log = tmp_path / "received.jsonl"
+    refused = {
+        "error": {
+            "code": -32022,
+            "message": "Unsupported protocol version",
+            "data": {"supported": [MODERN_REVISION], "requested": "2025-11-25"},
+        }
+    }
+    modern_only = _modern(log, initialize=refused)
+    connection = await connect(
+        Server(name="hostile", command=modern_only.command, revision="session")
+    )
+    try:
+        assert connection.modern
+        assert connection.notes == []
+        assert (await connection.call_tool("ok", "{}", timeout=5))["content"][0]["text"] == "ok"
+    finally:
+        await connection.aclose()
+    methods = [message.get("method") for message in _received(log)]
+    assert methods[:3] == ["initialize", "server/discover", "tools/call"]

@@ -37,7 +37,7 @@ def stateless_url() -> Iterator[str]:
 async def test_a_stateless_sdk_server_is_pinned_called_and_held_for_approval(
     tmp_path: Path, stateless_url: str
 ) -> None:
-    manifest = await pin(Server(name="sdk", endpoint=stateless_url))
+    manifest = await pin(Server(name="sdk", endpoint=stateless_url, revision="auto"))
     assert manifest.revision == "2026-07-28"
     (tmp_path / "conf").mkdir()
     write_private(tmp_path / "conf" / "sdk.manifest.json", manifest.to_json())
@@ -52,6 +52,7 @@ async def test_a_stateless_sdk_server_is_pinned_called_and_held_for_approval(
             {
                 "name": "sdk",
                 "endpoint": stateless_url,
+                "revision": "auto",
                 "default_timeout": "10s",
                 "manifest": "sdk.manifest.json",
                 "rules": rules,

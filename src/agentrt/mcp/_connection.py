@@ -477,7 +477,16 @@ class Connection:
         self._header_maps.clear()
         if self.server.revision == "auto" and await self._discover(context):
             return
-        await self._initialize(context)
+        if self.server.revision != "session":
+            await self._initialize(context)
+            return
+        try:
+            await self._initialize(context)
+        except (ServerErrorResponse, ProtocolViolation) as refused:
+            # A modern-only server refuses the handshake (the spec has it name its versions).
+            if isinstance(refused, RefusedRedirect) or not await self._discover(context):
+                raise
+            self.notes.clear()
 
     async def _discover(self, context: CallContext | None) -> bool:
         from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
@@ -656,9 +665,12 @@ class Connection:
         context: CallContext | None = None,
         meta: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
+        keep_hints: bool = False,
     ) -> Any:
         """Send one request; `meta` goes in its params' `_meta` (with the revision's envelope
-        on a modern connection, whose HTTP headers are derived here unless given)."""
+        on a modern connection, whose HTTP headers are derived here unless given).  A modern
+        result loses the revision's own members (`_revision.transport_members`; the cache
+        hints only unless `keep_hints`), so results are the same on either revision."""
         if self.modern:
             meta = {**(meta or {}), **self._envelope}
             if headers is None and self.server.endpoint is not None:
@@ -701,6 +713,8 @@ class Connection:
                 del self._contexts[request_id]
         if answer.error is not None:
             raise ServerErrorResponse(self.server.name, method, answer.error)
+        if self.modern:
+            return _revision.without_transport_members(answer.result, keep_hints=keep_hints)
         return answer.result
 
     async def _notified(self, message: Incoming, read_by: int) -> None:
@@ -828,9 +842,10 @@ class Connection:
         if kept is not None and kept[0] > now:
             return kept[1]
         params = None if cursor is None else canonical_json({"cursor": cursor})
-        result = await self._request(method, params, limit=limit, context=context)
+        result = await self._request(method, params, limit=limit, context=context, keep_hints=True)
         if self.modern:
             seconds, note = _revision.listing_lifetime(self.server.name, method, result)
+            result = _revision.without_transport_members(result, keep_hints=False)
             if note is not None and note not in self.notes:
                 self.notes.append(note)
             if seconds > 0:

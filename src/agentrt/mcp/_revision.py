@@ -274,3 +274,27 @@ def revision_change(server: str, pinned: str | None, spoken: str | None) -> str 
         f"pinned over {sanitize(pinned)}; it is refused until `agentrt pin` is run again "
         "and the result reviewed"
     )
+
+
+def without_transport_members(result: Any, *, keep_hints: bool) -> Any:
+    """A modern result without what the revision adds for the client itself: `resultType`
+    "complete" (an input-required result keeps it: the client acts on it), the server's
+    identity stamped in `_meta` (dropped with `_meta` when nothing else is in it), and,
+    unless `keep_hints`, `ttlMs` and `cacheScope`.  What is left is the result a legacy
+    session would carry, so results, like pins, do not depend on the revision."""
+    if not isinstance(result, dict):
+        return result
+    trimmed = dict(result)
+    if trimmed.get("resultType") == "complete":
+        del trimmed["resultType"]
+    meta = trimmed.get("_meta")
+    if isinstance(meta, dict) and META_SERVER_INFO in meta:
+        rest = {key: value for key, value in meta.items() if key != META_SERVER_INFO}
+        if rest:
+            trimmed["_meta"] = rest
+        else:
+            del trimmed["_meta"]
+    if not keep_hints:
+        trimmed.pop("ttlMs", None)
+        trimmed.pop("cacheScope", None)
+    return trimmed
