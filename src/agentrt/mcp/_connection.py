@@ -11,7 +11,10 @@ The interface the pin/load code builds on:
 
 - `await connect(server, on_step=..., on_started=...)` starts the stdio
   server (or opens the HTTP client), performs the `initialize` handshake
-  advertising no client capabilities, and sends `notifications/initialized`.
+  advertising no client capabilities, and sends `notifications/initialized`;
+  or, per `server.revision` (`_revision`, docs/decisions/0036), finds with
+  `server/discover` a server on the 2026-07-28 revision, which has no
+  handshake: every request then carries the `_meta` envelope (`modern`).
   `on_step` is told each step ("starting the server", "performing the
   handshake") so the caller's single deadline can name the one that timed
   out; `on_started` receives the `Connection` before the handshake, so a
