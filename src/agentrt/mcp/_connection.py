@@ -471,10 +471,13 @@ class Connection:
     # -- the handshake ---------------------------------------------------------
 
     async def _handshake(self, context: CallContext | None = None) -> None:
-        """Probe with `server/discover` and stay modern on a discover result naming the
-        2026-07-28 revision; on anything else that is not a modern error (another error,
-        a 4xx without one, garbage, no answer within the probe's bound), perform the
-        legacy `initialize` handshake (docs/decisions/0036-upstream-revisions.md)."""
+        """Agree on the era per `server.revision` (docs/decisions/0036-upstream-revisions.md).
+
+        "auto": probe with `server/discover` and stay modern on a discover result naming
+        the 2026-07-28 revision; on anything else that is not a modern error (another
+        error, a 4xx without one, garbage, no answer within the probe's bound), perform
+        the `initialize` handshake.  "session": the handshake first, and the probe only
+        when the server refuses it.  "legacy": the handshake alone."""
         self.modern = False
         self._listings.clear()
         self._header_maps.clear()
