@@ -9,6 +9,8 @@ speaks both eras) or scripted (`hostile_stdio.py`, for what a real server would 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -16,9 +18,10 @@ from typing import Any
 
 import anyio
 import pytest
-from servers.harness import HOSTILE_STDIO, http_server, stdio_server
+from servers.harness import HOSTILE_STDIO, http_server, process_gone, stdio_server, wait_until
 
-from agentrt.mcp import LoadError, Rule, Server, load, pin
+from agentrt import ToolCall
+from agentrt.mcp import LoadError, Rule, Server, ServerToolError, load, pin
 from agentrt.mcp._connection import ServerErrorResponse, connect
 from agentrt.mcp._context import CallContext
 from agentrt.mcp._manifest import Manifest
@@ -393,3 +396,33 @@ async def test_session_mode_keeps_a_session_with_a_dual_era_server_and_goes_mode
         await connection.aclose()
     methods = [message.get("method") for message in _received(log)]
     assert methods[:3] == ["initialize", "server/discover", "tools/call"]
+
+
+async def test_a_server_restarted_on_the_other_era_is_refused_and_nothing_runs(
+    tmp_path: Path,
+) -> None:
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps({"methods": {"server/discover": {"result": _DISCOVERED}}}))
+    command = [sys.executable, str(HOSTILE_STDIO), str(scenario)]
+    server = Server(name="srv", command=command, default_timeout=10, revision="auto")
+    manifest = await pin(server)
+    rules = {name: Rule(side_effect=SideEffect.LOCAL_MUTATION) for name in ("ok", "pid")}
+    lines: list[str] = []
+    tools, report = await load(server, manifest, rules, log=lines.append)
+    by_name = {tool.spec.name[4:]: tool for tool in tools}
+    assert report.connection is not None
+    try:
+        first = await by_name["pid"].call(ToolCall(args="{}", tool="srv_pid", run_id="r", step=1))
+        scenario.write_text("{}")  # started again, it speaks only the handshake
+        pid = json.loads(first.content)["pid"]
+        os.kill(pid, signal.SIGKILL)
+        assert wait_until(lambda: process_gone(pid))
+        with pytest.raises(ServerToolError) as refused:
+            await by_name["ok"].call(ToolCall(args="{}", tool="srv_ok", run_id="r", step=2))
+        assert refused.value.outcome_known
+        assert "now speaks protocol revision 2025-11-25 but was pinned over 2026-07-28" in (
+            str(refused.value)
+        )
+        assert len(lines) == 1 and "now speaks protocol revision" in lines[0]
+    finally:
+        await report.connection.aclose()
