@@ -296,3 +296,15 @@ def test_standing_grants_are_off_unless_configured_and_read_as_the_operators_max
     limits = load_config(write_config(tmp_path, document)).standing_grants
     assert limits is not None
     assert (limits.max_seconds, limits.max_calls, limits.destructive) == (7200.0, 7, False)
+
+
+def test_a_server_keeps_a_session_unless_its_revision_says_otherwise(tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path, base(tmp_path)))
+    assert config.servers[0].server.revision == "session"
+    document = base(tmp_path)
+    document["servers"][0]["revision"] = "auto"
+    assert load_config(write_config(tmp_path, document)).servers[0].server.revision == "auto"
+    document["servers"][0]["revision"] = "2026-07-28"
+    with pytest.raises(ConfigError) as refused:
+        load_config(write_config(tmp_path, document))
+    assert str(refused.value).endswith('server "fs" revision must be "auto", "session" or "legacy"')

@@ -11,7 +11,10 @@ The interface the pin/load code builds on:
 
 - `await connect(server, on_step=..., on_started=...)` starts the stdio
   server (or opens the HTTP client), performs the `initialize` handshake
-  advertising no client capabilities, and sends `notifications/initialized`.
+  advertising no client capabilities, and sends `notifications/initialized`;
+  or, per `server.revision` (`_revision`, docs/decisions/0036), finds with
+  `server/discover` a server on the 2026-07-28 revision, which has no
+  handshake: every request then carries the `_meta` envelope (`modern`).
   `on_step` is told each step ("starting the server", "performing the
   handshake") so the caller's single deadline can name the one that timed
   out; `on_started` receives the `Connection` before the handshake, so a
@@ -58,7 +61,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.metadata
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final, Protocol
@@ -67,6 +70,7 @@ import anyio
 
 from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..sanitize import sanitize
+from . import _revision
 from ._connection_errors import (
     CallTimeout,
     ConnectionClosed,
@@ -76,7 +80,7 @@ from ._connection_errors import (
     ServerErrorResponse,
 )
 from ._context import Ask, AskRefused, CallContext, Progress
-from ._http import MAX_RESPONSE_BODY_BYTES, open_http
+from ._http import MAX_RESPONSE_BODY_BYTES, RefusedRedirect, open_http
 from ._jsonrpc import (
     METHOD_NOT_FOUND,
     Incoming,
@@ -126,7 +130,14 @@ _CLIENT_INFO: Final = {"name": "agentrt", "version": _client_version()}
 
 
 class _Transport(Protocol):
-    async def request(self, request_id: int, method: str, message: bytes) -> Incoming: ...
+    async def request(
+        self,
+        request_id: int,
+        method: str,
+        message: bytes,
+        headers: Mapping[str, str] | None = None,
+        listen: bool = False,
+    ) -> Incoming: ...
 
     async def send(self, message: bytes) -> None: ...
 
@@ -202,6 +213,16 @@ class Connection:
         self.protocol_version: str | None = None
         self.server_info: Any = None
         self.capabilities: Any = None
+        # The 2026-07-28 revision: no session, every request carries `_meta`.
+        self.modern = False
+        self._envelope: dict[str, Any] = {}
+        # One sentence each for what the server sent that the client set aside (a bad
+        # discover answer, a bad cache hint, a tool with bad x-mcp-header annotations).
+        self.notes: list[str] = []
+        # Modern listing pages kept per their ttlMs: (method, cursor) -> (until, result).
+        self._listings: dict[tuple[str, str | None], tuple[float, Any]] = {}
+        # Per tool, the argument paths its schema mirrors into Mcp-Param-* headers.
+        self._header_maps: dict[str, dict[tuple[str, ...], str]] = {}
 
     # -- public ----------------------------------------------------------------
 
@@ -327,21 +348,23 @@ class Connection:
         second parse."""
         if progress is None and context is not None:
             progress = context.progress
-        meta_entries: dict[str, Any] = dict(context.trace or {}) if context is not None else {}
+        # The host's trace context (traceparent, tracestate), carried upstream in `_meta`.
+        meta: dict[str, Any] = dict(context.trace or {}) if context is not None else {}
         token = ""
         if progress is not None:
             self._next_progress += 1
             token = f"agentrt-{self._next_progress}"
             self._progress[token] = progress
-            meta_entries["progressToken"] = token
-        meta = f',"_meta":{canonical_json(meta_entries)}' if meta_entries else ""
-        params = f'{{"name":{canonical_json(name)},"arguments":{arguments_json}{meta}}}'
+            meta["progressToken"] = token
+        params = f'{{"name":{canonical_json(name)},"arguments":{arguments_json}}}'
         asker = context.ask if context is not None else None
         if asker is not None:
             self._askers.append(asker)
         deadline = anyio.current_time() + timeout
         try:
-            result = await self._request("tools/call", params, limit=timeout, context=context)
+            result = await self._request(
+                "tools/call", params, limit=timeout, context=context, meta=meta
+            )
             for _round in range(MAX_INPUT_ROUNDS):
                 if asker is None or not _input_required(result):
                     break
@@ -352,7 +375,11 @@ class Connection:
                     break  # refused or unanswered: the input-required result stands
                 remaining = max(deadline - anyio.current_time(), 0.001)
                 result = await self._request(
-                    "tools/call", params[:-1] + "," + retry[1:], limit=remaining, context=context
+                    "tools/call",
+                    params[:-1] + "," + retry[1:],
+                    limit=remaining,
+                    context=context,
+                    meta=meta,
                 )
         finally:
             self._progress.pop(token, None)
@@ -403,8 +430,13 @@ class Connection:
         After `timeout` seconds it is cancelled and `CallTimeout` raised; a
         JSON-RPC error raises `ServerErrorResponse`.  The `context`'s `log` gets
         the server's log lines read while it waits."""
+        meta = None
+        if self.modern and isinstance(params, dict) and isinstance(params.get("_meta"), dict):
+            # The envelope joins the caller's own `_meta` (the envelope's keys win).
+            params = dict(params)
+            meta = params.pop("_meta")
         params_json = None if params is None else canonical_json(params)
-        return await self._request(method, params_json, limit=timeout, context=context)
+        return await self._request(method, params_json, limit=timeout, context=context, meta=meta)
 
     async def list_all(self, method: str, key: str, *, timeout: float) -> list[Any]:  # noqa: ASYNC109
         """Every element of a paged listing (`prompts/list` → `prompts`), bounded like
@@ -415,8 +447,7 @@ class Connection:
         cursor: str | None = None
         with anyio.fail_after(timeout):
             for page in range(MAX_TOOL_PAGES):
-                params = None if cursor is None else {"cursor": cursor}
-                result = await self.request(method, params, timeout=timeout)
+                result = await self._listing_page(method, cursor, limit=timeout, context=None)
                 where = f'the {method} of server "{self._name()}" is refused: page {page + 1}'
                 if not isinstance(result, dict) or not isinstance(result.get(key), list):
                     raise ProtocolViolation(self.server.name, f'{where} has no "{key}" array')
@@ -442,6 +473,90 @@ class Connection:
     # -- the handshake ---------------------------------------------------------
 
     async def _handshake(self, context: CallContext | None = None) -> None:
+        """Agree on the era per `server.revision` (docs/decisions/0036-upstream-revisions.md).
+
+        "auto": probe with `server/discover` and stay modern on a discover result naming
+        the 2026-07-28 revision; on anything else that is not a modern error (another
+        error, a 4xx without one, garbage, no answer within the probe's bound), perform
+        the `initialize` handshake.  "session": the handshake first, and the probe only
+        when the server refuses it.  "legacy": the handshake alone."""
+        self.modern = False
+        self._listings.clear()
+        self._header_maps.clear()
+        if self.server.revision == "auto" and await self._discover(context):
+            return
+        if self.server.revision != "session":
+            await self._initialize(context)
+            return
+        try:
+            await self._initialize(context)
+        except (ServerErrorResponse, ProtocolViolation) as refused:
+            # A modern-only server refuses the handshake (the spec has it name its versions).
+            if isinstance(refused, RefusedRedirect) or not await self._discover(context):
+                raise
+            self.notes.clear()
+
+    async def _discover(self, context: CallContext | None) -> bool:
+        from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+        name = self._name()
+        limit = _revision.DISCOVER_TIMEOUT
+        deadline = anyio.current_effective_deadline()
+        if deadline != float("inf"):
+            limit = min(limit, max((deadline - anyio.current_time()) / 2, 0.001))
+        capabilities = dict(self.server.client_capabilities or {})
+        meta = _revision.envelope(_CLIENT_INFO, capabilities)
+        try:
+            with anyio.move_on_after(limit) as probe:
+                result = await self._request(
+                    "server/discover", canonical_json({"_meta": meta}), context=context,
+                    headers=_revision.request_headers("server/discover", None, None),
+                )  # fmt: skip
+        except ServerErrorResponse as refused:
+            supported = _revision.unsupported_versions(refused.code, refused.data)
+            if supported is not None and not set(supported) & set(HANDSHAKE_PROTOCOL_VERSIONS):
+                # A modern server that shares no revision with this client: nothing to fall to.
+                shown = ", ".join(sanitize(v) for v in supported) or "none"
+                raise ProtocolViolation(
+                    self.server.name,
+                    f'server "{name}" speaks only protocol versions {shown}, which this '
+                    f"client does not speak (it speaks {_revision.MODERN_REVISION} and the "
+                    "initialize handshake)",
+                ) from None
+            return False  # not found or refused: a legacy server
+        except RefusedRedirect:
+            raise
+        except ProtocolViolation as violation:
+            # An HTTP 4xx without a modern error, or an answer this client cannot read.
+            self.notes.append(
+                f'server "{name}" answered server/discover with something that is not a '
+                f"discover result ({sanitize(str(violation))}); it is spoken to over the "
+                "initialize handshake"
+            )
+            return False
+        if probe.cancelled_caught:
+            self.notes.append(
+                f'server "{name}" did not answer server/discover within {limit:g}s; '
+                "it is spoken to over the initialize handshake"
+            )
+            return False
+        discovered = _revision.read_discover(self.server.name, result)
+        if not isinstance(discovered, _revision.Discovered):
+            if not (isinstance(result, dict) and isinstance(result.get("supportedVersions"), list)):
+                self.notes.append(
+                    f'server "{name}" answered server/discover with a result that is not a '
+                    "discover result naming a protocol version this client speaks; it is "
+                    "spoken to over the initialize handshake"
+                )
+            return False
+        self.modern = True
+        self.protocol_version = _revision.MODERN_REVISION
+        self.capabilities = discovered.capabilities
+        self.server_info = discovered.server_info
+        self._envelope = meta
+        return True
+
+    async def _initialize(self, context: CallContext | None = None) -> None:
         # Imported here, not at the top: `mcp_types` builds every pydantic model of the
         # protocol (0.3 s), which the proxy's start-up lets load while its servers start.
         from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
@@ -482,8 +597,7 @@ class Connection:
         cursors: set[str] = set()
         cursor: str | None = None
         for page in range(MAX_TOOL_PAGES):
-            params = None if cursor is None else canonical_json({"cursor": cursor})
-            result = await self._request("tools/list", params, context=context)
+            result = await self._listing_page("tools/list", cursor, limit=None, context=context)
             if not isinstance(result, dict):
                 raise self._listing_error(f"page {page + 1} is not an object")
             # Exact keys: a page with "Tools" and no "tools" lists nothing a
@@ -499,6 +613,12 @@ class Connection:
                 name = element.get("name") if isinstance(element, dict) else None
                 if not isinstance(name, str):
                     name = None
+                elif (
+                    self.modern
+                    and self.server.endpoint is not None
+                    and not self._headers_ok(name, element)
+                ):
+                    continue
                 elif name in names:
                     raise self._listing_error(f'it lists the tool "{sanitize(name)}" twice')
                 else:
@@ -517,6 +637,26 @@ class Connection:
             cursor = next_cursor
         raise self._listing_error(f"it has more than {MAX_TOOL_PAGES} pages")
 
+    def _headers_ok(self, name: str, element: dict[str, Any]) -> bool:
+        """Whether a tool listed over the revision's HTTP may be kept: one whose
+        `x-mcp-header` annotations are invalid is left out, as the spec requires, and said."""
+        problem = _revision.x_mcp_header_problem(element)
+        if problem is not None:
+            self._header_maps.pop(name, None)
+            note = (
+                f'server "{self._name()}" lists the tool "{sanitize(name)}" with invalid '
+                f"x-mcp-header annotations ({sanitize(problem)}); it is left out"
+            )
+            if note not in self.notes:
+                self.notes.append(note)
+            return False
+        header_map = _revision.x_mcp_header_map(element)
+        if header_map:
+            self._header_maps[name] = header_map
+        else:
+            self._header_maps.pop(name, None)
+        return True
+
     def _listing_error(self, reason: str) -> ProtocolViolation:
         return ProtocolViolation(
             self.server.name, f'the tool listing of server "{self._name()}" is refused: {reason}'
@@ -531,7 +671,20 @@ class Connection:
         *,
         limit: float | None = None,
         context: CallContext | None = None,
+        meta: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        keep_hints: bool = False,
     ) -> Any:
+        """Send one request; `meta` goes in its params' `_meta` (with the revision's envelope
+        on a modern connection, whose HTTP headers are derived here unless given).  A modern
+        result loses the revision's own members (`_revision.transport_members`; the cache
+        hints only unless `keep_hints`), so results are the same on either revision."""
+        if self.modern:
+            meta = {**(meta or {}), **self._envelope}
+            if headers is None and self.server.endpoint is not None:
+                headers = self._modern_headers(method, params_json)
+        if meta:
+            params_json = _with_meta(params_json, meta)
         self._next_id += 1
         request_id = self._next_id
         message = encode_request(request_id, method, params_json)
@@ -543,7 +696,9 @@ class Connection:
                 deadline=float("inf") if limit is None else anyio.current_time() + limit
             )
             with bound:
-                answer = await self._transport.request(request_id, method, message)
+                answer = await self._transport.request(
+                    request_id, method, message, headers, listen=self._listens(context)
+                )
             if bound.cancelled_caught and anyio.current_time() >= bound.deadline:
                 raise TimeoutError
         except TimeoutError:
@@ -556,8 +711,9 @@ class Connection:
                 "the request was cancelled",
             ) from None
         except anyio.get_cancelled_exc_class():
-            # The protocol forbids cancelling initialize; connect closes the session instead.
-            if method != "initialize":
+            # The protocol forbids cancelling initialize and server/discover; connect closes
+            # the session instead, and an abandoned probe's late answer is dropped.
+            if method not in ("initialize", "server/discover"):
                 await self._send_cancelled(request_id, "the caller gave up")
             raise
         finally:
@@ -565,6 +721,8 @@ class Connection:
                 del self._contexts[request_id]
         if answer.error is not None:
             raise ServerErrorResponse(self.server.name, method, answer.error)
+        if self.modern:
+            return _revision.without_transport_members(answer.result, keep_hints=keep_hints)
         return answer.result
 
     async def _notified(self, message: Incoming, read_by: int) -> None:
@@ -586,6 +744,8 @@ class Connection:
             await self._logged(message.params, context)
             return
         if message.method != "notifications/progress":
+            if message.method is not None and message.method.endswith("/list_changed"):
+                self._listings.clear()  # whatever was kept per its ttlMs is stale now
             notified = self.on_notification
             if notified is not None and message.method is not None:
                 with (
@@ -657,7 +817,58 @@ class Connection:
         with anyio.move_on_after(_PROGRESS_CALLBACK_SECONDS), contextlib.suppress(Exception):
             await listener(level, logger if isinstance(logger, str) else None, params.get("data"))
 
+    def _modern_headers(self, method: str, params_json: str | None) -> dict[str, str]:
+        params: Any = None
+        if params_json is not None and method in ("tools/call", "prompts/get", "resources/read"):
+            with contextlib.suppress(JSONBoundaryError):
+                params = parse_json(params_json)
+        if not isinstance(params, dict):
+            params = None
+        tool = params.get("name") if params is not None and method == "tools/call" else None
+        header_map = self._header_maps.get(tool) if isinstance(tool, str) else None
+        return _revision.request_headers(method, params, header_map)
+
+    def _listens(self, context: CallContext | None) -> bool:
+        """Whether a request's standalone stream is held open: a legacy HTTP session whose
+        request has an asker for the server's requests, as the client advertised."""
+        return (
+            context is not None
+            and context.ask is not None
+            and not self.modern
+            and self.server.endpoint is not None
+            and bool(self.server.client_capabilities)
+        )
+
+    def forget_listings(self) -> None:
+        """Drop the listing pages kept per their `ttlMs`: the next listing asks the server."""
+        self._listings.clear()
+
+    async def _listing_page(
+        self, method: str, cursor: str | None, *, limit: float | None, context: CallContext | None
+    ) -> Any:
+        """One page of a listing; on a modern connection, the page kept per its `ttlMs`
+        while it lasts (a bad hint keeps nothing and is noted once)."""
+        key = (method, cursor)
+        now = anyio.current_time()
+        kept = self._listings.get(key)
+        if kept is not None and kept[0] > now:
+            return kept[1]
+        params = None if cursor is None else canonical_json({"cursor": cursor})
+        result = await self._request(method, params, limit=limit, context=context, keep_hints=True)
+        if self.modern:
+            seconds, note = _revision.listing_lifetime(self.server.name, method, result)
+            result = _revision.without_transport_members(result, keep_hints=False)
+            if note is not None and note not in self.notes:
+                self.notes.append(note)
+            if seconds > 0:
+                self._listings[key] = (anyio.current_time() + seconds, result)
+            else:
+                self._listings.pop(key, None)
+        return result
+
     async def _send_cancelled(self, request_id: int, reason: str) -> None:
+        if self.modern and self.server.endpoint is not None:
+            return  # on the revision's HTTP, closing the request's stream is the cancellation
         notice = encode_notification(
             "notifications/cancelled",
             canonical_json({"requestId": request_id, "reason": reason}),
@@ -719,3 +930,14 @@ async def connect(
             await connection.aclose()
         raise
     return connection
+
+
+def _with_meta(params_json: str | None, meta: Mapping[str, Any]) -> str:
+    """`params_json` (the text of an object without `_meta`, or None) with a `_meta` member
+    appended, the rest of its text kept as it was."""
+    if params_json is None:
+        return canonical_json({"_meta": dict(meta)})
+    body = params_json.rstrip()
+    inner = body[:-1].rstrip()
+    separator = "" if inner.endswith("{") else ","
+    return f'{inner}{separator}"_meta":{canonical_json(dict(meta))}}}'

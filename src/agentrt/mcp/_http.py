@@ -6,9 +6,16 @@ from bytes, with `parse_json`.  The session id the server assigns at
 `initialize` is sent back on every later message together with the negotiated
 `MCP-Protocol-Version`, and the session is ended with DELETE on close.
 
+On the 2026-07-28 revision there is no session: each request carries its own
+`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` and `Mcp-Param-*` headers, given
+by the connection.  On a legacy session, an event stream that ends or breaks
+before its answer, after an event `id`, is resumed: after the server's `retry`
+(capped) a GET with `Last-Event-ID` reads the rest, at most `MAX_RESUMPTIONS`
+times; the request itself is never sent again (the revision has no resumption).
+
 Not done, on purpose: the standalone GET SSE stream (nothing here listens to
-server pushes), reconnection or resumption (a half-delivered call has no
-honest retry), and following a redirect the caller's client does not follow
+server pushes), sending a request again (a half-delivered call has no honest
+retry), and following a redirect the caller's client does not follow
 itself (a credential the client adds would go wherever a 3xx points).  A body
 over `MAX_RESPONSE_BODY_BYTES` fails the read; it is counted while streaming,
 after decompression, so neither a large body nor a compression bomb is held.
@@ -18,11 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import anyio
+import anyio.abc
 import httpx2
 
 from ..canonical import JSONBoundaryError, parse_json
@@ -31,11 +39,19 @@ from ._connection_errors import ConnectionClosed, MCPConnectionError, NotSent, P
 from ._jsonrpc import Incoming, IncomingKind, answer_server_request, read_message
 from ._server import Server
 
-__all__ = ["MAX_RESPONSE_BODY_BYTES", "HttpTransport", "open_http"]
+__all__ = ["MAX_RESPONSE_BODY_BYTES", "HttpTransport", "RefusedRedirect", "open_http"]
 
 MAX_RESPONSE_BODY_BYTES: Final = 16 * 1024 * 1024
 
 SESSION_ID_HEADER: Final = "mcp-session-id"
+LAST_EVENT_ID_HEADER: Final = "last-event-id"
+MODERN_REVISION: Final = "2026-07-28"
+
+MAX_RESUMPTIONS: Final = 3
+"""How many times a broken event stream is resumed before its request fails."""
+# The wait before a resumption when the server named none, and the most any may ask.
+_DEFAULT_RETRY_MS: Final = 1000
+_MAX_RETRY_MS: Final = 10_000
 PROTOCOL_VERSION_HEADER: Final = "mcp-protocol-version"
 
 # Mirrors the SDK's defaults: a connect bound, and a read bound long enough
@@ -46,6 +62,10 @@ _CLOSE_TIMEOUT: Final = 2.0
 # Clients owned by open connections, only to refuse a factory that hands out
 # the same client twice.  Holds no client alive.
 _clients_in_use: Final[weakref.WeakSet[httpx2.AsyncClient]] = weakref.WeakSet()
+
+
+class RefusedRedirect(ProtocolViolation):
+    """The server answered with a redirect, which is not followed."""
 
 
 @dataclass(slots=True)
@@ -77,7 +97,7 @@ class HttpTransport:
     def _name(self) -> str:
         return sanitize(self.server.name)
 
-    def _headers(self) -> dict[str, str]:
+    def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = {
             "accept": "application/json, text/event-stream",
             "content-type": "application/json",
@@ -86,18 +106,32 @@ class HttpTransport:
             headers[SESSION_ID_HEADER] = self.session_id
         if self.protocol_version is not None:
             headers[PROTOCOL_VERSION_HEADER] = self.protocol_version
+        if extra:
+            headers.update(extra)  # a modern request's own, the protocol version among them
         return headers
 
     # -- requests and notifications --------------------------------------------
 
-    async def request(self, request_id: int, method: str, message: bytes) -> Incoming:
-        """POST one request and return the message that answers it."""
+    async def request(
+        self,
+        request_id: int,
+        method: str,
+        message: bytes,
+        headers: Mapping[str, str] | None = None,
+        listen: bool = False,
+    ) -> Incoming:
+        """POST one request (with `headers` besides the transport's) and return the message
+        that answers it.  `listen`: on a legacy session, hold the standalone GET stream open
+        while the request is in flight, for the server's requests sent there (a server
+        that does not tie its elicitation to the call's own stream)."""
         if self._closed is not None:
             raise NotSent(self.server.name, f"{self._closed}; the request was not sent")
         with anyio.CancelScope() as scope:
             self._in_flight.add(scope)
             try:
-                return await self._post_request(request_id, method, message)
+                if listen and self.session_id is not None:
+                    return await self._post_listening(request_id, method, message, headers)
+                return await self._post_request(request_id, method, message, headers)
             except httpx2.ConnectError as exc:
                 # No connection was made, so no byte of the request left here.
                 raise NotSent(
@@ -138,9 +172,11 @@ class HttpTransport:
             f"{sanitize(str(error) or type(error).__name__)}",
         )
 
-    async def _post_request(self, request_id: int, method: str, message: bytes) -> Incoming:
+    async def _post_request(
+        self, request_id: int, method: str, message: bytes, headers: Mapping[str, str] | None
+    ) -> Incoming:
         async with self.client.stream(
-            "POST", self.url, content=message, headers=self._headers()
+            "POST", self.url, content=message, headers=self._headers(headers)
         ) as response:
             self._refuse_redirect(response, method)
             if response.status_code == 202:
@@ -167,29 +203,141 @@ class HttpTransport:
                     )
                 return answer
             if content_type == "text/event-stream":
-                async for data in _sse_data(response, self.server):
-                    incoming = read_message(data)
-                    if incoming.kind is IncomingKind.REQUEST:
-                        if self.listener is not None:
-                            await self.listener(incoming, request_id)  # the connection answers it
-                        else:
-                            await self.send(answer_server_request(incoming))
-                        continue
-                    if incoming.kind is IncomingKind.NOTIFICATION and self.listener is not None:
-                        await self.listener(incoming, request_id)
-                        continue
-                    answer = self._answer(incoming, request_id, method)
-                    if answer is not None:
-                        return answer
+                events = _SSEEvents()
+                answer = await self._read_events(response, events, request_id, method)
+                if answer is not None:
+                    return answer
+                modern = (headers or {}).get(PROTOCOL_VERSION_HEADER) == MODERN_REVISION
+                if events.last_id is None or modern:
+                    # Nothing to resume from (the 2026-07-28 revision has no resumption).
+                    raise ProtocolViolation(
+                        self.server.name,
+                        f'server "{self._name()}" ended its event stream without answering '
+                        f"{method}",
+                    )
+            else:
                 raise ProtocolViolation(
                     self.server.name,
-                    f'server "{self._name()}" ended its event stream without answering {method}',
+                    f'server "{self._name()}" answered {method} with the content type '
+                    f'"{sanitize(content_type)}"',
                 )
-            raise ProtocolViolation(
-                self.server.name,
-                f'server "{self._name()}" answered {method} with the content type '
-                f'"{sanitize(content_type)}"',
-            )
+        return await self._resume(events, request_id, method)
+
+    async def _post_listening(
+        self, request_id: int, method: str, message: bytes, headers: Mapping[str, str] | None
+    ) -> Incoming:
+        answer: Incoming | None = None
+        failure: Exception | None = None
+        async with anyio.create_task_group() as group:
+            await group.start(self._listen, request_id)
+            try:
+                answer = await self._post_request(request_id, method, message, headers)
+            except Exception as exc:  # re-raised below, outside the task group
+                failure = exc
+            group.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        assert answer is not None
+        return answer
+
+    async def _listen(
+        self,
+        request_id: int,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The standalone GET stream, for as long as the request is in flight: the server's
+        requests and notifications on it go to the listener as if read for `request_id`.
+        Started (the request may go) once the server answered the GET, whatever it said."""
+        started = False
+        headers = self._headers()
+        headers.pop("content-type", None)
+        headers["accept"] = "text/event-stream"
+        try:
+            async with self.client.stream("GET", self.url, headers=headers) as response:
+                task_status.started()
+                started = True
+                content_type = response.headers.get("content-type", "").partition(";")[0]
+                if response.status_code != 200 or content_type.strip().lower() != (
+                    "text/event-stream"
+                ):
+                    return
+                async for data in _sse_data(response, self.server):
+                    if not data.strip():
+                        continue
+                    incoming = read_message(data)
+                    if self.listener is not None and incoming.kind in (
+                        IncomingKind.REQUEST,
+                        IncomingKind.NOTIFICATION,
+                    ):
+                        await self.listener(incoming, request_id)
+        except Exception:  # noqa: S110 - a courtesy: the call's own stream carries its answer
+            pass
+        finally:
+            if not started:
+                task_status.started()
+
+    async def _read_events(
+        self, response: httpx2.Response, events: _SSEEvents, request_id: int, method: str
+    ) -> Incoming | None:
+        """Read an event stream until the answer to `request_id`; None when the stream ends
+        (or breaks, after an event id that lets it be resumed) without it."""
+        try:
+            async for data in _sse_data(response, self.server, events):
+                if not data.strip():
+                    continue  # a priming event: an id (and maybe a retry) with no message
+                incoming = read_message(data)
+                if incoming.kind is IncomingKind.REQUEST:
+                    if self.listener is not None:
+                        await self.listener(incoming, request_id)  # the connection answers it
+                    else:
+                        await self.send(answer_server_request(incoming))
+                    continue
+                if incoming.kind is IncomingKind.NOTIFICATION and self.listener is not None:
+                    await self.listener(incoming, request_id)
+                    continue
+                answer = self._answer(incoming, request_id, method)
+                if answer is not None:
+                    return answer
+        except httpx2.TransportError:
+            if events.last_id is None:
+                raise
+        return None
+
+    async def _resume(self, events: _SSEEvents, request_id: int, method: str) -> Incoming:
+        """Recover the answer to a request whose event stream ended without it: wait the
+        server's `retry` (capped), then GET the stream again with `Last-Event-ID`, at most
+        `MAX_RESUMPTIONS` times.  The request itself is never sent again."""
+        name = self._name()
+        for _attempt in range(MAX_RESUMPTIONS):
+            wait = min(events.retry_ms if events.retry_ms is not None else _DEFAULT_RETRY_MS,
+                       _MAX_RETRY_MS)  # fmt: skip
+            await anyio.sleep(wait / 1000)
+            headers = self._headers()
+            headers.pop("content-type", None)
+            headers["accept"] = "text/event-stream"
+            assert events.last_id is not None
+            headers[LAST_EVENT_ID_HEADER] = events.last_id
+            async with self.client.stream("GET", self.url, headers=headers) as response:
+                self._refuse_redirect(response, f"the resumption of {method}")
+                content_type = response.headers.get("content-type", "").partition(";")[0]
+                if response.status_code != 200 or content_type.strip().lower() != (
+                    "text/event-stream"
+                ):
+                    raise ProtocolViolation(
+                        self.server.name,
+                        f'server "{name}" ended its event stream without answering {method} '
+                        f"and did not resume it (HTTP {response.status_code})",
+                    )
+                events.restart()
+                answer = await self._read_events(response, events, request_id, method)
+                if answer is not None:
+                    return answer
+        raise ProtocolViolation(
+            self.server.name,
+            f'server "{name}" did not answer {method} in its event stream, resumed '
+            f"{MAX_RESUMPTIONS} times",
+        )
 
     def _answer(self, incoming: Incoming, request_id: int, method: str) -> Incoming | None:
         if incoming.request_id != request_id:
@@ -207,7 +355,7 @@ class HttpTransport:
     def _refuse_redirect(self, response: httpx2.Response, what: str) -> None:
         if 300 <= response.status_code < 400:
             location = sanitize(response.headers.get("location", "nowhere"))
-            raise ProtocolViolation(
+            raise RefusedRedirect(
                 self.server.name,
                 f'server "{self._name()}" answered {what} with a redirect to {location}, '
                 "which is not followed; use that URL as the endpoint if it is the intended server",
@@ -327,7 +475,9 @@ def _too_large(server: Server) -> ProtocolViolation:
     )
 
 
-async def _sse_data(response: httpx2.Response, server: Server) -> AsyncIterator[bytes]:
+async def _sse_data(
+    response: httpx2.Response, server: Server, events: _SSEEvents | None = None
+) -> AsyncIterator[bytes]:
     """The `data` of each `message` event of an SSE body, as bytes, the whole body capped.
 
     Lines end at CRLF, LF or CR; `data` fields of one event join with LF;
@@ -335,7 +485,8 @@ async def _sse_data(response: httpx2.Response, server: Server) -> AsyncIterator[
     stream is dropped, as the SSE standard says.
     """
     _refuse_declared_length(response, server)
-    events = _SSEEvents()
+    if events is None:
+        events = _SSEEvents()
     total = 0
     async for chunk in response.aiter_bytes():
         total += len(chunk)
@@ -348,11 +499,20 @@ async def _sse_data(response: httpx2.Response, server: Server) -> AsyncIterator[
 
 
 class _SSEEvents:
-    """An incremental SSE parser over bytes (the subset MCP uses: `event` and `data`)."""
+    """An incremental SSE parser over bytes (the subset MCP uses: `event`, `data`, and the
+    `id` and `retry` a resumable stream carries: `last_id`, `retry_ms`)."""
 
     def __init__(self) -> None:
         self._buffer = bytearray()
         self._data_lines: list[bytes] = []
+        self._event_type = b""
+        self.last_id: str | None = None
+        self.retry_ms: int | None = None
+
+    def restart(self) -> None:
+        """A new stream continues this one: drop what is half-read, keep the id and retry."""
+        self._buffer.clear()
+        self._data_lines = []
         self._event_type = b""
 
     def feed(self, chunk: bytes, *, final: bool) -> list[bytes]:
@@ -381,6 +541,12 @@ class _SSEEvents:
                 self._data_lines.append(value)
             elif name == b"event":
                 self._event_type = value
+            elif name == b"id" and b"\0" not in value:
+                text = value.decode("utf-8", "replace")
+                # An id is echoed in a header: only a visible-ASCII one is kept.
+                self.last_id = text if text.isascii() and text.isprintable() else self.last_id
+            elif name == b"retry" and value.isdigit():
+                self.retry_ms = int(value)
 
 
 def _line_end(buffer: bytearray, *, final: bool) -> tuple[int, int] | None:

@@ -14,7 +14,7 @@ from ..canonical import JSONBoundaryError, parse_json, sha256_hex
 from ..errors import RegistrationError
 from ..sanitize import sanitize
 from ..tools import TOOL_NAME_PATTERN, SideEffect, Tool, ToolSpec, check_tool
-from . import _connection
+from . import _connection, _revision
 from ._apps import check_apps, ui_meta_of, ui_resource_of
 from ._errors import LoadError
 from ._manifest import Manifest, PinnedTool, description_hash, schema_text
@@ -112,6 +112,10 @@ _HIDING_KEYWORDS: Final = (
 )
 
 
+class _RevisionChanged(Exception):
+    """The server speaks the other era than it was pinned over.  One sentence."""
+
+
 async def load(
     server: Server,
     manifest: Manifest,
@@ -149,12 +153,21 @@ async def load(
         with anyio.fail_after(server.connect_timeout):
             raw_tools = await phase.connect_and_list()
             assert phase.connection is not None
+            changed = _revision.revision_change(
+                server.name, manifest.revision, phase.connection.protocol_version
+            )
+            if changed is not None:
+                raise _RevisionChanged(changed)
+            for note in phase.connection.notes:
+                (log if log is not None else stderr_line)(note)
             upstream = Upstream(server, phase.connection, log if log is not None else stderr_line)
             tools, report = await _check_all(server, manifest, rules, raw_tools, phase, upstream)
             phase.enter("checking the tools' apps")
             await _check_apps(server, manifest, tools, report, upstream)
     except BaseException as exc:
         await phase.close()
+        if isinstance(exc, _RevisionChanged):
+            raise LoadError(str(exc)) from None
         if isinstance(exc, Exception):
             raise LoadError(phase.failure(exc)) from exc
         raise

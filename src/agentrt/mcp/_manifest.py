@@ -119,6 +119,9 @@ class Manifest:
     resource_templates: dict[str, PinnedOffer] | None = None
     apps: dict[str, PinnedApp] | None = None
     """MCP Apps: each `ui://` resource's content hash as read (None: none pinned)."""
+    # The protocol revision the server spoke when pinned ("2026-07-28" or the version the
+    # initialize handshake chose); None in a manifest written before it was kept.
+    revision: str | None = None
 
     def offers(self, section: str) -> dict[str, PinnedOffer] | None:
         """The pins of one section: `"prompts"`, `"resources"` or `"resource_templates"`."""
@@ -164,6 +167,8 @@ class Manifest:
                 uri: {"uri": app.uri, "content_hash": app.content_hash, "tools": list(app.tools)}
                 for uri, app in self.apps.items()
             }
+        if self.revision is not None:
+            document["revision"] = self.revision
         return _indented(document, "") + "\n"
 
     @classmethod
@@ -173,7 +178,9 @@ class Manifest:
             document = parse_json(data)
         except JSONBoundaryError as exc:
             raise OperatorFileError(f"{source} is not usable JSON: {sanitize(str(exc))}") from None
-        _expect_fields(document, _MANIFEST_FIELDS, source, optional=(*OFFER_SECTIONS, "apps"))
+        _expect_fields(
+            document, _MANIFEST_FIELDS, source, optional=(*OFFER_SECTIONS, "apps", "revision")
+        )
         server, stamp, tools = document["server"], document["pinned_at"], document["tools"]
         if not isinstance(server, str) or not server:
             raise OperatorFileError(f'{source}: "server" must be a non-empty string')
@@ -185,6 +192,9 @@ class Manifest:
             ) from None
         if not isinstance(tools, dict):
             raise OperatorFileError(f'{source}: "tools" must be an object of tool name to pin')
+        revision = document.get("revision")
+        if revision is not None and (not isinstance(revision, str) or not revision):
+            raise OperatorFileError(f'{source}: "revision" must be a non-empty string')
         offers = {
             section: _pinned_offers(section, document[section], source)
             for section in OFFER_SECTIONS
@@ -196,6 +206,7 @@ class Manifest:
             tools={name: _pinned_tool(name, entry, source) for name, entry in tools.items()},
             **offers,
             apps=_pinned_apps(document["apps"], source) if "apps" in document else None,
+            revision=revision,
         )
 
 

@@ -39,6 +39,7 @@ async def pin(server: Server) -> Manifest:
             apps, _unread = await pin_apps(
                 phase.connection, named, offers.get("resources") or {}, server.connect_timeout
             )
+            revision = phase.connection.protocol_version
     except Exception as exc:
         raise PinError(phase.failure(exc)) from exc
     finally:
@@ -49,7 +50,12 @@ async def pin(server: Server) -> Manifest:
         if raw_tool.name is not None:
             tools[raw_tool.name] = pin_raw_tool(raw_tool.name, raw_tool.raw)
     return Manifest(
-        server=server.name, pinned_at=datetime.now(UTC), tools=tools, **offers, apps=apps or None
+        server=server.name,
+        pinned_at=datetime.now(UTC),
+        tools=tools,
+        **offers,
+        apps=apps or None,
+        revision=revision,
     )
 
 

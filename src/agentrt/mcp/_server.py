@@ -18,6 +18,9 @@ DEFAULT_MAX_CONTENT_BYTES: Final = 64 * 1024
 _VARIABLE_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" allows a final newline
 
 
+REVISION_MODES: Final = ("auto", "session", "legacy")
+
+
 @dataclass(frozen=True, slots=True)
 class Server:
     """One MCP server: a stdio `command` or a streamable HTTP `endpoint`, never both.
@@ -33,6 +36,11 @@ class Server:
     sandbox is never started without one.  `client_capabilities` are what the
     handshake advertises (default none): set `sampling`, `elicitation` or `roots`
     only when a caller answers them (a `CallContext` with an `ask`); anything else is refused.
+    `revision`: "auto" probes with `server/discover` and speaks the 2026-07-28 revision to a
+    server that answers it, else the `initialize` handshake; "session" performs the
+    handshake first and probes only when it is refused (a server that speaks both eras
+    keeps a session: its pushes, subscriptions and mid-call requests ride it); "legacy"
+    never probes.
     """
 
     name: str
@@ -47,6 +55,9 @@ class Server:
     max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES
     sandbox: Sandbox | None = None
     client_capabilities: Mapping[str, Any] | None = None
+    # "session" (the default): initialize first, server/discover when it is refused;
+    # "auto": server/discover first, initialize as the fallback; "legacy": initialize only.
+    revision: str = "session"
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -85,5 +96,9 @@ class Server:
             raise ValueError(f'server "{sanitize(self.name)}": connect_timeout must be positive')
         if self.default_timeout is not None and not self.default_timeout > 0:
             raise ValueError(f'server "{sanitize(self.name)}": default_timeout must be positive')
+        if self.revision not in REVISION_MODES:
+            raise ValueError(
+                f'server "{sanitize(self.name)}": revision must be "auto", "session" or "legacy"'
+            )
         if self.max_content_bytes < 64:
             raise ValueError(f'server "{sanitize(self.name)}": max_content_bytes is too small')

@@ -25,7 +25,7 @@ import os
 import subprocess
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -280,8 +280,15 @@ class StdioTransport:
 
     # -- receiving -------------------------------------------------------------
 
-    async def request(self, request_id: int, method: str, message: bytes) -> Incoming:
-        """Send a request and wait for the message that answers it.
+    async def request(
+        self,
+        request_id: int,
+        method: str,
+        message: bytes,
+        headers: Mapping[str, str] | None = None,
+        listen: bool = False,
+    ) -> Incoming:
+        """Send a request and wait for the message that answers it (`headers` are HTTP's).
 
         There is no reader task: whichever waiting caller finds nobody reading
         becomes the reader, reads one line, dispatches it (to its own waiter,

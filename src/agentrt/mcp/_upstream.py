@@ -17,6 +17,7 @@ from typing import Final
 import anyio
 
 from ..sanitize import sanitize
+from . import _revision
 from ._connection import Connection, RawTool
 from ._context import CallContext
 from ._server import Server
@@ -58,6 +59,8 @@ class Upstream:
         self._lock = anyio.Lock()
         # What made the refusals in force: a restart, or the server's own list_changed.
         self.refused_since = "its server was started again"
+        # The revision it spoke when loaded: a restart that finds the other era is refused.
+        self._revision = connection.protocol_version
 
     def refusal(self, tool: str) -> str:
         return self._refused.get(tool, "")
@@ -135,6 +138,12 @@ class Upstream:
         self._checked = False
         try:
             await self.connection.restart(context=context)
+            changed = _revision.revision_change(
+                self.server.name, self._revision, self.connection.protocol_version
+            )
+            if changed is not None:
+                self._checked = False
+                raise RuntimeError(changed)
             listing = await self.connection.list_tools(context=context)
             assert self.recheck is not None
             self._refused = self.recheck(listing)

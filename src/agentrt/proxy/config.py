@@ -153,6 +153,7 @@ _SERVER_FIELDS: Final = frozenset(
         "rules",
         "sandbox",
         "note",
+        "revision",
         "headers",
         "max_result_bytes",
         "results",
@@ -510,6 +511,12 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
         if "default_timeout" in entry
         else DEFAULT_SERVER_TIMEOUT
     )
+    # The proxy keeps a session with a server that speaks both eras: subscriptions, list
+    # changes and a server's mid-call requests ride it (docs/decisions/0036).
+    revision = entry.get("revision", "session")
+    if revision not in ("auto", "session", "legacy"):
+        raise reader.fail(f"{where} revision", 'must be "auto", "session" or "legacy"')
+    options["revision"] = revision
     if "note" in entry and not isinstance(entry["note"], str):
         raise reader.fail(f"{where} note", "must be a string")
     if "headers" in entry:

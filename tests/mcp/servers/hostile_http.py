@@ -10,13 +10,20 @@ and serves until killed.  Any path serves MCP.  Members, all optional:
 - "oversize": a method or tool name; its answer is a 17 MiB body ("declared": true adds a
   Content-Length header saying so).
 - "pages": {cursor: raw result text} for tools/list ("" is the first page).
+- "methods": {method: raw result text} for any other method (default "{}").
 - "calls": {tool: spec}; spec "result": raw result text, "elicit": true
   (SSE only: ask the client for input mid-call, wait for its answer, then
   answer with text naming the answer's error code), "before": raw data lines
   sent as SSE events first ("{id}" becomes the request id), "before_raw":
   raw SSE text sent first (same substitution),
   "end_without_answer": true (SSE only: end the stream with no answer),
+  "cut_midway": true (SSE only: declare a longer body, send half an event, drop the
+  connection: a stream that breaks rather than ends),
   "never": true (never answer).
+- "on_get": what a GET (a resumption) gets: "answer" (an event stream carrying an
+  event id and the answer to the last call whose stream ended without one; the
+  Last-Event-ID it was sent is logged), "empty" (an event stream that ends at once),
+  or anything else: 405.
 - "http_error": {tool or method: {"status", "body", "content_type"}}: answer
   that request with this HTTP status and body ("{id}" becomes the id).
 """
@@ -37,6 +44,7 @@ _scenario: dict[str, Any] = {}
 _log_lock = threading.Lock()
 _answers: dict[str, Any] = {}
 _answer_ready = threading.Condition()
+_unanswered: list[Any] = []  # ids of calls whose stream ended without their answer
 
 
 def _default_tools() -> str:
@@ -69,6 +77,24 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._log("")
+        behaviour = _scenario.get("on_get")
+        if behaviour not in ("answer", "empty"):
+            self._send(405, b"", "text/plain", {})
+            return
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("connection", "close")
+        self.end_headers()
+        if behaviour == "answer" and _unanswered:
+            request_id = _unanswered.pop()
+            result = {"content": [{"type": "text", "text": "recovered"}]}
+            line = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result})
+            self.wfile.write(f"id: e2\ndata: {line}\n\n".encode())
+        self.wfile.flush()
+        self.close_connection = True
 
     def do_DELETE(self) -> None:
         self._log("")
@@ -118,7 +144,7 @@ class Handler(BaseHTTPRequestHandler):
             default = {"content": [{"type": "text", "text": "ok"}]}
             result = spec.get("result", json.dumps(default))
         else:
-            result = "{}"
+            result = _scenario.get("methods", {}).get(method, "{}")
         failure = _scenario.get("http_error", {}).get(params.get("name") or method)
         if failure is not None:
             body = failure.get("body", "").replace("{id}", json.dumps(request_id))
@@ -135,6 +161,18 @@ class Handler(BaseHTTPRequestHandler):
         line = f'{{"jsonrpc":"2.0","id":{json.dumps(request_id)},"result":{result}}}'
         if _scenario.get("mode", "json") == "json":
             self._send(200, line.encode(), "application/json", headers)
+            return
+        if spec.get("cut_midway"):
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("content-length", "100000")
+            self.end_headers()
+            for raw in spec.get("before_raw", []):
+                self.wfile.write(raw.replace("{id}", json.dumps(request_id)).encode())
+            self.wfile.write(b'data: {"jsonrpc":"2.0","id":')
+            self.wfile.flush()
+            _unanswered.append(request_id)
+            self.close_connection = True
             return
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
@@ -153,6 +191,7 @@ class Handler(BaseHTTPRequestHandler):
             self._elicit_then_answer(request_id)
             return
         if spec.get("end_without_answer"):
+            _unanswered.append(request_id)
             self.close_connection = True
             return
         # One event over two data lines (joined by a newline, which JSON

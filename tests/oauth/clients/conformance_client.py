@@ -9,6 +9,11 @@ calls the first; when the connection says the server needs `agentrt login NAME` 
 or a 403 asking for a scope not granted), it does what the operator would: runs the
 login (the person's browser played by following the authorization server's redirect to
 the loopback listener) and tries again, at most three logins in all.
+
+For the other client scenarios (initialize, tools_call, elicitation, sse-retry) it is the
+proxy's upstream client with a test host behind it: it advertises form elicitation, and
+a server's elicitation during the call is answered by `_host`, which accepts with the
+defaults the requested schema names, as a host's form shows them pre-filled (SEP-1034).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import httpx2
 
 from agentrt.mcp import Server
 from agentrt.mcp._connection import connect
+from agentrt.mcp._context import CallContext
 from agentrt.mcp._login import login
 from agentrt.mcp._oauth import oauth_client_factory
 from agentrt.mcp._tokens import AuthSettings
@@ -85,6 +91,20 @@ async def _browser(url: str) -> None:
             response = await browser.get(location)
 
 
+async def _host(method: str, params: Any) -> dict[str, Any]:
+    """The test host: accept an elicitation with every default its form would show."""
+    if method != "elicitation/create" or not isinstance(params, dict):
+        raise ValueError(f"the test host does not answer {method}")
+    schema = params.get("requestedSchema") or {}
+    properties = schema.get("properties") or {}
+    content = {
+        name: field["default"]
+        for name, field in properties.items()
+        if isinstance(field, dict) and "default" in field
+    }
+    return {"action": "accept", "content": content}
+
+
 async def main(url: str) -> int:
     context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT", "{}") or "{}")
     directory = Path(tempfile.mkdtemp(prefix="agentrt-conformance-"))
@@ -98,12 +118,15 @@ async def main(url: str) -> int:
                     name="conformance",
                     endpoint=url,
                     http_client_factory=oauth_client_factory("conformance", url),
+                    client_capabilities={"elicitation": {"form": {}}},
                 )
             )
             try:
                 tools = await connection.list_tools()
                 if tools:
-                    await connection.call_tool(tools[0].name, "{}", timeout=10)
+                    await connection.call_tool(
+                        tools[0].name, "{}", timeout=10, context=CallContext(ask=_host)
+                    )
             finally:
                 await connection.aclose()
             print(f"listed {len(tools)} tools and called the first after {logins} login(s)")

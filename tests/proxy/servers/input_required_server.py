@@ -5,7 +5,9 @@ input-required result (an elicitation keyed `who`, and a request state);
 retried with `inputResponses.who` and that state it greets the name given.
 Any other state gets an error result.  With $INPUT_REQUIRED_LOG set, each
 `tools/call` it receives is noted there (its name and whether it carried
-answers), so a test sees how many rounds reached it.
+answers), so a test sees how many rounds reached it.  With $INPUT_REQUIRED_MODERN set
+it also answers `server/discover` naming 2026-07-28, and a `tools/call` without the
+revision's `_meta` envelope (its protocol version) gets an error result.
 """
 
 from __future__ import annotations
@@ -72,8 +74,15 @@ def _answer(message: dict[str, Any]) -> dict[str, Any] | None:
                 }
             ]
         }
+    elif method == "server/discover" and os.environ.get("INPUT_REQUIRED_MODERN"):
+        result = {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}}
     elif method == "tools/call":
-        result = _call(message.get("params") or {})
+        params = message.get("params") or {}
+        version = (params.get("_meta") or {}).get("io.modelcontextprotocol/protocolVersion")
+        if os.environ.get("INPUT_REQUIRED_MODERN") and version != "2026-07-28":
+            result = {"content": [{"type": "text", "text": "no envelope"}], "isError": True}
+        else:
+            result = _call(params)
     elif method == "ping":
         result = {}
     else:
