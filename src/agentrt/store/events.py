@@ -83,6 +83,10 @@ class EventType(enum.StrEnum):
     CHECKPOINT = "checkpoint"
     # A prefix of the chain moved into a signed segment file (`store/archive.py`).
     ARCHIVED = "archived"
+    # Passkey mode (`passkeys/`): one approver's decision with its WebAuthn assertion, and
+    # an approval's quorum of distinct approvers complete (before its `approval_granted`).
+    APPROVER_DECIDED = "approver_decided"
+    APPROVAL_QUORUM_REACHED = "approval_quorum_reached"
 
 
 class EndReason(enum.StrEnum):

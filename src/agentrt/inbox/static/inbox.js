@@ -196,6 +196,44 @@
     return asked;
   }
 
+  // Passkey mode (docs/identity.md): the server derives the challenge from the approval and
+  // the verdict (and the grant's scope hash), and the authenticator signs it with user
+  // verification; the assertion rides with the decision.
+  const b64url = {
+    decode: function (text) {
+      const padded = text.replace(/-/g, "+").replace(/_/g, "/") + "===".slice((text.length + 3) % 4);
+      return Uint8Array.from(atob(padded), function (c) { return c.charCodeAt(0); });
+    },
+    encode: function (buffer) {
+      let text = "";
+      new Uint8Array(buffer).forEach(function (byte) { text += String.fromCharCode(byte); });
+      return btoa(text).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+    },
+  };
+
+  async function passkeyAssertion(body, grant) {
+    const asked = { approval_id: body.approval_id, approval_hash: body.approval_hash, verdict: body.verdict };
+    if (grant) { asked.scope_hash = grant.scope_hash; }
+    const options = await api("/api/passkey/challenge", {
+      method: "POST",
+      headers: headers({ "Content-Type": "application/json", "X-CSRF-Token": state.csrf }),
+      body: JSON.stringify(asked),
+    });
+    options.challenge = b64url.decode(options.challenge);
+    options.allowCredentials.forEach(function (credential) { credential.id = b64url.decode(credential.id); });
+    const credential = await navigator.credentials.get({ publicKey: options });
+    return {
+      id: credential.id,
+      rawId: b64url.encode(credential.rawId),
+      type: credential.type,
+      response: {
+        authenticatorData: b64url.encode(credential.response.authenticatorData),
+        clientDataJSON: b64url.encode(credential.response.clientDataJSON),
+        signature: b64url.encode(credential.response.signature),
+      },
+    };
+  }
+
   async function decide(card, view, verdict) {
     const outcome = card.querySelector('[data-field="outcome"]');
     const buttons = card.querySelectorAll("button[data-verdict]");
@@ -213,12 +251,21 @@
         note: card.querySelector('input[name="note"]').value,
       };
       if (grant) { body.grant = grant; }
+      if (state.approvalAuth === "passkey") {
+        outcome.textContent = "your passkey signs this decision…";
+        body.assertion = await passkeyAssertion(body, grant);
+      }
       const decided = await api("/api/decide", {
         method: "POST",
         headers: headers({ "Content-Type": "application/json", "X-CSRF-Token": state.csrf }),
         body: JSON.stringify(body),
       });
       outcome.className = "outcome ok";
+      if (decided.status === "pending") {
+        outcome.textContent = "approved by " + decided.approvers.join(", ") + "; waits for " + decided.waiting_for + " more approver(s)";
+        buttons.forEach(function (button) { button.disabled = false; });
+        return;
+      }
       outcome.textContent = (decided.status === "approved"
         ? "approved by " + decided.by + "; this exact request runs when its run resumes (through the proxy: when the host calls again with the same arguments)"
         : "rejected by " + decided.by + "; the run is cancelled");
@@ -396,6 +443,7 @@
     try {
       const session = await api("/api/session");
       state.csrf = session.csrf;
+      state.approvalAuth = session.approval_auth;
       if (!$("by").value) { $("by").value = session.login; }
     } catch (error) {
       showProblem(error.message);

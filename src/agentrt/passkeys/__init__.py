@@ -1,0 +1,48 @@
+"""Approvers who are people: passkeys (WebAuthn) over each decision, separation of duties
+and quorums (docs/identity.md, decisions 0041 and 0042).
+
+The registry of approvers (`_registry.py`), a decision's derived challenge and its
+assertion checked with py_webauthn (`_assertion.py`), a decision in passkey mode
+(`_decide.py`), the inbox's handlers (`_inbox.py`), registering a passkey
+(`_register.py`, for `agentrt approvers add`) and checking every recorded decision
+again (`_audit.py`, for `agentrt verify --approvers`).  Nothing here writes SQL: the
+events are the ledger's `record_approver_decision` and `record_quorum_reached`.
+"""
+
+from __future__ import annotations
+
+from ._assertion import Assertion, PasskeyRefused, check_assertion, decision_challenge
+from ._audit import DecisionProblem, audit_decisions
+from ._decide import APPROVE, REJECT, PasskeyDecision, QuorumRule, decide
+from ._inbox import PasskeyMode, challenge_options, decide_in_inbox
+from ._registry import (
+    RP_ID,
+    Approver,
+    Registry,
+    RegistryError,
+    read_registry,
+    write_registry,
+)
+
+__all__ = [
+    "APPROVE",
+    "REJECT",
+    "RP_ID",
+    "Approver",
+    "Assertion",
+    "DecisionProblem",
+    "PasskeyDecision",
+    "PasskeyMode",
+    "PasskeyRefused",
+    "QuorumRule",
+    "Registry",
+    "RegistryError",
+    "audit_decisions",
+    "challenge_options",
+    "check_assertion",
+    "decide",
+    "decide_in_inbox",
+    "decision_challenge",
+    "read_registry",
+    "write_registry",
+]
