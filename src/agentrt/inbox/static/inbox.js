@@ -240,6 +240,7 @@
     buttons.forEach(function (button) { button.disabled = true; });
     outcome.className = "outcome";
     outcome.textContent = verdict === "approve" ? "approving…" : "rejecting…";
+    card.dataset.deciding = "yes";
     try {
       const grant = verdict === "approve" ? await grantShown(card, view) : null;
       const body = {
@@ -277,6 +278,8 @@
       outcome.className = "outcome bad";
       outcome.textContent = "not decided: " + error.message;
       buttons.forEach(function (button) { button.disabled = false; });
+    } finally {
+      delete card.dataset.deciding;
     }
   }
 
@@ -286,7 +289,8 @@
     list.forEach(function (view) { wanted.set(view.decide.approval_id + " " + view.approval_hash, view); });
     Array.from(container.children).forEach(function (card) {
       // A card just decided stays a few seconds, so its message can be read.
-      const recent = card.dataset.decidedAt && Date.now() - Number(card.dataset.decidedAt) < KEEP_DECIDED_MS;
+      // So does one whose decision is on its way (a passkey's prompt can take a while).
+      const recent = card.dataset.deciding || (card.dataset.decidedAt && Date.now() - Number(card.dataset.decidedAt) < KEEP_DECIDED_MS);
       if (!wanted.has(card.dataset.approval + " " + card.dataset.hash) && !recent) { card.remove(); }
     });
     let previous = null;
