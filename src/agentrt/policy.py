@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from .tools import SideEffect, ToolSpec
 
 if TYPE_CHECKING:
-    from .store import Connection
+    from .store import Connection, Principal
 
 Claim = Callable[["Connection", str, int], None]
 """Work an `allow` depends on, done in the transaction that records the step (connection,
@@ -60,6 +60,9 @@ class RunView:
     step_count: int
     consecutive_failures: int
     metadata: Mapping[str, str] = field(default_factory=dict)
+    # Who the run is for, when it has a principal and the gate knows it at hand (a run's
+    # start); otherwise None, and `Store.principal_of_run` reads it (issue 35).
+    principal: Principal | None = None
 
 
 @dataclass(frozen=True, slots=True)

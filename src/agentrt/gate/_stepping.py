@@ -188,7 +188,9 @@ class Stepping:
             return value, await self.step(run_id, decision, context=context)
         assert registered is not None
         request = ToolRequest(registered.spec, decision.args, arguments, run_id, 1)
-        decided = await self._evaluate(request, RunView(run_id, goal, 0, 0, dict(new.metadata)))
+        decided = await self._evaluate(
+            request, RunView(run_id, goal, 0, 0, dict(new.metadata), new.principal)
+        )
         state: StateCheck | None = None
         if decided.outcome is Outcome.REQUIRE_APPROVAL and has_precondition(registered):
             decided, state = await self._with_state(registered, decided, run_id, 1,

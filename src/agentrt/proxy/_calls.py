@@ -49,16 +49,25 @@ from ..policy import (
     default_presentation,
 )
 from ..sanitize import sanitize
-from ..store import ApprovalRecord, ApprovalStatus, Connection, RunStatus, StepStatus, Store
+from ..store import (
+    ApprovalRecord,
+    ApprovalStatus,
+    Connection,
+    Principal,
+    RunStatus,
+    StepStatus,
+    Store,
+)
 from ..telemetry import trace_context_metadata
 from ..tools import SideEffect, Tool, ToolCall, ToolResult, ToolSpec
 from ._answers import Answer
-from ._conditions import ToolConditions, conditions_by_tool, policy_id
+from ._conditions import ToolConditions, conditions_by_tool, policy_id, principal_fields
 from ._flows import HOST_SESSION, FlowJudge, Tainting, TaintStore, flows_policy_id
 from ._forward import Forwarded, forwardable
 from ._grants import GrantCover
 from ._index import EXECUTED, Action, CallIndex, CallRow, Settled, Verdict, call_key
 from ._offers import resource_outcome, uri_of
+from ._resource import principal_key
 from .config import ProxyConfig
 
 if TYPE_CHECKING:
@@ -97,6 +106,9 @@ class _Call:
     host_session: str | None = None
     # Asks the host's user about the call's approval (`_host_approval.py`), when allowed.
     host_ask: HostAsk | None = None
+    # Who asked (over HTTP with `"principals"`), and the call index's keyspace for them.
+    principal: Principal | None = None
+    index_session: str | None = None
 
     def decision(self) -> Decision:
         return Decision.tool_call(self.spec.name, self.args)
@@ -223,6 +235,8 @@ class ProxyPolicy:
 
         # The flow rules and the taint they read, when any server or rule carries a label.
         self.flows = flows
+        # Over HTTP with "principals": a run resumed without its principal at hand reads it.
+        self.reads_principals = False
 
     def remember_decision(self, run_id: str, step: int, payload: Mapping[str, Any]) -> None:
         """`agentrt recheck`: the recorded decision of a step, whose taint its replay uses."""
@@ -277,7 +291,15 @@ class ProxyPolicy:
                 "labels": sorted({tainting.label for tainting in held or ()}),
             }
             labels = list(self.flows.labels_of(request.spec.name)) if self.flows else []
-            verdict = await conditions.decide(request.arguments, session=session, labels=labels)
+            principal = run.principal
+            if principal is None and self.reads_principals:
+                # A resumed run: the same principal its first decision saw, so the
+                # approval's hash is decided again on the same facts.
+                principal = await self.store.run(self.store.principal_of_run, request.run_id)
+            verdict = await conditions.decide(
+                request.arguments, session=session, labels=labels,
+                principal=principal_fields(principal),
+            )  # fmt: skip
         if verdict is None:
             return await self._by_rule_or_class(request, run)
         # Decided in the class policy's own shape, so an approval a condition asks
@@ -422,6 +444,13 @@ class Calls:
     def spec_of(self, tool: str) -> ToolSpec | None:
         return self._specs.get(tool)
 
+    def index_session(self, principal: Principal | None) -> str:
+        """The call index's keyspace for `principal`'s calls: the session's own without one,
+        one of their own with one (the session's name and a digest of issuer and subject)."""
+        if principal is None:
+            return self.session
+        return f"{self.session}~{principal_key(principal)}"
+
     def new_run_id(self) -> str:
         return f"{self.session}.{secrets.token_hex(8)}"
 
@@ -458,11 +487,13 @@ class Calls:
         context: CallContext | None = None,
         host_session: str | None = None,
         host_ask: HostAsk | None = None,
+        principal: Principal | None = None,
     ) -> Answer:
         """Answer one `tools/call`; never raises for anything a host or server did.
         `context` carries the server's progress, log lines and requests back to the host;
         `host_session` names whose taint judges it (only when labels are in use); `host_ask`,
-        when given, asks the host's user to decide a call that waits."""
+        when given, asks the host's user to decide a call that waits; `principal` is who
+        asked (recorded on its run; its calls are judged apart from everyone else's)."""
         spec = self._specs.get(tool)
         if spec is None:
             return Answer.invalid(tool, "there is no tool with this name")
@@ -489,7 +520,7 @@ class Calls:
         may_need_approval = self.policy.may_need_approval(spec)
         call = _Call(
             spec, args, progress, secrets.token_hex(6), trace_context_metadata(meta), context,
-            host_session, host_ask,
+            host_session, host_ask, principal, self.index_session(principal),
         )  # fmt: skip
         for _attempt in range(3):
             run_id = self.new_run_id()
@@ -503,6 +534,7 @@ class Calls:
                 may_need_approval=may_need_approval,
                 max_pending=self.max_pending,
                 token=call.token,
+                session=call.index_session,
             )
             started = await self._start(run_id, key, call, decide)
             if isinstance(started, Answer):
@@ -574,6 +606,7 @@ class Calls:
                 admit=admit,
                 on_end=on_end,
                 context=call.context,
+                principal=call.principal,
             )
         except Exception as exc:
             try:
@@ -667,6 +700,7 @@ class Calls:
                 f"proxy call to {call.spec.name}",
                 run_id=row.run_id,
                 metadata=call.metadata(self.session, row.call_key),
+                principal=call.principal,
             )
         except RunStateError:
             return None

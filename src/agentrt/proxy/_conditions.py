@@ -31,6 +31,7 @@ import anyio
 from ..canonical import canonical_json, sha256_hex
 from ..policy import ClassPolicy, Outcome
 from ..sanitize import sanitize
+from ..store import Principal
 from ..tools import SideEffect
 
 if TYPE_CHECKING:
@@ -194,16 +195,23 @@ class ToolConditions:
         *,
         session: Mapping[str, Any] | None = None,
         labels: Sequence[str] = (),
+        principal: Mapping[str, Any] | None = None,
     ) -> ConditionVerdict | None:
         """The first condition that holds, an error verdict, or None when none holds.
         `session` (`{"id", "labels"}`) and `labels` (the tool's own) are what a condition
-        sees of information flow (docs/flows.md)."""
+        sees of information flow (docs/flows.md); `principal` who asked (`principal_fields`)."""
         try:
             # The thread is stopped at the deadline; this backstop is for time spent
             # inside one C call (an RE2 search, capped), which the stop cannot cut.
             with anyio.fail_after(EVALUATION_SECONDS * 2):
                 return await anyio.to_thread.run_sync(
-                    functools.partial(self.decide_now, arguments, session=session, labels=labels),
+                    functools.partial(
+                        self.decide_now,
+                        arguments,
+                        session=session,
+                        labels=labels,
+                        principal=principal,
+                    ),
                     abandon_on_cancel=True,
                 )
         except TimeoutError:
@@ -215,20 +223,25 @@ class ToolConditions:
         *,
         session: Mapping[str, Any] | None = None,
         labels: Sequence[str] = (),
+        principal: Mapping[str, Any] | None = None,
     ) -> ConditionVerdict | None:
         """`decide` in the calling thread, stopped once EVALUATION_SECONDS are spent."""
         deadline = time.monotonic() + EVALUATION_SECONDS
         try:
             with _deadline(deadline):
-                return self._first_holding(arguments, session, labels)
+                return self._first_holding(arguments, session, labels, principal)
         except _OutOfTime:
             return self._undecidable(f"its conditions took longer than {EVALUATION_SECONDS:g}s")
 
     def _first_holding(
-        self, arguments: Any, session: Mapping[str, Any] | None, labels: Sequence[str]
+        self,
+        arguments: Any,
+        session: Mapping[str, Any] | None,
+        labels: Sequence[str],
+        principal: Mapping[str, Any] | None = None,
     ) -> ConditionVerdict | None:
         try:
-            activation = self._activation(arguments, session, labels)
+            activation = self._activation(arguments, session, labels, principal)
         except _Undecidable as exc:
             return self._undecidable(str(exc))
         for position, condition in enumerate(self.conditions):
@@ -242,7 +255,11 @@ class ToolConditions:
         return None
 
     def _activation(
-        self, arguments: Any, session: Mapping[str, Any] | None, labels: Sequence[str]
+        self,
+        arguments: Any,
+        session: Mapping[str, Any] | None,
+        labels: Sequence[str],
+        principal: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         if len(canonical_json(arguments).encode("utf-8", "surrogatepass")) > MAX_ARGUMENT_BYTES:
             raise _Undecidable(
@@ -258,6 +275,8 @@ class ToolConditions:
             # The host session's taint and this tool's labels (empty without labels).
             "session": _to_cel(dict(session or {"id": "", "labels": []})),
             "labels": _to_cel(list(labels)),
+            # Who asked (over HTTP with "principals"); every field empty without one.
+            "principal": _to_cel(dict(principal or principal_fields(None))),
         }
 
     def _undecidable(self, why: str) -> ConditionVerdict:
@@ -266,6 +285,23 @@ class ToolConditions:
             f"a person decides: a condition of {sanitize(self.tool)} cannot decide: {why}",
             error=True,
         )
+
+
+def principal_fields(principal: Principal | None) -> dict[str, Any]:
+    """What a condition may read of who asked, as `principal` (docs/identity.md): the
+    token's subject, issuer, client id, scopes and groups; `present` is false, and every
+    other field empty, for a call with no principal (stdio, or only the shared --token)."""
+    if principal is None:
+        return {"present": False, "subject": "", "issuer": "", "client_id": "",
+                "scopes": [], "groups": []}  # fmt: skip
+    return {
+        "present": True,
+        "subject": principal.subject,
+        "issuer": principal.issuer,
+        "client_id": principal.client_id or "",
+        "scopes": list(principal.scopes),
+        "groups": list(principal.groups),
+    }
 
 
 def _holds(condition: Condition, activation: dict[str, Any]) -> bool:

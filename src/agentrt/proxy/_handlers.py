@@ -24,7 +24,7 @@ from ..canonical import plain_json
 from ..tools import SideEffect
 from ._answers import Answer, admits_waiting, bounded
 from ._input_required import HostCall, Question
-from ._proxy import Proxy
+from ._proxy import Proxy, principal_of_request
 from ._status import STATUS_TOOL
 from .config import DEFAULT_SERVER_TIMEOUT
 
@@ -258,7 +258,9 @@ class Handlers:
             else:
                 outcome = resumed
         elif params.name == STATUS_TOOL:
-            outcome = await self.proxy.status.answer(params.arguments)
+            outcome = await self.proxy.status.answer(
+                params.arguments, self.proxy.calls.index_session(principal_of_request(ctx))
+            )
         elif params.name in self.proxy.hidden:
             # The proxy's own names for prompts/get and resources/read are not tools.
             outcome = Answer.invalid(params.name, "there is no tool with this name")

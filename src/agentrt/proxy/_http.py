@@ -20,17 +20,24 @@ import contextlib
 import errno
 import hmac
 import ipaddress
+import json
 import socket
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 import anyio
 from mcp.server.lowlevel import Server as LowLevelServer
 
+from ..principals import Principal
 from ..sanitize import sanitize
 from ._host_messages import Refusal, screen
+from ._resource import PRINCIPAL_SCOPE_KEY
 from ._streamable import StreamableHTTP
 from .config import ConfigError
+
+if TYPE_CHECKING:
+    from ._resource import ProtectedResource
+    from ._resource import Refusal as TokenRefusal
 
 __all__ = ["Doorkeeper", "allowed_host_names", "is_loopback", "serve_http", "split_http"]
 
@@ -89,12 +96,21 @@ class Doorkeeper:
     before anything else reads it: the loopback guard (Host, then Origin), the bearer token,
     the body cap, the screen."""
 
-    def __init__(self, bound: str | None, port: int, token: str | None, log: IO[str]) -> None:
+    def __init__(
+        self,
+        bound: str | None,
+        port: int,
+        token: str | None,
+        log: IO[str],
+        resource: ProtectedResource | None = None,
+    ) -> None:
         # `bound` is None off loopback, where the token guards the listener instead.
         self.names = allowed_host_names(bound) if bound is not None else None
         self.port = port
         self.expected = f"Bearer {token}".encode() if token is not None else None
         self.log = log
+        # `"principals"`: each request's bearer JWT is checked and its principal recorded.
+        self.resource = resource
 
     async def admit(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The request's body (b"" unless it is a POST) when it may pass; None when it was
@@ -106,6 +122,8 @@ class Doorkeeper:
             if not hmac.compare_digest(given.encode("latin-1"), self.expected):
                 await _plain_response(send, 401, "a bearer token is required")
                 return None
+        if self.resource is not None and not await self._principal(scope, send):
+            return None
         if scope.get("method") != "POST":
             return b""
         body = bytearray()
@@ -126,6 +144,45 @@ class Doorkeeper:
                 await self._answer(send, refused)
                 return None
         return bytes(body)
+
+    async def _principal(self, scope: Scope, send: Send) -> bool:
+        """Serve the resource's metadata, or admit a request whose token proves a principal
+        (left in its scope for the call handlers); refuse it as RFC 6750 says otherwise."""
+        assert self.resource is not None
+        path = scope.get("path")
+        if path in (self.resource.metadata_path, "/.well-known/oauth-protected-resource"):
+            body = json.dumps(self.resource.metadata()).encode("utf-8")
+            await send(
+                {"type": "http.response.start", "status": 200,
+                 "headers": [(b"content-type", b"application/json"),
+                             (b"cache-control", b"max-age=300"),
+                             (b"content-length", str(len(body)).encode())]}
+            )  # fmt: skip
+            await send({"type": "http.response.body", "body": body})
+            return False
+        checked = await self.resource.principal(_header(scope, b"authorization"))
+        if isinstance(checked, Principal):
+            scope[PRINCIPAL_SCOPE_KEY] = checked
+            return True
+        await self._unauthorized(send, checked)
+        return False
+
+    async def _unauthorized(self, send: Send, refusal: TokenRefusal) -> None:
+        assert self.resource is not None
+        if refusal.error:  # a request with no token at all is a host's first knock, not news
+            self.log.write(f"agentrt proxy: refused an HTTP request: {refusal.description}\n")
+            self.log.flush()
+        document = {"error": refusal.error or "invalid_request",
+                    "error_description": refusal.description}  # fmt: skip
+        body = json.dumps(document).encode("utf-8")
+        challenge = self.resource.challenge(refusal).encode("latin-1", "replace")
+        await send(
+            {"type": "http.response.start", "status": refusal.status,
+             "headers": [(b"content-type", b"application/json"),
+                         (b"www-authenticate", challenge),
+                         (b"content-length", str(len(body)).encode())]}
+        )  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
 
     async def _names_this_listener(self, scope: Scope, send: Send) -> bool:
         assert self.names is not None
@@ -173,12 +230,14 @@ async def serve_http(
     log: IO[str],
     stopping: anyio.Event,
     listener: socket.socket,
+    resource: ProtectedResource | None = None,
 ) -> None:
     """Serve streamable HTTP on `listener` (from `listen`) until `stopping` is set;
-    calls in flight then finish and are answered, then the sessions end."""
+    calls in flight then finish and are answered, then the sessions end.  With
+    `resource`, every request needs a bearer JWT it accepts (`_resource.py`)."""
     import uvicorn
 
-    doorkeeper = Doorkeeper(host if is_loopback(host) else None, port, token, log)
+    doorkeeper = Doorkeeper(host if is_loopback(host) else None, port, token, log, resource)
     app = StreamableHTTP(server, doorkeeper.admit, log)
     # One ASGI callable and nothing around it: no lifespan (the sessions run in
     # `app.running()`), no websockets, no X-Forwarded-* rewriting of the client's address

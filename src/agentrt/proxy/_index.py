@@ -241,22 +241,24 @@ class CallIndex:
         """The row's run, or None when it was never started (see the module's note)."""
         return self.store.find_run(connection, run_id)
 
-    def get(self, run_id: str) -> CallRow | None:
+    def get(self, run_id: str, session: str | None = None) -> CallRow | None:
+        """The call of `run_id` if it is this session's (or `session`'s: a principal's)."""
         with self.store.transaction() as connection:
             rows = self._rows(
                 connection,
                 "SELECT * FROM proxy_calls WHERE run_id = ? AND session = ?",
-                (run_id, self.session),
+                (run_id, session or self.session),
             )
         return rows[0] if rows else None
 
-    def waiting(self) -> list[tuple[CallRow, ApprovalRecord]]:
-        """This session's calls that wait on an operator's decision, oldest first."""
+    def waiting(self, session: str | None = None) -> list[tuple[CallRow, ApprovalRecord]]:
+        """This session's (or `session`'s) calls that wait on an operator's decision,
+        oldest first."""
         with self.store.transaction() as connection:
             rows = self._rows(
                 connection,
                 "SELECT * FROM proxy_calls WHERE session = ? AND settled = 0 ORDER BY created_at",
-                (self.session,),
+                (session or self.session,),
             )
             waiting = []
             for row in rows:
@@ -284,18 +286,22 @@ class CallIndex:
         may_need_approval: bool,
         max_pending: int,
         token: str,
+        session: str | None = None,
     ) -> Verdict:
         """Apply the seven rules to a call inside the caller's write transaction (the
         gate's, when the proxy starts the run in the same commit); `new` and
         `take_over` hold the row.  Holds are judged on the store's write clock (the
-        server's, on PostgreSQL).
+        server's, on PostgreSQL).  `session` (default: the index's) is whose calls the
+        rules look at: a principal's own, over HTTP with `"principals"` (issue 35), so
+        one person's calls never collect, repeat, block or crowd out another's.
 
         A read-only call has no repeat rule: a run of it in flight under a
         live hold does not stop an identical one, which gets a run of its own.
         """
+        session = session or self.session
         now = self.store.write_time(time.time())
         open_rows: list[tuple[CallRow, RunRecord | None]] = []
-        for row in self._rows(connection, _UNSETTLED_OF_KEY, (self.session, key)):
+        for row in self._rows(connection, _UNSETTLED_OF_KEY, (session, key)):
             run = self._run(connection, row.run_id)
             if run is not None and run.status.terminal:
                 # Ended outside any proxy (rejected, expired, cancelled by the operator).
@@ -319,7 +325,7 @@ class CallIndex:
         # 4. rejected / cancelled / expired; 5. duplicate — within the window
         # (a window of 0, a rule's "0s", turns both off for the tool)
         for row in (
-            self._rows(connection, _DECIDING_OF_KEY, (self.session, key, now - repeat_window))
+            self._rows(connection, _DECIDING_OF_KEY, (session, key, now - repeat_window))
             if repeat_window > 0
             else ()
         ):
@@ -335,18 +341,18 @@ class CallIndex:
                 connection,
                 "SELECT * FROM proxy_calls WHERE session = ? AND settled = 0 AND tool = ?"
                 " AND unknown_outcome = 1",
-                (self.session, tool),
+                (session, tool),
             ):
                 blocking_run = self._run(connection, row.run_id)
                 if blocking_run is not None and not blocking_run.status.terminal:
                     return Verdict(Action.BLOCKED, row)
-        if may_need_approval and self._pending_count(connection) >= max_pending:
+        if may_need_approval and self._pending_count(connection, session) >= max_pending:
             return Verdict(Action.TOO_MANY_PENDING)
         # 7. a new run: the row is exactly what was inserted (the columns left out
         # take their defaults), so it is not read back.
         row = CallRow(
             run_id=run_id,
-            session=self.session,
+            session=session,
             call_key=key,
             tool=tool,
             mutating=mutating,
@@ -367,12 +373,12 @@ class CallIndex:
         self._track(run_id, token)
         return Verdict(Action.NEW, row)
 
-    def _pending_count(self, connection: Connection) -> int:
+    def _pending_count(self, connection: Connection, session: str) -> int:
         count = 0
         for row in self._rows(
             connection,
             "SELECT * FROM proxy_calls WHERE session = ? AND settled = 0",
-            (self.session,),
+            (session,),
         ):
             approval = self.store.read_latest_approval(connection, row.run_id)
             if approval is not None and approval.status is ApprovalStatus.PENDING:

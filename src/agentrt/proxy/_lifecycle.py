@@ -243,10 +243,19 @@ async def _serve(
         from ._http import is_loopback, listen, split_http
 
         address = split_http(http)
-        if not is_loopback(address[0]) and not (allow_remote and token):
+        if token is not None and config.principals is not None:
+            # Two answers to "who is calling": a shared token would stand for no one in
+            # particular beside the principals, and pass every rule written for them.
+            raise ConfigError(
+                f'--token and "principals" in {sanitize(str(config.path))} both say who may '
+                "call the proxy; use one (principals for several people, --token for one)"
+            )
+        if not is_loopback(address[0]) and not (
+            allow_remote and (token or config.principals is not None)
+        ):
             raise ConfigError(
                 f"--http {sanitize(http)} is not a loopback address; serving other hosts "
-                "needs --allow-remote and a --token"
+                'needs --allow-remote and a --token (or "principals")'
             )
         listener = listen(address[0], address[1])
     try:
@@ -312,8 +321,9 @@ async def _serve_config(
                     from ._http import serve_http
 
                     await serve_http(
-                        server, address[0], address[1], token, stream, stopping, listener
-                    )
+                        server, address[0], address[1], token, stream, stopping, listener,
+                        proxy.resource,
+                    )  # fmt: skip
                 else:
                     await _serve_stdio(server, proxy, stream, stopping)
         except Exception as exc:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
@@ -26,7 +27,7 @@ from ..mcp import CallContext
 from ..mcp._tool import ServerTool
 from ..policy import Outcome
 from ..sanitize import sanitize
-from ..store import Store
+from ..store import Principal, Store
 from ..tools import Tool
 from ._answers import Answer, bounded, listed_output_schema
 from ._calls import Calls, WatchedTool, new_owner, proxy_policy
@@ -40,6 +41,7 @@ from ._log import log_line
 from ._logins import oauth_preflights
 from ._offers import Offered, OfferTool, hidden_name
 from ._preconditions import StatefulTool, precondition_reader
+from ._resource import PRINCIPAL_SCOPE_KEY, ProtectedResource
 from ._status import GateStatus
 from .config import DEFAULT_SERVER_TIMEOUT, ProxyConfig, UpstreamConfig
 
@@ -108,6 +110,10 @@ class Proxy:
         self.log = log
         owner = new_owner()
         self.index = CallIndex(store, config.session, owner, config.lease_ttl)
+        # `"principals"`: the HTTP listener's token checks (`_resource.py`); unused over stdio.
+        self.resource = (
+            ProtectedResource(config.principals) if config.principals is not None else None
+        )
         cut_off: set[tuple[str, int]] = set()
         sent: set[str] = set()
         forwarded: dict[str, Forwarded] = {}
@@ -178,6 +184,8 @@ class Proxy:
         # Conditions, each rule's `outcome` and `fixed` values, and the policy's identity.
         self.policy = proxy_policy(config, store)
         self.policy.resource_rules = resource_rules
+        # With "principals", a condition may read who asked, on resume too (`principal`).
+        self.policy.reads_principals = config.principals is not None
         for stateful in watched:
             if isinstance(stateful, StatefulTool):
                 stateful.policy = self.policy
@@ -239,6 +247,7 @@ class Proxy:
         if self.calls.closing.is_set() or self.work is None:
             return Answer.unrecorded()
         call = HostCall(ctx, tool, arguments)
+        principal = principal_of_request(ctx)
         host_session = (
             None
             if self.stdio_session is None
@@ -315,6 +324,7 @@ class Proxy:
                     context=context,
                     host_session=host_session,
                     host_ask=host_ask,
+                    principal=principal,
                 )
             except Exception as exc:
                 log_line(self.log, f"agentrt proxy: a call to {sanitize(tool)} failed: "
@@ -331,6 +341,15 @@ class Proxy:
         self.call_tasks.add(task)
         task.add_done_callback(self.call_tasks.discard)
         return call
+
+
+def principal_of_request(ctx: ServerRequestContext[Any]) -> Principal | None:
+    """The principal the HTTP doorkeeper proved for this request (None over stdio, or
+    without `"principals"`): left in the request's ASGI scope, never read from a header
+    here."""
+    scope = getattr(ctx.request, "scope", None)
+    principal = scope.get(PRINCIPAL_SCOPE_KEY) if isinstance(scope, Mapping) else None
+    return principal if isinstance(principal, Principal) else None
 
 
 def _servers_by_tool(config: ProxyConfig) -> dict[str, str]:

@@ -57,42 +57,44 @@ class GateStatus:
             annotations=types.ToolAnnotations(read_only_hint=True),
         )
 
-    async def answer(self, arguments: dict[str, Any] | None) -> Answer:
+    async def answer(self, arguments: dict[str, Any] | None, session: str | None = None) -> Answer:
         """Answer from the database alone: never executes, decides or writes a run.
+        `session` is whose calls it knows (the index's keyspace of the caller's principal,
+        over HTTP with `"principals"`); by default the proxy session's.
 
         Never raises: a store that cannot be read is told as such, and no
         answer names a run, a path or the database.
         """
         try:
-            return await self.store.run(self._read, arguments)
+            return await self.store.run(self._read, arguments, session)
         except Exception as exc:
             self.log(f"agentrt proxy: gate_status could not read the database: "
                      f"{sanitize(str(exc))}")  # fmt: skip
             return Answer.status_unavailable()
 
-    def _listing(self) -> Answer:
-        held = self.index.waiting()
+    def _listing(self, session: str | None) -> Answer:
+        held = self.index.waiting(session)
         waiting = [(row, a) for row, a in held if a.status is ApprovalStatus.PENDING]
         approved = [(row, a) for row, a in held if a.status is ApprovalStatus.APPROVED]
         if not waiting and not approved:
             return Answer("No request of this session waits for a person's approval.", False)
         return Answer("\n".join(_listing_lines(waiting, approved)), False)
 
-    def _read(self, arguments: dict[str, Any] | None) -> Answer:
+    def _read(self, arguments: dict[str, Any] | None, session: str | None = None) -> Answer:
         arguments = arguments or {}
         unknown = sorted(set(arguments) - {"approval_id"})
         if unknown:
             return Answer.invalid(STATUS_TOOL, f"unknown argument {unknown[0]!r}")
         approval_id = arguments.get("approval_id")
         if approval_id is None:
-            return self._listing()
+            return self._listing(session)
         if not isinstance(approval_id, str):
             return Answer.invalid(STATUS_TOOL, "approval_id must be a string")
         try:
             approval = self.store.get_approval(approval_id)
         except RunNotFound:
             approval = None
-        if approval is None or self.index.get(approval.run_id) is None:
+        if approval is None or self.index.get(approval.run_id, session) is None:
             # Another session's approvals are not this model's business.
             return Answer(
                 f"There is no approval {bounded(approval_id, 80)} in this session.", False
@@ -103,7 +105,7 @@ class GateStatus:
                 "was approved and has not run yet: it runs on the next call of the tool with "
                 "exactly the same arguments"
             ),
-            ApprovalStatus.USED: _what_ran(self.index.get(approval.run_id)),
+            ApprovalStatus.USED: _what_ran(self.index.get(approval.run_id, session)),
             ApprovalStatus.REJECTED: "was rejected",
             ApprovalStatus.EXPIRED: "expired before anyone decided; the call did not run",
             ApprovalStatus.SUPERSEDED: "was replaced by a newer request for the same call",

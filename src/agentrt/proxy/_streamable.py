@@ -64,6 +64,7 @@ from pydantic import ValidationError
 from starlette.datastructures import Headers
 
 from ..sanitize import sanitize
+from ._resource import PRINCIPAL_SCOPE_KEY
 
 __all__ = ["StreamableHTTP"]
 
@@ -163,12 +164,20 @@ class _Request:
     def headers(self) -> Headers:
         return Headers(scope=self._scope)
 
+    @property
+    def scope(self) -> Scope:
+        """The ASGI scope, as starlette's `Request.scope`: the doorkeeper's principal is in it."""
+        return self._scope
+
 
 class _Session:
     """One host's session: the server's intake, and who waits for what it sends."""
 
-    def __init__(self, session_id: str) -> None:
+    def __init__(self, session_id: str, principal: object = None) -> None:
         self.id = session_id
+        # Who opened it (with `"principals"`): only they may use it, so one person's host
+        # never reads another's answers by presenting their session id.
+        self.principal = principal
         self.id_header = (b"mcp-session-id", session_id.encode("ascii"))
         self.intake: MemoryObjectSendStream[SessionMessage | Exception]
         self.received: MemoryObjectReceiveStream[SessionMessage | Exception]
@@ -370,7 +379,7 @@ class StreamableHTTP:
         session: _Session | None = None
         if session_id is not None:
             session = self._sessions.get(session_id)
-            if session is None:
+            if session is None or not _same_principal(session.principal, scope):
                 await _refuse(send, 404, "Session not found")
                 return
             session.busy += 1
@@ -437,7 +446,7 @@ class StreamableHTTP:
             if not opening:
                 await _refuse(send, 400, "Bad Request: Missing session ID")
                 return
-            session = await self._open()
+            session = await self._open(scope.get(PRINCIPAL_SCOPE_KEY))
             if session is None:
                 await _refuse(send, 503, "Too many open sessions", code=INTERNAL_ERROR)
                 return
@@ -463,11 +472,11 @@ class StreamableHTTP:
         except ValidationError as exc:
             await _refuse(send, 400, f"Validation error: {exc}", session, INVALID_PARAMS)
 
-    async def _open(self) -> _Session | None:
+    async def _open(self, principal: object = None) -> _Session | None:
         """A new session with its server running, or None at the cap."""
         if len(self._sessions) >= _MAX_SESSIONS or self._group is None:
             return None
-        session = _Session(uuid4().hex)
+        session = _Session(uuid4().hex, principal)
         self._sessions[session.id] = session
         await self._group.start(self._serve, session)
         return session
@@ -609,6 +618,18 @@ class StreamableHTTP:
         self._sessions.pop(session.id, None)
         session.end()
         await _respond(send, 200, b"", [_JSON, session.id_header])
+
+
+def _same_principal(opener: object, scope: Scope) -> bool:
+    """Whether a request is by the principal who opened its session (issuer and subject;
+    a refreshed token of the same person is the same principal)."""
+    caller = scope.get(PRINCIPAL_SCOPE_KEY)
+    if opener is None or caller is None:
+        return opener is caller
+    return bool(
+        getattr(opener, "issuer", None) == getattr(caller, "issuer", None)
+        and getattr(opener, "subject", None) == getattr(caller, "subject", None)
+    )
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -58,6 +58,7 @@ from ._flows import Flows, declared_labels, flow_rules, label_list, session_key
 from ._forward import DEFAULT_MAX_RESULT_BYTES, MIN_MAX_RESULT_BYTES
 from ._notify import NotifyTarget, parse_notify
 from ._precondition_rule import Precondition, parse_precondition
+from ._resource import PrincipalsConfig, parse_principals
 
 __all__ = [
     "DEFAULT_APPROVAL_TTL",
@@ -108,6 +109,7 @@ _TOP_FIELDS: Final = frozenset(
         "standing_grants",
         "approve_in_host",
         "checkpoint",
+        "principals",
     }
 )
 _CHECKPOINT_FIELDS: Final = frozenset({"key", "log", "every_events", "every"})
@@ -285,6 +287,8 @@ class ProxyConfig:
     standing_grants: GrantLimits | None = None
     # `"approve_in_host"`: a held call may ask the host's user (stdio only); None: never.
     approve_in_host: HostApproval | None = None
+    # `"principals"`: over HTTP, the proxy is an OAuth protected resource (docs/identity.md).
+    principals: PrincipalsConfig | None = None
 
     def protected_paths(self) -> list[Path]:
         """The files a server must never be pointed at: whoever writes them governs the proxy."""
@@ -454,6 +458,9 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
         ),
         approve_in_host=(
             _approve_in_host(reader, top["approve_in_host"]) if "approve_in_host" in top else None
+        ),
+        principals=(
+            parse_principals(top["principals"], reader.fail) if "principals" in top else None
         ),
     )
     _refuse_servers_that_reach_the_operators_files(config)
