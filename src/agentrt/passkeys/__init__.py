@@ -11,18 +11,17 @@ events are the ledger's `record_approver_decision` and `record_quorum_reached`.
 
 from __future__ import annotations
 
-from ._assertion import Assertion, PasskeyRefused, check_assertion, decision_challenge
-from ._audit import DecisionProblem, audit_decisions
-from ._decide import APPROVE, REJECT, PasskeyDecision, QuorumRule, decide
-from ._inbox import PasskeyMode, challenge_options, decide_in_inbox
-from ._registry import (
-    RP_ID,
-    Approver,
-    Registry,
-    RegistryError,
-    read_registry,
-    write_registry,
-)
+from typing import TYPE_CHECKING, Final
+
+from .._lazy import lazy_names
+
+if TYPE_CHECKING:
+    from ._assertion import Assertion, PasskeyRefused, check_assertion, decision_challenge
+    from ._audit import DecisionProblem, audit_decisions
+    from ._decide import APPROVE, REJECT, PasskeyDecision, decide
+    from ._inbox import challenge_options, decide_in_inbox
+    from ._mode import PasskeyMode, QuorumRule
+    from ._registry import RP_ID, Approver, Registry, RegistryError, read_registry, write_registry
 
 __all__ = [
     "APPROVE",
@@ -46,3 +45,30 @@ __all__ = [
     "read_registry",
     "write_registry",
 ]
+
+# Imported on first use: the proxy's configuration reads `PasskeyMode` without the web
+# server or py_webauthn.
+_WHERE: Final = {
+    "Assertion": "._assertion",
+    "PasskeyRefused": "._assertion",
+    "check_assertion": "._assertion",
+    "decision_challenge": "._assertion",
+    "DecisionProblem": "._audit",
+    "audit_decisions": "._audit",
+    "APPROVE": "._decide",
+    "REJECT": "._decide",
+    "PasskeyDecision": "._decide",
+    "decide": "._decide",
+    "QuorumRule": "._mode",
+    "PasskeyMode": "._mode",
+    "challenge_options": "._inbox",
+    "decide_in_inbox": "._inbox",
+    "RP_ID": "._registry",
+    "Approver": "._registry",
+    "Registry": "._registry",
+    "RegistryError": "._registry",
+    "read_registry": "._registry",
+    "write_registry": "._registry",
+}
+
+__getattr__ = lazy_names(__name__, _WHERE, globals())

@@ -13,7 +13,6 @@ distinct people approved.  One approver's reject rejects.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -24,26 +23,13 @@ from ..sanitize import sanitize
 from ..store import ApprovalRecord, Connection, Store, ledger
 from ..store.events import EventType
 from ._assertion import Assertion, PasskeyRefused, check_assertion, decision_challenge
+from ._mode import QuorumRule
 from ._registry import Registry
 
 __all__ = ["APPROVE", "REJECT", "PasskeyDecision", "QuorumRule", "decide", "decisions_of"]
 
 APPROVE: Final = "approve"
 REJECT: Final = "reject"
-
-
-@dataclass(frozen=True, slots=True)
-class QuorumRule:
-    """How many distinct approvers an approval needs, by the side-effect class of its tool
-    (`"approvals": {"destructive": {"require": 2}}` in proxy.json); 1 otherwise."""
-
-    by_class: Mapping[str, int]
-
-    def required(self, approval: ApprovalRecord) -> int:
-        side_effect = approval.capability.get("side_effect") if approval.capability else None
-        if not isinstance(side_effect, str):
-            side_effect = approval.kind.removeprefix("tool:")
-        return max(1, self.by_class.get(side_effect, 1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,6 @@ and a decision that carries the assertion (the handlers stay thin; `_decide.py` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 from starlette.responses import JSONResponse, Response
@@ -14,21 +12,13 @@ from ..grants import GrantRequest
 from ..sanitize import sanitize
 from ..store import Store
 from ._assertion import Assertion, decision_challenge
-from ._decide import APPROVE, REJECT, PasskeyDecision, QuorumRule, decide
+from ._decide import APPROVE, REJECT, PasskeyDecision, decide
+from ._mode import PasskeyMode
 from ._registry import RP_ID, b64url, read_registry
 
 __all__ = ["PasskeyMode", "challenge_options", "decide_in_inbox"]
 
 _TIMEOUT_MS: Final = 120_000
-
-
-@dataclass(frozen=True, slots=True)
-class PasskeyMode:
-    """`"approval_auth": "passkey"`: where the approvers' registry is (read again at each
-    decision, so a removed approver is refused at once) and the quorum each class needs."""
-
-    registry: Path
-    quorum: QuorumRule = field(default_factory=lambda: QuorumRule({}))
 
 
 def _refused(status: int, message: str) -> JSONResponse:
