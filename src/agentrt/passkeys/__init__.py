@@ -17,7 +17,7 @@ from .._lazy import lazy_names
 
 if TYPE_CHECKING:
     from ._assertion import Assertion, PasskeyRefused, check_assertion, decision_challenge
-    from ._audit import DecisionProblem, audit_decisions
+    from ._audit import DecisionProblem, approval_unproven, audit_decisions
     from ._decide import APPROVE, REJECT, PasskeyDecision, decide
     from ._inbox import challenge_options, decide_in_inbox
     from ._mode import PasskeyMode, QuorumRule
@@ -36,6 +36,7 @@ __all__ = [
     "QuorumRule",
     "Registry",
     "RegistryError",
+    "approval_unproven",
     "audit_decisions",
     "challenge_options",
     "check_assertion",
@@ -55,6 +56,7 @@ _WHERE: Final = {
     "decision_challenge": "._assertion",
     "DecisionProblem": "._audit",
     "audit_decisions": "._audit",
+    "approval_unproven": "._audit",
     "APPROVE": "._decide",
     "REJECT": "._decide",
     "PasskeyDecision": "._decide",

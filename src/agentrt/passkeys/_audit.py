@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..sanitize import sanitize
-from ..store import Event, Store
+from ..store import ApprovalRecord, Event, Store
 from ..store.events import EventType
 from ._assertion import Assertion, PasskeyRefused, check_assertion, decision_challenge
 from ._decide import APPROVE, REJECT
 from ._registry import Registry
 
-__all__ = ["DecisionProblem", "audit_decisions"]
+__all__ = ["DecisionProblem", "approval_unproven", "audit_decisions"]
 
 _PAGE: Final = 1000
 _VERDICT_OF: Final = {
@@ -158,3 +158,37 @@ def audit_decisions(
                     )
                 )
     return problems
+
+
+def approval_unproven(
+    store: Store, registry: Registry, approval: ApprovalRecord, required: int
+) -> str | None:
+    """Why the granted `approval` is not proven by `required` distinct approvers' passkeys
+    (the proxy checks this before it runs an approved call), or None when it is."""
+    from ._decide import decisions_of
+
+    principal = store.principal_of_run(approval.run_id)
+    subjects: set[str] = set()
+    used: set[bytes] = set()
+    failures: list[str] = []
+    for payload in decisions_of(store, approval):
+        if payload.get("verdict") != APPROVE or payload.get("approval_hash") != (
+            approval.approval_hash
+        ):
+            continue
+        event = Event(0, approval.run_id, EventType.APPROVER_DECIDED.value, payload, "", "", "")
+        try:
+            subjects.add(
+                _checked_subject(
+                    registry, event, used, None if principal is None else principal.subject
+                )
+            )
+        except PasskeyRefused as exc:
+            failures.append(str(exc))
+    if len(subjects) >= required:
+        return None
+    if failures:
+        return f"its passkey decision fails: {failures[0]}"
+    if not subjects:
+        return "no approver's passkey assertion proves it"
+    return f"{len(subjects)} approver(s) approved it where its quorum needs {required}"

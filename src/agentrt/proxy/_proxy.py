@@ -218,6 +218,7 @@ class Proxy:
             repeat_windows=repeat_windows,
             forwarded=forwarded,
         )
+        self.calls.passkeys = config.passkeys
         self.status = GateStatus(store, self.index, functools.partial(log_line, log))
         # The host session of this process's stdio host (docs/flows.md), when labels are used.
         self.stdio_session = new_stdio_session() if config.labelled else None
