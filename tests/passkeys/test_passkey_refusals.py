@@ -243,3 +243,28 @@ def test_proxy_json_refuses_a_passkey_mode_it_cannot_keep(
     with pytest.raises(ConfigError) as refused:
         load_config(_config(tmp_path, **top))
     assert sentence in str(refused.value)
+
+
+def test_a_registry_installed_as_roots_is_read_only_where_nobody_else_can_write_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make root's files")
+    installed = tmp_path / "etc-agentrt"
+    installed.mkdir(mode=0o755)
+    path = installed / "approvers.json"
+    registry_of(path, ALICE.approver("alice", "alice@example.com"))
+    os.chmod(path, 0o644)  # public keys: readable, written by root only
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # the host's user reads root's file
+    assert [approver.name for approver in read_registry(path).approvers] == ["alice"]
+    os.chmod(path, 0o664)
+    with pytest.raises(RegistryError, match="can be written by others than root"):
+        read_registry(path)
+    os.chmod(path, 0o644)
+    os.chmod(installed, 0o777)
+    with pytest.raises(RegistryError, match="in a directory others than root can write"):
+        read_registry(path)
+    os.chmod(installed, 0o755)
+    os.chown(path, 1001, 1001)
+    with pytest.raises(RegistryError, match="is owned by another user"):
+        read_registry(path)

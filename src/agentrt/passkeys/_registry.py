@@ -117,6 +117,32 @@ def _approver(entry: Any, where: str) -> Approver:
     )
 
 
+def _check_owner(path: Path, info: os.stat_result, shown: str) -> None:
+    """The user's own file, owner-only; or (installed out of the host's reach) root's, in a
+    directory of root's, that only root can write — it holds public keys, not secrets."""
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid == os.geteuid():
+        if mode & 0o077:
+            raise RegistryError(
+                f"the approvers' registry {shown} can be read or written by others (mode "
+                f"{mode:04o}); whoever writes it can add a key of their own: chmod 600 it"
+            )
+        return
+    if info.st_uid != 0:
+        raise RegistryError(f"the approvers' registry {shown} is owned by another user")
+    if mode & 0o022:
+        raise RegistryError(
+            f"the approvers' registry {shown} can be written by others than root (mode "
+            f"{mode:04o}); whoever writes it can add a key of their own"
+        )
+    directory = os.stat(path.parent)
+    if directory.st_uid != 0 or stat.S_IMODE(directory.st_mode) & 0o022:
+        raise RegistryError(
+            f"the approvers' registry {shown} is in a directory others than root can write; "
+            "whoever writes it can put another registry in its place"
+        )
+
+
 def read_registry(path: str | os.PathLike[str], *, missing_ok: bool = False) -> Registry:
     """The registry in `path`: a regular file of this user's, that nobody else can read or
     write (`missing_ok`: a file not there yet is an empty registry)."""
@@ -140,14 +166,7 @@ def read_registry(path: str | os.PathLike[str], *, missing_ok: bool = False) -> 
         info = os.fstat(descriptor)
         if not stat.S_ISREG(info.st_mode):
             raise RegistryError(f"the approvers' registry {shown} is not a regular file")
-        if info.st_uid != os.geteuid():
-            raise RegistryError(f"the approvers' registry {shown} is owned by another user")
-        if stat.S_IMODE(info.st_mode) & 0o077:
-            raise RegistryError(
-                f"the approvers' registry {shown} can be read or written by others (mode "
-                f"{stat.S_IMODE(info.st_mode):04o}); whoever writes it can add a key of their "
-                "own: chmod 600 it"
-            )
+        _check_owner(registry_path, info, shown)
         data = os.read(descriptor, _MAX_BYTES + 1)
     finally:
         os.close(descriptor)
