@@ -693,7 +693,7 @@ async def passkey_quorum(scenario: Scenario) -> None:
         Approver(name, f"{name}@example.com", name.encode(), cose(name), "2001-09-09")
         for name in keys
     ))  # fmt: skip
-    challenge = challenge_of(approval.approval_id, shown, "approve", None)
+    challenge = challenge_of(approval.approval_id, shown, "approve", None, 2)
     client_data = json.dumps({"type": "webauthn.get", "challenge": b64url(challenge),
                               "origin": "http://localhost:8765"}).encode()  # fmt: skip
     authenticator_data = hashlib.sha256(b"localhost").digest() + bytes([0x05]) + bytes(4)

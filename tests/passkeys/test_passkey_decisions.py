@@ -54,7 +54,8 @@ def decided_by(
     **signing: Any,
 ) -> Any:
     shown = signed_for or waiting
-    challenge = decision_challenge(shown.approval_id, shown.approval_hash, verdict, None)
+    required = (quorum or QuorumRule({})).by_class.get("local_mutation", 1)
+    challenge = decision_challenge(shown.approval_id, shown.approval_hash, verdict, None, required)
     return decide(
         store, registry, waiting.run_id, approval_id=waiting.approval_id,
         approval_hash=waiting.approval_hash, verdict=verdict,
@@ -139,7 +140,7 @@ def test_a_replayed_assertion_is_refused(
 ) -> None:
     (waiting,) = waiting_runs(database, tmp_path / "notes", 1)
     quorum = QuorumRule({"local_mutation": 2})
-    challenge = decision_challenge(waiting.approval_id, waiting.approval_hash, "approve", None)
+    challenge = decision_challenge(waiting.approval_id, waiting.approval_hash, "approve", None, 2)
     assertion = ALICE.sign(challenge)
 
     def submit() -> Any:
@@ -212,3 +213,20 @@ def test_a_quorum_needs_distinct_people_and_one_person_twice_counts_once(
     assert [event.payload["approvers"] for event in reached] == [["alice", "bob"]]
     assert reached[0].payload["required"] == 2
     assert audit_decisions(store, registry) == []
+
+
+def test_an_assertion_signed_for_a_quorum_of_one_is_refused_where_two_are_required(
+    store: Store, registry: Registry, database: Any, tmp_path: Path
+) -> None:
+    (waiting,) = waiting_runs(database, tmp_path / "notes", 1)
+    head = store.head_seq()
+    with pytest.raises(PasskeyRefused, match="was made for another decision"):
+        decide(
+            store, registry, waiting.run_id, approval_id=waiting.approval_id,
+            approval_hash=waiting.approval_hash, verdict="approve",
+            assertion=ALICE.sign(
+                decision_challenge(waiting.approval_id, waiting.approval_hash, "approve", None, 1)
+            ),
+            origin=ORIGIN, quorum=QuorumRule({"local_mutation": 2}),
+        )  # fmt: skip
+    assert_nothing_decided(store, waiting, head)

@@ -268,3 +268,50 @@ def test_a_registry_installed_as_roots_is_read_only_where_nobody_else_can_write_
     os.chown(path, 1001, 1001)
     with pytest.raises(RegistryError, match="is owned by another user"):
         read_registry(path)
+
+
+def test_verify_names_a_quorum_a_shell_completed_with_one_real_approver(tmp_path: Path) -> None:
+    registry_path = tmp_path / "approvers.json"
+    registry = registry_of(registry_path, ALICE.approver("alice", "alice@example.com"))
+    database = tmp_path / "runs.db"
+    (waiting,) = waiting_runs(database, tmp_path / "notes", 1)
+    with open_store(database) as store:
+        challenge = decision_challenge(
+            waiting.approval_id, waiting.approval_hash, "approve", None, 2
+        )
+        outcome = decide(
+            store, registry, waiting.run_id, approval_id=waiting.approval_id,
+            approval_hash=waiting.approval_hash, verdict="approve",
+            assertion=ALICE.sign(challenge), origin=ORIGIN,
+            quorum=QuorumRule({"local_mutation": 2}),
+        )  # fmt: skip
+        assert outcome.waiting_for == 1
+        # The shell writes the quorum as complete with one, and grants (a consistent chain).
+        with store.transaction() as connection:
+            store.append_event(
+                connection, waiting.run_id, EventType.APPROVAL_QUORUM_REACHED.value,
+                {"approval_id": waiting.approval_id, "approval_hash": waiting.approval_hash,
+                 "approvers": ["alice"], "required": 1},
+            )  # fmt: skip
+    _forge_grant(database, waiting.run_id, waiting.approval_id, "alice")
+    assert agentrt("--db", str(database), "verify").returncode == 0
+    exposed = agentrt("--db", str(database), "verify", "--approvers", str(registry_path))
+    assert exposed.returncode == 1
+    assert (
+        f"approval {waiting.approval_id} of run {waiting.run_id} was granted by 1 approver(s) "
+        "where its quorum needs 2"
+    ) in exposed.stderr
+
+
+def _forge_grant(database: Path, run_id: str, approval_id: str, by: str) -> None:
+    with open_store(database) as store, store.transaction() as connection:
+        approval = store.get_approval(approval_id)
+        store.append_event(
+            connection, run_id, EventType.APPROVAL_GRANTED.value,
+            {"approval_id": approval_id, "approval_hash": approval.approval_hash, "by": by,
+             "note": ""},
+        )  # fmt: skip
+        connection.execute(
+            "UPDATE approvals SET status = 'approved', decided_by = ? WHERE approval_id = ?",
+            (by, approval_id),
+        )

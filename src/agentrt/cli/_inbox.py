@@ -104,10 +104,7 @@ def inbox(
     elif quorums:
         raise click.UsageError("--quorum needs --approvers (a quorum counts approvers' passkeys)")
     with open_for_deciding(settings) as store:
-        try:
-            anyio.run(_serve, store, listener, token, passkeys)
-        except InboxError as error:
-            raise CommandError(str(error), EXIT_UNUSABLE) from error
+        anyio.run(_serve, store, listener, token, passkeys)
 
 
 def _quorum(quorums: tuple[str, ...]) -> dict[str, int]:

@@ -375,7 +375,7 @@ def create_app(state: InboxState) -> Any:
             return asked
         from ..passkeys import challenge_options
 
-        return await store.run(challenge_options, state.passkeys, asked)
+        return await store.run(challenge_options, store, state.passkeys, asked)
 
     async def stream(request: Request) -> Response:
         async def changes() -> AsyncIterator[bytes]:

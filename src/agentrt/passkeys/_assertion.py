@@ -40,10 +40,16 @@ class PasskeyRefused(AgentrtError):
 
 
 def decision_challenge(
-    approval_id: str, approval_hash: str, verdict: str, scope_hash: str | None
+    approval_id: str,
+    approval_hash: str,
+    verdict: str,
+    scope_hash: str | None,
+    required: int = 1,
 ) -> bytes:
-    """The challenge an approver's authenticator signs for one decision."""
-    parts = [approval_id, approval_hash, verdict, scope_hash or ""]
+    """The challenge an approver's authenticator signs for one decision: the approval, the
+    verdict, a standing grant's scope and the quorum the approver was asked to join (so a
+    quorum cannot be lowered afterwards without breaking every assertion over it)."""
+    parts = [approval_id, approval_hash, verdict, scope_hash or "", str(required)]
     return hashlib.sha256(_DOMAIN + "\x00".join(parts).encode()).digest()
 
 

@@ -62,13 +62,19 @@ def _events(store: Store, from_seq: int | None, to_seq: int | None) -> Any:
         seq = page[-1].seq
 
 
+def _signed_quorum(payload: dict[str, Any]) -> int:
+    required = payload.get("required", 1)
+    return required if isinstance(required, int) and not isinstance(required, bool) else 1
+
+
 def _checked_subject(
     registry: Registry,
     event: Event,
     used: set[bytes],
     principal_subject: str | None,
 ) -> str:
-    """The subject of the approver whose assertion in `event` verifies; PasskeyRefused else."""
+    """The subject of the approver whose assertion in `event` verifies; PasskeyRefused else.
+    The quorum the approver was asked to join is in the challenge: a changed one fails."""
     payload = event.payload
     try:
         assertion = Assertion.from_json(payload.get("assertion"))
@@ -83,6 +89,7 @@ def _checked_subject(
         str(payload.get("approval_hash")),
         str(payload.get("verdict")),
         scope_hash if isinstance(scope_hash, str) else None,
+        _signed_quorum(payload),
     )
     checked = check_assertion(registry, assertion, challenge)
     if checked.approver.subject != payload.get("subject"):
@@ -120,9 +127,11 @@ def audit_decisions(
             principal = store.principal_of_run(event.run_id)
             subjects: set[str] = set()
             refusal = None
+            signed_quorum = 1
             for decision in decided.pop(approval_id, []):
                 if decision.payload.get("verdict") != verdict:
                     continue
+                signed_quorum = max(signed_quorum, _signed_quorum(decision.payload))
                 try:
                     subjects.add(
                         _checked_subject(
@@ -134,7 +143,8 @@ def audit_decisions(
                     )
                 except PasskeyRefused as exc:
                     refusal = f"has a decision at event {decision.seq} that fails: {exc}"
-            needed = required.pop(approval_id, 1) if verdict == APPROVE else 1
+            recorded = required.pop(approval_id, 1)
+            needed = max(recorded, signed_quorum) if verdict == APPROVE else 1
             word = "granted" if verdict == APPROVE else "rejected"
             if refusal is not None:
                 problems.append(DecisionProblem(event.seq, event.run_id, approval_id, refusal))
@@ -176,6 +186,7 @@ def approval_unproven(
             approval.approval_hash
         ):
             continue
+        required = max(required, _signed_quorum(payload))
         event = Event(0, approval.run_id, EventType.APPROVER_DECIDED.value, payload, "", "", "")
         try:
             subjects.add(

@@ -131,8 +131,9 @@ def _decide_pending(
     approvals._check_hash(approval, approval_hash)
     scope = None if grant is None else approvals._checked_scope(store, approval, grant)
     scope_hash = None if scope is None else scope.scope_hash
+    required = quorum.required(approval)
     challenge = decision_challenge(
-        approval.approval_id, approval.approval_hash, verdict, scope_hash
+        approval.approval_id, approval.approval_hash, verdict, scope_hash, required
     )
     earlier = decisions_of(store, approval)
     last_count = max(
@@ -157,11 +158,10 @@ def _decide_pending(
             f"approver {sanitize(approver.name)} (principal {sanitize(approver.subject)}) has "
             f"already approved approval {approval.approval_id}; a quorum counts each person once"
         )
-    required = quorum.required(approval)
     ledger.record_approver_decision(
         store, connection, approval, approver=approver.name, subject=approver.subject,
         verdict=verdict, scope_hash=scope_hash, assertion=assertion.to_json(),
-        sign_count=checked.sign_count,
+        sign_count=checked.sign_count, required=required,
     )  # fmt: skip
     decided_at = approvals._decided_at(store)
     if verdict == REJECT:

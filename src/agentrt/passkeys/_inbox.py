@@ -25,7 +25,7 @@ def _refused(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def challenge_options(mode: PasskeyMode, asked: dict[str, Any]) -> Response:
+def challenge_options(store: Store, mode: PasskeyMode, asked: dict[str, Any]) -> Response:
     """The `publicKey` options for `navigator.credentials.get` over one decision."""
     names = ("approval_id", "approval_hash", "verdict")
     approval_id, approval_hash, verdict = (asked.get(name) for name in names)
@@ -40,7 +40,13 @@ def challenge_options(mode: PasskeyMode, asked: dict[str, Any]) -> Response:
         registry = read_registry(mode.registry)
     except AgentrtError as exc:
         return _refused(409, sanitize(str(exc)))
-    challenge = decision_challenge(str(approval_id), str(approval_hash), verdict, scope_hash)
+    try:
+        approval = store.get_approval(str(approval_id))
+    except AgentrtError as exc:
+        return _refused(409, sanitize(str(exc)))
+    challenge = decision_challenge(
+        str(approval_id), str(approval_hash), verdict, scope_hash, mode.quorum.required(approval)
+    )
     return JSONResponse(
         {
             "challenge": b64url(challenge),

@@ -1075,6 +1075,7 @@ def record_approver_decision(
     scope_hash: str | None,
     assertion: Mapping[str, str],
     sign_count: int,
+    required: int,
 ) -> None:
     """One approver's verified passkey decision on a pending approval (`approver_decided`),
     its assertion kept whole so `agentrt verify --approvers` can check it again."""
@@ -1086,6 +1087,7 @@ def record_approver_decision(
         "subject": subject,
         "assertion": dict(assertion),
         "sign_count": sign_count,
+        "required": required,
     }
     if scope_hash is not None:
         payload["scope_hash"] = scope_hash
