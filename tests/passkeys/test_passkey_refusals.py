@@ -315,3 +315,50 @@ def _forge_grant(database: Path, run_id: str, approval_id: str, by: str) -> None
             "UPDATE approvals SET status = 'approved', decided_by = ? WHERE approval_id = ?",
             (by, approval_id),
         )
+
+
+def test_verify_checks_a_passkey_database_with_the_configurations_registry(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "config"
+    conf = home / "agentrt"
+    conf.mkdir(parents=True)
+    registry_path = conf / "approvers.json"
+    registry_of(registry_path, ALICE.approver("alice", "alice@example.com"))
+    database = conf / "runs.db"
+    (waiting,) = waiting_runs(database, tmp_path / "notes", 1)
+    with open_store(database) as store:
+        enable_passkey_mode(store)
+    _config(conf, database=str(database), approval_auth="passkey", inbox={})
+    environment = {**os.environ, "XDG_CONFIG_HOME": str(home)}
+    environment.pop("AGENTRT_DB", None)
+
+    def verify_here() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(AGENTRT), "verify"], capture_output=True, text=True, timeout=60, check=False,
+            env=environment,
+        )  # fmt: skip
+
+    proven = verify_here()
+    assert proven.returncode == 0, proven.stderr
+    assert "every decision is proven by an approver's passkey" in proven.stdout
+    _forge_grant(database, waiting.run_id, waiting.approval_id, "alice")
+    exposed = verify_here()
+    assert exposed.returncode == 1
+    assert f"approval {waiting.approval_id} of run {waiting.run_id} was granted without" in (
+        exposed.stderr
+    )
+
+
+def test_passkeys_without_py_webauthn_are_refused_in_one_sentence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agentrt.passkeys import PasskeyRefused, check_assertion
+    from agentrt.passkeys._registry import Registry
+
+    monkeypatch.setitem(sys.modules, "webauthn", None)  # as if the extra were not installed
+    authenticator = SoftAuthenticator()
+    registry = Registry(Path("approvers.json"), (authenticator.approver("alice", "alice"),))
+    challenge = decision_challenge("id", "0" * 64, "approve", None)
+    with pytest.raises(PasskeyRefused, match=r"^passkeys need py_webauthn, which is not installed"):
+        check_assertion(registry, authenticator.sign(challenge), challenge)

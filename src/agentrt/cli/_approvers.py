@@ -11,6 +11,7 @@ import click
 
 from ..errors import AgentrtError
 from ..passkeys import RegistryError, read_registry
+from ..passkeys._registry import require_webauthn
 from ..sanitize import sanitize
 from ._app import EXIT_REFUSED, EXIT_UNUSABLE, CommandError, Settings, init_config_path
 
@@ -97,6 +98,7 @@ def add(name: str, subject: str, registry: str | None, port: int, wait: float) -
     if not name.strip() or not subject.strip():
         raise click.BadParameter("must not be empty", param_hint="NAME or --subject")
     try:
+        require_webauthn()
         known = read_registry(path, missing_ok=True)
     except RegistryError as error:
         raise CommandError(str(error), EXIT_UNUSABLE) from error

@@ -18,6 +18,7 @@ from ..inbox import (
     running_inbox,
 )
 from ..passkeys import PasskeyMode, QuorumRule, RegistryError, read_registry
+from ..passkeys._registry import require_webauthn
 from ..store import Store
 from ._app import EXIT_UNUSABLE, CommandError, Settings, login_name, open_for_deciding
 
@@ -97,6 +98,7 @@ def inbox(
     passkeys = None
     if approvers_file is not None:
         try:
+            require_webauthn()
             read_registry(approvers_file)  # refused now, not at the first decision
         except RegistryError as error:
             raise CommandError(str(error), EXIT_UNUSABLE) from error

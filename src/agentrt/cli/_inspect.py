@@ -28,10 +28,17 @@ from ..store import (
     RunRecord,
     StepRecord,
     Store,
+    in_passkey_mode,
 )
 from ..trace import event_json, format_event
 from . import _retention
-from ._app import EXIT_UNUSABLE, CommandError, Settings, open_for_reading
+from ._app import (
+    EXIT_UNUSABLE,
+    CommandError,
+    Settings,
+    configured_registry,
+    open_for_reading,
+)
 from ._output import bounded, flatten, value_field
 from ._review import epoch_text, review_lines
 
@@ -526,7 +533,9 @@ def _unproven_decisions(
     "approvers_file",
     metavar="FILE",
     help="The approvers' registry: also check every decision's passkey assertion against "
-    "its registered public key, and name each decision no passkey proves.",
+    "its registered public key, and name each decision no passkey proves (a database in "
+    "passkey mode is checked with the registry of agentrt init's configuration unless "
+    "FILE is given).",
 )
 @click.pass_obj
 def verify(
@@ -583,6 +592,8 @@ def verify(
             anchor = store.verify_chain(None, expected[0])
         anchored = store.check_anchor() if whole else None
         state = store.verify_state() if whole and not since_checkpoint and report.ok else None
+        if approvers_file is None and in_passkey_mode(store):
+            approvers_file = configured_registry()
         forged = (
             None
             if approvers_file is None or not report.ok

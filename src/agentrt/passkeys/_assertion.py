@@ -18,7 +18,15 @@ from typing import Any, Final
 
 from ..errors import AgentrtError
 from ..sanitize import sanitize
-from ._registry import RP_ID, Approver, Registry, b64url, from_b64url
+from ._registry import (
+    RP_ID,
+    Approver,
+    Registry,
+    RegistryError,
+    b64url,
+    from_b64url,
+    require_webauthn,
+)
 
 __all__ = [
     "Assertion",
@@ -158,6 +166,10 @@ def check_assertion(
             f"the passkey assertion of approver {sanitize(approver.name)} was made without "
             "user verification (a PIN or a biometric); a decision needs it"
         )
+    try:
+        require_webauthn()
+    except RegistryError as exc:
+        raise PasskeyRefused(str(exc)) from None
     from webauthn import verify_authentication_response
     from webauthn.helpers.exceptions import InvalidAuthenticationResponse
 

@@ -29,6 +29,7 @@ __all__ = [
     "b64url",
     "from_b64url",
     "read_registry",
+    "require_webauthn",
     "write_registry",
 ]
 
@@ -41,6 +42,16 @@ _MAX_BYTES: Final = 1024 * 1024
 
 class RegistryError(AgentrtError):
     """The approvers' registry cannot be used as it is; the message names the file."""
+
+
+def require_webauthn() -> None:
+    """Refuse, in one sentence, where the `passkeys` extra (py_webauthn) is not installed."""
+    try:
+        import webauthn  # noqa: F401
+    except ImportError:
+        raise RegistryError(
+            "passkeys need py_webauthn, which is not installed: pip install 'agentrt[passkeys]'"
+        ) from None
 
 
 def b64url(data: bytes) -> str:

@@ -185,7 +185,9 @@ async def _serving_inbox(
     token = read_or_create_token(token_file) if token_file is not None else None
     if config.passkeys is not None:
         from ..passkeys import read_registry
+        from ..passkeys._registry import require_webauthn
 
+        require_webauthn()
         read_registry(config.passkeys.registry)  # refused at start, not at the first decision
     described = {
         tool.spec.name: ToolInfo(servers_of.get(tool.spec.name, ""), tool.spec.description)
