@@ -161,3 +161,86 @@ def test_a_passkey_made_without_user_verification_is_not_registered(
     assert code == 1
     assert "no passkey was registered for alice; nothing was added" in printed
     assert not registry.exists()
+
+
+def use_authenticator(browser: Browser, credentials: list[Any]) -> None:
+    """Hand the browser another person's authenticator: a fresh virtual one holding
+    `credentials` (none: a new person's, empty)."""
+    driver = browser.driver
+    driver.remove_virtual_authenticator()
+    driver.add_virtual_authenticator(
+        VirtualAuthenticatorOptions(
+            protocol=VirtualAuthenticatorOptions.Protocol.CTAP2,
+            transport=VirtualAuthenticatorOptions.Transport.INTERNAL,
+            has_resident_key=True,
+            has_user_verification=True,
+            is_user_verified=True,
+        )
+    )
+    for credential in credentials:
+        driver.add_credential(credential)
+
+
+def test_two_people_make_a_quorum_in_the_inbox_and_neither_counts_twice_nor_approves_their_own(
+    tmp_path: Path, browser: Browser
+) -> None:
+    registry = tmp_path / "approvers.json"
+    assert register(browser, registry, "alice", "alice@example.com")[:2] == ("yes", 0)
+    alices = browser.driver.get_credentials()
+    use_authenticator(browser, [])
+    assert register(browser, registry, "bob", "bob@example.com")[:2] == ("yes", 0)
+    bobs = browser.driver.get_credentials()
+
+    database = tmp_path / "runs.db"
+    from agentrt.store import Principal
+
+    (quorum,) = waiting_runs(database, tmp_path / "notes", 1)
+    (bobs_own,) = waiting_runs(
+        database, tmp_path / "notes", 1,
+        principal=Principal(issuer="https://id.example.com", subject="bob@example.com"),
+    )  # fmt: skip
+    inbox, page = started(
+        "--db", str(database), "inbox", "--approvers", str(registry),
+        "--quorum", "local_mutation=2",
+    )  # fmt: skip
+
+    holding: list[Any] = []
+
+    def approve_as(credentials: list[Any], approval_id: str, expected: str) -> str:
+        if holding != [credentials]:
+            # Handed over once per person: a credential put back with its old sign count
+            # is a cloned authenticator, and its next assertion is refused as a replay.
+            use_authenticator(browser, credentials)
+            holding[:] = [credentials]
+        button = f'.approval[data-approval="{approval_id}"] button[data-verdict="approve"]'
+        browser.wait_for(lambda driver: driver.find_element(By.CSS_SELECTOR, button).is_enabled())
+        browser.driver.find_element(By.CSS_SELECTOR, button).click()
+        return str(
+            browser.wait_for(
+                lambda driver: (
+                    (text := outcome_of(browser, approval_id)).startswith(expected) and text
+                ),
+                message=f"the outcome {expected!r}",
+            )
+        )
+
+    try:
+        browser.driver.get(page)
+        browser.wait_for(
+            lambda driver: len(driver.find_elements(By.CSS_SELECTOR, "#waiting .approval")) == 2,
+            message="both approvals to appear",
+        )
+        said = approve_as(alices, quorum.approval_id, "approved by alice;")
+        assert said == "approved by alice; waits for 1 more approver(s)"
+        said = approve_as(alices, quorum.approval_id, "not decided")
+        assert said.endswith("a quorum counts each person once")
+        said = approve_as(bobs, bobs_own.approval_id, "not decided")
+        assert said.endswith("a principal can never approve its own call")
+        approve_as(bobs, quorum.approval_id, "approved by alice, bob")
+    finally:
+        stop(inbox)
+    with open_store(database) as store:
+        assert store.get_approval(quorum.approval_id).status is ApprovalStatus.APPROVED
+        assert store.get_approval(bobs_own.approval_id).status is ApprovalStatus.PENDING
+    proven = verify(database, registry)
+    assert proven.returncode == 0, proven.stderr
