@@ -23,7 +23,7 @@ from proxy_helpers import ProxySetup, build_setup, free_port, text_of, until
 from agentrt import open_store
 from agentrt.approvals import approve
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(90)]
 
 _APPROVAL = re.compile(r"\(approval (\S+)\)")
 
@@ -289,3 +289,60 @@ def test_a_shared_token_beside_principals_is_refused_at_start(tmp_path: Path) ->
     assert finished.returncode != 0
     assert '--token and "principals"' in finished.stderr
     assert "use one" in finished.stderr
+
+
+async def test_a_standing_grant_covers_only_the_principal_it_was_given_for(
+    tmp_path: Path, issuer: Issuer
+) -> None:
+    from proxy_helpers import AGENTRT
+
+    setup = await build_setup(tmp_path, standing_grants={"max_for": "1h", "max_calls": 10})
+    async with (
+        principals_proxy(setup, issuer) as proxy,
+        proxy.host("alice-laptop") as alice,
+        proxy.host("bob-laptop") as bob,
+    ):
+        waits = await alice.call_tool("up_send_mail", {"to": "a@example.com", "body": "1"})
+        approval_id = _approval_id(waits)
+        with open_store(setup.database, create=False) as store:
+            run_id = store.get_approval(approval_id).run_id
+        approved = subprocess.run(
+            [str(AGENTRT), "--db", str(setup.database), "approve", run_id, "--approval",
+             approval_id, "--yes", "--grant-calls", "5"],
+            capture_output=True, text=True, timeout=60, env=setup.environment(),
+        )  # fmt: skip
+        assert approved.returncode == 0, approved.stderr
+        covered = await alice.call_tool("up_send_mail", {"to": "b@example.com", "body": "2"})
+        bobs = await bob.call_tool("up_send_mail", {"to": "c@example.com", "body": "3"})
+    assert covered.is_error is False and not text_of(covered).startswith("PENDING_APPROVAL")
+    assert text_of(bobs).startswith("PENDING_APPROVAL")
+    assert setup.executions("send_mail") == ["send_mail b@example.com"]
+
+
+async def test_an_approved_call_is_decided_again_on_its_recorded_principal(
+    tmp_path: Path, issuer: Issuer
+) -> None:
+    from proxy_helpers import RULES
+
+    rules = dict(RULES)
+    rules["send_mail"] = {
+        "side_effect": "remote_mutation",
+        "when": [
+            {"if": "'release' in principal.groups", "outcome": "require_approval",
+             "reason": "the release group sends mail, with a second pair of eyes"},
+            {"if": "true", "outcome": "deny", "reason": "only the release group sends mail"},
+        ],
+    }  # fmt: skip
+    setup = await build_setup(tmp_path, rules=rules)
+    mail = {"to": "a@example.com", "body": "x"}
+    async with principals_proxy(setup, issuer) as proxy, proxy.host("alice-laptop") as alice:
+        approval_id = _approval_id(await alice.call_tool("up_send_mail", mail))
+        with open_store(setup.database, create=False) as store:
+            shown = store.get_approval(approval_id)
+            approve(store, shown.run_id, approval_hash=shown.approval_hash,
+                    approval_id=approval_id, by="operator")  # fmt: skip
+        # The retry resumes the run; its policy decides again with the run's principal,
+        # read back from the store, so the approval still matches and the mail goes.
+        ran = await alice.call_tool("up_send_mail", mail)
+    assert ran.is_error is False, text_of(ran)
+    assert setup.executions("send_mail") == ["send_mail a@example.com"]

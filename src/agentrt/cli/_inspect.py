@@ -25,6 +25,7 @@ from ..store import (
     ApprovalRecord,
     ApprovalStatus,
     Event,
+    Principal,
     RunRecord,
     StepRecord,
     Store,
@@ -88,6 +89,7 @@ def runs(settings: Settings, limit: int, offset: int) -> None:
         page = store.list_runs(limit=limit, offset=offset)
         waiting = {run.run_id: store.waiting_approval(run.run_id) for run in page}
         spent = spending_by_run(store, [run.run_id for run in page])
+        principals = {run.run_id: store.principal_of_run(run.run_id) for run in page}
     if output.json:
         for run in page:
             approval = waiting[run.run_id]
@@ -98,6 +100,7 @@ def runs(settings: Settings, limit: int, offset: int) -> None:
                     "waiting_approval": approval.approval_id if approval else None,
                     "model_calls": spent[run.run_id].calls if run.run_id in spent else 0,
                     "cost": _cost_json(spent.get(run.run_id)),
+                    **_principal_json(principals[run.run_id]),
                 }
             )
         output.record({"record": "page", "offset": offset, "shown": len(page), "total": total})
@@ -119,9 +122,21 @@ def runs(settings: Settings, limit: int, offset: int) -> None:
                 _short(run.goal, _GOAL_WIDTH),
             ]
         )
+    headers = ["RUN", "STATUS", "STEPS", "COST", "APPROVAL", "UPDATED", "GOAL"]
+    if any(principal is not None for principal in principals.values()):
+        # Only when a run of the page has one (the proxy over HTTP with "principals").
+        headers.insert(1, "PRINCIPAL")
+        for row, run in zip(rows, page, strict=True):
+            principal = principals[run.run_id]
+            row.insert(1, principal.label() if principal is not None else "-")
     if rows:
-        output.table(["RUN", "STATUS", "STEPS", "COST", "APPROVAL", "UPDATED", "GOAL"], rows)
+        output.table(headers, rows)
     output.line(_page_line("runs", offset, len(page), total))
+
+
+def _principal_json(principal: Principal | None) -> dict[str, object]:
+    """A run's principal as its JSON record's field, only when it has one."""
+    return {} if principal is None else {"principal": principal.as_payload()}
 
 
 def _cost_cell(spent: RunSpending | None) -> str:
@@ -257,6 +272,21 @@ def _run_fields(run: RunRecord) -> list[tuple[str, str]]:
     return pairs
 
 
+def _principal_fields(principal: Principal | None) -> list[tuple[str, str]]:
+    """Who the run is for, when it has a principal: the person, their issuer and client,
+    the token's id (never the token), and the groups a condition could read."""
+    if principal is None:
+        return []
+    pairs = [("principal", sanitize(principal.subject)), ("issuer", sanitize(principal.issuer))]
+    if principal.client_id:
+        pairs.append(("client", sanitize(principal.client_id)))
+    if principal.jti:
+        pairs.append(("token id", sanitize(principal.jti)))
+    if principal.groups:
+        pairs.append(("groups", sanitize(", ".join(principal.groups))))
+    return pairs
+
+
 def _decided_fields(approval: ApprovalRecord) -> list[tuple[str, str]]:
     if approval.decided_at is None:
         return []
@@ -326,9 +356,10 @@ def show(settings: Settings, run_id: str, limit: int, offset: int) -> None:
         attempts = list_attempts(store, run_id)
         run_events = store.list_events(run_id, limit=10_000)
         decided_by = _policy_ids(run_events)
+        principal = store.principal_of_run(run_id)
     spent = spending_of(attempts)
     if output.json:
-        output.record({"record": "run", **_run_json(run)})
+        output.record({"record": "run", **_run_json(run), **_principal_json(principal)})
         for step in steps:
             output.record(
                 {"record": "step", **_step_json(step), "policy_id": decided_by.get(step.step)}
@@ -344,7 +375,7 @@ def show(settings: Settings, run_id: str, limit: int, offset: int) -> None:
         if approval is not None:
             output.record(approval_json(approval))
         return
-    output.fields(_run_fields(run) + _usage_fields(spent))
+    output.fields(_run_fields(run) + _principal_fields(principal) + _usage_fields(spent))
     output.line()
     if steps:
         output.table(

@@ -392,13 +392,18 @@ def check(settings: Settings, config_path: str) -> None:
     help="Serve streamable HTTP on this address instead of stdio (loopback unless --allow-remote).",
 )
 @click.option(
-    "--allow-remote", is_flag=True, help="Allow --http on a non-loopback address (needs --token)."
+    "--allow-remote",
+    is_flag=True,
+    help='Allow --http on a non-loopback address (needs --token or "principals").',
 )
 @click.option(
     "--token",
     envvar="AGENTRT_PROXY_TOKEN",
     metavar="TOKEN",
-    help="Bearer token the HTTP endpoint requires (or AGENTRT_PROXY_TOKEN).",
+    help=(
+        "Bearer token the HTTP endpoint requires (or AGENTRT_PROXY_TOKEN): one user; "
+        'several people use "principals" in the configuration instead.'
+    ),
 )
 def proxy(
     config_path: str, http_address: str | None, allow_remote: bool, token: str | None

@@ -113,9 +113,12 @@ def approval_view(
     warning = presentation.get("warning") if isinstance(presentation, Mapping) else None
     info = tools.get(approval.tool)
     host_session = run.metadata.get("host_session")
+    principal = store.principal_of_run(approval.run_id)
     return {
         "approval_id": sanitize(approval.approval_id),
         "run_id": sanitize(approval.run_id),
+        # Who asked, as their access token proved it (the proxy over HTTP with "principals").
+        "principal": principal.label() if principal is not None else None,
         # The host session whose taint judged the call (docs/flows.md), shown and, raw,
         # what the page's button clears.
         "host_session": sanitize(host_session) if host_session is not None else None,
@@ -205,8 +208,10 @@ def head_seq(store: Store) -> int:
 
 def run_view(store: Store, run: RunRecord) -> dict[str, Any]:
     approval = store.waiting_approval(run.run_id)
+    principal = store.principal_of_run(run.run_id)
     return {
         "run_id": sanitize(run.run_id),
+        "principal": principal.label() if principal is not None else None,
         "link": run.run_id,
         "status": str(run.status),
         "reason": sanitize(run.reason),

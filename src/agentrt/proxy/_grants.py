@@ -22,6 +22,7 @@ from ..sanitize import sanitize
 from ..store import (
     Connection,
     GrantLimits,
+    Principal,
     StandingGrant,
     Store,
     ledger,
@@ -46,6 +47,9 @@ class GrantCover:
         # The server of each final tool name, for a condition's `server`.
         self.servers = dict(servers)
         self._compiled: dict[str, ToolConditions] = {}
+        # Over HTTP with "principals": a grant covers only its own principal's calls.
+        # Without, no call has one, and nothing more is read (the goldens pin the reads).
+        self.per_principal = False
 
     def record_limits(self) -> None:
         """Write the operator's maximum for this session, which the command holds grants to."""
@@ -70,11 +74,21 @@ class GrantCover:
             if grant.expires_at <= now:
                 await self.store.write(self._expire, grant)
                 continue
+            if self.per_principal and not await self._same_principal(grant, run.principal):
+                continue  # another person's yes is not this person's (issue 35)
             if grant.condition is not None and not await self._holds(grant, request):
                 continue
             claim = functools.partial(self._use, grant.grant_id, tool)
             return PolicyDecision.allow(f"standing grant {grant.grant_id} covers it", claim=claim)
         return decided
+
+    async def _same_principal(self, grant: StandingGrant, asking: Principal | None) -> bool:
+        """Whether the call is by the principal whose call the grant was given on (both
+        without one, as over stdio, counts as the same)."""
+        owner = await self.store.run(self.store.principal_of_run, grant.run_id)
+        if owner is None or asking is None:
+            return owner is None and asking is None
+        return (owner.issuer, owner.subject) == (asking.issuer, asking.subject)
 
     def _expire(self, connection: Connection, grant: StandingGrant) -> None:
         ledger.expire_standing_grant(self.store, connection, grant.grant_id, grant.run_id)

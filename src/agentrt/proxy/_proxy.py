@@ -195,6 +195,7 @@ class Proxy:
                 store, config.session, config.standing_grants, self.server_names
             )
             self.policy.grants.record_limits()
+            self.policy.grants.per_principal = config.principals is not None
         self.gate = Gate(
             store,
             watched,

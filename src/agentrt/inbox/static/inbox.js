@@ -137,6 +137,7 @@
       button.addEventListener("click", function () { decide(card, view, button.dataset.verdict); });
     });
     fill(card, "host_session", view.host_session);
+    fill(card, "principal", view.principal);
     if (view.clear_taint) {
       // The operator's reset of the session's taint (docs/flows.md); the approval stays.
       const clear = card.querySelector("button[data-clear-taint]");
