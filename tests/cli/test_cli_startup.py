@@ -88,7 +88,8 @@ def test_every_command_is_listed_in_the_help_and_resolves() -> None:
     ]
     assert listed == [
         "runs", "show", "events", "approve", "reject", "cancel", "grants", "revoke", "verify",
-        "inbox", "approver", "export", "init", "pin", "classify", "check", "proxy", "demo",
+        "inbox", "approver", "approvers", "export", "init", "pin", "classify", "check", "proxy",
+        "demo",
         "recheck", "bench", "taint", "login",
         "checkpoint", "archive", "evidence", "verify-evidence",
     ]  # fmt: skip

@@ -667,6 +667,53 @@ async def standing_grant(scenario: Scenario) -> None:
 _CHECKPOINT_KEY = bytes(range(32))
 
 
+async def passkey_quorum(scenario: Scenario) -> None:
+    """Passkey mode's two events (`approver_decided`, `approval_quorum_reached`): a quorum
+    of two approvers, each decision a real WebAuthn assertion (Ed25519 from fixed seeds, so
+    the signatures and the chain are deterministic), then the resume it allows."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from agentrt.passkeys import Approver, Assertion, QuorumRule, Registry, decide
+    from agentrt.passkeys import decision_challenge as challenge_of
+    from agentrt.passkeys._registry import b64url
+
+    gate, run_id, shown = await _waiting(scenario)
+    store = gate.store
+    approval = store.latest_approval(run_id)
+    assert approval is not None
+    keys = {name: Ed25519PrivateKey.from_private_bytes(bytes([n]) * 32)
+            for n, name in ((1, "alice"), (2, "bob"))}  # fmt: skip
+
+    def cose(name: str) -> bytes:
+        raw = keys[name].public_key().public_bytes_raw()
+        # A COSE OKP key (kty 1, alg -8 EdDSA, crv 6 Ed25519, x): CBOR by hand, 42 bytes.
+        return bytes.fromhex("a4010103272006215820") + raw
+
+    registry = Registry(Path("approvers.json"), tuple(
+        Approver(name, f"{name}@example.com", name.encode(), cose(name), "2001-09-09")
+        for name in keys
+    ))  # fmt: skip
+    challenge = challenge_of(approval.approval_id, shown, "approve", None, 2)
+    client_data = json.dumps({"type": "webauthn.get", "challenge": b64url(challenge),
+                              "origin": "http://localhost:8765"}).encode()  # fmt: skip
+    authenticator_data = hashlib.sha256(b"localhost").digest() + bytes([0x05]) + bytes(4)
+    for name in keys:
+        scenario.world.advance(5)
+        signature = keys[name].sign(authenticator_data + hashlib.sha256(client_data).digest())
+        assertion = Assertion(name.encode(), authenticator_data, client_data, signature)
+        scenario.trace.action(f"{name} approves with a passkey")
+        decided = decide(
+            store, registry, run_id, approval_id=approval.approval_id, approval_hash=shown,
+            verdict="approve", assertion=assertion, origin="http://localhost:8765",
+            quorum=QuorumRule({"local_mutation": 2}),
+        )  # fmt: skip
+        scenario.trace.returned(f"waiting for {decided.waiting_for}")
+    scenario.world.advance(1)
+    await scenario.call("resume", gate.resume(run_id))
+
+
 async def checkpoint(scenario: Scenario) -> None:
     """A run, then the operator's signed checkpoint of the head (`agentrt checkpoint`)."""
     await _checkpointed(scenario)
@@ -760,6 +807,7 @@ SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
     "checkpoint": (checkpoint, True),
     "archive": (archive, True),
     "listing_changed": (listing_changed, True),
+    "passkey_quorum": (passkey_quorum, True),
 }
 
 

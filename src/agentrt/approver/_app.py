@@ -224,8 +224,13 @@ def _wants_text(request: Request) -> bool:
     return "text/plain" in accept and "application/json" not in accept
 
 
-def approver_app(store: Store, secret: bytes, limits: ChannelLimits | None = None) -> Starlette:
-    """The signed approver channel over `store`, deciding with `secret` (see docs/approvals.md)."""
+def approver_app(
+    store: Store, secret: bytes, limits: ChannelLimits | None = None, *, passkey_mode: bool = False
+) -> Starlette:
+    """The signed approver channel over `store`, deciding with `secret` (see docs/approvals.md).
+
+    `passkey_mode`: refuse every decision (a shared secret signs for a program, not a person);
+    `agentrt approver serve` reads it from the database as it starts."""
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse, PlainTextResponse
     from starlette.routing import Route
@@ -275,6 +280,12 @@ def approver_app(store: Store, secret: bytes, limits: ChannelLimits | None = Non
             approver: Approver, params: Mapping[str, Any], body: bytes, request: Request
         ) -> Response:
             approval_id = str(params["approval_id"])
+            if passkey_mode:
+                raise ApproverRefusal(
+                    403, "passkey_mode",
+                    "this database is decided with approvers' passkeys (passkey mode): decide "
+                    "in the inbox at http://localhost:PORT, where a passkey signs the decision",
+                )  # fmt: skip
             if verdict == "approve":
                 fields = _decision(body, approver.run_id, _APPROVE_FIELDS, approval_id)
                 grant = _grant_of(fields, needs_hash=True)

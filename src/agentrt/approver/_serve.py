@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import anyio
 
 from ..inbox._serve import Listener, _bind, _Server
-from ..store import Store
+from ..store import Store, in_passkey_mode
 from ._app import ChannelLimits, approver_app
 
 __all__ = ["running_approver"]
@@ -24,7 +24,8 @@ async def running_approver(
     sock = _bind(listener)
     port = sock.getsockname()[1]
     config = uvicorn.Config(
-        approver_app(store, secret, limits),
+        # A database in passkey mode is read once, as the channel starts (docs/identity.md).
+        approver_app(store, secret, limits, passkey_mode=in_passkey_mode(store)),
         log_level="warning",
         access_log=False,
         lifespan="off",

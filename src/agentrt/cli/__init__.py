@@ -31,6 +31,7 @@ _COMMANDS: Final = {
     "verify": "._inspect:verify",
     "inbox": "._inbox:inbox",
     "approver": "._approver:approver",
+    "approvers": "._approvers:approvers",
     "export": "._export:export",
     "init": "._init:init",
     "pin": "._servers:pin",

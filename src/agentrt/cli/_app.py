@@ -148,6 +148,24 @@ def configured_database() -> str | None:
     return str(database)
 
 
+def configured_registry() -> str | None:
+    """The approvers' registry of the configuration `agentrt init` wrote, when it is in
+    passkey mode: `verify` checks a passkey database's decisions with it."""
+    path = init_config_path()
+    if not path.exists():
+        return None
+    from ..proxy.config import ConfigError, load_config
+
+    try:
+        passkeys = load_config(path).passkeys
+    except ConfigError as error:
+        raise CommandError(
+            f"the configuration agentrt init wrote cannot be read: {sanitize(str(error))}",
+            EXIT_UNUSABLE,
+        ) from error
+    return None if passkeys is None else str(passkeys.registry)
+
+
 @contextmanager
 def open_for_reading(settings: Settings) -> Iterator[Store]:
     """The existing database, opened read-only: never created, migrated or written."""

@@ -22,7 +22,14 @@ from ..grants import GrantRequest
 from ..inbox.review import displayed_hash
 from ..mcp import parse_duration
 from ..sanitize import sanitize
-from ..store import ApprovalRecord, ApprovalStatus, StandingGrant, Store, epoch_to_iso
+from ..store import (
+    ApprovalRecord,
+    ApprovalStatus,
+    StandingGrant,
+    Store,
+    epoch_to_iso,
+    in_passkey_mode,
+)
 from ._app import CommandError, Settings, login_name, open_for_deciding, open_for_reading
 from ._inspect import approval_json
 from ._review import review_lines
@@ -87,6 +94,18 @@ def _hash_of_what_was_shown(approval: ApprovalRecord) -> str:
     return displayed_hash(approval)
 
 
+PASSKEY_MODE_REFUSAL: Final = (
+    "this database is decided with approvers' passkeys (passkey mode): decide in the inbox "
+    "at http://localhost:PORT, where your passkey signs the decision"
+)
+
+
+def _refuse_in_passkey_mode(store: Store) -> None:
+    # A label typed at a terminal proves nobody; a shell the model drives could type it.
+    if in_passkey_mode(store):
+        raise CommandError(PASSKEY_MODE_REFUSAL)
+
+
 def _decide(
     settings: Settings,
     verdict: str,
@@ -100,6 +119,7 @@ def _decide(
 ) -> None:
     output = settings.output
     with open_for_deciding(settings) as store:
+        _refuse_in_passkey_mode(store)
         approval = _find_waiting(store, run_id, approval_id)
         shown_hash = _hash_of_what_was_shown(approval)
         # The grant's scope is checked and shown before anyone is asked; a refusal decides nothing.
@@ -373,6 +393,7 @@ def _choose_and_decide(settings: Settings, by: str, full: bool) -> None:
     """`agentrt approve` with no run: list what waits and, at a terminal, decide each in turn."""
     output = settings.output
     with open_for_reading(settings) as store:
+        _refuse_in_passkey_mode(store)
         waiting = _waiting_now(store)
     if output.json:
         for approval in waiting:

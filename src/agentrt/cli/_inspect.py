@@ -28,10 +28,18 @@ from ..store import (
     Principal,
     RunRecord,
     StepRecord,
+    Store,
+    in_passkey_mode,
 )
 from ..trace import event_json, format_event
 from . import _retention
-from ._app import CommandError, Settings, open_for_reading
+from ._app import (
+    EXIT_UNUSABLE,
+    CommandError,
+    Settings,
+    configured_registry,
+    open_for_reading,
+)
 from ._output import bounded, flatten, value_field
 from ._review import epoch_text, review_lines
 
@@ -494,6 +502,19 @@ def _parse_head(text: str) -> tuple[int, str]:
     return int(seq_text), digest
 
 
+def _unproven_decisions(
+    store: Store, approvers_file: str, from_seq: int | None, to_seq: int | None
+) -> list[str]:
+    """`verify --approvers`: each decision no registered approver's passkey proves."""
+    from ..passkeys import RegistryError, audit_decisions, read_registry
+
+    try:
+        registry = read_registry(approvers_file)
+    except RegistryError as error:
+        raise CommandError(str(error), EXIT_UNUSABLE) from error
+    return [problem.sentence() for problem in audit_decisions(store, registry, from_seq, to_seq)]
+
+
 @click.command(short_help="Check the events' hash chain, the head anchor and the tables.")
 @click.option(
     "--from", "from_seq", type=click.IntRange(1), metavar="SEQ", help="First event to check."
@@ -538,6 +559,15 @@ def _parse_head(text: str) -> tuple[int, str]:
     help="Check the hashes only from the last signed checkpoint on (a day's verify reads a "
     "day); the tables are not checked.",
 )
+@click.option(
+    "--approvers",
+    "approvers_file",
+    metavar="FILE",
+    help="The approvers' registry: also check every decision's passkey assertion against "
+    "its registered public key, and name each decision no passkey proves (a database in "
+    "passkey mode is checked with the registry of agentrt init's configuration unless "
+    "FILE is given).",
+)
 @click.pass_obj
 def verify(
     settings: Settings,
@@ -549,6 +579,7 @@ def verify(
     archive_directory: str | None,
     tsa_certificate: str | None,
     since_checkpoint: bool,
+    approvers_file: str | None = None,
 ) -> None:
     """Check the events' hash chain, that no committed event was lost (the head anchor),
     and that every run and approval row matches its events; print the head, or the
@@ -592,6 +623,13 @@ def verify(
             anchor = store.verify_chain(None, expected[0])
         anchored = store.check_anchor() if whole else None
         state = store.verify_state() if whole and not since_checkpoint and report.ok else None
+        if approvers_file is None and in_passkey_mode(store):
+            approvers_file = configured_registry()
+        forged = (
+            None
+            if approvers_file is None or not report.ok
+            else _unproven_decisions(store, approvers_file, from_seq, to_seq)
+        )
     problem = None
     if not report.ok:
         problem = f"the chain is broken at event {report.first_bad_seq}: {report.reason}"
@@ -614,6 +652,11 @@ def verify(
         problem = anchored.reason
     if problem is None and state is not None and not state.ok:
         problem = f"the tables disagree with the events at {state.first_bad}: {state.reason}"
+    if problem is None and forged:
+        if not output.json:
+            for line in forged[1:]:
+                output.line(f"unproven: {line}")
+        problem = f"{len(forged)} decision(s) no approver's passkey proves; the first: {forged[0]}"
     if output.json:
         record = {
             "record": "verify",
@@ -655,6 +698,7 @@ def verify(
             f"{report.head_seq}:{report.head_hash}"
             + checks
             + ("" if signed is None else signed.summary())
+            + ("" if forged is None else "; every decision is proven by an approver's passkey")
         )
     if problem is not None:
         raise CommandError(problem)

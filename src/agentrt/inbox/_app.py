@@ -16,7 +16,7 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import jinja2
@@ -42,6 +42,9 @@ from ._views import (
     run_view,
     waiting_approvals,
 )
+
+if TYPE_CHECKING:
+    from ..passkeys import PasskeyMode
 
 __all__ = ["CSP", "InboxState", "create_app"]
 
@@ -83,6 +86,8 @@ class InboxState:
     login: str = ""
     tools: Mapping[str, ToolInfo] = field(default_factory=dict)
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    passkeys: PasskeyMode | None = None
+    """Passkey mode: a decision needs an approver's WebAuthn assertion (`passkeys/`)."""
 
     def origin_allowed(self, origin: str, host: str) -> bool:
         return origin == f"{self.scheme}://{host}"
@@ -208,7 +213,12 @@ def create_app(state: InboxState) -> Any:
 
     async def session(request: Request) -> Response:
         return JSONResponse(
-            {"csrf": state.csrf, "login": sanitize(state.login), "database": sanitize(store.path)}
+            {
+                "csrf": state.csrf,
+                "login": sanitize(state.login),
+                "database": sanitize(store.path),
+                "approval_auth": "passkey" if state.passkeys is not None else "label",
+            }
         )
 
     def _approvals() -> dict[str, Any]:
@@ -274,6 +284,14 @@ def create_app(state: InboxState) -> Any:
                 grant = grant_request_from(decision["grant"], needs_hash=True)
             except ValueError as exc:
                 return _error(400, str(exc))
+        if state.passkeys is not None:
+            from ..passkeys import decide_in_inbox
+
+            origin = f"{state.scheme}://{request.headers.get('host', '')}"
+            return await decide_in_inbox(
+                store, state.passkeys, decision, run_id, approval_id, shown_hash, verdict,
+                note, grant, origin,
+            )  # fmt: skip
 
         def chosen() -> ApprovalRecord:
             who = by.strip() or state.login
@@ -347,6 +365,18 @@ def create_app(state: InboxState) -> Any:
             {"scope": found.scope, "scope_hash": found.scope_hash, "lines": found.lines()}
         )
 
+    async def passkey_challenge(request: Request) -> Response:
+        """What the page's `navigator.credentials.get` signs for one decision: the challenge
+        derived from the approval and the verdict (nothing is kept; decision 0041)."""
+        if state.passkeys is None:
+            return _error(404, "this inbox decides without passkeys")
+        asked = await _json_object(request, "the request")
+        if isinstance(asked, Response):
+            return asked
+        from ..passkeys import challenge_options
+
+        return await store.run(challenge_options, store, state.passkeys, asked)
+
     async def stream(request: Request) -> Response:
         async def changes() -> AsyncIterator[bytes]:
             last: tuple[int, int] | None = None
@@ -385,6 +415,7 @@ def create_app(state: InboxState) -> Any:
             Route("/api/decide", decide, methods=["POST"]),
             Route("/api/taint/clear", clear_taint, methods=["POST"]),
             Route("/api/grant-scope", scope_of_grant, methods=["POST"]),
+            Route("/api/passkey/challenge", passkey_challenge, methods=["POST"]),
             Route("/api/stream", stream),
             Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
         ]

@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import uvicorn
@@ -30,6 +30,9 @@ from ..sanitize import sanitize
 from ..store import ApprovalRecord, Store
 from ._app import InboxState, create_app
 from ._views import ToolInfo
+
+if TYPE_CHECKING:
+    from ..passkeys import PasskeyMode
 
 __all__ = [
     "DEFAULT_LISTEN",
@@ -231,8 +234,22 @@ async def running_inbox(
     token: str | None = None,
     login: str = "",
     tools: Mapping[str, ToolInfo] | None = None,
+    passkeys: PasskeyMode | None = None,
 ) -> AsyncIterator[RunningInbox]:
-    """Serve the inbox for `store` on `listener` while the block runs."""
+    """Serve the inbox for `store` on `listener` while the block runs.
+
+    With `passkeys`, a decision needs an approver's passkey, the database is marked so
+    (the command's `approve` is refused there), and the address is http://localhost:PORT:
+    a browser refuses an IP address as a WebAuthn relying party."""
+    if passkeys is not None:
+        if not listener.loopback or listener.tls_cert is not None:
+            raise InboxError(
+                "an inbox in passkey mode listens on loopback without TLS, at "
+                "http://localhost:PORT (the passkeys' relying party)"
+            )
+        from ..store import enable_passkey_mode
+
+        enable_passkey_mode(store)
     if listener.tls_cert is not None and listener.tls_key is not None:
         _check_tls(listener.tls_cert, listener.tls_key)
     sock = _bind(listener)
@@ -245,6 +262,7 @@ async def running_inbox(
         scheme=listener.scheme,
         login=login,
         tools=dict(tools or {}),
+        passkeys=passkeys,
     )
     options: dict[str, Any] = {}
     if listener.tls_cert is not None and listener.tls_key is not None:
@@ -262,6 +280,8 @@ async def running_inbox(
     host = f"[{listener.host}]" if ":" in listener.host else listener.host
     if listener.host in _EVERY_INTERFACE:
         host = socket.getfqdn()
+    if passkeys is not None:
+        host = "localhost"
     async with anyio.create_task_group() as group:
         group.start_soon(lambda: server.serve(sockets=[sock]))
         while not server.started:

@@ -71,6 +71,7 @@ from ._resource import principal_key
 from .config import ProxyConfig
 
 if TYPE_CHECKING:
+    from ..passkeys import PasskeyMode
     from ._host_approval import HostAsk
 
 __all__ = [
@@ -436,6 +437,9 @@ class Calls:
         # joins each announcement, and `on_waiting` may notify the desktop.
         self.inbox_address: str | None = None
         self.on_waiting: Callable[[ApprovalRecord], None] | None = None
+        # `"approval_auth": "passkey"`: an approved call runs only when approvers' passkeys
+        # prove its approval (a row a shell wrote into the database proves nothing).
+        self.passkeys: PasskeyMode | None = None
 
     @property
     def specs(self) -> Sequence[ToolSpec]:
@@ -834,6 +838,16 @@ class Calls:
         next_progress = time.monotonic()
         while True:
             current, now = await self.store.run(self._approval_and_clock, approval.approval_id)
+            if current.status is ApprovalStatus.APPROVED and self.passkeys is not None:
+                unproven = await self.store.run(self._unproven, current)
+                if unproven is not None:
+                    self._log(
+                        f"agentrt proxy: run {row.run_id}: approval {current.approval_id} is "
+                        f"granted, but {unproven}; the call does not run"
+                    )
+                    return Answer.unavailable(
+                        "the approval is not proven by an approver's passkey; the call did not run."
+                    )
             if current.status is ApprovalStatus.APPROVED or (
                 current.status is ApprovalStatus.PENDING
                 and current.expires_at is not None
@@ -856,6 +870,17 @@ class Calls:
                 await call.progress(now - (deadline - self.hold), "waiting for a person's approval")
             with anyio.move_on_after(min(_POLL_SECONDS, deadline - now)):
                 await self.closing.wait()
+
+    def _unproven(self, approval: ApprovalRecord) -> str | None:
+        from ..passkeys import approval_unproven, read_registry
+
+        assert self.passkeys is not None
+        try:
+            registry = read_registry(self.passkeys.registry)
+        except AgentrtError as exc:
+            return sanitize(str(exc))
+        required = self.passkeys.quorum.required(approval)
+        return approval_unproven(self.store, registry, approval, required)
 
     async def _resume(self, row: CallRow, call: _Call) -> Answer:
         if not await self.store.run(self.index.try_hold, row.run_id, call.token):

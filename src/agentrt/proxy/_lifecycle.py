@@ -184,6 +184,12 @@ async def _serving_inbox(
     settings = config.inbox
     token_file = settings.token_file
     token = read_or_create_token(token_file) if token_file is not None else None
+    if config.passkeys is not None:
+        from ..passkeys import read_registry
+        from ..passkeys._registry import require_webauthn
+
+        require_webauthn()
+        read_registry(config.passkeys.registry)  # refused at start, not at the first decision
     described = {
         tool.spec.name: ToolInfo(servers_of.get(tool.spec.name, ""), tool.spec.description)
         for tool in tools
@@ -192,7 +198,7 @@ async def _serving_inbox(
     with open_store(config.database, create=False) as inbox_store:
         async with running_inbox(
             inbox_store, parse_listen(settings.listen), token=token,
-            login=_login_name(), tools=described,
+            login=_login_name(), tools=described, passkeys=config.passkeys,
         ) as running:  # fmt: skip
             proxy.calls.inbox_address = running.address
             if settings.notify:

@@ -208,6 +208,7 @@ class Proxy:
             repeat_windows=repeat_windows,
             forwarded=forwarded,
         )
+        self.calls.passkeys = config.passkeys
         self.status = GateStatus(store, self.index, functools.partial(log_line, log))
         self.status.withheld = self.withheld
         # The host session of this process's stdio host (docs/flows.md), when labels are used.

@@ -53,6 +53,8 @@ from ..tools import SideEffect
 
 if TYPE_CHECKING:
     from ._host_approval import HostApproval
+from ..passkeys._config import parse_passkey_mode
+from ..passkeys._mode import PasskeyMode
 from ._conditions import Condition, compile_when
 from ._flows import Flows, declared_labels, flow_rules, label_list, session_key
 from ._forward import DEFAULT_MAX_RESULT_BYTES, MIN_MAX_RESULT_BYTES
@@ -110,6 +112,9 @@ _TOP_FIELDS: Final = frozenset(
         "approve_in_host",
         "checkpoint",
         "principals",
+        "approval_auth",
+        "approvers",
+        "approvals",
     }
 )
 _CHECKPOINT_FIELDS: Final = frozenset({"key", "log", "every_events", "every"})
@@ -308,6 +313,8 @@ class ProxyConfig:
     approve_in_host: HostApproval | None = None
     # `"principals"`: over HTTP, the proxy is an OAuth protected resource (docs/identity.md).
     principals: PrincipalsConfig | None = None
+    # `"approval_auth": "passkey"`: decisions only with approvers' passkeys (docs/identity.md).
+    passkeys: PasskeyMode | None = None
 
     def protected_paths(self) -> list[Path]:
         """The files a server must never be pointed at: whoever writes them governs the proxy."""
@@ -318,6 +325,8 @@ class ProxyConfig:
         if self.inbox is not None and self.inbox.token_file is not None:
             paths.append(self.inbox.token_file)  # whoever reads it can decide approvals
         paths += [target.secret_file for target in self.notify]  # it signs what they are told
+        if self.passkeys is not None:  # whoever writes it adds an approver's key
+            paths.append(self.passkeys.registry)
         if self.checkpoint is not None:  # whoever holds the key signs history
             paths += [self.checkpoint.key, self.checkpoint.log]
         for upstream in self.servers:
@@ -478,6 +487,7 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
         approve_in_host=(
             _approve_in_host(reader, top["approve_in_host"]) if "approve_in_host" in top else None
         ),
+        passkeys=parse_passkey_mode(top, reader.path_field, reader.fail),
         principals=(
             parse_principals(top["principals"], reader.fail) if "principals" in top else None
         ),

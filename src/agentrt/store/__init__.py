@@ -77,6 +77,7 @@ from ._grants import (
     standing_grant,
 )
 from ._open import is_postgres_url, open_store
+from ._passkeys import enable_passkey_mode, in_passkey_mode
 from ._principals import Principal, principal_from_payload
 from ._reads import _LIST_RUNS as _LIST_RUNS  # not public: a test compares it with a sort
 from ._records import (
@@ -120,9 +121,11 @@ __all__ = [
     "StepStatus",
     "Store",
     "approval_hash",
+    "enable_passkey_mode",
     "epoch_to_iso",
     "event_hash",
     "grant_limits",
+    "in_passkey_mode",
     "is_postgres_url",
     "iso_to_epoch",
     "list_standing_grants",

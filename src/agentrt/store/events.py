@@ -87,6 +87,10 @@ class EventType(enum.StrEnum):
     # proxy serves of it: tools refused (changed since pinned) or listed unpinned
     # (`proxy/_live.py`).
     LISTING_CHANGED = "listing_changed"
+    # Passkey mode (`passkeys/`): one approver's decision with its WebAuthn assertion, and
+    # an approval's quorum of distinct approvers complete (before its `approval_granted`).
+    APPROVER_DECIDED = "approver_decided"
+    APPROVAL_QUORUM_REACHED = "approval_quorum_reached"
 
 
 class EndReason(enum.StrEnum):

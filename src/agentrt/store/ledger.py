@@ -1089,3 +1089,50 @@ def record_listing_change(
         {"server": server, "session": session, "refused": dict(refused),
          "unpinned": list(unpinned)},
     )  # fmt: skip
+
+
+def record_approver_decision(
+    store: Store,
+    connection: Connection,
+    approval: ApprovalRecord,
+    *,
+    approver: str,
+    subject: str,
+    verdict: str,
+    scope_hash: str | None,
+    assertion: Mapping[str, str],
+    sign_count: int,
+    required: int,
+) -> None:
+    """One approver's verified passkey decision on a pending approval (`approver_decided`),
+    its assertion kept whole so `agentrt verify --approvers` can check it again."""
+    payload: dict[str, Any] = {
+        "approval_id": approval.approval_id,
+        "approval_hash": approval.approval_hash,
+        "verdict": verdict,
+        "approver": approver,
+        "subject": subject,
+        "assertion": dict(assertion),
+        "sign_count": sign_count,
+        "required": required,
+    }
+    if scope_hash is not None:
+        payload["scope_hash"] = scope_hash
+    _append(store, connection, approval.run_id, EventType.APPROVER_DECIDED, payload)
+
+
+def record_quorum_reached(
+    store: Store,
+    connection: Connection,
+    approval: ApprovalRecord,
+    *,
+    approvers: Sequence[str],
+    required: int,
+) -> None:
+    """An approval's quorum of distinct approvers is complete (`approval_quorum_reached`);
+    its `approval_granted` follows in the same transaction."""
+    _append(
+        store, connection, approval.run_id, EventType.APPROVAL_QUORUM_REACHED,
+        {"approval_id": approval.approval_id, "approval_hash": approval.approval_hash,
+         "approvers": list(approvers), "required": required},
+    )  # fmt: skip

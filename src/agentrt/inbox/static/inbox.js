@@ -197,12 +197,51 @@
     return asked;
   }
 
+  // Passkey mode (docs/identity.md): the server derives the challenge from the approval and
+  // the verdict (and the grant's scope hash), and the authenticator signs it with user
+  // verification; the assertion rides with the decision.
+  const b64url = {
+    decode: function (text) {
+      const padded = text.replace(/-/g, "+").replace(/_/g, "/") + "===".slice((text.length + 3) % 4);
+      return Uint8Array.from(atob(padded), function (c) { return c.charCodeAt(0); });
+    },
+    encode: function (buffer) {
+      let text = "";
+      new Uint8Array(buffer).forEach(function (byte) { text += String.fromCharCode(byte); });
+      return btoa(text).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+    },
+  };
+
+  async function passkeyAssertion(body, grant) {
+    const asked = { approval_id: body.approval_id, approval_hash: body.approval_hash, verdict: body.verdict };
+    if (grant) { asked.scope_hash = grant.scope_hash; }
+    const options = await api("/api/passkey/challenge", {
+      method: "POST",
+      headers: headers({ "Content-Type": "application/json", "X-CSRF-Token": state.csrf }),
+      body: JSON.stringify(asked),
+    });
+    options.challenge = b64url.decode(options.challenge);
+    options.allowCredentials.forEach(function (credential) { credential.id = b64url.decode(credential.id); });
+    const credential = await navigator.credentials.get({ publicKey: options });
+    return {
+      id: credential.id,
+      rawId: b64url.encode(credential.rawId),
+      type: credential.type,
+      response: {
+        authenticatorData: b64url.encode(credential.response.authenticatorData),
+        clientDataJSON: b64url.encode(credential.response.clientDataJSON),
+        signature: b64url.encode(credential.response.signature),
+      },
+    };
+  }
+
   async function decide(card, view, verdict) {
     const outcome = card.querySelector('[data-field="outcome"]');
     const buttons = card.querySelectorAll("button[data-verdict]");
     buttons.forEach(function (button) { button.disabled = true; });
     outcome.className = "outcome";
     outcome.textContent = verdict === "approve" ? "approving…" : "rejecting…";
+    card.dataset.deciding = "yes";
     try {
       const grant = verdict === "approve" ? await grantShown(card, view) : null;
       const body = {
@@ -214,12 +253,21 @@
         note: card.querySelector('input[name="note"]').value,
       };
       if (grant) { body.grant = grant; }
+      if (state.approvalAuth === "passkey") {
+        outcome.textContent = "your passkey signs this decision…";
+        body.assertion = await passkeyAssertion(body, grant);
+      }
       const decided = await api("/api/decide", {
         method: "POST",
         headers: headers({ "Content-Type": "application/json", "X-CSRF-Token": state.csrf }),
         body: JSON.stringify(body),
       });
       outcome.className = "outcome ok";
+      if (decided.status === "pending") {
+        outcome.textContent = "approved by " + decided.approvers.join(", ") + "; waits for " + decided.waiting_for + " more approver(s)";
+        buttons.forEach(function (button) { button.disabled = false; });
+        return;
+      }
       outcome.textContent = (decided.status === "approved"
         ? "approved by " + decided.by + "; this exact request runs when its run resumes (through the proxy: when the host calls again with the same arguments)"
         : "rejected by " + decided.by + "; the run is cancelled");
@@ -231,6 +279,8 @@
       outcome.className = "outcome bad";
       outcome.textContent = "not decided: " + error.message;
       buttons.forEach(function (button) { button.disabled = false; });
+    } finally {
+      delete card.dataset.deciding;
     }
   }
 
@@ -240,7 +290,8 @@
     list.forEach(function (view) { wanted.set(view.decide.approval_id + " " + view.approval_hash, view); });
     Array.from(container.children).forEach(function (card) {
       // A card just decided stays a few seconds, so its message can be read.
-      const recent = card.dataset.decidedAt && Date.now() - Number(card.dataset.decidedAt) < KEEP_DECIDED_MS;
+      // So does one whose decision is on its way (a passkey's prompt can take a while).
+      const recent = card.dataset.deciding || (card.dataset.decidedAt && Date.now() - Number(card.dataset.decidedAt) < KEEP_DECIDED_MS);
       if (!wanted.has(card.dataset.approval + " " + card.dataset.hash) && !recent) { card.remove(); }
     });
     let previous = null;
@@ -397,6 +448,7 @@
     try {
       const session = await api("/api/session");
       state.csrf = session.csrf;
+      state.approvalAuth = session.approval_auth;
       if (!$("by").value) { $("by").value = session.login; }
     } catch (error) {
       showProblem(error.message);
