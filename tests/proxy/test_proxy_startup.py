@@ -30,6 +30,16 @@ NOT_FOR_A_DEFAULT_STDIO_PROXY = (
     "agentrt.proxy._streamable",
     "agentrt.driver",  # the agent loop and its models: never the proxy's
     "agentrt.providers",
+    # The MCP SDK itself (`mcp/__init__` loads its client, server, FastMCP, starlette and
+    # uvicorn): the stdio front answers a host that only lists and calls (decision 0043).
+    "mcp",
+    "mcp.server",
+    "mcp.server.lowlevel",
+    "mcp.shared",
+    "mcp.client",
+    "starlette",
+    "uvicorn",
+    "sse_starlette",
 )
 
 _PROBE = """

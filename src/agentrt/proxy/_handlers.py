@@ -13,12 +13,9 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import mcp_types as types
-from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel import Server as LowLevelServer
-from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
 from ..canonical import plain_json
 from ..tools import SideEffect
@@ -28,7 +25,20 @@ from ._proxy import Proxy
 from ._status import STATUS_TOOL
 from .config import DEFAULT_SERVER_TIMEOUT
 
-__all__ = ["Handlers"]
+if TYPE_CHECKING:
+    # The SDK's server is imported only when a host needs it (`_dispatch`, decision 0043).
+    from mcp.server.context import ServerRequestContext
+    from mcp.server.lowlevel import Server as LowLevelServer
+
+__all__ = ["INSTRUCTIONS", "NAME", "VERSION", "Handlers"]
+
+# What the host reads in `initialize`: the SDK's answer and the stdio front's are the same.
+NAME: Final = "agentrt-proxy"
+VERSION: Final = "0.1.0"
+INSTRUCTIONS: Final = (
+    "Tools here pass through a gate: some calls wait for a person's approval. "
+    "Read each answer's first word; follow what it says."
+)
 
 # What one round of a host's call ends in: the gate's answer, or a server's question.
 _Round = Answer | Question
@@ -48,19 +58,20 @@ class Handlers:
             proxy.offered.upstreams[name].connection.on_notification = self._upstream_notified
 
     def server(self) -> LowLevelServer[Any]:
+        from mcp.shared.exceptions import MCPDeprecationWarning
+
         with warnings.catch_warnings():
             # Logging is deprecated in the 2026-07-28 revision; 2025 hosts still set a level.
             warnings.simplefilter("ignore", MCPDeprecationWarning)
             return self._server()
 
     def _server(self) -> LowLevelServer[Any]:
+        from mcp.server.lowlevel import Server as LowLevelServer
+
         return LowLevelServer(
-            "agentrt-proxy",
-            version="0.1.0",
-            instructions=(
-                "Tools here pass through a gate: some calls wait for a person's approval. "
-                "Read each answer's first word; follow what it says."
-            ),
+            NAME,
+            version=VERSION,
+            instructions=INSTRUCTIONS,
             on_list_tools=self._list_tools,
             # A raw input-required result: the SDK's typed requests would drop what the
             # server sent (an elicitation's legacy enumNames).
@@ -127,7 +138,7 @@ class Handlers:
     ) -> types.GetPromptResult:
         entry = self.proxy.offered.prompts.get(params.name)
         if entry is None:
-            raise MCPError(-32602, f"there is no prompt {bounded(params.name, 80)}")
+            raise _error(-32602, f"there is no prompt {bounded(params.name, 80)}")
         arguments: dict[str, Any] = {"name": params.name}
         if params.arguments is not None:
             arguments["arguments"] = dict(params.arguments)
@@ -142,7 +153,7 @@ class Handlers:
         uri = str(params.uri)
         server = self.proxy.offered.server_of_uri(uri)
         if server is None or server not in self.proxy.offered.tools:
-            raise MCPError(-32002, f"there is no resource {bounded(uri, 200)}")
+            raise _error(-32002, f"there is no resource {bounded(uri, 200)}")
         answer = await self._gated(
             ctx, self.proxy.offered.tools[server][1], {"uri": uri}, params.meta
         )
@@ -156,6 +167,8 @@ class Handlers:
         subscribed = self.subscribers.setdefault(uri, {})
         key = _host_key(ctx)
         subscribed[key] = ctx.session
+        from mcp.shared.exceptions import MCPError
+
         try:
             await self._forward_subscription("resources/subscribe", uri)
         except MCPError:
@@ -177,12 +190,12 @@ class Handlers:
         server = self.proxy.offered.server_of_uri(uri)
         upstream = self.proxy.offered.upstreams.get(server) if server is not None else None
         if upstream is None:
-            raise MCPError(-32002, f"there is no resource {bounded(uri, 200)}")
+            raise _error(-32002, f"there is no resource {bounded(uri, 200)}")
         try:
             await upstream.ready()
             await upstream.connection.request(method, {"uri": uri}, timeout=10.0)
         except Exception as exc:
-            raise MCPError(-32603, f"{method} failed: {bounded(str(exc), 300)}") from None
+            raise _error(-32603, f"{method} failed: {bounded(str(exc), 300)}") from None
 
     async def _upstream_notified(self, method: str, params: dict[str, Any]) -> None:
         """A server's notification other than progress and logging: a resource update goes
@@ -219,7 +232,7 @@ class Handlers:
             result = await upstream.connection.request("completion/complete", request, timeout=10.0)
             return types.CompleteResult.model_validate(plain_json(result))
         except Exception as exc:
-            raise MCPError(-32603, f"completion failed: {bounded(str(exc), 300)}") from None
+            raise _error(-32603, f"completion failed: {bounded(str(exc), 300)}") from None
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -352,4 +365,12 @@ def _offer_result(answer: Answer) -> dict[str, Any]:
     if answer.result_object is not None:
         return answer.result_object
     # DENIED, PENDING_APPROVAL, TOOL_ERROR, ...: the same prose a tool call gets, as an error.
-    raise MCPError(-32603, answer.text)
+    raise _error(-32603, answer.text)
+
+
+def _error(code: int, message: str) -> Exception:
+    """The SDK's `MCPError`: the methods raising it are reached only through the SDK's
+    server, loaded by then; imported here so that this module does not load it."""
+    from mcp.shared.exceptions import MCPError as Error
+
+    return Error(code, message)

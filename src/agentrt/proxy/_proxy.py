@@ -14,11 +14,10 @@ import asyncio
 import contextlib
 import functools
 from dataclasses import dataclass, field
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 import anyio
 from anyio.abc import TaskGroup
-from mcp.server.context import ServerRequestContext
 
 from ..canonical import canonical_json, plain_json
 from ..gate import Gate, Limits
@@ -42,6 +41,10 @@ from ._offers import Offered, OfferTool, hidden_name
 from ._preconditions import StatefulTool, precondition_reader
 from ._status import GateStatus
 from .config import DEFAULT_SERVER_TIMEOUT, ProxyConfig, UpstreamConfig
+
+if TYPE_CHECKING:
+    # The SDK's request context, or the stdio front's (`_dispatch`), which has its shape.
+    from mcp.server.context import ServerRequestContext
 
 __all__ = ["Loaded", "Proxy", "log_line"]
 
