@@ -40,7 +40,14 @@ from ._stdio import StdioWire
 if TYPE_CHECKING:
     from mcp.shared.message import SessionMessage
 
-__all__ = ["SERVER_CAPABILITIES", "FrontContext", "HostRefused", "StdioFront", "initialize_result"]
+__all__ = [
+    "SERVER_CAPABILITIES",
+    "FrontContext",
+    "HostRefused",
+    "StdioFront",
+    "initialize_answer",
+    "initialize_result",
+]
 
 # What the SDK's server advertises for `Handlers.server()` (a test holds the two equal).
 SERVER_CAPABILITIES: Final[dict[str, Any]] = {
@@ -101,6 +108,20 @@ def initialize_result(version: str) -> types.InitializeResult:
         server_info=types.Implementation(name=NAME, version=VERSION),
         instructions=INSTRUCTIONS,
     )
+
+
+def initialize_answer(
+    params: Mapping[str, Any] | None, starting: str
+) -> tuple[types.InitializeRequestParams, str, dict[str, Any]]:
+    """The host's `initialize` answered as the SDK's runner answers it: checked and shaped
+    at the version the connection starts at (`starting`), the version agreed from it.
+    Raises `ValidationError` for params the SDK refuses."""
+    _methods.validate_client_request("initialize", starting, params)
+    client, version = negotiated(params)
+    result = _methods.serialize_server_result(
+        "initialize", starting, _dumped(initialize_result(version))
+    )
+    return client, version, result
 
 
 class HostRefused(Exception):
@@ -284,16 +305,10 @@ class StdioFront:
         return self.client is not None or self._initialized
 
     def _initialized_by(self, request: types.JSONRPCRequest) -> bytes:
-        """`initialize` answered as the SDK's runner answers it: checked against the
-        version the connection starts at, then agreed."""
         try:
-            _methods.validate_client_request("initialize", self.version, request.params)
-            client, version = negotiated(request.params)
+            client, version, result = initialize_answer(request.params, self.version)
         except ValidationError:
             return _error(request.id, types.INVALID_PARAMS, "Invalid request parameters", "")
-        result = _methods.serialize_server_result(
-            "initialize", self.version, _dumped(initialize_result(version))
-        )
         self.client, self.version, self._initialize = client, version, request
         return _json({"jsonrpc": "2.0", "id": request.id, "result": result})
 
