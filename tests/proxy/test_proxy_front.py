@@ -16,7 +16,7 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 from proxy_helpers import ProxySetup, RawHost, build_setup
 
-from agentrt.proxy._dispatch import initialize_answer
+from agentrt.proxy._dispatch import WIRE_REQUESTS, WIRE_RESULTS, initialize_answer
 from agentrt.store import open_store
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -45,9 +45,21 @@ def test_the_fronts_initialize_answer_is_the_sdk_servers(requested: str) -> None
     runner = ServerRunner(_sdk_server(), connection, None)
     starting = connection.protocol_version
     sdk = runner._serialize("initialize", starting, runner._handle_initialize(params))
-    client, version, front = initialize_answer(params, starting)
+    client, version, front = initialize_answer(params)
     assert json.dumps(front) == json.dumps(sdk)  # the same keys in the same order
     assert (client, version) == runner._negotiate_initialize(params)
+
+
+def test_the_front_checks_and_shapes_with_the_types_the_sdk_maps_each_handshake_version_to() -> (
+    None
+):
+    from mcp_types import methods
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+    for version in HANDSHAKE_PROTOCOL_VERSIONS:
+        for method in WIRE_REQUESTS:
+            assert methods.CLIENT_REQUESTS[(method, version)] is WIRE_REQUESTS[method]
+            assert methods.SERVER_RESULTS[(method, version)] is WIRE_RESULTS[method]
 
 
 class _Lines:

@@ -67,7 +67,9 @@ _SERVING_MODULES: Final = (
 def _prepare(config: ProxyConfig, http: bool) -> Store:
     """Import what serving needs and open the store: the work that can overlap the
     upstream servers' own start (issue 36).  Runs in a worker thread."""
-    front = ("agentrt.proxy._http",) if http else ("mcp_types.methods", "agentrt.proxy._dispatch")
+    front = (
+        ("agentrt.proxy._http",) if http else ("mcp_types._v2025_11_25", "agentrt.proxy._dispatch")
+    )
     for module in (*_SERVING_MODULES, *front):
         importlib.import_module(module)
     return open_store(config.database)
