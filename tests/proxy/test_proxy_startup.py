@@ -43,6 +43,7 @@ NOT_FOR_A_DEFAULT_STDIO_PROXY = (
     # The 2026-07-28 era's wire types: a stdio host of that era is the SDK's server's.
     "mcp_types.methods",
     "mcp_types._v2026_07_28",
+    "httpx2",  # the HTTP client: only for a server over HTTP
 )
 
 _PROBE = """

@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ..mcp._oauth import OAuthClientFactory
-
 if TYPE_CHECKING:
     from ..tools import Tool
     from .config import UpstreamConfig
@@ -23,6 +21,10 @@ def oauth_preflights(
     checks: dict[str, Callable[[], Awaitable[str | None]]] = {}
     for tool, upstream in tools:
         factory = upstream.server.http_client_factory
+        if factory is None:
+            continue  # no HTTP client of its own: the OAuth module (and httpx2) stays unloaded
+        from ..mcp._oauth import OAuthClientFactory
+
         if isinstance(factory, OAuthClientFactory):
             checks[tool.spec.name] = factory.session.preflight
     return checks
