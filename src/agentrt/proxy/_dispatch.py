@@ -6,7 +6,7 @@ The front answers those itself over the parsed JSON-RPC, with the same
 validation the SDK's server applies (the wire types `mcp_types.methods`
 maps every handshake-era version to, checked the way it checks them) and
 the same answers (`Handlers`' methods, one answer
-path for both), so the SDK's server (0.6 s of CPU and 30 MiB to import,
+path for both), so the SDK's server (0.6–0.7 s of CPU and 25–30 MiB to import,
 decision 0043) is loaded only when a host needs it: any other method, a
 request before the handshake, or a connection opened in the 2026-07-28
 era.  Then the SDK's server is started behind the front, told the host's
