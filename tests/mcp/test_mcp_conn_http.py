@@ -13,7 +13,7 @@ import httpx2
 import pytest
 from servers.harness import SDK_HTTP, hostile_http, http_server
 
-from agentrt.mcp._connection import MAX_RESPONSE_BODY_BYTES, connect
+from agentrt.mcp._connection import connect
 from agentrt.mcp._connection_errors import (
     CallTimeout,
     ConnectionClosed,
@@ -22,6 +22,7 @@ from agentrt.mcp._connection_errors import (
     ProtocolViolation,
     ServerErrorResponse,
 )
+from agentrt.mcp._http import MAX_RESPONSE_BODY_BYTES
 from agentrt.mcp._server import Server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]

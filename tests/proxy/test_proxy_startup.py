@@ -30,6 +30,20 @@ NOT_FOR_A_DEFAULT_STDIO_PROXY = (
     "agentrt.proxy._streamable",
     "agentrt.driver",  # the agent loop and its models: never the proxy's
     "agentrt.providers",
+    # The MCP SDK itself (`mcp/__init__` loads its client, server, FastMCP, starlette and
+    # uvicorn): the stdio front answers a host that only lists and calls (decision 0043).
+    "mcp",
+    "mcp.server",
+    "mcp.server.lowlevel",
+    "mcp.shared",
+    "mcp.client",
+    "starlette",
+    "uvicorn",
+    "sse_starlette",
+    # The 2026-07-28 era's wire types: a stdio host of that era is the SDK's server's.
+    "mcp_types.methods",
+    "mcp_types._v2026_07_28",
+    "httpx2",  # the HTTP client: only for a server over HTTP
 )
 
 _PROBE = """

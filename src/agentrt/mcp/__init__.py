@@ -33,7 +33,6 @@ from .._lazy import lazy_names
 
 if TYPE_CHECKING:
     from ._connection import (
-        MAX_RESPONSE_BODY_BYTES,
         MAX_TOOL_PAGES,
         MAX_TOOLS,
         Connection,
@@ -41,6 +40,7 @@ if TYPE_CHECKING:
     from ._context import AskRefused, CallContext
     from ._errors import LoadError, MCPError, OperatorFileError, PinError, ServerToolError
     from ._files import owned_privately, read_manifest, read_owned, read_rules
+    from ._http import MAX_RESPONSE_BODY_BYTES
     from ._load import Refusal, Registration, Report, load
     from ._manifest import Manifest, PinnedTool
     from ._pin import pin
@@ -87,7 +87,7 @@ __all__ = [
 # Each name is imported on first use, so reading a proxy's configuration (which needs
 # `Server` and the rules) does not load the client, the load checks and the gate.
 _WHERE: Final = {
-    "MAX_RESPONSE_BODY_BYTES": "._connection",
+    "MAX_RESPONSE_BODY_BYTES": "._http",
     "MAX_TOOL_PAGES": "._connection",
     "MAX_TOOLS": "._connection",
     "Connection": "._connection",

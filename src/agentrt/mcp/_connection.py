@@ -77,10 +77,10 @@ from ._connection_errors import (
     MCPConnectionError,
     NotSent,
     ProtocolViolation,
+    RefusedRedirect,
     ServerErrorResponse,
 )
 from ._context import Ask, AskRefused, CallContext, Progress
-from ._http import MAX_RESPONSE_BODY_BYTES, RefusedRedirect, open_http
 from ._jsonrpc import (
     METHOD_NOT_FOUND,
     Incoming,
@@ -94,7 +94,6 @@ from ._server import Server
 from ._stdio import start_stdio
 
 __all__ = [
-    "MAX_RESPONSE_BODY_BYTES",
     "MAX_TOOLS",
     "MAX_TOOL_PAGES",
     "AskRefused",
@@ -278,6 +277,8 @@ class Connection:
         if self.server.command is not None:
             self._transport = start_stdio(self.server)
         else:
+            from ._http import open_http  # httpx2: only for a server over HTTP
+
             self._transport = open_http(self.server)
         try:
             await self._handshake(context)
@@ -913,6 +914,8 @@ async def connect(
         transport = start_stdio(server)
     else:
         step("opening the HTTP client")
+        from ._http import open_http  # httpx2: only for a server over HTTP (issue 36)
+
         transport = open_http(server)
     connection = Connection(server, transport)
     try:

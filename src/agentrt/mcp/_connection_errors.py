@@ -18,6 +18,7 @@ __all__ = [
     "MessageTooLong",
     "NotSent",
     "ProtocolViolation",
+    "RefusedRedirect",
     "ServerErrorResponse",
 ]
 
@@ -80,3 +81,8 @@ class ServerErrorResponse(MCPConnectionError):
 
 class CallTimeout(MCPConnectionError, TimeoutError):
     """A request got no answer within its timeout; a cancellation was sent for it."""
+
+
+class RefusedRedirect(ProtocolViolation):
+    """The server answered with a redirect, which is not followed (`_http.py`; here so the
+    connection can name it without importing the HTTP client)."""

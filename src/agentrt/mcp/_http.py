@@ -35,7 +35,13 @@ import httpx2
 
 from ..canonical import JSONBoundaryError, parse_json
 from ..sanitize import sanitize
-from ._connection_errors import ConnectionClosed, MCPConnectionError, NotSent, ProtocolViolation
+from ._connection_errors import (
+    ConnectionClosed,
+    MCPConnectionError,
+    NotSent,
+    ProtocolViolation,
+    RefusedRedirect,
+)
 from ._jsonrpc import Incoming, IncomingKind, answer_server_request, read_message
 from ._server import Server
 
@@ -62,10 +68,6 @@ _CLOSE_TIMEOUT: Final = 2.0
 # Clients owned by open connections, only to refuse a factory that hands out
 # the same client twice.  Holds no client alive.
 _clients_in_use: Final[weakref.WeakSet[httpx2.AsyncClient]] = weakref.WeakSet()
-
-
-class RefusedRedirect(ProtocolViolation):
-    """The server answered with a redirect, which is not followed."""
 
 
 @dataclass(slots=True)

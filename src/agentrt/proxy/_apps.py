@@ -16,11 +16,13 @@ sandbox is the host's (SECURITY.md).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
-from mcp.server.context import ServerRequestContext
+from typing import TYPE_CHECKING, Any
 
 from ..mcp._apps import APP_MIME_TYPE, UI_EXTENSION, UI_SCHEME
+
+if TYPE_CHECKING:
+    # The SDK's server is imported only when a host needs it (`_dispatch`, decision 0043).
+    from mcp.server.context import ServerRequestContext
 
 __all__ = ["host_renders_apps", "is_app_uri", "renders_apps"]
 

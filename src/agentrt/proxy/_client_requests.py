@@ -14,10 +14,9 @@ server, never a decision of the gate.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
-from mcp.server.context import ServerRequestContext
 
 from ..canonical import canonical_bytes, plain_json
 from ..mcp._context import Ask, AskRefused
@@ -27,6 +26,10 @@ from ..store.events import EventType
 from ._input_required import HostCall, is_stateless
 from ._revision import narrowed_sampling
 from .config import UpstreamConfig
+
+if TYPE_CHECKING:
+    # The SDK's request context, or the stdio front's (`_dispatch`), which has its shape.
+    from mcp.server.context import ServerRequestContext
 
 __all__ = ["CLIENT_REQUEST_ANSWERED", "CLIENT_REQUEST_EVENT", "asker_for"]
 

@@ -13,26 +13,37 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import mcp_types as types
-from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel import Server as LowLevelServer
-from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
 from ..canonical import plain_json
 from ..tools import SideEffect
 from ._answers import Answer, admits_waiting, bounded
 from ._apps import host_renders_apps, is_app_uri
 from ._input_required import HostCall, Question
-from ._listen import HostEvents
 from ._proxy import Proxy, principal_of_request
 from ._resource import same_principal
 from ._revision import cache_hints
 from ._status import STATUS_TOOL
 from .config import DEFAULT_SERVER_TIMEOUT
 
-__all__ = ["Handlers"]
+if TYPE_CHECKING:
+    # The SDK's server is imported only when a host needs it (`_dispatch`, decision 0043).
+    from mcp.server.context import ServerRequestContext
+    from mcp.server.lowlevel import Server as LowLevelServer
+
+    from ._listen import HostEvents
+
+__all__ = ["INSTRUCTIONS", "NAME", "VERSION", "Handlers"]
+
+# What the host reads in `initialize`: the SDK's answer and the stdio front's are the same.
+NAME: Final = "agentrt-proxy"
+VERSION: Final = "0.1.0"
+INSTRUCTIONS: Final = (
+    "Tools here pass through a gate: some calls wait for a person's approval. "
+    "Read each answer's first word; follow what it says."
+)
 
 # What one round of a host's call ends in: the gate's answer, or a server's question.
 _Round = Answer | Question
@@ -47,30 +58,39 @@ class Handlers:
         # Hosts subscribed to each resource URI (notifications/resources/updated): by the
         # host's MCP session id over HTTP (one stdio host), its latest session object.
         self.subscribers: dict[str, dict[str, Any]] = {}
-        # 2026 hosts' listen streams (`_listen.py`), and the servers' subscriptions they hold.
-        self.events = HostEvents(
-            self._forward_subscription, lambda uri: bool(self.subscribers.get(uri))
-        )
-        # A list change the proxy tells its hosts (`_live.py`) reaches their listen streams too.
-        proxy.listeners.streams = self.events.list_changed
+        # 2026 hosts' listen streams (`_listen.py`), and the servers' subscriptions they hold:
+        # made with the SDK's server, which alone serves them (`_host_events`).
+        self.events: HostEvents | None = None
         for name in proxy.offered.tools:
             # A server offering prompts or resources may tell of a resource's update.
             proxy.offered.upstreams[name].connection.on_notification = self._upstream_notified
 
+    def _host_events(self) -> HostEvents:
+        if self.events is None:
+            from ._listen import HostEvents
+
+            self.events = HostEvents(
+                self._forward_subscription, lambda uri: bool(self.subscribers.get(uri))
+            )
+            # A list change the proxy tells its hosts (`_live.py`) reaches their streams too.
+            self.proxy.listeners.streams = self.events.list_changed
+        return self.events
+
     def server(self) -> LowLevelServer[Any]:
+        from mcp.shared.exceptions import MCPDeprecationWarning
+
         with warnings.catch_warnings():
             # Logging is deprecated in the 2026-07-28 revision; 2025 hosts still set a level.
             warnings.simplefilter("ignore", MCPDeprecationWarning)
             return self._server()
 
     def _server(self) -> LowLevelServer[Any]:
+        from mcp.server.lowlevel import Server as LowLevelServer
+
         return LowLevelServer(
-            "agentrt-proxy",
-            version="0.1.0",
-            instructions=(
-                "Tools here pass through a gate: some calls wait for a person's approval. "
-                "Read each answer's first word; follow what it says."
-            ),
+            NAME,
+            version=VERSION,
+            instructions=INSTRUCTIONS,
             on_list_tools=self._list_tools,
             # A raw input-required result: the SDK's typed requests would drop what the
             # server sent (an elicitation's legacy enumNames).
@@ -81,7 +101,7 @@ class Handlers:
             on_read_resource=self._read_resource,
             on_subscribe_resource=self._subscribe,
             on_unsubscribe_resource=self._unsubscribe,
-            on_subscriptions_listen=self.events.listen,
+            on_subscriptions_listen=self._host_events().listen,
             on_list_prompts=self._list_prompts,
             on_get_prompt=self._get_prompt,
             on_completion=self._complete,
@@ -146,7 +166,7 @@ class Handlers:
     ) -> types.GetPromptResult:
         entry = self.proxy.offered.prompts.get(params.name)
         if entry is None:
-            raise MCPError(-32602, f"there is no prompt {bounded(params.name, 80)}")
+            raise _error(-32602, f"there is no prompt {bounded(params.name, 80)}")
         arguments: dict[str, Any] = {"name": params.name}
         if params.arguments is not None:
             arguments["arguments"] = dict(params.arguments)
@@ -161,10 +181,10 @@ class Handlers:
         uri = str(params.uri)
         server = self.proxy.offered.server_of_uri(uri)
         if server is None or server not in self.proxy.offered.tools:
-            raise MCPError(-32002, f"there is no resource {bounded(uri, 200)}")
+            raise _error(-32002, f"there is no resource {bounded(uri, 200)}")
         if is_app_uri(uri) and not host_renders_apps(ctx):
             # An app is offered only to a host that said it renders apps (`_apps.py`).
-            raise MCPError(-32002, f"there is no resource {bounded(uri, 200)}")
+            raise _error(-32002, f"there is no resource {bounded(uri, 200)}")
         answer = await self._gated(
             ctx, self.proxy.offered.tools[server][1], {"uri": uri}, params.meta
         )
@@ -178,6 +198,8 @@ class Handlers:
         subscribed = self.subscribers.setdefault(uri, {})
         key = _host_key(ctx)
         subscribed[key] = ctx.session
+        from mcp.shared.exceptions import MCPError
+
         try:
             await self._forward_subscription("resources/subscribe", uri)
         except MCPError:
@@ -192,7 +214,7 @@ class Handlers:
         self.subscribers.get(uri, {}).pop(_host_key(ctx), None)
         if not self.subscribers.get(uri):
             self.subscribers.pop(uri, None)
-            if not self.events.listening.get(uri):
+            if self.events is None or not self.events.listening.get(uri):
                 await self._forward_subscription("resources/unsubscribe", uri)
         return types.EmptyResult()
 
@@ -200,12 +222,12 @@ class Handlers:
         server = self.proxy.offered.server_of_uri(uri)
         upstream = self.proxy.offered.upstreams.get(server) if server is not None else None
         if upstream is None:
-            raise MCPError(-32002, f"there is no resource {bounded(uri, 200)}")
+            raise _error(-32002, f"there is no resource {bounded(uri, 200)}")
         try:
             await upstream.ready()
             await upstream.connection.request(method, {"uri": uri}, timeout=10.0)
         except Exception as exc:
-            raise MCPError(-32603, f"{method} failed: {bounded(str(exc), 300)}") from None
+            raise _error(-32603, f"{method} failed: {bounded(str(exc), 300)}") from None
 
     async def _upstream_notified(self, method: str, params: dict[str, Any]) -> None:
         """A server's notification other than progress and logging: a resource update goes
@@ -218,7 +240,8 @@ class Handlers:
                 await session.send_resource_updated(uri)
             except Exception:
                 self.subscribers.get(uri, {}).pop(key, None)  # that host went away
-        await self.events.resource_updated(uri)
+        if self.events is not None:
+            await self.events.resource_updated(uri)
 
     async def _complete(
         self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
@@ -243,7 +266,7 @@ class Handlers:
             result = await upstream.connection.request("completion/complete", request, timeout=10.0)
             return types.CompleteResult.model_validate(plain_json(result))
         except Exception as exc:
-            raise MCPError(-32603, f"completion failed: {bounded(str(exc), 300)}") from None
+            raise _error(-32603, f"completion failed: {bounded(str(exc), 300)}") from None
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -393,4 +416,12 @@ def _offer_result(answer: Answer) -> dict[str, Any]:
     if answer.result_object is not None:
         return answer.result_object
     # DENIED, PENDING_APPROVAL, TOOL_ERROR, ...: the same prose a tool call gets, as an error.
-    raise MCPError(-32603, answer.text)
+    raise _error(-32603, answer.text)
+
+
+def _error(code: int, message: str) -> Exception:
+    """The SDK's `MCPError`: the methods raising it are reached only through the SDK's
+    server, loaded by then; imported here so that this module does not load it."""
+    from mcp.shared.exceptions import MCPError as Error
+
+    return Error(code, message)

@@ -24,10 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 import anyio
-from mcp.server.context import ServerRequestContext
 
 from .. import approvals
 from ..errors import AgentrtError
@@ -38,6 +37,10 @@ from ..store import ApprovalRecord, ApprovalStatus, Store
 from ..tools import ToolSpec
 from ._input_required import HostCall, is_stateless
 from ._log import log_line
+
+if TYPE_CHECKING:
+    # The SDK's request context, or the stdio front's (`_dispatch`), which has its shape.
+    from mcp.server.context import ServerRequestContext
 
 __all__ = ["DECLINED_NOTE", "HostApproval", "HostAsk"]
 

@@ -18,14 +18,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import mcp_types as types
-from mcp.shared.message import SessionMessage
 
 from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..sanitize import sanitize
 from ._answers import Answer, bounded
+
+if TYPE_CHECKING:
+    # `mcp.shared` loads the whole SDK: the stdio front reads messages without it.
+    from mcp.shared.message import SessionMessage
 
 __all__ = ["MAX_ID_MAGNITUDE", "Refusal", "decode", "refusal_of_oversized", "screen"]
 
@@ -42,6 +45,8 @@ class Refusal:
     log_line: str
 
     def session_message(self) -> SessionMessage:
+        from mcp.shared.message import SessionMessage
+
         return SessionMessage(self.reply)
 
     def body(self) -> bytes:
@@ -161,13 +166,16 @@ def screen(raw: bytes) -> Refusal | None:
     return None
 
 
-def decode(raw: bytes) -> SessionMessage | Refusal:
+def decode(raw: bytes) -> types.JSONRPCMessage | Refusal:
     """Screen `raw`, then decode it as the SDK does; a shape the SDK refuses is answered."""
     refused = screen(raw)
     if refused is not None:
         return refused
     try:
-        return SessionMessage(types.jsonrpc_message_adapter.validate_json(raw, by_name=False))
+        message: types.JSONRPCMessage = types.jsonrpc_message_adapter.validate_json(
+            raw, by_name=False
+        )
+        return message
     except Exception:
         value = _lenient(raw.decode("utf-8"))
         why = "the message is not a JSON-RPC request, notification or response"

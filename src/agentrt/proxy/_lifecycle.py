@@ -41,24 +41,24 @@ from ._upstreams import load_upstreams
 from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
 
 if TYPE_CHECKING:
-    from mcp.server.lowlevel import Server as LowLevelServer
-
     from ..mcp import Connection, Manifest
     from ..telemetry import TraceExporter
     from ..tools import Tool
+    from ._handlers import Handlers
     from ._proxy import Proxy
     from ._stdio import StdioWire
 
 __all__ = ["event_loop_factory", "exit_process", "running", "serve", "serve_config"]
 
 
-# What serving a host needs beyond loading the servers: the MCP SDK's server (0.9 s of
-# CPU to import, most of it building the protocol's pydantic models), the gate and its
-# JSON Schema validators.  Imported in a worker thread while the servers start.
+# What serving a host needs beyond loading the servers: the protocol's pydantic models,
+# the gate and its JSON Schema validators.  Imported in a worker thread while the
+# servers start.  Over stdio the front (`_dispatch`) answers the common methods, and the
+# MCP SDK's server (0.6 s of CPU more) is imported only if a host needs it (decision
+# 0043); over HTTP it serves every request, and comes with `_http`.
 _SERVING_MODULES: Final = (
     "mcp_types",  # first: each upstream's handshake waits for it
     "agentrt.gate",  # then what checks the servers' listings
-    "agentrt.proxy._stdio",
     "agentrt.proxy._proxy",
     "agentrt.proxy._handlers",
 )
@@ -67,7 +67,10 @@ _SERVING_MODULES: Final = (
 def _prepare(config: ProxyConfig, http: bool) -> Store:
     """Import what serving needs and open the store: the work that can overlap the
     upstream servers' own start (issue 36).  Runs in a worker thread."""
-    for module in (*_SERVING_MODULES, *(("agentrt.proxy._http",) if http else ())):
+    front = (
+        ("agentrt.proxy._http",) if http else ("mcp_types._v2025_11_25", "agentrt.proxy._dispatch")
+    )
+    for module in (*_SERVING_MODULES, *front):
         importlib.import_module(module)
     return open_store(config.database)
 
@@ -146,9 +149,9 @@ async def _watch_signals(shutdown: _Shutdown, log: IO[str], *, keep_caught: bool
 
 
 async def _serve_stdio(
-    server: LowLevelServer[Any], proxy: Proxy, log: IO[str], stopping: anyio.Event
+    handlers: Handlers, proxy: Proxy, log: IO[str], stopping: anyio.Event
 ) -> None:
-    from ._live import initialization_options
+    from ._dispatch import StdioFront
     from ._stdio import stdio_wire
 
     def settled() -> bool:
@@ -163,7 +166,7 @@ async def _serve_stdio(
         anyio.create_task_group() as group,
     ):
         group.start_soon(stop_when_asked, wire)
-        await server.run(wire.incoming, wire.outgoing, initialization_options(server))
+        await StdioFront(handlers, wire, log).serve()
         group.cancel_scope.cancel()
 
 
@@ -316,7 +319,7 @@ async def _serve_config(
             proxy = Proxy(config, store, tools, stream, offered)
             # Over stdio the proxy serves exactly one host: the one principal it may ask.
             proxy.single_host = address is None
-            server = Handlers(proxy).server()
+            handlers = Handlers(proxy)
             from ._live import LiveListings
 
             # After the handlers: a server's list_changed is taken before what they forward.
@@ -345,11 +348,11 @@ async def _serve_config(
                     from ._http import serve_http
 
                     await serve_http(
-                        server, address[0], address[1], token, stream, stopping, listener,
-                        proxy.resource,
+                        handlers.server(), address[0], address[1], token, stream, stopping,
+                        listener, proxy.resource,
                     )  # fmt: skip
                 else:
-                    await _serve_stdio(server, proxy, stream, stopping)
+                    await _serve_stdio(handlers, proxy, stream, stopping)
         except Exception as exc:
             # Re-raised below, outside the task group, so `serve` sees the
             # error itself (a refused database, say) rather than an ExceptionGroup.

@@ -13,13 +13,13 @@ import anyio
 
 from ..errors import AgentrtError
 from ..mcp import load, read_manifest
-from ..mcp._oauth import OAuthClientFactory, OAuthSession
 from ..mcp._tool import ServerTool
 from ..sanitize import sanitize
 from ._log import log_line
 
 if TYPE_CHECKING:
     from ..mcp import Connection
+    from ..mcp._oauth import OAuthSession
     from ..tools import Tool
     from ._live import LiveListings
     from ._proxy import Proxy
@@ -36,6 +36,10 @@ def oauth_preflights(
     checks: dict[str, Callable[[], Awaitable[str | None]]] = {}
     for tool, upstream in tools:
         factory = upstream.server.http_client_factory
+        if factory is None:
+            continue  # no HTTP client of its own: the OAuth module (and httpx2) stays unloaded
+        from ..mcp._oauth import OAuthClientFactory
+
         if isinstance(factory, OAuthClientFactory):
             checks[tool.spec.name] = factory.session.preflight
     return checks
@@ -82,6 +86,10 @@ class LoginWatch:
         self.waiting: dict[str, _Waiting] = {}
         for upstream in waiting:
             factory = upstream.server.http_client_factory
+            if factory is None:
+                continue  # no HTTP client of its own: the OAuth module (and httpx2) stays unloaded
+            from ..mcp._oauth import OAuthClientFactory
+
             if isinstance(factory, OAuthClientFactory):
                 self.waiting[upstream.server.name] = _Waiting(upstream, factory.session)
 

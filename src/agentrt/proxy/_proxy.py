@@ -15,11 +15,10 @@ import contextlib
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 import anyio
 from anyio.abc import TaskGroup
-from mcp.server.context import ServerRequestContext
 
 from ..canonical import canonical_json, plain_json
 from ..errors import RegistrationError
@@ -48,6 +47,10 @@ from ._resource import PRINCIPAL_SCOPE_KEY, ProtectedResource
 from ._revision import wanted_log_level
 from ._status import STATUS_TOOL, GateStatus
 from .config import DEFAULT_SERVER_TIMEOUT, ProxyConfig, UpstreamConfig
+
+if TYPE_CHECKING:
+    # The SDK's request context, or the stdio front's (`_dispatch`), which has its shape.
+    from mcp.server.context import ServerRequestContext
 
 __all__ = ["Loaded", "Proxy", "log_line"]
 

@@ -22,7 +22,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import pydantic_core
-from mcp.shared.inbound import NAME_BEARING_METHODS, decode_header_value
 from mcp_types import LOG_LEVEL_META_KEY, PROTOCOL_VERSION_META_KEY
 from mcp_types.jsonrpc import HEADER_MISMATCH
 
@@ -55,6 +54,9 @@ def _quoted(value: str) -> str:
 def header_mismatch(raw_headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bytes | None:
     """The JSON-RPC `HeaderMismatchError` body for a POST whose routing headers disagree with
     its body (or repeat), or None when they agree or are absent (a 2025 host sends none)."""
+    # The SDK's header rules: over HTTP only, where the SDK's server is loaded anyway.
+    from mcp.shared.inbound import NAME_BEARING_METHODS, decode_header_value
+
     seen: dict[str, str] = {}
     for raw_name, raw_value in raw_headers:
         name = raw_name.decode("latin-1").lower()

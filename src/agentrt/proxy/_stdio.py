@@ -12,7 +12,7 @@ holds and runs every other call.  The blocking flag belongs to the open
 file description the host (or a shell's terminal) shares with us, so each
 descriptor's original flag is put back on the way out.
 
-Every line is screened (`_host_messages`) before the SDK sees it, so a
+Every line is screened (`_host_messages`) before the proxy reads it, so a
 malformed message is answered, never dropped in silence; a line longer than
 `MAX_LINE_BYTES` is answered once and discarded up to its newline, so no
 byte after the cut is ever read as a message of its own.
@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import IO, Final
 
 import anyio
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.shared.message import SessionMessage
 
 from ._host_messages import Refusal, decode, refusal_of_oversized
 
@@ -68,13 +67,22 @@ class StdioWire:
 
     def __init__(
         self,
-        incoming: MemoryObjectReceiveStream[SessionMessage | Exception],
-        outgoing: MemoryObjectSendStream[SessionMessage],
+        incoming: MemoryObjectReceiveStream[types.JSONRPCMessage],
+        outgoing: MemoryObjectSendStream[types.JSONRPCMessage],
+        write_line: Callable[[bytes], Awaitable[None]],
     ) -> None:
         self.incoming = incoming
         self.outgoing = outgoing
         self.owed: set[types.RequestId] = set()
         self.intake = anyio.CancelScope()
+        self._write_line = write_line
+
+    async def send(self, data: bytes, answers: types.RequestId | None = None) -> None:
+        """Write one message already serialised; `answers` is the id of the request it
+        answers, if it does (the stdio front's own answers, `_dispatch`)."""
+        await self._write_line(data)
+        if answers is not None:
+            self.owed.discard(answers)
 
     def stop(self) -> None:
         """Read no more from the host; the calls already read are still answered."""
@@ -102,14 +110,15 @@ async def stdio_wire(
     was_blocking = [(wire, os.get_blocking(wire)) for wire in (wire_in, wire_out)]
     os.set_blocking(wire_in, False)
     os.set_blocking(wire_out, False)
-    incoming_send, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](16)
-    outgoing, outgoing_receive = anyio.create_memory_object_stream[SessionMessage](16)
-    wire = StdioWire(incoming, outgoing)
+    incoming_send, incoming = anyio.create_memory_object_stream[types.JSONRPCMessage](16)
+    outgoing, outgoing_receive = anyio.create_memory_object_stream[types.JSONRPCMessage](16)
     writing = anyio.Lock()
 
     async def write_line(data: bytes) -> None:
         async with writing:
             await _write_all(wire_out, data + b"\n")
+
+    wire = StdioWire(incoming, outgoing, write_line)
 
     async def refuse(refusal: Refusal) -> None:
         log.write(refusal.log_line + "\n")
@@ -121,7 +130,7 @@ async def stdio_wire(
         if isinstance(decoded, Refusal):
             await refuse(decoded)
             return
-        message = decoded.message
+        message = decoded
         if isinstance(message, types.JSONRPCRequest):
             wire.owed.add(message.id)
         elif isinstance(message, types.JSONRPCNotification) and message.method == (
@@ -184,10 +193,9 @@ async def stdio_wire(
 
     async def write() -> None:
         async with outgoing_receive:
-            async for message in outgoing_receive:
-                text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+            async for answered in outgoing_receive:
+                text = answered.model_dump_json(by_alias=True, exclude_unset=True)
                 await write_line(text.encode("utf-8"))
-                answered = message.message
                 if isinstance(answered, (types.JSONRPCResponse, types.JSONRPCError)):
                     wire.owed.discard(answered.id)  # type: ignore[arg-type]
 

@@ -1,0 +1,499 @@
+"""The stdio front: the methods every host sends, answered without the SDK's server.
+
+A host opening a proxied server sends `initialize`, `notifications/initialized`,
+the listings and then `tools/call`, and nothing else for most sessions.
+The front answers those itself over the parsed JSON-RPC, with the same
+validation the SDK's server applies (the wire types `mcp_types.methods`
+maps every handshake-era version to, checked the way it checks them) and
+the same answers (`Handlers`' methods, one answer
+path for both), so the SDK's server (0.6–0.7 s of CPU and 25–30 MiB to import,
+decision 0043) is loaded only when a host needs it: any other method, a
+request before the handshake, or a connection opened in the 2026-07-28
+era.  Then the SDK's server is started behind the front, told the host's
+`initialize` again (its answer is not passed on), and from then on is
+handed every message the front does not answer.
+
+A call the front runs keeps what the SDK's request context gave it
+(`FrontContext`): the host's progress token, log lines at the level the
+host set, the host's cancellation, and a server's questions to the host
+(elicitation, sampling, roots), sent as the front's own requests on the
+wire and answered by the host's responses to them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import IO, TYPE_CHECKING, Any, Final
+
+import anyio
+import mcp_types as types
+
+# The handshake era's wire types (`mcp_types.methods` maps every version before
+# 2026-07-28 to them): importing `methods` would build the 2026 era's too, 0.16 s of CPU
+# and 3 MiB more for a connection the front hands to the SDK's server anyway.
+import mcp_types._v2025_11_25 as wire
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectSendStream
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from ._handlers import INSTRUCTIONS, NAME, VERSION, Handlers
+from ._log import log_line
+from ._stdio import StdioWire
+
+if TYPE_CHECKING:
+    from mcp.shared.message import SessionMessage
+
+__all__ = [
+    "SERVER_CAPABILITIES",
+    "WIRE_REQUESTS",
+    "WIRE_RESULTS",
+    "FrontContext",
+    "HostRefused",
+    "StdioFront",
+    "initialize_answer",
+    "initialize_result",
+]
+
+# What the SDK's server advertises for `Handlers.server()` (a test holds the two equal).
+SERVER_CAPABILITIES: Final[dict[str, Any]] = {
+    "logging": {},
+    "prompts": {"listChanged": True},
+    "resources": {"subscribe": True, "listChanged": True},
+    "tools": {"listChanged": True},
+    "completions": {},
+    "extensions": {},
+}
+
+# What the front checks each request it answers against, and shapes each result by, at
+# every handshake-era version: `mcp_types.methods`' CLIENT_REQUESTS and SERVER_RESULTS
+# (a test holds them equal).
+WIRE_REQUESTS: Final[dict[str, type[BaseModel]]] = {
+    "initialize": wire.InitializeRequest,
+    "ping": wire.PingRequest,
+    "tools/list": wire.ListToolsRequest,
+    "tools/call": wire.CallToolRequest,
+    "prompts/list": wire.ListPromptsRequest,
+    "resources/list": wire.ListResourcesRequest,
+    "resources/templates/list": wire.ListResourceTemplatesRequest,
+}
+WIRE_RESULTS: Final[dict[str, type[BaseModel]]] = {
+    "initialize": wire.InitializeResult,
+    "ping": wire.EmptyResult,
+    "tools/list": wire.ListToolsResult,
+    "tools/call": wire.CallToolResult,
+    "prompts/list": wire.ListPromptsResult,
+    "resources/list": wire.ListResourcesResult,
+    "resources/templates/list": wire.ListResourceTemplatesResult,
+}
+_SHAPERS: Final = {method: TypeAdapter(model) for method, model in WIRE_RESULTS.items()}
+
+# The id of the host's `initialize` told again to an SDK server started late.
+_REPLAYED_ID: Final = "agentrt-front-initialize"
+
+_Handler = Callable[[Any, Any], Awaitable[Any]]
+
+
+def _json(message: Mapping[str, Any]) -> bytes:
+    # As pydantic writes the SDK's messages: compact, UTF-8 unescaped.
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _error(request_id: types.RequestId, code: int, message: str, data: Any = None) -> bytes:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return _json({"jsonrpc": "2.0", "id": request_id, "error": error})
+
+
+def _check(method: str, params: Mapping[str, Any] | None) -> None:
+    """`methods.validate_client_request` at a handshake-era version."""
+    body: dict[str, Any] = {"jsonrpc": "2.0", "id": 0, "method": method}
+    if params is not None:
+        body["params"] = params
+    WIRE_REQUESTS[method].model_validate(body, by_name=False)
+
+
+def _shaped(method: str, result: Any) -> dict[str, Any]:
+    """`methods.serialize_server_result` at a handshake-era version."""
+    shaper = _SHAPERS[method]
+    shaped: dict[str, Any] = shaper.dump_python(
+        shaper.validate_python(_dumped(result), by_name=False),
+        by_alias=True,
+        mode="json",
+        exclude_none=True,
+    )
+    return shaped
+
+
+def _has_modern_envelope(params: Mapping[str, Any] | None) -> bool:
+    """A request of the 2026-07-28 era: its `_meta` names the protocol version (as the
+    SDK's runner decides)."""
+    meta = params.get("_meta") if params else None
+    return isinstance(meta, Mapping) and types.PROTOCOL_VERSION_META_KEY in meta
+
+
+def _progress_token(params: Mapping[str, Any] | None) -> types.ProgressToken | None:
+    match params:
+        case {"_meta": {"progressToken": str() | int() as token}} if not isinstance(token, bool):
+            return token
+        case _:
+            return None
+
+
+def negotiated(params: Mapping[str, Any] | None) -> tuple[types.InitializeRequestParams, str]:
+    """The host's `initialize` params and the version agreed, as the SDK's runner agrees it."""
+    init = types.InitializeRequestParams.model_validate(params or {}, by_name=False)
+    requested = init.protocol_version
+    version = requested if requested in HANDSHAKE_PROTOCOL_VERSIONS else LATEST_HANDSHAKE_VERSION
+    return init, version
+
+
+def initialize_result(version: str) -> types.InitializeResult:
+    """The proxy's answer to `initialize` at `version`."""
+    return types.InitializeResult(
+        protocol_version=version,
+        capabilities=types.ServerCapabilities.model_validate(SERVER_CAPABILITIES),
+        server_info=types.Implementation(name=NAME, version=VERSION),
+        instructions=INSTRUCTIONS,
+    )
+
+
+def initialize_answer(
+    params: Mapping[str, Any] | None,
+) -> tuple[types.InitializeRequestParams, str, dict[str, Any]]:
+    """The host's `initialize` answered as the SDK's runner answers it, and the version
+    agreed.  Raises `ValidationError` for params the SDK refuses."""
+    _check("initialize", params)
+    client, version = negotiated(params)
+    return client, version, _shaped("initialize", initialize_result(version))
+
+
+class HostRefused(Exception):
+    """The host answered one of the front's requests with an error."""
+
+
+class FrontSession:
+    """The host as a call run by the front sees it: the part of the SDK's `ServerSession`
+    that the proxy's call path uses."""
+
+    def __init__(self, front: StdioFront, progress_token: types.ProgressToken | None) -> None:
+        self._front = front
+        self._progress_token = progress_token
+        # The SDK's session sends a request-scoped request through this; so does the proxy.
+        self._request_outbound = self
+
+    @property
+    def client_params(self) -> types.InitializeRequestParams | None:
+        return self._front.client
+
+    @property
+    def client_capabilities(self) -> types.ClientCapabilities | None:
+        client = self._front.client
+        return client.capabilities if client is not None else None
+
+    @property
+    def can_send_request(self) -> bool:
+        return True
+
+    async def report_progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        if self._progress_token is None:
+            return  # the host asked for none (as the SDK's session does)
+        params: dict[str, Any] = {"progressToken": self._progress_token, "progress": progress}
+        if total is not None:
+            params["total"] = total
+        if message is not None:
+            params["message"] = message
+        await self._front.notify("notifications/progress", params)
+
+    async def send_log_message(
+        self,
+        level: str,
+        data: Any,
+        logger: str | None = None,
+        related_request_id: types.RequestId | None = None,
+    ) -> None:
+        # The handshake era sends every level; the host chose one with logging/setLevel.
+        params: dict[str, Any] = {"level": level, "data": data}
+        if logger is not None:
+            params["logger"] = logger
+        await self._front.notify("notifications/message", params)
+
+    async def send_raw_request(
+        self, method: str, params: Mapping[str, Any] | None, opts: Any = None
+    ) -> dict[str, Any]:
+        return await self._front.ask(method, params)
+
+    # What the host may see of a list changed (`_live.HostListeners`, which keeps the
+    # session of the host's latest listing): told as the SDK's session tells it.
+    async def send_tool_list_changed(self) -> None:
+        await self._front.notify("notifications/tools/list_changed", None)
+
+    async def send_prompt_list_changed(self) -> None:
+        await self._front.notify("notifications/prompts/list_changed", None)
+
+    async def send_resource_list_changed(self) -> None:
+        await self._front.notify("notifications/resources/list_changed", None)
+
+
+class FrontContext:
+    """What a handler reads of the host request it answers: the shape of the SDK's
+    `ServerRequestContext` that `Handlers` and the call path use."""
+
+    def __init__(self, front: StdioFront, request: types.JSONRPCRequest, version: str) -> None:
+        params = request.params
+        self.session = FrontSession(front, _progress_token(params))
+        self.request = None  # no HTTP request: stdio has one host
+        self.request_id = request.id
+        self.method = request.method
+        self.params = params
+        self.meta = params.get("_meta") if params else None
+        self.protocol_version = version
+
+
+class StdioFront:
+    """Reads the host's messages off the stdio wire; answers the common methods itself and
+    hands the rest to the SDK's server, started the first time one needs it."""
+
+    def __init__(self, handlers: Handlers, wire: StdioWire, log: IO[str]) -> None:
+        self.handlers = handlers
+        self.wire = wire
+        self.log = log
+        # The host's `initialize`, once the front answered it, and the version agreed.
+        self.client: types.InitializeRequestParams | None = None
+        self._initialize: types.JSONRPCRequest | None = None
+        self.version: str = LATEST_HANDSHAKE_VERSION
+        self._initialized = False  # notifications/initialized seen
+        self._first_request_seen = False
+        # The SDK's server serves every message: the connection opened in a way only it
+        # answers (the 2026-07-28 era, or a request before the handshake).
+        self._sdk_only = False
+        self._sdk: MemoryObjectSendStream[SessionMessage | Exception] | None = None
+        self._calls: dict[types.RequestId, anyio.CancelScope] = {}
+        self._asked: dict[str, MemoryObjectSendStream[types.JSONRPCResponse | types.JSONRPCError]]
+        self._asked = {}
+        self._asked_count = 0
+        self._group: TaskGroup | None = None
+        methods: dict[str, tuple[type[BaseModel], _Handler]] = {
+            "ping": (types.RequestParams, _pong),
+            "tools/list": (types.PaginatedRequestParams, handlers._list_tools),
+            "prompts/list": (types.PaginatedRequestParams, handlers._list_prompts),
+            "resources/list": (types.PaginatedRequestParams, handlers._list_resources),
+            "resources/templates/list": (
+                types.PaginatedRequestParams,
+                handlers._list_resource_templates,
+            ),
+        }
+        self._inline = methods
+        self._call: tuple[type[BaseModel], _Handler] = (
+            types.CallToolRequestParams,
+            handlers._call_tool,
+        )
+
+    async def serve(self) -> None:
+        """Serve until the wire's intake ends (every request read is answered by then)."""
+        try:
+            async with anyio.create_task_group() as group:
+                self._group = group
+                async with self.wire.incoming:
+                    async for message in self.wire.incoming:
+                        await self._take(message)
+                if self._sdk is not None:
+                    # The SDK's server ends once it has answered what it was handed.
+                    await self._sdk.aclose()
+        finally:
+            for waiting in self._asked.values():
+                waiting.close()  # no answer can come any more
+
+    # -- the host's messages ----------------------------------------------------
+
+    async def _take(self, message: types.JSONRPCMessage) -> None:
+        if isinstance(message, types.JSONRPCRequest):
+            await self._request(message)
+        elif isinstance(message, types.JSONRPCNotification):
+            await self._notification(message)
+        else:
+            waiting = (
+                self._asked.pop(str(message.id), None) if isinstance(message.id, str) else None
+            )
+            if waiting is not None:
+                waiting.send_nowait(message)
+                waiting.close()
+            elif self._sdk is not None:
+                await self._to_sdk(message)
+
+    async def _request(self, request: types.JSONRPCRequest) -> None:
+        method, params = request.method, request.params
+        if not self._first_request_seen:
+            self._first_request_seen = True
+            # The first request decides the era, as in the SDK's server.
+            self._sdk_only = method != "initialize" and _has_modern_envelope(params)
+        if self._sdk_only or (method != "initialize" and _has_modern_envelope(params)):
+            await self._to_sdk(request)
+        elif method == "initialize" and self._initialize is None:
+            await self.wire.send(self._initialized_by(request), request.id)
+        elif method == "ping" or (method in self._inline and self._accepted()):
+            params_type, handler = self._inline[method]
+            await self.wire.send(await self._answer(request, params_type, handler), request.id)
+        elif method == "tools/call" and self._accepted():
+            assert self._group is not None
+            self._group.start_soon(self._run_call, request)
+        else:
+            await self._to_sdk(request)
+
+    async def _notification(self, notification: types.JSONRPCNotification) -> None:
+        method = notification.method
+        if method == "notifications/cancelled":
+            request_id = (notification.params or {}).get("requestId")
+            scope = self._calls.get(request_id) if isinstance(request_id, (int, str)) else None
+            if scope is not None:
+                scope.cancel()  # the host gets no answer for it (MCP)
+                return
+        elif method == "notifications/initialized" and not self._sdk_only:
+            self._initialized = True
+        if self._sdk is not None or self._sdk_only:
+            await self._to_sdk(notification)
+        # Otherwise the SDK's server would drop it too: the proxy has no handler for it.
+
+    def _accepted(self) -> bool:
+        return self.client is not None or self._initialized
+
+    def _initialized_by(self, request: types.JSONRPCRequest) -> bytes:
+        try:
+            client, version, result = initialize_answer(request.params)
+        except ValidationError:
+            return _error(request.id, types.INVALID_PARAMS, "Invalid request parameters", "")
+        self.client, self.version, self._initialize = client, version, request
+        return _json({"jsonrpc": "2.0", "id": request.id, "result": result})
+
+    async def _run_call(self, request: types.JSONRPCRequest) -> None:
+        scope = anyio.CancelScope()
+        self._calls[request.id] = scope
+        reply: bytes | None = None
+        try:
+            with scope:
+                params_type, handler = self._call
+                reply = await self._answer(request, params_type, handler)
+        except anyio.get_cancelled_exc_class():
+            # Shut down before it was answered: the host is told, as by the SDK.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
+                closed = _error(request.id, types.CONNECTION_CLOSED, "Connection closed")
+                await self.wire.send(closed, request.id)
+            raise
+        finally:
+            if self._calls.get(request.id) is scope:
+                del self._calls[request.id]
+        if reply is not None:  # None: the host cancelled it, and gets no answer (MCP)
+            await self.wire.send(reply, request.id)
+
+    async def _answer(
+        self, request: types.JSONRPCRequest, params_type: type[BaseModel], handler: _Handler
+    ) -> bytes:
+        """One request answered as the SDK's runner answers it: the params checked for the
+        method at the connection's version, the handler's result shaped by that version."""
+        method, params, version = request.method, request.params, self.version
+        try:
+            _check(method, params)
+            typed = params_type.model_validate({} if params is None else params, by_name=False)
+        except ValidationError:
+            return _error(request.id, types.INVALID_PARAMS, "Invalid request parameters", "")
+        try:
+            result = await handler(FrontContext(self, request, version), typed)
+        except Exception as exc:
+            log_line(self.log, f"agentrt proxy: the handler of {method} failed: {exc!r}")
+            # The SDK's dispatcher answers an unexpected failure with code 0 and its text.
+            return _error(request.id, 0, str(exc))
+        try:
+            shaped = _shaped(method, result)
+        except ValidationError:
+            return _error(request.id, types.INTERNAL_ERROR, "Handler returned an invalid result")
+        return _json({"jsonrpc": "2.0", "id": request.id, "result": shaped})
+
+    # -- what the front sends the host ------------------------------------------
+
+    async def notify(self, method: str, params: Mapping[str, Any] | None) -> None:
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            message["params"] = params
+        await self.wire.send(_json(message))
+
+    async def ask(self, method: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Send the host a request of the front's own and wait for its answer."""
+        self._asked_count += 1
+        request_id = f"agentrt-{self._asked_count}"
+        answers, answer = anyio.create_memory_object_stream[
+            types.JSONRPCResponse | types.JSONRPCError
+        ](1)
+        self._asked[request_id] = answers
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        try:
+            await self.wire.send(_json(message))
+            async with answer:
+                try:
+                    reply = await answer.receive()
+                except anyio.EndOfStream:
+                    raise HostRefused(f"the host did not answer {method}") from None
+        finally:
+            self._asked.pop(request_id, None)
+        if isinstance(reply, types.JSONRPCError):
+            raise HostRefused(reply.error.message)
+        return dict(reply.result)
+
+    # -- the SDK's server, when a host needs it ------------------------------------
+
+    async def _to_sdk(self, message: types.JSONRPCMessage) -> None:
+        from mcp.shared.message import SessionMessage
+
+        if self._sdk is None:
+            self._sdk = await self._start_sdk()
+        await self._sdk.send(SessionMessage(message))
+
+    async def _start_sdk(self) -> MemoryObjectSendStream[SessionMessage | Exception]:
+        from mcp.shared.message import SessionMessage
+
+        if self._initialize is None:
+            self._sdk_only = True  # the SDK's server then answers the handshake too
+        log_line(self.log, "agentrt proxy: loading the MCP SDK's server for this host")
+        server = self.handlers.server()
+        to_server, received = anyio.create_memory_object_stream[SessionMessage | Exception](16)
+        sent, from_server = anyio.create_memory_object_stream[SessionMessage](16)
+
+        async def relay() -> None:
+            async with from_server:
+                async for item in from_server:
+                    message = item.message
+                    replayed = isinstance(message, (types.JSONRPCResponse, types.JSONRPCError))
+                    if replayed and message.id == _REPLAYED_ID:  # type: ignore[union-attr]
+                        continue  # its answer to the `initialize` told again
+                    await self.wire.outgoing.send(message)
+
+        assert self._group is not None
+        from ._live import initialization_options
+
+        self._group.start_soon(server.run, received, sent, initialization_options(server))
+        self._group.start_soon(relay)
+        if self._initialize is not None:
+            first = self._initialize.model_copy(update={"id": _REPLAYED_ID})
+            await to_server.send(SessionMessage(first))
+            if self._initialized:
+                done = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/initialized")
+                await to_server.send(SessionMessage(done))
+        return to_server
+
+
+async def _pong(ctx: Any, params: Any) -> types.EmptyResult:
+    return types.EmptyResult()
+
+
+def _dumped(result: Any) -> dict[str, Any]:
+    """A handler's result as the SDK's runner dumps it before shaping it."""
+    if result is None:
+        return {}
+    if isinstance(result, BaseModel):
+        return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return dict(result)
