@@ -104,7 +104,7 @@ class _Host:
         if isinstance(message, types.PromptListChangedNotification):
             self.prompts_changed.set()
 
-    async def wait_changed(self, seconds: float = 10.0) -> None:
+    async def wait_changed(self, seconds: float = 30.0) -> None:
         with anyio.fail_after(seconds):
             await self._seen.wait()
         self._seen = anyio.Event()
