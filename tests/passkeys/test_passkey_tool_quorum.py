@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from inbox_support import RULES, notes_setup
 from passkey_support import ORIGIN, SoftAuthenticator, registry_of, waiting_runs
+from proxy_helpers import host, text_of
 
 from agentrt.passkeys import QuorumRule, audit_decisions, decide, decision_challenge
 from agentrt.proxy import ConfigError, load_config
@@ -113,3 +115,62 @@ def test_a_tools_quorum_decides_how_many_people_approve_over_its_class(
         assert approval.decided_by == "alice, bob"
         assert audit_decisions(store, registry) == []
         assert store.verify_chain().ok and store.verify_state().ok
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_the_proxy_runs_a_call_only_once_its_tools_quorum_of_people_approved(
+    tmp_path: Path,
+) -> None:
+    setup, notes = await notes_setup(tmp_path)
+    registry = registry_of(
+        setup.root / "conf" / "approvers.json", ALICE.approver("alice", "alice@example.com"),
+        BOB.approver("bob", "bob@example.com"),
+    )  # fmt: skip
+    rules = {**RULES, "write_note": {"side_effect": "local_mutation", "approvals": {"require": 2}}}
+    servers = [{**setup.document["servers"][0], "rules": rules}]
+    setup.rewrite(approval_auth="passkey", servers=servers)
+    config = load_config(setup.config_path)
+    assert config.passkeys is not None
+    quorum = config.passkeys.quorum
+    one = {"path": "one.md", "content": "one person said yes"}
+    two = {"path": "two.md", "content": "two people said yes"}
+    async with host(setup) as session:
+        assert text_of(await session.call_tool("notes_write_note", one)).startswith(
+            "PENDING_APPROVAL: "
+        )
+        run_id, approval_id = setup.waiting_commands()[-1]
+        with open_store(setup.database, create=False) as store:
+            shown = store.get_approval(approval_id)
+            assert quorum.required(shown) == 2
+            # Granted by one real approver under a quorum of one: the proxy, which reads the
+            # tool's quorum of two, does not run it.
+            challenge = decision_challenge(approval_id, shown.approval_hash, "approve", None, 1)
+            decide(
+                store, registry, run_id, approval_id=approval_id,
+                approval_hash=shown.approval_hash, verdict="approve",
+                assertion=ALICE.sign(challenge), origin=ORIGIN, quorum=QuorumRule({}),
+            )  # fmt: skip
+        refused = await session.call_tool("notes_write_note", one)
+        assert "not proven by an approver's passkey; the call did not run" in text_of(refused)
+        assert "where its quorum needs 2" in setup.stderr()
+        assert setup.executions("write_note") == []
+
+        assert text_of(await session.call_tool("notes_write_note", two)).startswith(
+            "PENDING_APPROVAL: "
+        )
+        run_id, approval_id = setup.waiting_commands()[-1]
+        with open_store(setup.database, create=False) as store:
+            shown = store.get_approval(approval_id)
+            for authenticator in (ALICE, BOB):
+                challenge = decision_challenge(approval_id, shown.approval_hash, "approve", None, 2)
+                decide(
+                    store, registry, run_id, approval_id=approval_id,
+                    approval_hash=shown.approval_hash, verdict="approve",
+                    assertion=authenticator.sign(challenge), origin=ORIGIN, quorum=quorum,
+                )  # fmt: skip
+        ran = await session.call_tool("notes_write_note", two)
+        assert not ran.is_error, text_of(ran)
+        assert len(setup.executions("write_note")) == 1
+    assert (notes / "two.md").read_text() == "two people said yes"
