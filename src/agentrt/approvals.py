@@ -24,12 +24,26 @@ from .store import (
     utc_at,
 )
 
-__all__ = ["GrantRequest", "approve", "cancel", "reject"]
+__all__ = [
+    "GrantRequest",
+    "approve",
+    "cancel",
+    "check_hash",
+    "checked_scope",
+    "decided_at",
+    "load_waiting",
+    "reject",
+]
 
 
-def _load_waiting(
+# The steps of a decision, public for the other deciders (passkeys/_decide.py), which add
+# their own checks between them inside the same transaction.
+
+
+def load_waiting(
     connection: Connection, store: Store, run_id: str, approval_id: str | None
 ) -> ApprovalRecord:
+    """The approval run `run_id` waits on (`approval_id`, if given, must be it), pending."""
     run = store.get_run(run_id)
     if run.status is not RunStatus.WAITING_FOR_APPROVAL:
         raise RunStateError(f"run {sanitize(run_id)} is {run.status}, not waiting for an approval")
@@ -44,7 +58,8 @@ def _load_waiting(
     return approval
 
 
-def _check_hash(approval: ApprovalRecord, shown_hash: str) -> None:
+def check_hash(approval: ApprovalRecord, shown_hash: str) -> None:
+    """Refuse an approval whose row no longer hashes to itself or is not what was shown."""
     if approval.recomputed_hash() != approval.approval_hash:
         raise ApprovalHashMismatch(
             f"approval {approval.approval_id} no longer matches its hash; the stored request "
@@ -57,7 +72,8 @@ def _check_hash(approval: ApprovalRecord, shown_hash: str) -> None:
         )
 
 
-def _decided_at(store: Store) -> str:
+def decided_at(store: Store) -> str:
+    """When a decision is made, as the approval records it."""
     # On the write's clock (the server's on PostgreSQL): a grant's lifetime counts from it.
     return utc_at(store.write_time(time.time()))
 
@@ -84,16 +100,16 @@ def approve(
     """
     now = time.time()
     with store.transaction() as connection:
-        approval = _load_waiting(connection, store, run_id, approval_id)
+        approval = load_waiting(connection, store, run_id, approval_id)
         if ledger.expire_approval_if_due(store, connection, approval, now):
             expired = approval.approval_id
         else:
             expired = None
-            _check_hash(approval, approval_hash)
-            scope = None if grant is None else _checked_scope(store, approval, grant)
-            decided_at = _decided_at(store)
+            check_hash(approval, approval_hash)
+            scope = None if grant is None else checked_scope(store, approval, grant)
+            decided = decided_at(store)
             ledger.grant(
-                store, connection, approval, by=by, note=note, decided_at=decided_at,
+                store, connection, approval, by=by, note=note, decided_at=decided,
                 grant_expires_at=(
                     None if grant_ttl is None else store.write_time(now) + grant_ttl
                 ),
@@ -101,7 +117,7 @@ def approve(
             if scope is not None:
                 ledger.give_standing_grant(
                     store, connection, approval, scope.to_new(), by=by,
-                    decided_at=decided_at, now=now,
+                    decided_at=decided, now=now,
                 )  # fmt: skip
     if expired is not None:
         raise ApprovalError(
@@ -110,7 +126,8 @@ def approve(
     return store.get_approval(approval.approval_id)
 
 
-def _checked_scope(store: Store, approval: ApprovalRecord, grant: GrantRequest) -> GrantScope:
+def checked_scope(store: Store, approval: ApprovalRecord, grant: GrantRequest) -> GrantScope:
+    """The scope `grant` asks with `approval`, refused unless it hashes to what was shown."""
     scope = grant_scope(store, approval, grant)
     if grant.scope_hash != scope.scope_hash:
         raise GrantRefused(
@@ -134,9 +151,9 @@ def reject(
     `note` is what the model is told.
     """
     with store.transaction() as connection:
-        approval = _load_waiting(connection, store, run_id, approval_id)
-        _check_hash(approval, approval_hash)
-        ledger.reject(store, connection, approval, by=by, note=note, decided_at=_decided_at(store))
+        approval = load_waiting(connection, store, run_id, approval_id)
+        check_hash(approval, approval_hash)
+        ledger.reject(store, connection, approval, by=by, note=note, decided_at=decided_at(store))
     return store.get_approval(approval.approval_id)
 
 

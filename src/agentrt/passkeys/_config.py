@@ -10,7 +10,7 @@ from typing import Any, Final
 from ..sanitize import sanitize
 from ._mode import PasskeyMode, QuorumRule
 
-__all__ = ["parse_passkey_mode"]
+__all__ = ["parse_passkey_mode", "tool_quorum"]
 
 _SIDE_EFFECTS: Final = frozenset({"read_only", "local_mutation", "remote_mutation", "destructive"})
 _MAX_QUORUM: Final = 16
@@ -49,7 +49,21 @@ def parse_passkey_mode(
         if not isinstance(rule, dict) or set(rule) != {"require"}:
             raise fail(where, 'must be {"require": N}')
         count = rule["require"]
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= _MAX_QUORUM:
+        if not _is_quorum(count):
             raise fail(f"{where}.require", f"must be a whole number from 1 to {_MAX_QUORUM}")
         quorum[name] = count
     return PasskeyMode(registry, QuorumRule(quorum))
+
+
+def _is_quorum(count: Any) -> bool:
+    return not isinstance(count, bool) and isinstance(count, int) and 1 <= count <= _MAX_QUORUM
+
+
+def tool_quorum(raw: Any, where: str, fail: Callable[[str, str], Exception]) -> int:
+    """A tool rule's `"approvals": {"require": N}`: the distinct approvers its approvals
+    need, refused in one sentence naming the rule unless N is 1 to 16."""
+    if not isinstance(raw, dict) or set(raw) != {"require"}:
+        raise fail(where, 'must be {"require": N}')
+    if not _is_quorum(raw["require"]):
+        raise fail(f"{where}.require", f"must be a whole number from 1 to {_MAX_QUORUM}")
+    return int(raw["require"])

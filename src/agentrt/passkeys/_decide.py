@@ -99,7 +99,7 @@ def decide(
     now = time.time()
     expired = None
     with store.transaction() as connection:
-        approval = approvals._load_waiting(connection, store, run_id, approval_id)
+        approval = approvals.load_waiting(connection, store, run_id, approval_id)
         if ledger.expire_approval_if_due(store, connection, approval, now):
             expired = approval.approval_id
         else:
@@ -128,8 +128,8 @@ def _decide_pending(
     grant: GrantRequest | None,
     now: float,
 ) -> PasskeyDecision:
-    approvals._check_hash(approval, approval_hash)
-    scope = None if grant is None else approvals._checked_scope(store, approval, grant)
+    approvals.check_hash(approval, approval_hash)
+    scope = None if grant is None else approvals.checked_scope(store, approval, grant)
     scope_hash = None if scope is None else scope.scope_hash
     required = quorum.required(approval)
     challenge = decision_challenge(
@@ -163,7 +163,7 @@ def _decide_pending(
         verdict=verdict, scope_hash=scope_hash, assertion=assertion.to_json(),
         sign_count=checked.sign_count, required=required,
     )  # fmt: skip
-    decided_at = approvals._decided_at(store)
+    decided_at = approvals.decided_at(store)
     if verdict == REJECT:
         ledger.reject(
             store, connection, approval, by=approver.name, note=note, decided_at=decided_at

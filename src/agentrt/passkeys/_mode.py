@@ -13,12 +13,17 @@ __all__ = ["PasskeyMode", "QuorumRule"]
 
 @dataclass(frozen=True, slots=True)
 class QuorumRule:
-    """How many distinct approvers an approval needs, by the side-effect class of its tool
-    (`"approvals": {"destructive": {"require": 2}}` in proxy.json); 1 otherwise."""
+    """How many distinct approvers an approval needs: by its tool's own rule
+    (`"approvals": {"require": 2}` in the tool's rule, `by_tool` keyed by the gate's name of
+    the tool), else by the side-effect class of its tool (`"approvals": {"destructive":
+    {"require": 2}}` in proxy.json); 1 otherwise.  The tool's rule wins over its class."""
 
     by_class: Mapping[str, int]
+    by_tool: Mapping[str, int] = field(default_factory=dict)
 
     def required(self, approval: ApprovalRecord) -> int:
+        if approval.tool in self.by_tool:
+            return max(1, self.by_tool[approval.tool])
         side_effect = approval.capability.get("side_effect") if approval.capability else None
         if not isinstance(side_effect, str):
             side_effect = approval.kind.removeprefix("tool:")

@@ -53,7 +53,7 @@ from ..tools import SideEffect
 
 if TYPE_CHECKING:
     from ._host_approval import HostApproval
-from ..passkeys._config import parse_passkey_mode
+from ..passkeys._config import parse_passkey_mode, tool_quorum
 from ..passkeys._mode import PasskeyMode
 from ._conditions import Condition, compile_when
 from ._flows import Flows, declared_labels, flow_rules, label_list, session_key
@@ -178,7 +178,7 @@ _CLIENT_REQUESTS: Final = {
 _RESOURCE_RULE_FIELDS: Final = frozenset({"uri", "outcome"})
 # Rule fields only the proxy reads; the rest of a rule is checked as a rules file is.
 _PROXY_RULE_FIELDS: Final = frozenset(
-    {"repeat_window", "outcome", "precondition", "reconcile", "labels"}
+    {"repeat_window", "outcome", "precondition", "reconcile", "labels", "approvals"}
 )
 _RESULT_MODES: Final = frozenset({"as_sent", "flattened"})
 # "0s", "0", "0ms", "0m0s": a duration that is off.
@@ -212,6 +212,9 @@ class ToolRule:
     reconcile: bool = False
     # Information-flow labels of this one tool, over its server's (docs/flows.md).
     labels: tuple[str, ...] = ()
+    # `"approvals": {"require": N}`: the distinct approvers' passkeys this tool's approvals
+    # need, over its side-effect class's quorum (passkey mode only; docs/identity.md).
+    require: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,6 +495,7 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
             parse_principals(top["principals"], reader.fail) if "principals" in top else None
         ),
     )
+    config = _with_tool_quorums(reader, config)
     _refuse_servers_that_reach_the_operators_files(config)
     return _hide_the_operators_files(config)
 
@@ -698,15 +702,50 @@ def _proxy_rule_fields(
         labels: tuple[str, ...] = ()
         if "labels" in entry:
             labels = tuple(reader.strings(entry["labels"], f"{where} labels"))
-        if repeat_window is not None or outcome is not None or precondition is not None or labels:
+        require = (
+            tool_quorum(entry["approvals"], f"{where} approvals", reader.fail)
+            if "approvals" in entry
+            else None
+        )
+        if (
+            repeat_window is not None
+            or outcome is not None
+            or precondition is not None
+            or labels
+            or require is not None
+        ):
             tool_rules[tool] = ToolRule(
                 repeat_window=repeat_window, outcome=outcome, precondition=precondition,
-                reconcile=reconcile, labels=labels,
+                reconcile=reconcile, labels=labels, require=require,
             )  # fmt: skip
         rest[tool] = {
             name: value for name, value in entry.items() if name not in _PROXY_RULE_FIELDS
         }
     return rest, tool_rules
+
+
+def _with_tool_quorums(reader: _Reader, config: ProxyConfig) -> ProxyConfig:
+    """Each tool rule's `"approvals": {"require": N}` joins passkey mode's quorum, by the
+    tool's final name (the rename, else `<server>_<tool>`, as the approvals record it)."""
+    by_tool: dict[str, int] = {}
+    for upstream in config.servers:
+        for tool, extra in upstream.tool_rules.items():
+            if extra.require is None:
+                continue
+            if config.passkeys is None:
+                raise reader.fail(
+                    f'server "{sanitize(upstream.server.name)}" rule "{sanitize(tool)}" approvals',
+                    'counts approvers\' passkeys: it needs "approval_auth": "passkey"',
+                )
+            rule = upstream.rules.get(tool)
+            renamed = rule.rename if rule is not None else None
+            by_tool[renamed if renamed is not None else f"{upstream.server.name}_{tool}"] = (
+                extra.require
+            )
+    if not by_tool or config.passkeys is None:
+        return config
+    quorum = dataclasses.replace(config.passkeys.quorum, by_tool=by_tool)
+    return dataclasses.replace(config, passkeys=dataclasses.replace(config.passkeys, quorum=quorum))
 
 
 def _check_preconditions(
