@@ -241,6 +241,16 @@ def _targets(config: Path, root: Path, peers: dict[str, Peer]) -> list[Target]:
         targets.append(
             Target("fastmcp-stdio", "noop_0000", lambda: stdio_session(fastmcp), "fastmcp_proxy.py")
         )
+        fastmcp_port = _free_port()
+        fastmcp_http = [*fastmcp, "--http", f"127.0.0.1:{fastmcp_port}"]
+        targets.append(
+            Target(
+                "fastmcp-http",
+                "noop_0000",
+                lambda: http_session(fastmcp_http, fastmcp_port, "/mcp"),
+                "fastmcp_proxy.py",
+            )
+        )
     return targets
 
 
@@ -348,7 +358,7 @@ async def _proxy_latency(quick: bool, peers: dict[str, Peer], root: Path) -> Res
     comparisons: dict[str, float] = {}
     floor_p50 = stats["floor"]["p50"] if "floor" in stats else 0.0
     for ours in ("agentrt-stdio", "agentrt-http"):
-        for peer_name in ("fastmcp-stdio", "mcp-proxy-http"):
+        for peer_name in ("fastmcp-stdio", "mcp-proxy-http", "fastmcp-http"):
             if ours in added and peer_name in added:
                 comparisons[f"{ours} vs {peer_name}"] = ratio(
                     added[ours]["p50"], added[peer_name]["p50"] + floor_p50

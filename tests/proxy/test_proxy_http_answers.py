@@ -186,3 +186,45 @@ async def test_a_calls_log_lines_reach_the_host_on_its_own_stream_while_the_call
     assert not result.is_error
     assert lines == ["Tool execution started", "Tool processing data", "Tool execution completed"]
     assert [kind for method, kind in answers if method == "tools/call"] == ["application/json"]
+
+
+async def test_a_sessions_call_is_the_http_fronts_its_question_the_fronts_own_request(
+    running: HTTPProxy,
+) -> None:
+    # Decision 0046: after the SDK's server answered `initialize`, the proxy's HTTP front runs
+    # the call; a server's question reaches the host as the front's own request (`agentrt-N`,
+    # where the SDK's session numbers its requests), and the host's POSTed answer the call.
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
+        "clientInfo": {"name": "raw", "version": "1"}}}  # fmt: skip
+    accept = "application/json, text/event-stream"
+    async with httpx2.AsyncClient(timeout=30.0) as client:
+        opened = await client.post(running.url, json=initialize, headers={"accept": accept})
+        headers = {"accept": accept, "content-type": "application/json",
+                   "mcp-session-id": opened.headers["mcp-session-id"],
+                   "mcp-protocol-version": "2025-11-25"}  # fmt: skip
+        done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        await client.post(running.url, json=done, headers=headers)
+        arguments = {"message": "Who?"}
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "test_elicitation", "arguments": arguments}}  # fmt: skip
+        async with client.stream("POST", running.url, json=call, headers=headers) as held:
+            lines = held.aiter_lines()
+            question = await _next_data(lines)
+            answer = {"action": "accept", "content": {"username": "ada", "email": "a@b.example"}}
+            reply = {"jsonrpc": "2.0", "id": question["id"], "result": answer}
+            posted = await client.post(running.url, json=reply, headers=headers)
+            result = await _next_data(lines)
+    assert question["method"] == "elicitation/create"
+    assert str(question["id"]).startswith("agentrt-")
+    assert posted.status_code == 202
+    assert result["id"] == 2 and "ada" in text_of_raw(result)
+
+
+async def _next_data(lines: Any) -> dict[str, Any]:
+    with anyio.fail_after(20):
+        async for line in lines:
+            found = sse_data([line])
+            if found:
+                return found[0]
+    raise AssertionError("the stream ended without a message")

@@ -36,6 +36,7 @@ from ._streamable import StreamableHTTP
 from .config import ConfigError
 
 if TYPE_CHECKING:
+    from ._http_front import HTTPFront
     from ._resource import ProtectedResource
     from ._resource import Refusal as TokenRefusal
 
@@ -231,6 +232,7 @@ async def serve_http(
     stopping: anyio.Event,
     listener: socket.socket,
     resource: ProtectedResource | None = None,
+    front: HTTPFront | None = None,
 ) -> None:
     """Serve streamable HTTP on `listener` (from `listen`) until `stopping` is set;
     calls in flight then finish and are answered, then the sessions end.  With
@@ -238,7 +240,7 @@ async def serve_http(
     import uvicorn
 
     doorkeeper = Doorkeeper(host if is_loopback(host) else None, port, token, log, resource)
-    app = StreamableHTTP(server, doorkeeper.admit, log)
+    app = StreamableHTTP(server, doorkeeper.admit, log, front=front)
     # One ASGI callable and nothing around it: no lifespan (the sessions run in
     # `app.running()`), no websockets, no X-Forwarded-* rewriting of the client's address
     # (nothing here reads it; uvicorn's middleware for it wrapped every request), and no

@@ -346,10 +346,11 @@ async def _serve_config(
                 proxy.work.start_soon(manifest_watch.run)
                 if address is not None and listener is not None:
                     from ._http import serve_http
+                    from ._http_front import HTTPFront
 
                     await serve_http(
                         handlers.server(), address[0], address[1], token, stream, stopping,
-                        listener, proxy.resource,
+                        listener, proxy.resource, HTTPFront.of(handlers, stream),
                     )  # fmt: skip
                 else:
                     await _serve_stdio(handlers, proxy, stream, stopping)

@@ -59,11 +59,12 @@ from mcp_types import (
     RequestId,
     jsonrpc_message_adapter,
 )
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
 from pydantic import ValidationError
 from starlette.datastructures import Headers
 
 from ..sanitize import sanitize
+from ._http_front import HTTPFront, Reply
 from ._resource import PRINCIPAL_SCOPE_KEY, same_principal
 from ._revision import header_mismatch
 
@@ -107,17 +108,18 @@ class _Ended(Exception):
 
 
 class _Waiter:
-    """What the server has sent for one request (or the standalone stream), in order."""
+    """What the server has sent for one request (or the standalone stream), in order; a
+    `Reply` is a response the front wrote already."""
 
     __slots__ = ("_arrived", "_room", "closed", "messages")
 
     def __init__(self) -> None:
-        self.messages: deque[JSONRPCMessage] = deque()
+        self.messages: deque[JSONRPCMessage | Reply] = deque()
         self.closed = False
         self._arrived: anyio.Event | None = None
         self._room: anyio.Event | None = None
 
-    async def put(self, message: JSONRPCMessage) -> None:
+    async def put(self, message: JSONRPCMessage | Reply) -> None:
         while len(self.messages) >= _QUEUED and not self.closed:
             if self._room is None:
                 self._room = anyio.Event()
@@ -128,7 +130,7 @@ class _Waiter:
         if self._arrived is not None:
             self._arrived.set()
 
-    async def take(self) -> JSONRPCMessage | None:
+    async def take(self) -> JSONRPCMessage | Reply | None:
         """The next message; None when none came for `_KEEP_ALIVE_SECONDS`."""
         if not self.messages and not self.closed:
             self._arrived = anyio.Event()
@@ -191,6 +193,15 @@ class _Session:
         # Requests of this session being served now, and since when none has been.
         self.busy = 0
         self.idle_since = time.monotonic()
+        # The host's `initialize` once the SDK's server answered it, and the version agreed:
+        # from then on the front answers the session's calls and listings (`HTTPFront`).
+        self.client: Any = None
+        self.version: str = LATEST_HANDSHAKE_VERSION
+        # The front's calls in flight (cancelled by the host's notifications/cancelled) and
+        # its own requests to the host waiting for the host's response.
+        self.calls: dict[RequestId, anyio.CancelScope] = {}
+        self.asked: dict[str, MemoryObjectSendStream[JSONRPCResponse | JSONRPCError]] = {}
+        self.asked_count = 0
 
     async def route(self, session_message: SessionMessage) -> None:
         """Hand one message from the server to whoever waits for it, as the SDK's router does."""
@@ -217,6 +228,10 @@ class _Session:
     def end(self) -> None:
         """No more requests: every answer still waiting ends, and the server's intake closes."""
         self.ended = True
+        for scope in self.calls.values():
+            scope.cancel()
+        for asked in self.asked.values():
+            asked.close()
         for waiter in self.waiting.values():
             waiter.close()
         if self.standalone is not None:
@@ -289,9 +304,18 @@ def _is_json(headers: Headers) -> bool:
     return any(part.strip() == "application/json" for part in content_type.split(";")[0].split(","))
 
 
-def _event(message: JSONRPCMessage) -> bytes:
-    data = message.model_dump_json(by_alias=True, exclude_unset=True)
-    return b"event: message\r\ndata: " + data.encode("utf-8") + b"\r\n\r\n"
+def _dumped(message: JSONRPCMessage | Reply) -> bytes:
+    if isinstance(message, Reply):
+        return message.body
+    return message.model_dump_json(by_alias=True, exclude_unset=True).encode("utf-8")
+
+
+def _event(message: JSONRPCMessage | Reply) -> bytes:
+    return b"event: message\r\ndata: " + _dumped(message) + b"\r\n\r\n"
+
+
+def _final(message: JSONRPCMessage | Reply) -> bool:
+    return isinstance(message, JSONRPCResponse | JSONRPCError | Reply)
 
 
 async def _watch_disconnect(receive: Receive, waiter: _Waiter) -> None:
@@ -310,8 +334,11 @@ class StreamableHTTP:
         admit: Admit,
         log: IO[str],
         idle_seconds: float = _IDLE_SECONDS,
+        front: HTTPFront | None = None,
     ) -> None:
         self._server = server
+        # Answers a session's calls and listings without the SDK's server (decision 0046).
+        self._front = front
         self._idle_seconds = idle_seconds
         self._admit = admit
         self._log = log
@@ -460,6 +487,8 @@ class StreamableHTTP:
             # A notification or the host's response to the server's request: accepted, then
             # passed on (an elicitation's answer reaches the request waiting for it).
             await _respond(send, 202, b"", [_JSON, session.id_header])
+            if self._front is not None and self._front.took(session, message_in):
+                return  # an answer to the front's question, or the cancel of a front's call
             metadata = ServerMessageMetadata(request_context=_Request(scope))
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                 await session.intake.send(SessionMessage(message_in, metadata=metadata))
@@ -528,8 +557,18 @@ class StreamableHTTP:
                 request_context=_Request(scope),
                 on_request_unanswered=partial(session.unanswered, message.id),
             )
+            front = self._front
             try:
-                await session.intake.send(SessionMessage(message, metadata=metadata))
+                if (
+                    front is not None
+                    and session.client is not None
+                    and (front.answers(message.method))
+                ):
+                    # Answered by the front: the SDK's server never sees it (decision 0046).
+                    assert self._group is not None
+                    self._group.start_soon(front.answer, session, message, _Request(scope))
+                else:
+                    await session.intake.send(SessionMessage(message, metadata=metadata))
                 first = await waiter.take()
             except (_Ended, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 await _refuse(
@@ -537,9 +576,14 @@ class StreamableHTTP:
                     INTERNAL_ERROR,
                 )  # fmt: skip
                 return
-            if isinstance(first, JSONRPCResponse | JSONRPCError):
-                body = first.model_dump_json(by_alias=True, exclude_unset=True).encode("utf-8")
-                await _respond(send, 200, body, [_JSON, session.id_header])
+            if first is not None and _final(first):
+                if (
+                    front is not None
+                    and message.method == "initialize"
+                    and isinstance(first, JSONRPCResponse)
+                ):
+                    front.opened(session, message)
+                await _respond(send, 200, _dumped(first), [_JSON, session.id_header])
                 return
             await self._stream(first, waiter, session, send, receive)
         finally:
@@ -548,7 +592,7 @@ class StreamableHTTP:
 
     async def _stream(
         self,
-        first: JSONRPCMessage | None,
+        first: JSONRPCMessage | Reply | None,
         waiter: _Waiter,
         session: _Session,
         send: Send,
@@ -565,7 +609,7 @@ class StreamableHTTP:
                 if message is None:
                     await send({"type": "http.response.body", "body": _PING, "more_body": True})
                 else:
-                    final = isinstance(message, JSONRPCResponse | JSONRPCError)
+                    final = _final(message)
                     await send({"type": "http.response.body", "body": _event(message),
                                 "more_body": not final})  # fmt: skip
                     if final:
