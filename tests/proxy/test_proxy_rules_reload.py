@@ -189,3 +189,40 @@ async def test_a_tool_classified_while_the_proxy_runs_is_served_under_its_new_cl
     assert records[-1] == {
         "record": "recheck", "checked": 4, "skipped": 0, "differ": 0, "policy_id": new_id,
     }  # fmt: skip
+
+
+async def test_a_class_changed_in_the_configuration_governs_and_a_broken_file_is_refused(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(tmp_path, rules={"echo": {"side_effect": "read_only"}})
+    async with _host(setup) as host:
+        before = await host.session.call_tool("up_echo", {"text": "read"})
+        # classify writes rules kept in proxy.json into proxy.json itself.
+        classified = _agentrt(
+            "classify", "--config", str(setup.config_path), "--set",
+            "up.echo=destructive", "--allow-hint-mismatch",
+        )  # fmt: skip
+        assert classified.returncode == 0, classified.stderr
+        await _until_in_stderr(setup, "took the new rules of")
+        denied = await host.session.call_tool("up_echo", {"text": "destroy"})
+        # Broken: not JSON.  Refused in one line, and destructive still governs.
+        setup.config_path.write_text("{")
+        await _until_in_stderr(setup, "were not taken")
+        still = await host.session.call_tool("up_echo", {"text": "still"})
+        # A server added: its rules are not taken (servers change at the next start).
+        document = json.loads(json.dumps(setup.document))
+        document["servers"][0]["rules"] = {"echo": {"side_effect": "read_only"}}
+        document["servers"].append({**document["servers"][0], "name": "more"})
+        write_private(setup.config_path, json.dumps(document))
+        await _until_in_stderr(setup, "servers are added or removed at the next start")
+        after = await host.session.call_tool("up_echo", {"text": "after"})
+        names = await host.names()
+
+    assert text_of(before) == "read"
+    for answer in (denied, still, after):
+        assert answer.is_error and text_of(answer).startswith("DENIED"), text_of(answer)
+    assert names == {"up_echo", "gate_status"}
+    refused = [line for line in setup.stderr().splitlines() if "not taken" in line]
+    assert len(refused) == 2 and "is not usable JSON" in refused[0]
+    assert refused[1].endswith("; the proxy keeps the rules it had")
+    assert [outcome for _, outcome, _ in _decided(setup)] == ["allow", "deny", "deny", "deny"]
