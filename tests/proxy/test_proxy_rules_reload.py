@@ -226,3 +226,43 @@ async def test_a_class_changed_in_the_configuration_governs_and_a_broken_file_is
     assert len(refused) == 2 and "is not usable JSON" in refused[0]
     assert refused[1].endswith("; the proxy keeps the rules it had")
     assert [outcome for _, outcome, _ in _decided(setup)] == ["allow", "deny", "deny", "deny"]
+
+
+async def test_a_tool_whose_rule_is_removed_is_withheld_until_classified_again(
+    tmp_path: Path,
+) -> None:
+    rules = {"echo": {"side_effect": "read_only"}, "send_mail": {"side_effect": "read_only"}}
+    setup = await build_setup(tmp_path, rules=rules)
+    [server] = setup.document["servers"]
+    async with _host(setup) as host:
+        sent = await host.session.call_tool("up_send_mail", {"to": "a", "body": "first"})
+        setup.rewrite(servers=[{**server, "rules": {"echo": rules["echo"]}}])
+        await host.wait_changed()
+        withheld = await host.names()
+        refused = await host.session.call_tool("up_send_mail", {"to": "b", "body": "gone"})
+        echo = await host.session.call_tool("up_echo", {"text": "still here"})
+        classified = _agentrt(
+            "classify", "--config", str(setup.config_path), "--set",
+            "up.send_mail=remote-mutation",
+        )  # fmt: skip
+        assert classified.returncode == 0, classified.stderr
+        await host.wait_changed()
+        served = await host.names()
+        held = await host.session.call_tool("up_send_mail", {"to": "c", "body": "held"})
+
+    assert text_of(sent) == "sent to a"
+    assert withheld == {"up_echo", "gate_status"}
+    assert refused.is_error and text_of(refused).endswith(
+        "was not called: since its rules changed, no rule classifies it any more; "
+        "classify it to serve it again. Nothing ran."
+    )
+    assert text_of(echo) == "still here"
+    assert "up_send_mail" in served
+    assert "approval" in text_of(held).lower(), text_of(held)
+    assert setup.executions("send_mail") == ["send_mail a"]
+    # The withheld call is recorded and refused on its session, as a tool whose pin it no
+    # longer matches is (decision 0037): nothing reached the server.
+    assert [(tool, outcome) for tool, outcome, _ in _decided(setup)] == [
+        ("up_send_mail", "allow"), ("up_send_mail", "allow"), ("up_echo", "allow"),
+        ("up_send_mail", "require_approval"),
+    ]  # fmt: skip

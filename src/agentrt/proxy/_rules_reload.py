@@ -30,6 +30,7 @@ import anyio.to_thread
 from ..errors import AgentrtError
 from ..mcp import read_manifest
 from ..mcp._load import take_manifest
+from ..mcp._tool import ServerTool
 from ..sanitize import sanitize
 from ._calls import proxy_policy
 from ._log import log_line
@@ -38,6 +39,8 @@ from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
 
 if TYPE_CHECKING:
     from ..mcp import Manifest
+    from ..mcp._connection import RawTool
+    from ..mcp._upstream import Recheck, Upstream
     from ..tools import Tool
     from ._live import LiveListings
     from ._proxy import Proxy
@@ -46,6 +49,8 @@ __all__ = ["RULES_POLL", "RulesWatch"]
 
 RULES_POLL: Final = 1.0
 """Seconds between two looks at the configuration and the rules files."""
+
+_UNCLASSIFIED: Final = "no rule classifies it any more; classify it to serve it again"
 
 _BETWEEN_CALLS: Final = 0.05
 """Seconds between two looks for a moment when no call is in the gate."""
@@ -94,8 +99,11 @@ class RulesWatch:
         self.live = live
         self.log = log
         self.stamps = {path: _stamp(path) for path in _rule_files(proxy.config)}
-        # A change seen while a call was in the gate: taken once none is.
+        # A change seen since the last take.
         self.pending = False
+        # Each server's recheck as its manifest and the new rules made it, before the
+        # tools no rule classifies are added to it at the swap.
+        self._bases: dict[str, Recheck | None] = {}
 
     async def run(self) -> None:
         while True:
@@ -136,13 +144,13 @@ class RulesWatch:
         if any(_rest_differs(was, now) for was, now in zip(old.servers, new.servers, strict=True)):
             log_line(self.log, f"agentrt proxy: {shown} changed more than its rules: the rest "
                      "is taken at the next start")  # fmt: skip
+        before = proxy.visible_tools()
         taken = [await self._held(upstream) for upstream in servers]
         # Between calls: no await from here to the last tool admitted, so a call is
         # decided and recorded under one policy and sees each tool under one class.
         # Polled, not `in_flight.wait()`: its one event is shutdown's, which must not be taken.
         while proxy.in_flight.count:  # noqa: ASYNC110
             await anyio.sleep(_BETWEEN_CALLS)
-        before = proxy.visible_tools()
         self._swap_policy(config)
         for upstream, held in zip(servers, taken, strict=True):
             if held is not None:
@@ -179,7 +187,11 @@ class RulesWatch:
             return None
         try:
             manifest = await anyio.to_thread.run_sync(read_manifest, upstream.manifest_path)
+            # Withheld since a rule was removed: still withheld until the swap decides.
+            carried = {tool: why for tool, why in session.refused.items() if why == _UNCLASSIFIED}
             tools, report = await take_manifest(upstream.server, manifest, upstream.rules, session)
+            self._bases[name] = session.recheck
+            _refuse(session, self._bases[name], carried)
         except (AgentrtError, OSError, ValueError) as exc:
             log_line(self.log, f"agentrt proxy: server {sanitize(name)}: its new rules were "
                      f"not applied to its tools: {sanitize(str(exc))}")  # fmt: skip
@@ -189,7 +201,9 @@ class RulesWatch:
     def _admit(
         self, upstream: UpstreamConfig, manifest: Manifest, tools: list[Tool], report: str
     ) -> None:
-        """Serve the tools the new rules register in place of their old selves."""
+        """Serve the tools the new rules register in place of their old selves, and
+        withhold those no rule classifies any more."""
+        self._withhold_unclassified(upstream, tools)
         lines = [
             *report.splitlines(),
             *self.proxy.admit([(tool, upstream) for tool in tools], replacing=True),
@@ -199,3 +213,31 @@ class RulesWatch:
         watch = self.live.watches.get(upstream.server.name)
         if watch is not None:
             watch.manifest = manifest
+
+    def _withhold_unclassified(self, upstream: UpstreamConfig, tools: list[Tool]) -> None:
+        """A served tool of `upstream` whose rule is gone is refused on its session, as a
+        tool whose pin it no longer matches is: withheld from the host, its call answered
+        "nothing ran"; through relistings too, until a rule classifies it again."""
+        name = upstream.server.name
+        kept = {tool.server_tool_name for tool in tools if isinstance(tool, ServerTool)}
+        gone = {
+            tool.server_tool_name: _UNCLASSIFIED
+            for final, tool in self.proxy.server_tools.items()
+            if self.proxy.server_of[final].server.name == name and tool.server_tool_name not in kept
+        }
+        _refuse(self.proxy.upstreams[name], self._bases.pop(name, None), gone)
+
+
+def _refuse(session: Upstream, base: Recheck | None, gone: dict[str, str]) -> None:
+    """`session`'s refusals and later rechecks: `base`'s, and each tool of `gone`; the
+    tools no rule classified before and one does now are no longer withheld for it."""
+    others = {tool: why for tool, why in session.refused.items() if why != _UNCLASSIFIED}
+    session.adopt({**others, **gone}, "its rules changed" if gone else session.refused_since)
+    if not gone:
+        session.recheck = base
+        return
+
+    def recheck(raw_tools: list[RawTool]) -> dict[str, str]:
+        return {**(base(raw_tools) if base is not None else {}), **gone}
+
+    session.recheck = recheck
