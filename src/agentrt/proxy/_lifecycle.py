@@ -331,6 +331,9 @@ async def _serve_config(
             from ._reload import ManifestWatch
 
             manifest_watch = ManifestWatch(proxy, live, stream)
+            from ._rules_reload import RulesWatch
+
+            rules_watch = RulesWatch(proxy, live, stream)
             from ._checkpointing import checkpointing
             from ._notify import delivering
 
@@ -344,6 +347,7 @@ async def _serve_config(
                 proxy.work.start_soon(live.run)
                 proxy.work.start_soon(logins.run)
                 proxy.work.start_soon(manifest_watch.run)
+                proxy.work.start_soon(rules_watch.run)
                 if address is not None and listener is not None:
                     from ._http import serve_http
                     from ._http_front import HTTPFront

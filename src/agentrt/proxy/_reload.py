@@ -9,8 +9,8 @@ the manifest it had), the server's current listing is held to it on its
 running session exactly as a start would (`take_manifest`), the tools it
 registers replace their old selves in the gate (calls in flight finish with
 the ones they began with), and the hosts are told if their list changed.
-The rules are the ones the proxy started with: a changed classification or
-rule is taken at the next start (decision 0037).
+A changed classification or rule is taken the same way by `_rules_reload.py`
+(decision 0047).
 """
 
 from __future__ import annotations
