@@ -394,23 +394,8 @@ class StdioFront:
     ) -> bytes:
         """One request answered as the SDK's runner answers it: the params checked for the
         method at the connection's version, the handler's result shaped by that version."""
-        method, params, version = request.method, request.params, self.version
-        try:
-            _check(method, params)
-            typed = params_type.model_validate({} if params is None else params, by_name=False)
-        except ValidationError:
-            return _error(request.id, types.INVALID_PARAMS, "Invalid request parameters", "")
-        try:
-            result = await handler(FrontContext(self, request, version), typed)
-        except Exception as exc:
-            log_line(self.log, f"agentrt proxy: the handler of {method} failed: {exc!r}")
-            # The SDK's dispatcher answers an unexpected failure with code 0 and its text.
-            return _error(request.id, 0, str(exc))
-        try:
-            shaped = _shaped(method, result)
-        except ValidationError:
-            return _error(request.id, types.INTERNAL_ERROR, "Handler returned an invalid result")
-        return _json({"jsonrpc": "2.0", "id": request.id, "result": shaped})
+        context = FrontContext(self, request, self.version)
+        return await answered(request, params_type, handler, context, self.log)
 
     # -- what the front sends the host ------------------------------------------
 
@@ -484,6 +469,35 @@ class StdioFront:
                 done = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/initialized")
                 await to_server.send(SessionMessage(done))
         return to_server
+
+
+async def answered(
+    request: types.JSONRPCRequest,
+    params_type: type[BaseModel],
+    handler: _Handler,
+    context: Any,
+    log: IO[str],
+) -> bytes:
+    """One request answered as the SDK's runner answers it, by either front: the params
+    checked for the method at a handshake-era version, the handler's result (given
+    `context`, the front's stand-in for the SDK's request context) shaped by it."""
+    method, params = request.method, request.params
+    try:
+        _check(method, params)
+        typed = params_type.model_validate({} if params is None else params, by_name=False)
+    except ValidationError:
+        return _error(request.id, types.INVALID_PARAMS, "Invalid request parameters", "")
+    try:
+        result = await handler(context, typed)
+    except Exception as exc:
+        log_line(log, f"agentrt proxy: the handler of {method} failed: {exc!r}")
+        # The SDK's dispatcher answers an unexpected failure with code 0 and its text.
+        return _error(request.id, 0, str(exc))
+    try:
+        shaped = _shaped(method, result)
+    except ValidationError:
+        return _error(request.id, types.INTERNAL_ERROR, "Handler returned an invalid result")
+    return _json({"jsonrpc": "2.0", "id": request.id, "result": shaped})
 
 
 async def _pong(ctx: Any, params: Any) -> types.EmptyResult:

@@ -35,15 +35,11 @@ from pydantic import BaseModel, ValidationError
 
 from ._dispatch import (
     HostRefused,
-    _check,
-    _error,
-    _json,
     _progress_token,
-    _shaped,
+    answered,
     negotiated,
 )
 from ._handlers import Handlers
-from ._log import log_line
 
 if TYPE_CHECKING:
     from ._streamable import _Request, _Session
@@ -267,21 +263,6 @@ class HTTPFront:
     async def _answered(
         self, session: _Session, request: types.JSONRPCRequest, http_request: _Request
     ) -> bytes:
-        method, params = request.method, request.params
-        params_type, handler = self._methods[method]
-        try:
-            _check(method, params)
-            typed = params_type.model_validate({} if params is None else params, by_name=False)
-        except ValidationError:
-            return _error(request.id, types.INVALID_PARAMS, "Invalid request parameters", "")
-        try:
-            result = await handler(HTTPContext(session, request, http_request), typed)
-        except Exception as exc:
-            log_line(self._log, f"agentrt proxy: the handler of {method} failed: {exc!r}")
-            # The SDK's dispatcher answers an unexpected failure with code 0 and its text.
-            return _error(request.id, 0, str(exc))
-        try:
-            shaped = _shaped(method, result)
-        except ValidationError:
-            return _error(request.id, types.INTERNAL_ERROR, "Handler returned an invalid result")
-        return _json({"jsonrpc": "2.0", "id": request.id, "result": shaped})
+        params_type, handler = self._methods[request.method]
+        context = HTTPContext(session, request, http_request)
+        return await answered(request, params_type, handler, context, self._log)
