@@ -174,6 +174,26 @@ class HostRefused(Exception):
     """The host answered one of the front's requests with an error."""
 
 
+def progress_params(
+    token: types.ProgressToken, progress: float, total: float | None, message: str | None
+) -> dict[str, Any]:
+    """A `notifications/progress`'s params, as the SDK's session writes them."""
+    params: dict[str, Any] = {"progressToken": token, "progress": progress}
+    if total is not None:
+        params["total"] = total
+    if message is not None:
+        params["message"] = message
+    return params
+
+
+def log_params(level: str, data: Any, logger: str | None) -> dict[str, Any]:
+    """A `notifications/message`'s params, as the SDK's session writes them."""
+    params: dict[str, Any] = {"level": level, "data": data}
+    if logger is not None:
+        params["logger"] = logger
+    return params
+
+
 class FrontSession:
     """The host as a call run by the front sees it: the part of the SDK's `ServerSession`
     that the proxy's call path uses."""
@@ -202,11 +222,7 @@ class FrontSession:
     ) -> None:
         if self._progress_token is None:
             return  # the host asked for none (as the SDK's session does)
-        params: dict[str, Any] = {"progressToken": self._progress_token, "progress": progress}
-        if total is not None:
-            params["total"] = total
-        if message is not None:
-            params["message"] = message
+        params = progress_params(self._progress_token, progress, total, message)
         await self._front.notify("notifications/progress", params)
 
     async def send_log_message(
@@ -217,10 +233,7 @@ class FrontSession:
         related_request_id: types.RequestId | None = None,
     ) -> None:
         # The handshake era sends every level; the host chose one with logging/setLevel.
-        params: dict[str, Any] = {"level": level, "data": data}
-        if logger is not None:
-            params["logger"] = logger
-        await self._front.notify("notifications/message", params)
+        await self._front.notify("notifications/message", log_params(level, data, logger))
 
     async def send_raw_request(
         self, method: str, params: Mapping[str, Any] | None, opts: Any = None

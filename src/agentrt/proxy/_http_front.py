@@ -37,7 +37,9 @@ from ._dispatch import (
     HostRefused,
     _progress_token,
     answered,
+    log_params,
     negotiated,
+    progress_params,
 )
 from ._handlers import Handlers
 
@@ -102,11 +104,7 @@ class HTTPHostSession:
     ) -> None:
         if self._progress_token is None:
             return  # the host asked for none (as the SDK's session does)
-        params: dict[str, Any] = {"progressToken": self._progress_token, "progress": progress}
-        if total is not None:
-            params["total"] = total
-        if message is not None:
-            params["message"] = message
+        params = progress_params(self._progress_token, progress, total, message)
         await self._notify("notifications/progress", params, self._request_id)
 
     async def send_log_message(
@@ -117,9 +115,7 @@ class HTTPHostSession:
         related_request_id: types.RequestId | None = None,
     ) -> None:
         # The handshake era's channel: the standalone stream, unless a request is named.
-        params: dict[str, Any] = {"level": level, "data": data}
-        if logger is not None:
-            params["logger"] = logger
+        params = log_params(level, data, logger)
         await self._notify("notifications/message", params, related_request_id)
 
     async def send_raw_request(
