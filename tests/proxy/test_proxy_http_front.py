@@ -196,3 +196,29 @@ async def _next_message(lines: Any) -> dict[str, Any]:
             if found:
                 return found[0]
     raise AssertionError("the stream ended without a message")
+
+
+async def test_a_front_answer_that_fails_is_answered_an_internal_error_and_the_session_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The front's answers run in tasks of the loop's own (decision 0054): a failure outside
+    # the handler (which `answered` already turns into an error) must still answer the POST
+    # and leave the session layer serving, not end every session with it.
+    from agentrt.proxy._http_front import HTTPFront
+
+    answered = HTTPFront._answered
+    broken = {"first": True}
+
+    async def failing_once(self: HTTPFront, session: Any, request: Any, http: Any) -> bytes:
+        if broken.pop("first", False):
+            raise RuntimeError("the front broke")
+        return await answered(self, session, request, http)
+
+    monkeypatch.setattr(HTTPFront, "_answered", failing_once)
+    async with serving(lambda ctx, params: _said("front")) as url, raw_http_host(url) as host:
+        with anyio.fail_after(20):
+            failed = await host.call("echo")
+            after = await host.call("echo")
+    assert failed.status_code == 200
+    assert failed.json()["error"] == {"code": types.INTERNAL_ERROR, "message": "Internal error"}
+    assert _text(after.json()) == "front"

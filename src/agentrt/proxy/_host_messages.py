@@ -126,10 +126,11 @@ def screen(raw: bytes) -> Refusal | None:
     except UnicodeDecodeError as exc:
         why = f"the message is not valid UTF-8 (byte {exc.start})"
         return _error(types.PARSE_ERROR, None, f"Parse error: {why}", why)
-    lenient = _lenient(text)
     try:
         value = parse_json(text)
     except JSONBoundaryError as exc:
+        # Read permissively only to name the refused message's id and method.
+        lenient = _lenient(text)
         request_id = _readable_id(lenient)
         if (
             request_id is not None

@@ -107,6 +107,7 @@ class Doorkeeper:
     ) -> None:
         # `bound` is None off loopback, where the token guards the listener instead.
         self.names = allowed_host_names(bound) if bound is not None else None
+        self._names_by_port: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
         self.port = port
         self.expected = f"Bearer {token}".encode() if token is not None else None
         self.log = log
@@ -190,18 +191,28 @@ class Doorkeeper:
         # The port actually bound (the operator may have asked for port 0).
         server = scope.get("server")
         port = server[1] if server else self.port
-        allowed = {f"{name}:{port}" for name in self.names}
+        allowed, origins = self._named(port)
         host = (_header(scope, b"host") or "").lower()
         if host not in allowed:
             self._refused("Host", host)
             await _plain_response(send, 421, "Invalid Host header")
             return False
         origin = _header(scope, b"origin")
-        if origin is not None and origin.lower() not in {f"http://{a}" for a in allowed}:
+        if origin is not None and origin.lower() not in origins:
             self._refused("Origin", origin)
             await _plain_response(send, 403, "Invalid Origin header")
             return False
         return True
+
+    def _named(self, port: int) -> tuple[frozenset[str], frozenset[str]]:
+        """The Host values and Origins naming this listener on `port` (made once a port)."""
+        named = self._names_by_port.get(port)
+        if named is None:
+            assert self.names is not None
+            allowed = frozenset(f"{name}:{port}" for name in self.names)
+            named = (allowed, frozenset(f"http://{address}" for address in allowed))
+            self._names_by_port[port] = named
+        return named
 
     def _refused(self, header: str, value: str) -> None:
         self.log.write(
@@ -245,8 +256,11 @@ async def serve_http(
     # `app.running()`), no websockets, no X-Forwarded-* rewriting of the client's address
     # (nothing here reads it; uvicorn's middleware for it wrapped every request), and no
     # access log (its line was formatted per response even with the logger off).
+    # httptools (decision 0019), each answer written once (`_http_writes`, decision 0054).
+    from ._http_writes import OneWriteHttpTools
+
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", lifespan="off", http="httptools",
+        app, host=host, port=port, log_level="warning", lifespan="off", http=OneWriteHttpTools,
         ws="none", proxy_headers=False, access_log=False,
     )  # fmt: skip
 

@@ -30,6 +30,7 @@ checked first in the same callable.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections import deque
@@ -107,16 +108,25 @@ class _Ended(Exception):
     """The session ended (DELETE, shutdown) or the host left while a request waited."""
 
 
+def _settle(arrived: asyncio.Future[None]) -> None:
+    if not arrived.done():
+        arrived.set_result(None)
+
+
 class _Waiter:
     """What the server has sent for one request (or the standalone stream), in order; a
-    `Reply` is a response the front wrote already."""
+    `Reply` is a response the front wrote already.
+
+    A take that must wait waits on a bare future of the loop with a timer for the
+    keep-alive (not an event and a cancel scope with a deadline: this is every request's
+    path, decision 0054)."""
 
     __slots__ = ("_arrived", "_room", "closed", "messages")
 
     def __init__(self) -> None:
         self.messages: deque[JSONRPCMessage | Reply] = deque()
         self.closed = False
-        self._arrived: anyio.Event | None = None
+        self._arrived: asyncio.Future[None] | None = None
         self._room: anyio.Event | None = None
 
     async def put(self, message: JSONRPCMessage | Reply) -> None:
@@ -128,15 +138,19 @@ class _Waiter:
             return
         self.messages.append(message)
         if self._arrived is not None:
-            self._arrived.set()
+            _settle(self._arrived)
 
     async def take(self) -> JSONRPCMessage | Reply | None:
         """The next message; None when none came for `_KEEP_ALIVE_SECONDS`."""
         if not self.messages and not self.closed:
-            self._arrived = anyio.Event()
-            with anyio.move_on_after(_KEEP_ALIVE_SECONDS):
-                await self._arrived.wait()
-            self._arrived = None
+            loop = asyncio.get_running_loop()
+            arrived = self._arrived = loop.create_future()
+            keep_alive = loop.call_later(_KEEP_ALIVE_SECONDS, _settle, arrived)
+            try:
+                await arrived
+            finally:
+                keep_alive.cancel()
+                self._arrived = None
         if not self.messages:
             if self.closed:
                 raise _Ended
@@ -149,9 +163,10 @@ class _Waiter:
 
     def close(self) -> None:
         self.closed = True
-        for event in (self._arrived, self._room):
-            if event is not None:
-                event.set()
+        if self._arrived is not None:
+            _settle(self._arrived)
+        if self._room is not None:
+            self._room.set()
 
 
 class _Request:
@@ -344,6 +359,8 @@ class StreamableHTTP:
         self._log = log
         self._sessions: dict[str, _Session] = {}
         self._group: TaskGroup | None = None
+        # The front's answers being worked out: tasks of the loop's own (decision 0054).
+        self._answering: set[asyncio.Task[None]] = set()
         self._draining = False
         # The 2026-07-28 revision's single exchanges: no session, the SDK's own entry.
         self._modern = StreamableHTTPSessionManager(
@@ -364,6 +381,8 @@ class StreamableHTTP:
                 for session in list(self._sessions.values()):
                     session.end()
                 self._sessions.clear()
+                for task in self._answering:
+                    task.cancel()
                 group.cancel_scope.cancel()
                 self._group = None
 
@@ -553,21 +572,20 @@ class StreamableHTTP:
         waiter = _Waiter()
         session.waiting[key] = waiter
         try:
-            metadata = ServerMessageMetadata(
-                request_context=_Request(scope),
-                on_request_unanswered=partial(session.unanswered, message.id),
-            )
             front = self._front
             try:
                 if (
                     front is not None
                     and session.client is not None
-                    and (front.answers(message.method))
+                    and front.answers(message.method)
                 ):
                     # Answered by the front: the SDK's server never sees it (decision 0046).
-                    assert self._group is not None
-                    self._group.start_soon(front.answer, session, message, _Request(scope))
+                    self._start_answering(front, session, message, _Request(scope))
                 else:
+                    metadata = ServerMessageMetadata(
+                        request_context=_Request(scope),
+                        on_request_unanswered=partial(session.unanswered, message.id),
+                    )
                     await session.intake.send(SessionMessage(message, metadata=metadata))
                 first = await waiter.take()
             except (_Ended, anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -589,6 +607,36 @@ class StreamableHTTP:
         finally:
             if session.waiting.get(key) is waiter:
                 del session.waiting[key]
+
+    def _start_answering(
+        self, front: HTTPFront, session: _Session, message: JSONRPCRequest, request: _Request
+    ) -> None:
+        """The front answers `message` in a task of the loop's own: an anyio task group's
+        `start_soon` costs a task handle and an event more per call (decision 0054).  The
+        call's cancel scope is its own (`HTTPFront.answer`); shutdown cancels what is left."""
+        task = asyncio.get_running_loop().create_task(
+            self._answering_one(front, session, message, request)
+        )
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
+    async def _answering_one(
+        self, front: HTTPFront, session: _Session, message: JSONRPCRequest, request: _Request
+    ) -> None:
+        try:
+            await front.answer(session, message, request)
+        except Exception as exc:
+            # The host still gets an answer, and the other sessions go on.
+            self._log.write(
+                f"agentrt proxy: answering {sanitize(message.method)[:80]} failed: "
+                f"{sanitize(repr(exc))[:300]}\n"
+            )
+            self._log.flush()
+            error = ErrorData(code=INTERNAL_ERROR, message="Internal error")
+            with contextlib.suppress(Exception):
+                await session.route(
+                    SessionMessage(JSONRPCError(jsonrpc="2.0", id=message.id, error=error))
+                )
 
     async def _stream(
         self,
