@@ -95,12 +95,14 @@ async def stdio_session(
 
 
 @asynccontextmanager
-async def http_session(command: list[str], port: int, path: str) -> AsyncIterator[ClientSession]:
+async def http_session(
+    command: list[str], port: int, path: str, wait_seconds: float = 60.0
+) -> AsyncIterator[ClientSession]:
     """Start an HTTP-serving process, wait until it listens, and open an SDK session to it."""
     with open(os.devnull, "w") as devnull:
         process = await anyio.open_process(command, stdout=devnull, stderr=devnull)
         try:
-            await _wait_for_port(port, process)
+            await _wait_for_port(port, process, wait_seconds)
             async with (
                 httpx2.AsyncClient(timeout=60.0) as client,
                 streamable_http_client(f"http://127.0.0.1:{port}{path}", http_client=client) as (

@@ -1,6 +1,6 @@
 """Instructions per allowed gate step and per proxied call, counted by valgrind's cachegrind.
 
-    python benchmarks/instructions.py gate|proxy [--small N] [--large M]
+    python benchmarks/instructions.py gate|proxy|proxy-http [--small N] [--large M]
 
 A count, unlike a time, does not move with the machine's other tenants: it is what
 an A/B of a behaviour-preserving change reads (issue 28).  `gate` runs a process
@@ -8,7 +8,8 @@ twice, N and M allowed steps on a temporary SQLite file after the same warm-up,
 and reports (I(M) - I(N)) / (M - N) over every thread (the store's writer
 included), so start-up and imports cancel out.  `proxy` counts `agentrt proxy`
 over stdio only while it serves M - N calls after a warm-up (its upstream, a
-child, is not counted).  To measure another tree's code with this one's venv, set
+child, is not counted); `proxy-http` the same over streamable HTTP, one call at a time
+(issue 36).  To measure another tree's code with this one's venv, set
 PYTHONPATH=<that tree>/src.  Needs `valgrind`.
 """
 
@@ -24,7 +25,15 @@ from pathlib import Path
 import anyio
 from _common import PYTHON, find_descendant
 from bench_gate import _check, _gate
-from bench_proxy import _call, _proxy_command, stdio_session, upstream_entry, write_config
+from bench_proxy import (
+    _call,
+    _free_port,
+    _proxy_command,
+    http_session,
+    stdio_session,
+    upstream_entry,
+    write_config,
+)
 
 from agentrt import Decision
 
@@ -86,6 +95,31 @@ async def _proxied(calls: int) -> int:
         return int(match.group(1))
 
 
+async def _proxied_http(calls: int) -> int:
+    """`_proxied` over streamable HTTP: the proxy under callgrind serves an SDK host's
+    session on a free port."""
+    with tempfile.TemporaryDirectory(prefix="agentrt-instructions-") as name:
+        root = Path(name)
+        out = root / "callgrind.out"
+        config = write_config(root, [await upstream_entry(root, "bench", 1)])
+        port = _free_port()
+        command = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                   f"--callgrind-out-file={out}", *_proxy_command(config),
+                   "--http", f"127.0.0.1:{port}"]  # fmt: skip
+        async with http_session(command, port, "/mcp", wait_seconds=900.0) as session:
+            await session.list_tools()
+            for index in range(WARM_UP):
+                await _call(session, "bench_noop_0000", index)
+            await anyio.run_process(["callgrind_control", "--instr=on", str(session_pid(root))])
+            for index in range(calls):
+                await _call(session, "bench_noop_0000", WARM_UP + index)
+            await anyio.run_process(["callgrind_control", "--instr=off", str(session_pid(root))])
+        match = re.search(r"^totals:\s+(\d+)", out.read_text(), re.MULTILINE)
+        if match is None:
+            raise RuntimeError("callgrind wrote no totals for the proxy")
+        return int(match.group(1))
+
+
 def session_pid(root: Path) -> int:
     """The proxy's process: the one valgrind runs on this configuration."""
     pid = find_descendant(os.getpid(), str(root / "conf" / "proxy.json"))
@@ -100,7 +134,7 @@ def proxy_instructions(calls: int) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("measure", choices=["gate", "proxy"], nargs="?")
+    parser.add_argument("measure", choices=["gate", "proxy", "proxy-http"], nargs="?")
     parser.add_argument("--small", type=int, default=100)
     parser.add_argument("--large", type=int, default=1100)
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
@@ -110,9 +144,11 @@ def main() -> None:
         return
     if options.measure is None:
         parser.error("say gate or proxy")
-    if options.measure == "proxy":
+    if options.measure in ("proxy", "proxy-http"):
         calls = options.large - options.small
-        print(f"{proxy_instructions(calls) / calls:,.0f} instructions per proxied call ({calls})")
+        measure = _proxied if options.measure == "proxy" else _proxied_http
+        counted = anyio.run(measure, calls)
+        print(f"{counted / calls:,.0f} instructions per proxied call ({calls})")
         return
     small, large = gate_instructions(options.small), gate_instructions(options.large)
     per = (large - small) / (options.large - options.small)
