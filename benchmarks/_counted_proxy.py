@@ -38,12 +38,14 @@ def _registering_init(self: Store, *args: Any, **kwargs: Any) -> None:
     _stores.append(self)
 
 
-def _counting_commit_batch(self: Store, units: list[Any]) -> None:
-    _counts["units"] += len(units)  # (on the writer thread only)
+def _counting_commit_batch(self: Store, units: list[Any], joining: Any = None) -> None:
     began = time.thread_time()
     try:
-        _original_commit_batch(self, units)
+        _original_commit_batch(self, units, joining)
     finally:
+        # (On the writer thread only; `units` now holds those that joined once the
+        # write lock was held too.)
+        _counts["units"] += len(units)
         _counts["writer_cpu_s"] += time.thread_time() - began
 
 
