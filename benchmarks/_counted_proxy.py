@@ -38,10 +38,10 @@ def _registering_init(self: Store, *args: Any, **kwargs: Any) -> None:
     _stores.append(self)
 
 
-def _counting_commit_batch(self: Store, units: list[Any], joining: Any = None) -> None:
+def _counting_commit_batch(self: Store, units: list[Any], *joining: Any) -> None:
     began = time.thread_time()
     try:
-        _original_commit_batch(self, units, joining)
+        _original_commit_batch(self, units, *joining)  # (an earlier build: no `joining`)
     finally:
         # (On the writer thread only; `units` now holds those that joined once the
         # write lock was held too.)
