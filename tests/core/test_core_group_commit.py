@@ -455,3 +455,45 @@ async def test_writes_queued_while_the_writer_waits_for_the_write_lock_share_its
     assert {"first", "late-0", "late-1", "late-2"} <= names and "late-refused" not in names
     waiting.close()
     other.close()
+
+
+@pytest.mark.anyio
+async def test_a_write_never_run_because_the_transaction_ended_under_its_batch_is_told_so(
+    database: str | Path,
+) -> None:
+    """A unit whose failure ended the whole transaction (SQLite rolls back on a full disk
+    or an I/O error; PostgreSQL's session ended, as a terminated backend does) leaves the
+    units after it in the batch unrun: each is told nothing of it was written, never
+    answered as if it had been."""
+    store = open_store(database)
+    release = threading.Event()
+
+    def ended(connection: Any) -> None:
+        connection.execute("ROLLBACK")  # the database ended the transaction under the unit
+        raise _Refused("the transaction ended under this write")
+
+    outcomes: dict[str, Any] = {}
+
+    async def write(name: str, function: Any, *args: Any) -> None:
+        try:
+            outcomes[name] = await store.write(function, *args)
+        except (StoreError, _Refused) as exc:
+            outcomes[name] = exc
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(_hold_the_writer, store, release)
+        await anyio.sleep(0.2)
+        group.start_soon(write, "ended", ended)
+        await anyio.sleep(0.05)
+        group.start_soon(write, "after it", _note, store, "after it")
+        await anyio.sleep(0.2)
+        release.set()
+    assert isinstance(outcomes["ended"], _Refused)
+    assert isinstance(outcomes["after it"], StoreError), outcomes["after it"]
+    assert "nothing of it was written" in str(outcomes["after it"])
+    # Nothing of it stands, and the next write goes on from the chain's head.
+    assert not store.query("SELECT name FROM extensions WHERE name = 'after it'")
+    assert await store.write(_note, store, "next") == 1
+    report = store.verify_chain()
+    assert report.ok and report.checked == 1
+    store.close()

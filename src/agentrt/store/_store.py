@@ -237,8 +237,10 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
                     f"database {sanitize(self.path)} rolled back a write after an error in "
                     "another one; nothing of it was written"
                 )
-                for unit in kept:
-                    unit.error, unit.value = lost, None
+                # The kept units, and those never run after the transaction ended.
+                for unit in units:
+                    if unit.error is None:
+                        unit.error, unit.value = lost, None
                 committed = []
                 kept = []
         except BaseException as exc:
