@@ -4,7 +4,12 @@
 
 Every 100 ms (and at exit) FILE is replaced with the totals so far over every store
 the proxy opened: COMMITs, seconds its writes waited for the write lock and seconds
-they held it (`Store.commits`, `write_lock_wait_s`, `write_lock_held_s`).
+they held it (`Store.commits`, `write_lock_wait_s`, `write_lock_held_s`), the times
+the write lock was taken (`write_locks`) and the `Store.write` units the writer
+thread's transactions carried (`units`: units / write locks is the group commit's
+batch), and the CPU seconds the writer thread spent in them (`writer_cpu_s`: nearly
+all of it holding the write lock; the rest of a hold is waiting for the database,
+for the interpreter lock, or for a core).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +28,9 @@ from agentrt.store._store import Store
 
 _stores: list[Store] = []
 _original_init = Store.__init__
+_original_commit_batch = Store._commit_batch
+_original_begin = Store._begin
+_counts = {"units": 0, "write_locks": 0, "writer_cpu_s": 0.0}
 
 
 def _registering_init(self: Store, *args: Any, **kwargs: Any) -> None:
@@ -29,11 +38,28 @@ def _registering_init(self: Store, *args: Any, **kwargs: Any) -> None:
     _stores.append(self)
 
 
+def _counting_commit_batch(self: Store, units: list[Any], *joining: Any) -> None:
+    began = time.thread_time()
+    try:
+        _original_commit_batch(self, units, *joining)  # (an earlier build: no `joining`)
+    finally:
+        # (On the writer thread only; `units` now holds those that joined once the
+        # write lock was held too.)
+        _counts["units"] += len(units)
+        _counts["writer_cpu_s"] += time.thread_time() - began
+
+
+def _counting_begin(self: Store, deadline: float | None = None) -> None:
+    _original_begin(self, deadline)
+    _counts["write_locks"] += 1  # (holding the store's lock)
+
+
 def _dump(target: Path) -> None:
     totals = {
         "commits": sum(store.commits for store in _stores),
         "lock_wait_s": sum(store.write_lock_wait_s for store in _stores),
         "lock_held_s": sum(store.write_lock_held_s for store in _stores),
+        **_counts,
     }
     partial = target.with_suffix(".part")
     partial.write_text(json.dumps(totals))
@@ -49,6 +75,8 @@ def _every(target: Path) -> None:
 _count_file = os.environ.get("BENCH_STORE_COUNTS")
 if _count_file:
     Store.__init__ = _registering_init  # type: ignore[method-assign]
+    Store._commit_batch = _counting_commit_batch  # type: ignore[method-assign]
+    Store._begin = _counting_begin  # type: ignore[method-assign]
     threading.Thread(target=_every, args=(Path(_count_file),), daemon=True).start()
     atexit.register(_dump, Path(_count_file))
 

@@ -16,8 +16,17 @@ JSON-RPC over their pipes, 8 calls in flight per proxy.  Per phase:
   lock (`Store.write_lock_wait_s`, `write_lock_held_s`, written out by
   `_counted_proxy.py`); held/wall is the lock's utilisation (1.0: the lock is
   never free, every writer queues for it);
-- CPU: the proxies' and their upstreams' CPU seconds per call, the database
-  server's (PostgreSQL's processes), and how busy the machine's cores were.
+- CPU per call and cores used, process by process: the proxies, their upstreams,
+  this driver, PostgreSQL's backends (the proxies' connections) and its other
+  processes (WAL writer, checkpointer, ...), and the rest of the machine (other
+  work sharing the cores);
+- the two ceilings no number of proxies can pass, in calls/s: the CPU's (the
+  machine's cores over this phase's CPU per call) and the write lock's (one
+  holder at a time, and all of a write's work happens holding it: the writer
+  threads' CPU in their transactions plus PostgreSQL's backends' CPU, per call,
+  is the least the lock is held a call, whatever the machine's load);
+- the write lock's acquisitions per call and the `Store.write` units each carried
+  (the group commit's batch).
 
 Skips PostgreSQL, with the reason, where its programs are not installed.
 """
@@ -40,6 +49,7 @@ from _common import (
     REPO,
     Result,
     children_of,
+    cmdline,
     cpu_seconds,
     log,
     private_file,
@@ -116,19 +126,21 @@ class Host:
         try:
             totals: dict[str, float] = json.loads(self.counts.read_text())
         except (OSError, ValueError):
-            return {"commits": 0, "lock_wait_s": 0.0, "lock_held_s": 0.0}
+            totals = {}
+        for key in (
+            "commits",
+            "lock_wait_s",
+            "lock_held_s",
+            "units",
+            "write_locks",
+            "writer_cpu_s",
+        ):
+            totals.setdefault(key, 0.0)
         return totals
 
-    def cpu(self) -> float:
-        """CPU seconds of the proxy and its upstream so far."""
-        pids = [self.process.pid, *children_of(self.process.pid)]
-        total = 0.0
-        for pid in pids:
-            try:
-                total += cpu_seconds(pid)
-            except OSError:
-                continue
-        return total
+    def cpu(self) -> tuple[float, float]:
+        """CPU seconds of the proxy, and of its upstream, so far."""
+        return _cpu_of([self.process.pid]), _cpu_of(children_of(self.process.pid))
 
     def _send(self, message: dict[str, Any]) -> None:
         assert self.process.stdin is not None
@@ -164,20 +176,50 @@ def _machine_busy() -> tuple[float, float]:
     return sum(fields) - idle, sum(fields)
 
 
-def _postgres_cpu(server: _postgres.PostgresServer | None) -> float:
-    if server is None:
-        return 0.0
-    try:
-        postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
-    except (OSError, ValueError):
-        return 0.0
+def _cpu_of(pids: list[int]) -> float:
     total = 0.0
-    for pid in [postmaster, *children_of(postmaster)]:
+    for pid in pids:
         try:
             total += cpu_seconds(pid)
         except OSError:
             continue
     return total
+
+
+def _postgres_cpu(server: _postgres.PostgresServer | None) -> tuple[float, float]:
+    """CPU seconds so far of PostgreSQL's backends (its clients' connections), and of
+    its other processes (the postmaster, WAL writer, checkpointer, ...)."""
+    if server is None:
+        return 0.0, 0.0
+    try:
+        postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    backends, others = [], [postmaster]
+    for pid in children_of(postmaster):
+        # A backend's title: "postgres: USER DATABASE [local] STATE".
+        title = " ".join(cmdline(pid))
+        (backends if "[local]" in title else others).append(pid)
+    return _cpu_of(backends), _cpu_of(others)
+
+
+def _cpu_snapshot(hosts: list[Host], server: _postgres.PostgresServer | None) -> dict[str, float]:
+    """CPU seconds so far, by kind of process; `machine`: every core's busy time."""
+    proxies = upstreams = 0.0
+    for host in hosts:
+        proxy, upstream = host.cpu()
+        proxies += proxy
+        upstreams += upstream
+    backends, others = _postgres_cpu(server)
+    busy, _total = _machine_busy()
+    return {
+        "proxies": proxies,
+        "upstreams": upstreams,
+        "driver": time.process_time(),
+        "postgres_backends": backends,
+        "postgres_other": others,
+        "machine": busy / os.sysconf("SC_CLK_TCK"),
+    }
 
 
 async def _phase(
@@ -207,16 +249,15 @@ async def _phase(
     await drive(min(1.0, window / 3))  # warm-up: every proxy's pools and caches filled
     await asyncio.sleep(0.3)  # the counters' files caught up
     before = [host.counters() for host in hosts]
-    cpu_before = [host.cpu() for host in hosts]
-    db_before = _postgres_cpu(server)
+    cpu_before = _cpu_snapshot(hosts, server)
     busy_before, total_before = _machine_busy()
+    load_before = os.getloadavg()[0]
     measuring = True
     began = time.perf_counter()
     await drive(window)
     wall = time.perf_counter() - began
     busy_after, total_after = _machine_busy()
-    db_cpu = _postgres_cpu(server) - db_before
-    proxy_cpu = sum(host.cpu() for host in hosts) - sum(cpu_before)
+    cpu_after = _cpu_snapshot(hosts, server)
     await asyncio.sleep(0.3)
     after = [host.counters() for host in hosts]
     calls = len(latencies)
@@ -224,6 +265,13 @@ async def _phase(
     def delta(key: str) -> float:
         return sum(a[key] - b[key] for a, b in zip(after, before, strict=True))
 
+    spent = {kind: cpu_after[kind] - cpu_before[kind] for kind in cpu_before}
+    machine = spent.pop("machine")
+    ours = sum(spent.values())
+    spent["rest_of_machine"] = max(machine - ours, 0.0)
+    cores = os.cpu_count() or 1
+    # Work done only while holding the write lock (seconds).
+    serial = delta("writer_cpu_s") + spent["postgres_backends"]
     stats = summary(latencies)
     return {
         "proxies": len(hosts),
@@ -233,17 +281,30 @@ async def _phase(
         "p50_s": stats["p50"],
         "p99_s": stats["p99"],
         "commits_per_call": delta("commits") / calls,
+        "write_locks_per_call": delta("write_locks") / calls,
+        "units_per_write_lock": delta("units") / max(delta("write_locks"), 1.0),
         "lock_wait_ms_per_call": 1000 * delta("lock_wait_s") / calls,
         "lock_held_ms_per_call": 1000 * delta("lock_held_s") / calls,
         "lock_utilisation": delta("lock_held_s") / wall,
-        "proxy_cpu_ms_per_call": 1000 * proxy_cpu / calls,
-        "database_cpu_ms_per_call": 1000 * db_cpu / calls,
+        "writer_cpu_ms_per_call": 1000 * delta("writer_cpu_s") / calls,
+        "cpu_ms_per_call": {kind: 1000 * value / calls for kind, value in spent.items()},
+        "cores_used": {kind: value / wall for kind, value in spent.items()},
+        "our_cpu_ms_per_call": 1000 * ours / calls,
+        "cpu_ceiling_calls_per_s": cores * calls / ours if ours else 0.0,
+        "lock_ceiling_calls_per_s": calls / serial if serial else 0.0,
+        "cores": cores,
         "machine_busy": (busy_after - busy_before) / max(total_after - total_before, 1.0),
+        "load_average": (load_before + os.getloadavg()[0]) / 2,
     }
 
 
 async def _backend(
-    name: str, database: str, root: Path, window: float, server: _postgres.PostgresServer | None
+    name: str,
+    database: str,
+    root: Path,
+    window: float,
+    server: _postgres.PostgresServer | None,
+    counts: tuple[int, ...],
 ) -> dict[str, Any]:
     manifest = await pin(Server(name="bench", command=SERVER, connect_timeout=60.0))
     conf = root / "conf"
@@ -256,7 +317,7 @@ async def _backend(
     if "PYTHONPATH" in os.environ:  # (to measure another checkout's agentrt)
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     configs = []
-    for index in range(max(PROXIES)):
+    for index in range(max(counts)):
         document = {
             "database": database,
             "session": f"scale-{index}",
@@ -266,18 +327,18 @@ async def _backend(
             ],
         }  # fmt: skip
         configs.append(private_file(conf / f"proxy-{index}.json", json.dumps(document)))
-    log(f"scale: {name}: starting {max(PROXIES)} proxies on one database")
+    log(f"scale: {name}: starting {max(counts)} proxies on one database")
     # One first, so the schema is made once; then the rest together.
     hosts = [await Host.start(configs[0], root / "counts-0.json", env)]
     hosts += await asyncio.gather(
         *(
             Host.start(configs[index], root / f"counts-{index}.json", env)
-            for index in range(1, max(PROXIES))
+            for index in range(1, max(counts))
         )
     )
     rows = []
     try:
-        for count in PROXIES:
+        for count in counts:
             log(f"scale: {name}: {count} proxies, {IN_FLIGHT} calls in flight each")
             rows.append(await _phase(hosts[:count], window, server))
     finally:
@@ -303,25 +364,37 @@ def _verified(database: str) -> dict[str, Any]:
     return {"events": report.checked, "ok": report.ok}
 
 
-def run(quick: bool = False) -> Result:
-    window = 2.0 if quick else 5.0
+def run(
+    quick: bool = False,
+    counts: tuple[int, ...] = PROXIES,
+    window: float | None = None,
+    backends: tuple[str, ...] = ("postgresql", "sqlite"),
+) -> Result:
+    """Every phase of `counts` proxies (the first must be 1: the others' baseline)."""
+    if window is None:
+        window = 2.0 if quick else 5.0
     results: dict[str, Any] = {"in_flight": IN_FLIGHT, "window_s": window}
     with tempfile.TemporaryDirectory(prefix="agentrt-bench-scale-") as name:
         root = Path(name)
         binaries = _postgres.find_binaries()
-        if binaries is None:
+        if "postgresql" not in backends:
+            pass
+        elif binaries is None:
             results["postgresql"] = {"skipped": "PostgreSQL is not installed; nothing measured"}
         else:
             server = _postgres.PostgresServer(binaries)
             try:
                 results["postgresql"] = asyncio.run(
-                    _backend("postgresql", server.database(), root / "pg", window, server)
+                    _backend("postgresql", server.database(), root / "pg", window, server, counts)
                 )
             finally:
                 server.stop()
-        results["sqlite"] = asyncio.run(
-            _backend("sqlite", str(root / "lite" / "scale.db"), root / "lite", window, None)
-        )
+        if "sqlite" in backends:
+            results["sqlite"] = asyncio.run(
+                _backend(
+                    "sqlite", str(root / "lite" / "scale.db"), root / "lite", window, None, counts
+                )
+            )
     return results
 
 
@@ -338,15 +411,25 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
         for row in part["rows"]:
             goal = target is not None and row["proxies"] == 4
             verdict = ("met" if row["ratio_to_one"] >= target else "missed") if goal else ""
+            cpu = row["cpu_ms_per_call"]
             table.append([
                 f"13 {row['proxies']} proxies on one {backend} database, calls/s vs 1 proxy",
                 f"{row['ratio_to_one']:.2f}x",
                 f"p99 {row['p99_s'] * 1000:.0f} ms",
                 ">= 1.6x" if goal else "reported", verdict,
                 f"{row['calls_per_s']:.0f} calls/s; lock wait {row['lock_wait_ms_per_call']:.2f}"
-                f" ms/call, held {row['lock_utilisation']:.0%} of the time; "
-                f"{row['commits_per_call']:.2f} commits/call; "
-                f"machine {row['machine_busy']:.0%} busy",
+                f" ms/call, held {row['lock_held_ms_per_call']:.2f} ms/call "
+                f"(writer's CPU {row['writer_cpu_ms_per_call']:.2f}), "
+                f"{row['lock_utilisation']:.0%} of the time, "
+                f"{row['write_locks_per_call']:.2f} takes/call "
+                f"({row['units_per_write_lock']:.1f} writes each); "
+                f"CPU ms/call proxies {cpu['proxies']:.2f}, upstreams {cpu['upstreams']:.2f}, "
+                f"driver {cpu['driver']:.2f}, postgres {cpu['postgres_backends']:.2f}"
+                f"+{cpu['postgres_other']:.2f}; ceilings: CPU "
+                f"{row['cpu_ceiling_calls_per_s']:.0f} calls/s, lock "
+                f"{row['lock_ceiling_calls_per_s']:.0f} calls/s; machine {row['machine_busy']:.0%} "
+                f"busy, {row['cores_used']['rest_of_machine']:.2f} cores others', "
+                f"load {row['load_average']:.1f}",
             ])  # fmt: skip
     return table
 
@@ -354,8 +437,19 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a shorter window per phase")
+    parser.add_argument(
+        "--proxies", default="1,2,4,8", help="the phases' proxy counts, 1 first (default 1,2,4,8)"
+    )
+    parser.add_argument("--window", type=float, help="seconds per phase (default 5, 2 quick)")
+    parser.add_argument(
+        "--backend", action="append", choices=("postgresql", "sqlite"), help="(default both)"
+    )
     options = parser.parse_args()
-    results = run(options.quick)
+    counts = tuple(int(part) for part in options.proxies.split(","))
+    if counts[0] != 1:
+        parser.error("--proxies must start with 1 (the baseline of the ratios)")
+    backends = tuple(options.backend or ("postgresql", "sqlite"))
+    results = run(options.quick, counts, options.window, backends)
     print(json.dumps(results, indent=1))
     for line in rows(results):
         print(" | ".join(line))

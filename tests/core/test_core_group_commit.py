@@ -400,3 +400,100 @@ async def test_a_step_on_a_run_another_gate_moved_is_decided_again_on_the_fresh_
     assert first.store.verify_chain().ok and first.store.verify_state().ok
     first.store.close()
     second.store.close()
+
+
+@pytest.mark.anyio
+async def test_writes_queued_while_the_writer_waits_for_the_write_lock_share_its_transaction(
+    database: str | Path,
+) -> None:
+    """Decision 0055: a writer that had to wait for the write lock (another process held
+    it) carries every write that queued meanwhile in the same hold: one BEGIN, one
+    lock, one COMMIT for all of them, each still in its own savepoint."""
+    waiting, other = open_store(database), open_store(database)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with other.transaction() as connection:
+            other.append_event(connection, "other", "note", {"by": "another writer"})
+            holding.set()
+            if not release.wait(timeout=30):
+                raise TimeoutError("the test never released the write lock")
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert holding.wait(10)
+    seqs: dict[str, int] = {}
+
+    async def write(name: str, fail: bool = False) -> None:
+        try:
+            seqs[name] = await waiting.write(_note, waiting, name, fail)
+        except _Refused:
+            seqs[name] = -1
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(write, "first")
+        await anyio.sleep(0.05)  # submitted
+        writer = waiting._writer_thread()
+        for _ in range(1000):  # until the writer took it, to wait for the lock
+            if writer._queue.empty():
+                break
+            await anyio.sleep(0.01)
+        await anyio.sleep(0.1)
+        for name in ("late-0", "late-1", "late-2"):
+            group.start_soon(write, name)
+        group.start_soon(write, "late-refused", True)
+        await anyio.sleep(0.3)
+        assert not seqs  # nobody answered while the lock was another's
+        release.set()
+    thread.join()
+    assert waiting.commits == 1
+    assert sorted(seqs.values()) == [-1, 2, 3, 4, 5]
+    assert seqs["first"] == 2  # in the order they were queued
+    report = waiting.verify_chain()
+    assert report.ok and report.checked == 5
+    names = {row[0] for row in waiting.query("SELECT name FROM extensions")}
+    assert {"first", "late-0", "late-1", "late-2"} <= names and "late-refused" not in names
+    waiting.close()
+    other.close()
+
+
+@pytest.mark.anyio
+async def test_a_write_never_run_because_the_transaction_ended_under_its_batch_is_told_so(
+    database: str | Path,
+) -> None:
+    """A unit whose failure ended the whole transaction (SQLite rolls back on a full disk
+    or an I/O error; PostgreSQL's session ended, as a terminated backend does) leaves the
+    units after it in the batch unrun: each is told nothing of it was written, never
+    answered as if it had been."""
+    store = open_store(database)
+    release = threading.Event()
+
+    def ended(connection: Any) -> None:
+        connection.execute("ROLLBACK")  # the database ended the transaction under the unit
+        raise _Refused("the transaction ended under this write")
+
+    outcomes: dict[str, Any] = {}
+
+    async def write(name: str, function: Any, *args: Any) -> None:
+        try:
+            outcomes[name] = await store.write(function, *args)
+        except (StoreError, _Refused) as exc:
+            outcomes[name] = exc
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(_hold_the_writer, store, release)
+        await anyio.sleep(0.2)
+        group.start_soon(write, "ended", ended)
+        await anyio.sleep(0.05)
+        group.start_soon(write, "after it", _note, store, "after it")
+        await anyio.sleep(0.2)
+        release.set()
+    assert isinstance(outcomes["ended"], _Refused)
+    assert isinstance(outcomes["after it"], StoreError), outcomes["after it"]
+    assert "nothing of it was written" in str(outcomes["after it"])
+    # Nothing of it stands, and the next write goes on from the chain's head.
+    assert not store.query("SELECT name FROM extensions WHERE name = 'after it'")
+    assert await store.write(_note, store, "next") == 1
+    report = store.verify_chain()
+    assert report.ok and report.checked == 1
+    store.close()

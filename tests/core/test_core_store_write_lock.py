@@ -398,3 +398,68 @@ def test_the_store_counts_the_seconds_its_writes_wait_for_and_hold_the_write_loc
     assert _chain_is_whole(holder) == [1, 2]
     holder.close()
     waiter.close()
+
+
+@pytest.mark.anyio
+async def test_a_session_ended_by_the_server_mid_write_is_a_lost_connection_even_read_first(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's "terminating connection" answer can be read before the socket's end
+    is: the write is still one the break cut (nothing of it was written, the other units
+    of the batch told so too), and the next write goes on on a new connection."""
+    import psycopg
+
+    store = open_store(url)
+    await store.write(lambda connection: _append(store, connection, 2, "before"))
+    ending = threading.Event()
+    original_sync = psycopg.Pipeline.sync
+
+    def sync(pipeline: Any) -> None:
+        if ending.is_set():
+            ending.clear()
+            # The session really ends; its answer is what libpq reads first.
+            database = url.rsplit("/", 1)[1]
+            with psycopg.connect(url, autocommit=True) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = %s AND application_name = 'agentrt'",
+                    (database,),
+                )
+            raise psycopg.errors.AdminShutdown(
+                "terminating connection due to administrator command"
+            )
+        original_sync(pipeline)
+
+    monkeypatch.setattr(psycopg.Pipeline, "sync", sync)
+
+    def cut(connection: Any) -> list[int]:
+        seqs = _append(store, connection, 3, "cut")
+        ending.set()
+        return seqs
+
+    outcomes: dict[str, Any] = {}
+    release = threading.Event()
+
+    async def write(name: str, function: Any) -> None:
+        try:
+            outcomes[name] = await store.write(function)
+        except StoreError as exc:
+            outcomes[name] = exc
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(write, "hold", lambda connection: release.wait(30))
+        await anyio.sleep(0.2)
+        group.start_soon(write, "cut", cut)
+        await anyio.sleep(0.05)
+        group.start_soon(
+            write, "beside", lambda connection: _append(store, connection, 2, "beside")
+        )
+        await anyio.sleep(0.2)
+        release.set()
+    for name in ("cut", "beside"):
+        assert isinstance(outcomes[name], StoreError), outcomes[name]
+        assert "nothing of it was written" in str(outcomes[name])
+    after = await store.write(lambda connection: _append(store, connection, 2, "after"))
+    assert after == [3, 4]
+    assert _chain_is_whole(store) == [1, 2, 3, 4]
+    store.close()

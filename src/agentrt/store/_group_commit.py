@@ -75,6 +75,7 @@ class _Writer:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._queue: queue.SimpleQueue[_Unit | None] = queue.SimpleQueue()
+        self._stopping = False  # the queue's end was taken: no unit follows it
         self._thread = threading.Thread(
             target=self._loop, name=f"agentrt-writer {store.path}", daemon=True
         )
@@ -88,29 +89,35 @@ class _Writer:
         self._queue.put(None)
         self._thread.join()
 
+    def _queued(self, room: int) -> list[_Unit]:
+        """The units queued now, at most `room` (none once the queue's end was taken).
+
+        This thread is the queue's only reader: not empty means a get succeeds."""
+        units: list[_Unit] = []
+        while not self._stopping and len(units) < room and not self._queue.empty():
+            unit = self._queue.get_nowait()
+            if unit is None:
+                self._stopping = True
+            else:
+                units.append(unit)
+        return units
+
     def _loop(self) -> None:
-        stopping = False
-        while not stopping:
+        while not self._stopping:
             first = self._queue.get()
             if first is None:
                 return
-            units = [first]
             # Whatever queued while the last batch committed joins this one:
             # nobody waits for a timer, and under load every fsync is shared.
-            # (This thread is the queue's only reader: not empty means a get succeeds.)
-            while len(units) < _MAX_BATCH and not self._queue.empty():
-                unit = self._queue.get_nowait()
-                if unit is None:
-                    stopping = True
-                    break
-                units.append(unit)
+            units = [first, *self._queued(_MAX_BATCH - 1)]
             # Readers and sync transactions waiting for the store's lock go first.
             for _ in range(20):
                 if not self._store._lock_waiters:
                     break
                 time.sleep(0.0001)
             try:
-                self._store._commit_batch(units)
+                # And whatever queued while it waited for the write lock joins it too.
+                self._store._commit_batch(units, self._queued)
             except BaseException as exc:  # never leave a caller waiting
                 for unit in units:
                     if unit.error is None:

@@ -74,6 +74,10 @@ _PIPELINE: Final = psycopg.capabilities.has_pipeline()
 _APPEND: Final = "INSERT INTO events "
 _BOOKKEEPING: Final = ("SAVEPOINT ", "RELEASE ", "ROLLBACK TO ")
 
+# The server ended the session (`pg_terminate_backend`, a shutdown): the connection is as
+# good as broken, even when this answer is read before the socket's end is.
+_SESSION_ENDED: Final = (psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown)
+
 # PostgreSQL's REAL and INTEGER are 4 bytes: an epoch time in a REAL would lose
 # its seconds, so the shared migrations' types are widened here.
 _WIDER_TYPES: Final = (
@@ -356,8 +360,11 @@ class PostgresConnection:
     def _refused_in_pipeline(self, exc: psycopg.Error) -> StoreError:
         """The error to raise for `exc`, met while the write's statements were answered;
         the pipeline is left ready for the write's ROLLBACK (or ROLLBACK TO)."""
-        if self._connection.broken:
+        ended = isinstance(exc, _SESSION_ENDED)
+        if self._connection.broken or ended:
             self._drop_pipeline()
+            if ended:  # (its answer read before the end of the socket: closed here)
+                self._connection.close()
             self._writing, self._cut = False, True
             return self._cut_write()
         pipeline = self._pipeline

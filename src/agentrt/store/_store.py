@@ -25,7 +25,7 @@ from ..sanitize import sanitize
 from ._anchor import _AnchorFile, _Anchoring
 from ._backend import Backend, Busy
 from ._chain import _Chain
-from ._group_commit import _Unit, _Writer
+from ._group_commit import _MAX_BATCH, _Unit, _Writer
 from ._outbox import Outbox
 from ._reads import _Reads
 from ._records import Connection, Event
@@ -169,11 +169,15 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
 
     # -- transactions --------------------------------------------------------
 
-    def _commit_batch(self, units: list[_Unit]) -> None:
+    def _commit_batch(
+        self, units: list[_Unit], joining: Callable[[int], list[_Unit]] | None = None
+    ) -> None:
         """On the writer thread: one transaction over `units`, each in a savepoint.
 
-        Every unit's outcome is set before this returns; none is released
-        (`_Unit.release`) until COMMIT returned and the anchor was written.
+        Once the write lock is held, `joining(room)` gives the units queued while it
+        was waited for (at most `room`), and they join this transaction: `units` is
+        extended in place.  Every unit's outcome is set before this returns; none is
+        released (`_Unit.release`) until COMMIT returned and the anchor was written.
         """
         try:
             # Each unit waits out a busy database one deadline from its submission,
@@ -183,6 +187,10 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
             for unit in units:
                 unit.error = exc
             return
+        if joining is not None:
+            # Writes that queued while another writer held the lock share this hold of
+            # it (decision 0055): one BEGIN, lock and COMMIT for all of them.
+            units.extend(joining(_MAX_BATCH - len(units)))
         connection = self._connection
         # A unit alone in its batch needs no savepoint: the transaction is its own.
         alone = len(units) == 1
@@ -229,8 +237,10 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
                     f"database {sanitize(self.path)} rolled back a write after an error in "
                     "another one; nothing of it was written"
                 )
-                for unit in kept:
-                    unit.error, unit.value = lost, None
+                # The kept units, and those never run after the transaction ended.
+                for unit in units:
+                    if unit.error is None:
+                        unit.error, unit.value = lost, None
                 committed = []
                 kept = []
         except BaseException as exc:
