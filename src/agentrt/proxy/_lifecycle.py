@@ -15,7 +15,6 @@ in flight is recorded as its server's crash would be, and answered
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import getpass
@@ -36,11 +35,11 @@ from ..errors import AgentrtError, StoreError
 from ..sanitize import sanitize
 from ..store import Store, open_store
 from ._log import log_line
-from ._offers import Offered
-from ._upstreams import load_upstreams
 from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
 
 if TYPE_CHECKING:
+    import asyncio
+
     from ..mcp import Connection, Manifest
     from ..telemetry import TraceExporter
     from ..tools import Tool
@@ -97,6 +96,8 @@ async def running(proxy: Proxy) -> AsyncIterator[None]:
             with anyio.CancelScope(shield=True):
                 await proxy.in_flight.wait()
                 if proxy.call_tasks:
+                    import asyncio
+
                     await asyncio.wait(set(proxy.call_tasks))
             work.cancel_scope.cancel()
 
@@ -297,6 +298,11 @@ async def _serve_config(
             functools.partial(_watch_signals, shutdown, stream, keep_caught=keep_signals_caught)
         )
         try:
+            # Here, not at the top: `serve` starts the servers before importing these.
+            from ..mcp._stdio import discard_started_early
+            from ._offers import Offered
+            from ._upstreams import load_upstreams
+
             servers_of: dict[str, str] = {}
             offered = Offered()
             manifests: dict[str, Manifest] = {}
@@ -308,9 +314,13 @@ async def _serve_config(
                 preparing = _Preparing()
                 starting.start_soon(preparing.run, config, address is not None)
                 await preparing.started.wait()
-                tools, shutdown.connections = await load_upstreams(
-                    config, stream, servers_of, offered, manifests, waiting
-                )
+                try:
+                    tools, shutdown.connections = await load_upstreams(
+                        config, stream, servers_of, offered, manifests, waiting
+                    )
+                finally:
+                    # One started early that no load took (its manifest refused it, say).
+                    discard_started_early()
             store = preparing.result()
             telemetry = _start_telemetry(config, tools, stream)
             from ._handlers import Handlers
@@ -463,8 +473,12 @@ def serve(
     status: 0 after a clean shutdown, 1 when the configuration is refused,
     2 when the database cannot be used (the reason is written to stderr).
     """
+    from ..mcp._stdio import discard_started_early
+
     try:
         config = load_config(config_path)
+        if http is None:
+            _start_early(config)
         return anyio.run(
             lambda: _serve(
                 config, http=http, allow_remote=allow_remote, token=token, log=None,
@@ -482,3 +496,29 @@ def serve(
     except OSError as exc:
         log_line(sys.stderr, f"agentrt proxy: {sanitize(str(exc))}")
         return 1
+    finally:
+        discard_started_early()
+
+
+def _start_early(config: ProxyConfig) -> None:
+    """Start each stdio server the configuration names as soon as the configuration is
+    read, before the event loop, the MCP client and the rest of the proxy are imported, so
+    that it boots meanwhile on another core (issue 36, decision 0053); its load takes it
+    (`mcp._stdio.start_early`).  A server whose manifest its load would refuse before
+    connecting (unreadable, for another server, a rule naming a tool it does not pin) is
+    left to that load, which reports it without starting it."""
+    from ..mcp._files import read_manifest
+    from ..mcp._stdio import start_early
+
+    for upstream in config.servers:
+        server = upstream.server
+        if server.command is None:
+            continue
+        try:
+            manifest = read_manifest(upstream.manifest_path)
+        except (AgentrtError, OSError, ValueError):
+            continue
+        if manifest.server == server.name and all(
+            name in manifest.tools for name in upstream.rules
+        ):
+            start_early(server)
