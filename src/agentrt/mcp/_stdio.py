@@ -615,7 +615,7 @@ def start_early(server: Server) -> None:
     not started here: its connection's own start then reports why."""
     if server.command is None or id(server) in _STARTED_EARLY:
         return
-    with contextlib.suppress(MCPConnectionError):
+    with contextlib.suppress(MCPConnectionError, OSError, ValueError):
         _STARTED_EARLY[id(server)] = (server, _spawn(server))
 
 

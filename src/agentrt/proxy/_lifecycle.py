@@ -1,11 +1,12 @@
 """The proxy's life: start-up, serving a host, signals and shutdown.
 
-At start-up the upstream servers load together (`_upstreams`) while a
-worker thread imports what serving needs and opens the store (decision
-0026); then the proxy serves one host on stdio, or many over HTTP.  On
-stdin close, SIGINT or SIGTERM it takes no more calls, lets the ones in
-flight finish, be recorded and be answered, closes its upstream servers
-and exits 0.  Once
+Over stdio the stdio servers are started as soon as the configuration is
+read, before the rest of the proxy is imported (decision 0053).  The
+upstream servers then load together (`_upstreams`) while a worker thread
+imports what serving needs and opens the store (decision 0026); then the
+proxy serves one host on stdio, or many over HTTP.  On stdin close, SIGINT
+or SIGTERM it takes no more calls, lets the ones in flight finish, be
+recorded and be answered, closes its upstream servers and exits 0.  Once
 stdin has ended, a signal (the official TypeScript client sends SIGTERM two
 seconds later) changes nothing; a second signal says the host is about to
 kill the proxy, which then kills its upstream servers at once, so each call
@@ -395,8 +396,9 @@ class _Preparing:
 
     store: Store | None = None
     error: BaseException | None = None
-    # Set once the thread runs, so the first server is spawned only then: otherwise the
-    # event loop reaches a handshake's import of `mcp_types` before the thread starts.
+    # Set once the thread runs, so the loads begin only then: the thread's imports
+    # (`mcp_types` first) start before the event loop's own.  (A handshake no longer
+    # waits for `mcp_types`, decision 0053; the servers may already be running.)
     started: anyio.Event = field(default_factory=anyio.Event)
 
     async def run(self, config: ProxyConfig, http: bool) -> None:
