@@ -17,13 +17,16 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
-from .agent import Decision, StepInput
 from .errors import AgentrtError
 from .sanitize import sanitize
 from .store import Event, RunStatus, Store, iso_to_epoch
 from .store.events import EventType
+
+if TYPE_CHECKING:
+    # For the annotations only: the command's readers of spending never load the agent.
+    from .agent import Decision, StepInput
 
 __all__ = [
     "DEFAULT_PRICES",

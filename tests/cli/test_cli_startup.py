@@ -73,6 +73,45 @@ def test_runs_show_and_approve_do_not_import_the_gate_or_json_schema(
     assert json.loads(finished.stderr.strip().splitlines()[-1]) == []
 
 
+# What reading and deciding never use (issue 36): the event loop (asyncio brings ssl,
+# 10 MiB), an HTTP client, the checkpoints and archives (verify's), the agent loop, and the
+# proxy's side: the protocol's models, templates, the conditions engine, cryptography.
+_NOT_FOR_READING_OR_DECIDING: tuple[str, ...] = (
+    "asyncio",
+    "ssl",
+    "urllib.request",
+    "email",
+    "agentrt.retention",
+    "agentrt.agent",
+    "agentrt.proxy",
+    "mcp",
+    "mcp_types",
+    "pydantic",
+    "jinja2",
+    "celpy",
+    "cryptography",
+)
+
+
+@pytest.mark.parametrize("command", ["runs", "show", "approve"])
+def test_runs_show_and_approve_do_not_import_the_event_loop_or_what_only_others_use(
+    command: str, produced: Produced
+) -> None:
+    arguments = {
+        "runs": ["runs"],
+        "show": ["show", produced.waiting_run],
+        "approve": ["approve", produced.waiting_run, "--approval", produced.approval_id],
+    }[command]
+    finished = subprocess.run(
+        [sys.executable, "-c", _RUN.replace("GATE_SIDE", repr(_NOT_FOR_READING_OR_DECIDING)),
+         "--db", str(produced.database), *arguments],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert finished.returncode == 0, finished.stderr
+    assert "approved" in finished.stdout or command != "approve", finished.stdout
+    assert json.loads(finished.stderr.strip().splitlines()[-1]) == []
+
+
 def test_every_command_is_listed_in_the_help_and_resolves() -> None:
     from click.testing import CliRunner
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from decimal import Decimal
 from pathlib import Path
 
@@ -96,3 +98,42 @@ async def test_several_calls_in_flight_are_matched_by_id() -> None:
     finally:
         await connection.aclose()
     assert results == {f"slow{index}": {"n": index} for index in range(3)}
+
+
+def test_the_handshake_versions_are_the_sdks() -> None:
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+
+    from agentrt.mcp import _connection
+
+    assert _connection.HANDSHAKE_PROTOCOL_VERSIONS == HANDSHAKE_PROTOCOL_VERSIONS
+    assert _connection.LATEST_HANDSHAKE_VERSION == LATEST_HANDSHAKE_VERSION
+
+
+_WITHOUT_THE_SDKS_MODELS = """
+import json, sys
+import anyio
+from servers.harness import stdio_server
+from agentrt.mcp._connection import connect
+
+async def main():
+    connection = await connect(stdio_server())
+    try:
+        await connection.list_tools()
+        await connection.call_tool("ok", "{}", timeout=5)
+    finally:
+        await connection.aclose()
+
+anyio.run(main)
+print(json.dumps(sorted(m for m in ("mcp_types", "pydantic", "mcp") if m in sys.modules)))
+"""
+
+
+def test_a_stdio_connection_never_waits_for_the_sdks_models() -> None:
+    # The proxy builds `mcp_types`' models in a worker thread while its servers start
+    # (decision 0026): a handshake that imported them would wait for that thread (issue 36).
+    finished = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_THE_SDKS_MODELS],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent,
+    )  # fmt: skip
+    assert finished.returncode == 0, finished.stderr
+    assert json.loads(finished.stdout.strip().splitlines()[-1]) == []

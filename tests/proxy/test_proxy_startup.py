@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
-from proxy_helpers import build_setup, host_environment
+from proxy_helpers import ProxySetup, build_setup, host_environment
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -120,3 +120,73 @@ async def test_a_refused_database_stops_the_proxy_with_exit_2_and_no_server_left
     while _running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _running(pid), "the proxy left its server running"
+
+
+# What a stdio proxy imports only after it has started its servers (decision 0053): they
+# boot meanwhile, on another core.  Before, the first spawn came after all of them.
+NOT_BEFORE_THE_FIRST_SPAWN = (
+    "asyncio",  # the event loop, with ssl
+    "uvloop",
+    "agentrt.mcp._connection",  # the MCP client beyond starting a process
+    "agentrt.proxy._upstreams",
+    "importlib.metadata",  # the client's version, read at the handshake
+    "mcp_types",  # the protocol's models, built in a worker thread
+    "pydantic",
+    "agentrt.gate",
+)
+
+_SPAWN_PROBE = """
+import json, subprocess, sys
+first = []
+original = subprocess.Popen.__init__
+def spawning(self, *args, **kwargs):
+    if not first:
+        first.append(sorted(name for name in NAMES if name in sys.modules))
+    original(self, *args, **kwargs)
+subprocess.Popen.__init__ = spawning
+from agentrt.proxy.__main__ import main
+try:
+    status = main(sys.argv[1:])
+finally:
+    print("AT-SPAWN " + json.dumps(first), file=sys.stderr, flush=True)
+sys.exit(status)
+"""
+
+
+def _serve_until_stdin_ends(setup: ProxySetup, *command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *command, "--config", str(setup.config_path)],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        env=host_environment(), cwd=setup.root,
+    )  # fmt: skip
+
+
+async def test_a_stdio_proxy_starts_its_servers_before_the_event_loop_and_the_mcp_client(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(tmp_path)
+    probe = _SPAWN_PROBE.replace("NAMES", repr(NOT_BEFORE_THE_FIRST_SPAWN))
+    finished = _serve_until_stdin_ends(setup, "-c", probe)
+    assert finished.returncode == 0, finished.stderr
+    assert "registered echo as up_echo" in finished.stderr, finished.stderr
+    lines = [line for line in finished.stderr.splitlines() if line.startswith("AT-SPAWN ")]
+    assert lines, finished.stderr
+    assert json.loads(lines[-1].removeprefix("AT-SPAWN ")) == [[]]
+
+
+async def test_a_server_whose_manifest_its_load_refuses_is_never_started(
+    tmp_path: Path,
+) -> None:
+    # Started early, before its load (decision 0053), only when the load would connect:
+    # a manifest pinned for another server is refused without a process, as before.
+    setup = await build_setup(tmp_path)
+    started = tmp_path / "other-started"
+    other = dict(setup.document["servers"][0], name="other")
+    other["command"] = ["sh", "-c", f'touch {started}; exec "$0" "$@"', *other["command"]]
+    setup.document["servers"].append(other)
+    setup.rewrite()
+    finished = _serve_until_stdin_ends(setup, "-m", "agentrt.proxy")
+    assert finished.returncode == 0, finished.stderr
+    assert 'manifest is for server "up", not "other"' in finished.stderr, finished.stderr
+    assert "registered echo as up_echo" in finished.stderr, finished.stderr
+    assert not started.exists(), "the refused server was started"

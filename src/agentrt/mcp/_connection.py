@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.metadata
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -118,14 +118,29 @@ CANCEL_NOTICE_TIMEOUT: Final = 1.0
 """How long sending `notifications/cancelled` may take before it is given up."""
 
 
+HANDSHAKE_PROTOCOL_VERSIONS: Final = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+"""The `initialize` handshake's protocol versions this client speaks, oldest first: the MCP
+SDK's `mcp_types.version.HANDSHAKE_PROTOCOL_VERSIONS` (a test holds them equal), written
+here so that a handshake never waits for `mcp_types`' models to be built (issue 36)."""
+
+LATEST_HANDSHAKE_VERSION: Final = HANDSHAKE_PROTOCOL_VERSIONS[-1]
+
+
+@functools.cache
 def _client_version() -> str:
+    """This client's version, read once, at the first handshake: reading a distribution's
+    metadata imports `importlib.metadata` and `email` (issue 36), which then come after a
+    server's spawn rather than before it."""
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("agentrt")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
 
 
-_CLIENT_INFO: Final = {"name": "agentrt", "version": _client_version()}
+def _client_info() -> dict[str, str]:
+    return {"name": "agentrt", "version": _client_version()}
 
 
 class _Transport(Protocol):
@@ -498,15 +513,13 @@ class Connection:
             self.notes.clear()
 
     async def _discover(self, context: CallContext | None) -> bool:
-        from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
-
         name = self._name()
         limit = _revision.DISCOVER_TIMEOUT
         deadline = anyio.current_effective_deadline()
         if deadline != float("inf"):
             limit = min(limit, max((deadline - anyio.current_time()) / 2, 0.001))
         capabilities = dict(self.server.client_capabilities or {})
-        meta = _revision.envelope(_CLIENT_INFO, capabilities)
+        meta = _revision.envelope(_client_info(), capabilities)
         try:
             with anyio.move_on_after(limit) as probe:
                 result = await self._request(
@@ -558,16 +571,12 @@ class Connection:
         return True
 
     async def _initialize(self, context: CallContext | None = None) -> None:
-        # Imported here, not at the top: `mcp_types` builds every pydantic model of the
-        # protocol (0.3 s), which the proxy's start-up lets load while its servers start.
-        from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
-
         params = canonical_json(
             {
                 "protocolVersion": LATEST_HANDSHAKE_VERSION,
                 # No sampling, roots or elicitation unless a caller answers them.
                 "capabilities": dict(self.server.client_capabilities or {}),
-                "clientInfo": _CLIENT_INFO,
+                "clientInfo": _client_info(),
             }
         )
         result = await self._request("initialize", params, context=context)

@@ -56,7 +56,9 @@ __all__ = [
     "MAX_LINE_BYTES",
     "STDERR_TAIL_BYTES",
     "StdioTransport",
+    "discard_started_early",
     "server_environment",
+    "start_early",
     "start_stdio",
 ]
 
@@ -144,7 +146,11 @@ class _StderrTail:
 
     async def finish(self, limit: float) -> None:
         """Wait (bounded) for the drain to reach end of file, then release the descriptor."""
-        await anyio.to_thread.run_sync(self._thread.join, limit)
+        await anyio.to_thread.run_sync(self.release, limit)
+
+    def release(self, limit: float) -> None:
+        """`finish`, blocking the calling thread."""
+        self._thread.join(limit)
         if not self._thread.is_alive():
             os.close(self._fd)
         # Otherwise a process outside the group still holds the pipe; the
@@ -576,13 +582,71 @@ class StdioTransport:
             self.process.wait(timeout=0.5)
 
 
+@dataclass(slots=True)
+class _Spawned:
+    """A started server's process and the descriptors this side keeps of it."""
+
+    process: subprocess.Popen[bytes]
+    stdin_fd: int
+    stdout_fd: int
+    stderr: _StderrTail | None
+
+    def discard(self) -> None:
+        """Kill the server's group and release what this side holds of it (no event loop)."""
+        _proc.kill_tree(self.process)
+        for fd in (self.stdin_fd, self.stdout_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=REAP_AFTER_SIGKILL)
+        if self.stderr is not None:
+            self.stderr.release(limit=1.0)
+
+
+# Servers started before their connection, by `start_early`: keyed by the `Server`'s
+# identity, each taken by the first `start_stdio` of that very object.
+_STARTED_EARLY: dict[int, tuple[Server, _Spawned]] = {}
+
+
+def start_early(server: Server) -> None:
+    """Start a stdio server now, before its connection and before an event loop runs, so
+    that it boots while this process imports the rest of what it needs (issue 36); the
+    first `start_stdio(server)` of this very object takes it.  One that cannot start is
+    not started here: its connection's own start then reports why."""
+    if server.command is None or id(server) in _STARTED_EARLY:
+        return
+    with contextlib.suppress(MCPConnectionError, OSError, ValueError):
+        _STARTED_EARLY[id(server)] = (server, _spawn(server))
+
+
+def discard_started_early() -> None:
+    """Kill every server `start_early` started that no connection took."""
+    while _STARTED_EARLY:
+        _, (_, spawned) = _STARTED_EARLY.popitem()
+        spawned.discard()
+
+
 def start_stdio(server: Server) -> StdioTransport:
     """Start a stdio server; raise `MCPConnectionError` naming the command if it cannot start.
 
     Popen runs synchronously: fork and exec take milliseconds, and the
     `preexec_fn` must run in the thread that owns the connection, because the
-    parent-death signal fires when *that thread* ends.
+    parent-death signal fires when *that thread* ends.  A server `start_early`
+    started for this `server` is taken instead (the same thread: the event loop
+    runs in the one that started it).
     """
+    early = _STARTED_EARLY.pop(id(server), None)
+    spawned = early[1] if early is not None and early[0] is server else _spawn(server)
+    return StdioTransport(
+        server=server,
+        process=spawned.process,
+        stdin_fd=spawned.stdin_fd,
+        stdout_fd=spawned.stdout_fd,
+        stderr=spawned.stderr,
+    )
+
+
+def _spawn(server: Server) -> _Spawned:
     assert server.command is not None
     keep_stderr = server.stderr is None
     stderr_target: Any = subprocess.PIPE if keep_stderr else server.stderr
@@ -623,10 +687,4 @@ def start_stdio(server: Server) -> StdioTransport:
         stderr_fd = os.dup(process.stderr.fileno())
         process.stderr.close()
         tail = _StderrTail(stderr_fd)
-    return StdioTransport(
-        server=server,
-        process=process,
-        stdin_fd=stdin_fd,
-        stdout_fd=stdout_fd,
-        stderr=tail,
-    )
+    return _Spawned(process, stdin_fd, stdout_fd, tail)

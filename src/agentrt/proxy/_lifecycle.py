@@ -1,11 +1,12 @@
 """The proxy's life: start-up, serving a host, signals and shutdown.
 
-At start-up the upstream servers load together (`_upstreams`) while a
-worker thread imports what serving needs and opens the store (decision
-0026); then the proxy serves one host on stdio, or many over HTTP.  On
-stdin close, SIGINT or SIGTERM it takes no more calls, lets the ones in
-flight finish, be recorded and be answered, closes its upstream servers
-and exits 0.  Once
+Over stdio the stdio servers are started as soon as the configuration is
+read, before the rest of the proxy is imported (decision 0053).  The
+upstream servers then load together (`_upstreams`) while a worker thread
+imports what serving needs and opens the store (decision 0026); then the
+proxy serves one host on stdio, or many over HTTP.  On stdin close, SIGINT
+or SIGTERM it takes no more calls, lets the ones in flight finish, be
+recorded and be answered, closes its upstream servers and exits 0.  Once
 stdin has ended, a signal (the official TypeScript client sends SIGTERM two
 seconds later) changes nothing; a second signal says the host is about to
 kill the proxy, which then kills its upstream servers at once, so each call
@@ -15,7 +16,6 @@ in flight is recorded as its server's crash would be, and answered
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import getpass
@@ -36,11 +36,11 @@ from ..errors import AgentrtError, StoreError
 from ..sanitize import sanitize
 from ..store import Store, open_store
 from ._log import log_line
-from ._offers import Offered
-from ._upstreams import load_upstreams
 from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
 
 if TYPE_CHECKING:
+    import asyncio
+
     from ..mcp import Connection, Manifest
     from ..telemetry import TraceExporter
     from ..tools import Tool
@@ -97,6 +97,8 @@ async def running(proxy: Proxy) -> AsyncIterator[None]:
             with anyio.CancelScope(shield=True):
                 await proxy.in_flight.wait()
                 if proxy.call_tasks:
+                    import asyncio
+
                     await asyncio.wait(set(proxy.call_tasks))
             work.cancel_scope.cancel()
 
@@ -297,6 +299,11 @@ async def _serve_config(
             functools.partial(_watch_signals, shutdown, stream, keep_caught=keep_signals_caught)
         )
         try:
+            # Here, not at the top: `serve` starts the servers before importing these.
+            from ..mcp._stdio import discard_started_early
+            from ._offers import Offered
+            from ._upstreams import load_upstreams
+
             servers_of: dict[str, str] = {}
             offered = Offered()
             manifests: dict[str, Manifest] = {}
@@ -308,9 +315,13 @@ async def _serve_config(
                 preparing = _Preparing()
                 starting.start_soon(preparing.run, config, address is not None)
                 await preparing.started.wait()
-                tools, shutdown.connections = await load_upstreams(
-                    config, stream, servers_of, offered, manifests, waiting
-                )
+                try:
+                    tools, shutdown.connections = await load_upstreams(
+                        config, stream, servers_of, offered, manifests, waiting
+                    )
+                finally:
+                    # One started early that no load took (its manifest refused it, say).
+                    discard_started_early()
             store = preparing.result()
             telemetry = _start_telemetry(config, tools, stream)
             from ._handlers import Handlers
@@ -385,8 +396,9 @@ class _Preparing:
 
     store: Store | None = None
     error: BaseException | None = None
-    # Set once the thread runs, so the first server is spawned only then: otherwise the
-    # event loop reaches a handshake's import of `mcp_types` before the thread starts.
+    # Set once the thread runs, so the loads begin only then: the thread's imports
+    # (`mcp_types` first) start before the event loop's own.  (A handshake no longer
+    # waits for `mcp_types`, decision 0053; the servers may already be running.)
     started: anyio.Event = field(default_factory=anyio.Event)
 
     async def run(self, config: ProxyConfig, http: bool) -> None:
@@ -463,8 +475,12 @@ def serve(
     status: 0 after a clean shutdown, 1 when the configuration is refused,
     2 when the database cannot be used (the reason is written to stderr).
     """
+    from ..mcp._stdio import discard_started_early
+
     try:
         config = load_config(config_path)
+        if http is None:
+            _start_early(config)
         return anyio.run(
             lambda: _serve(
                 config, http=http, allow_remote=allow_remote, token=token, log=None,
@@ -482,3 +498,29 @@ def serve(
     except OSError as exc:
         log_line(sys.stderr, f"agentrt proxy: {sanitize(str(exc))}")
         return 1
+    finally:
+        discard_started_early()
+
+
+def _start_early(config: ProxyConfig) -> None:
+    """Start each stdio server the configuration names as soon as the configuration is
+    read, before the event loop, the MCP client and the rest of the proxy are imported, so
+    that it boots meanwhile on another core (issue 36, decision 0053); its load takes it
+    (`mcp._stdio.start_early`).  A server whose manifest its load would refuse before
+    connecting (unreadable, for another server, a rule naming a tool it does not pin) is
+    left to that load, which reports it without starting it."""
+    from ..mcp._files import read_manifest
+    from ..mcp._stdio import start_early
+
+    for upstream in config.servers:
+        server = upstream.server
+        if server.command is None:
+            continue
+        try:
+            manifest = read_manifest(upstream.manifest_path)
+        except (AgentrtError, OSError, ValueError):
+            continue
+        if manifest.server == server.name and all(
+            name in manifest.tools for name in upstream.rules
+        ):
+            start_early(server)

@@ -12,8 +12,6 @@ import os
 import re
 import subprocess
 import tempfile
-import urllib.error
-import urllib.request
 from typing import Final
 
 from ..errors import AgentrtError
@@ -47,6 +45,11 @@ def _openssl(*args: str, data: bytes | None = None) -> subprocess.CompletedProce
 
 def request_timestamp(url: str, digest: str) -> str:
     """Ask the authority at `url` to timestamp `digest` (SHA-256, hex); its reply, base64."""
+    # Here, not at the top: `urllib.request` brings `email` and `http` (issue 36), which
+    # the commands that only read checkpoints never need.
+    import urllib.error
+    import urllib.request
+
     query = _openssl("-query", "-digest", digest, "-sha256", "-cert")
     if query.returncode != 0:
         raise TimestampRefused(
