@@ -154,6 +154,7 @@ class LiveListings:
         self._install(name)
         if self._group is not None:
             self._group.start_soon(self._work, name)
+            self._group.start_soon(self._listen, name)
 
     async def _notified(
         self, name: str, then: Notified | None, method: str, params: dict[str, Any]
@@ -178,6 +179,7 @@ class LiveListings:
             self._group = group
             for name in self.watches:
                 group.start_soon(self._work, name)
+                group.start_soon(self._listen, name)
                 if name in self.proxy.offered.tools:
                     group.start_soon(self._work_offers, name)
 
@@ -190,6 +192,13 @@ class LiveListings:
             await self.relist(name)
             # At most one listing a second: a storm costs a listing a second while it lasts.
             await anyio.sleep(RELIST_INTERVAL)
+
+    async def _listen(self, name: str) -> None:
+        """A server on the 2026-07-28 revision tells of changes only on a listen stream
+        (`mcp/_subscriptions.py`): held open while the proxy serves, its events taken here."""
+        await self.watches[name].upstream.connection.listen.run(
+            lambda sentence: log_line(self.log, f"agentrt proxy: {sentence}")
+        )
 
     async def _work_offers(self, name: str) -> None:
         watch = self.watches[name]
