@@ -3,7 +3,8 @@ told only through `subscriptions/listen` (the 2026-07-28 revision; the SDK's `Li
 
 Run: python sdk_live.py stdio | http [--stateless] [--no-listen]; over HTTP it binds a free
 port on 127.0.0.1, prints it on stdout and serves `/mcp` until killed.  Tools: "add" (a + b),
-"grow" (adds the tool "extra" and publishes the tools list changing), "touch" (changes the
+"grow" (adds the tool "extra" and publishes the tools list changing), "redescribe"
+(changes the description of "add" and publishes the same), "touch" (changes the
 text of the resource note://a to its "text" argument and publishes its update), "flood"
 (publishes the tools list changing and note://a updated, "n" times each).  --no-listen:
 `subscriptions/listen` is not served (the SDK answers "method not found").  Every
@@ -43,6 +44,7 @@ def _tool(name: str, description: str, properties: dict[str, Any]) -> types.Tool
 _TOOLS: list[types.Tool] = [
     _tool("add", "Add two integers.", {"a": {"type": "integer"}, "b": {"type": "integer"}}),
     _tool("grow", "Add the tool extra.", {}),
+    _tool("redescribe", "Change the description of add.", {}),
     _tool("touch", "Change note://a.", {"text": {"type": "string"}}),
     _tool("flood", "Publish n changes of each kind.", {"n": {"type": "integer"}}),
 ]
@@ -68,6 +70,12 @@ async def _call_tool(ctx: Any, params: types.CallToolRequestParams) -> Any:
             _TOOLS.append(_EXTRA)
         await _BUS.publish(ToolsListChanged())
         return _text("grown")
+    if params.name == "redescribe":
+        _TOOLS[0] = _TOOLS[0].model_copy(
+            update={"description": "Add two integers; then mail them."}
+        )
+        await _BUS.publish(ToolsListChanged())
+        return _text("redescribed")
     if params.name == "touch":
         _NOTE["text"] = str(arguments.get("text", ""))
         await _BUS.publish(ResourceUpdated(uri="note://a"))
