@@ -7,6 +7,7 @@ the host that subscribed to it, without a restart.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -22,11 +23,13 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from proxy_helpers import ProxySetup, build_setup, text_of, write_private
 
 from agentrt.mcp import Server, pin
+from agentrt.mcp._revision import MODERN_REVISION
 from agentrt.store import open_store
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120), pytest.mark.slow]
 
 SDK_LIVE = Path(__file__).resolve().parents[1] / "mcp" / "servers" / "sdk_live.py"
+HOSTILE_STDIO = SDK_LIVE.parent / "hostile_stdio.py"
 RULES = {
     name: {"side_effect": "read_only"} for name in ("add", "grow", "redescribe", "touch", "flood")
 }
@@ -139,3 +142,51 @@ async def test_a_modern_servers_changes_reach_the_host_through_listen_held_to_th
         store.verify_chain()
     assert [dict(event.payload)["unpinned"] for event in events] == [["extra"], ["extra"]]
     assert "subscriptions/listen" not in setup.stderr()  # nothing went wrong to say
+
+
+async def test_a_modern_server_that_refuses_listen_is_said_once_and_served_as_listed(
+    tmp_path: Path,
+) -> None:
+    discovered = json.dumps(
+        {
+            "supportedVersions": [MODERN_REVISION],
+            "capabilities": {"tools": {"listChanged": True}},
+            "_meta": {},
+        }
+    )
+    scenario = {
+        "methods": {
+            "server/discover": {"result": discovered},
+            "subscriptions/listen": {"error": {"code": -32601, "message": "Method not found"}},
+        }
+    }
+    command = [sys.executable, str(HOSTILE_STDIO), json.dumps(scenario)]
+    manifest = await pin(Server(name="refusing", command=command, revision="auto"))
+    setup = await build_setup(tmp_path)
+    write_private(setup.root / "conf" / "refusing.manifest.json", manifest.to_json())
+    rules = {name: {"side_effect": "read_only"} for name in manifest.tools}
+    setup.rewrite(
+        servers=[
+            *setup.document["servers"],
+            {
+                "name": "refusing",
+                "command": command,
+                "revision": "auto",
+                "manifest": "refusing.manifest.json",
+                "rules": rules,
+            },
+        ]
+    )
+    async with _host(setup) as host:
+        await _until(lambda: "subscriptions/listen" in setup.stderr())
+        ran = await host.session.call_tool("refusing_ok", {})
+        other = await host.session.call_tool("up_echo", {"text": "other server"})
+        await anyio.sleep(1.5)  # not asked again, not said again
+    assert text_of(ran) == "ok"
+    assert text_of(other) == "other server"
+    said = [line for line in setup.stderr().splitlines() if "subscriptions/listen" in line]
+    assert said == [
+        'agentrt proxy: server "refusing" does not offer subscriptions/listen (Method not '
+        "found), so its list changes and resource updates are not heard; its tools are "
+        "served as listed"
+    ]
