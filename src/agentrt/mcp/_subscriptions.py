@@ -22,7 +22,8 @@ one URI's at most once per `EVENT_INTERVAL` (those between are one, handed on af
 A changed filter (a URI subscribed) opens a new stream before the old one is
 closed, once the new one is acknowledged.  A stream that breaks, ends, or is
 closed by the server is listened to again after a backoff (1 s doubling to
-`MAX_BACKOFF`; reset after a stream that lived that long); since nothing is
+`MAX_BACKOFF`, said once); one that lived longer than that (an idle timeout on the
+way, the HTTP client's read bound of five minutes) at once and unsaid; since nothing is
 replayed, a stream re-opened after a loss is followed by every list it covers
 and every URI it names being treated as changed (the refetch the spec asks
 for).  A server that answers the listen request with "method not found" is
@@ -263,9 +264,12 @@ class Listen:
                 if current.closed_here:
                     continue
                 lost = True
-                self._say_once(say, "lost", self._lost_sentence(current))
                 if anyio.current_time() - current.opened_at >= MAX_BACKOFF:
+                    # A long-lived stream ended (an idle timeout on the way, a server's
+                    # restart): listened to again at once, and not worth a line.
                     backoff = _FIRST_BACKOFF
+                    continue
+                self._say_once(say, "lost", self._lost_sentence(current))
                 await self._sleep_or_change(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
                 continue
