@@ -149,15 +149,18 @@ class Listen:
         resources = resources.get("resources") if isinstance(resources, dict) else None
         if not (isinstance(resources, dict) and resources.get("subscribe") is True):
             raise self._refused(uri, "the server does not offer resource subscriptions")
-        self.uris.add(uri)
-        self.poke()
         if not self._running:
             raise self._refused(uri, "its updates are not being listened to")
+        had = uri in self.uris  # another host's subscription to it stands in any case
+        self.uris.add(uri)
+        self.poke()
+        why = "the server did not acknowledge a subscription to it in time"
         with anyio.move_on_after(min(timeout, ACK_TIMEOUT)):
             while True:
                 stream = self._current
                 if self._refused_generation == self.generation:
-                    raise self._refused(uri, "the server does not offer subscriptions/listen")
+                    why = "the server does not offer subscriptions/listen"
+                    break
                 if (
                     stream is not None
                     and stream.honored is not None
@@ -165,11 +168,14 @@ class Listen:
                 ):
                     if uri in _uris(stream.honored):
                         return {}
-                    self.uris.discard(uri)
-                    self.poke()
-                    raise self._refused(uri, "the server did not agree to send its updates")
+                    why = "the server did not agree to send its updates"
+                    break
                 await self._settled()
-        raise self._refused(uri, "the server did not acknowledge a subscription to it in time")
+        if not had:
+            # Refused to the caller, so not asked for either (a later subscribe asks again).
+            self.uris.discard(uri)
+            self.poke()
+        raise self._refused(uri, why)
 
     async def unsubscribe(self, uri: str) -> dict[str, Any]:
         """Stop asking for `uri`'s updates (the stream is opened again without it)."""
