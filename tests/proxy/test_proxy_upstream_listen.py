@@ -18,9 +18,11 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
-from mcp import ClientSession
+from mcp import Client, ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared.subscriptions import ResourceUpdated, ToolsListChanged
 from proxy_helpers import ProxySetup, build_setup, text_of, write_private
+from test_proxy_hosts import http_proxy
 
 from agentrt.mcp import Server, pin
 from agentrt.mcp._revision import MODERN_REVISION
@@ -98,12 +100,11 @@ async def _until(condition: Any, seconds: float = 30.0) -> None:
             await anyio.sleep(0.05)
 
 
-async def test_a_modern_servers_changes_reach_the_host_through_listen_held_to_the_pins(
-    tmp_path: Path, live: dict[str, Any]
-) -> None:
+async def _setup(root: Path, live: dict[str, Any]) -> ProxySetup:
+    """The test upstream "up" beside the live server, pinned over the revision."""
     manifest = await pin(Server(name="live", revision="auto", connect_timeout=20.0, **live))
     assert manifest.revision == "2026-07-28"
-    setup = await build_setup(tmp_path)
+    setup = await build_setup(root)
     write_private(setup.root / "conf" / "live.manifest.json", manifest.to_json())
     entry = {"name": "live", **live, "revision": "auto", "default_timeout": "10s"}
     setup.rewrite(
@@ -112,6 +113,13 @@ async def test_a_modern_servers_changes_reach_the_host_through_listen_held_to_th
             {**entry, "manifest": "live.manifest.json", "rules": RULES},
         ]
     )
+    return setup
+
+
+async def test_a_modern_servers_changes_reach_the_host_through_listen_held_to_the_pins(
+    tmp_path: Path, live: dict[str, Any]
+) -> None:
+    setup = await _setup(tmp_path, live)
     async with _host(setup) as host:
         assert {"live_add", "live_grow", "live_touch"} <= await host.names()
         await host.session.subscribe_resource("note://a")
@@ -190,3 +198,25 @@ async def test_a_modern_server_that_refuses_listen_is_said_once_and_served_as_li
         "found), so its list changes and resource updates are not heard; its tools are "
         "served as listed"
     ]
+
+
+@pytest.mark.parametrize("live", ["http"], indirect=True)
+async def test_a_2026_hosts_listen_stream_is_told_of_a_modern_servers_changes(
+    tmp_path: Path, live: dict[str, Any]
+) -> None:
+    setup = await _setup(tmp_path, live)
+    async with http_proxy(setup) as url, Client(url, mode="auto", cache=None) as client:
+        async with client.listen(
+            tools_list_changed=True, resource_subscriptions=["note://a"]
+        ) as stream:
+            assert stream.honored.resource_subscriptions == ["note://a"]
+            await client.call_tool("live_touch", {"text": "second"})
+            with anyio.fail_after(30):
+                updated = await stream.__anext__()
+            await client.call_tool("live_redescribe", {})
+            with anyio.fail_after(30):
+                changed = await stream.__anext__()
+        names = {tool.name for tool in (await client.list_tools()).tools}
+    assert isinstance(updated, ResourceUpdated) and updated.uri == "note://a"
+    assert isinstance(changed, ToolsListChanged)
+    assert "live_add" not in names and "live_touch" in names
