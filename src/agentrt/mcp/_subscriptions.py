@@ -248,6 +248,8 @@ class Listen:
         return asked or None
 
     async def _hold(self, group: anyio.abc.TaskGroup, say: Say) -> None:
+        """Keep a stream open for what `_filter` asks, opening a new one when that changes
+        and after each loss (backed off, said once); nothing while it asks nothing."""
         backoff = _FIRST_BACKOFF
         lost = False
         while True:
@@ -259,62 +261,57 @@ class Listen:
                 self._current = None
                 await changed.wait()
                 continue
-            if current is not None and not current.ended.is_set() and current.asked == asked:
-                # Held: wait for it to end or for the filter to change.
-                async with anyio.create_task_group() as either:
-                    either.start_soon(_set_then_cancel, current.ended, either.cancel_scope)
-                    either.start_soon(_set_then_cancel, changed, either.cancel_scope)
-                if not current.ended.is_set():
-                    continue
+            if current is not None and current.asked == asked and not current.ended.is_set():
+                await _either(current.ended, changed)
+                if not current.ended.is_set() or current.closed_here:
+                    continue  # the filter changed (or was changed back): look again
                 self._current = None
-                if current.closed_here:
+                ended = current
+            else:
+                opened = await self._open(group, asked, say, refetch=lost)
+                if opened.honored is not None:
+                    lost = False  # acknowledged: whatever the loss hid was refetched
+                if opened is self._current:
                     continue
-                lost = True
-                if anyio.current_time() - current.opened_at >= MAX_BACKOFF:
-                    # A long-lived stream ended (an idle timeout on the way, a server's
-                    # restart): listened to again at once, and not worth a line.
-                    backoff = _FIRST_BACKOFF
+                ended = opened
+                if ended.refusal is not None and ended.refusal.code == METHOD_NOT_FOUND:
+                    self._refused_generation = self.generation
+                    self._say_once(say, f"refused {self.generation}", self._refusal(ended))
                     continue
-                self._say_once(say, "lost", self._lost_sentence(current))
-                await self._sleep_or_change(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
-                continue
-            stream = _Stream(asked)
-            self._streams.append(stream)
-            group.start_soon(self._listen, stream)
-            with anyio.move_on_after(ACK_TIMEOUT):
-                await _first(stream.acked, stream.ended)
-            if stream.honored is None and not stream.ended.is_set():
-                stream.failure = f"it was not acknowledged within {ACK_TIMEOUT:g}s"
-                stream.scope.cancel()
-                await stream.ended.wait()
-                stream.closed_here = False
-            if stream.honored is not None:
-                self._check_honored(stream, say)
-                if lost:
-                    lost = False
-                    self._refetch(stream)
-                if not stream.ended.is_set():
-                    previous, self._current = self._current, stream
-                    stream.opened_at = anyio.current_time()
-                    self._close(previous)
-                    continue
-            with contextlib.suppress(ValueError):
-                self._streams.remove(stream)
-            if stream.refusal is not None and stream.refusal.code == METHOD_NOT_FOUND:
-                self._refused_generation = self.generation
-                self._say_once(
-                    say,
-                    f"refused {self.generation}",
-                    f'server "{self._name()}" does not offer subscriptions/listen '
-                    f"({stream.refusal.server_message}), so its list changes and resource "
-                    "updates are not heard; its tools are served as listed",
-                )
-                continue
             lost = True
-            self._say_once(say, "lost", self._lost_sentence(stream))
+            lived = anyio.current_time() - ended.opened_at
+            if ended.honored is not None and lived >= MAX_BACKOFF:
+                # A long-lived stream ended (an idle timeout on the way, a server's
+                # restart): listened to again at once, and not worth a line.
+                backoff = _FIRST_BACKOFF
+                continue
+            self._say_once(say, "lost", self._lost_sentence(ended))
             await self._sleep_or_change(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
+
+    async def _open(
+        self, group: anyio.abc.TaskGroup, asked: dict[str, Any], say: Say, *, refetch: bool
+    ) -> _Stream:
+        """Open a stream asking `asked` and wait for its acknowledgement (bounded); once
+        acknowledged it replaces the current one, which is closed only then.  Returns it,
+        current, or ended (refused, broken, closed by the server, unacknowledged)."""
+        stream = _Stream(asked, opened_at=anyio.current_time())
+        self._streams.append(stream)
+        group.start_soon(self._listen, stream)
+        with anyio.move_on_after(ACK_TIMEOUT):
+            await stream.acked.wait()  # set by the acknowledgement, or by the end
+        if stream.honored is None and not stream.ended.is_set():
+            stream.failure = f"it was not acknowledged within {ACK_TIMEOUT:g}s"
+            stream.scope.cancel()
+            await stream.ended.wait()
+        if stream.honored is not None:
+            self._check_honored(stream, say)
+            if refetch:
+                self._refetch(stream)
+            if not stream.ended.is_set():
+                previous, self._current = self._current, stream
+                self._close(previous)
+        return stream
 
     async def _listen(self, stream: _Stream) -> None:
         """One listen request, held until the server ends it, it breaks, or it is closed here."""
@@ -420,6 +417,14 @@ class Listen:
             with contextlib.suppress(Exception):
                 say(sentence)
 
+    def _refusal(self, stream: _Stream) -> str:
+        assert stream.refusal is not None
+        return (
+            f'server "{self._name()}" does not offer subscriptions/listen '
+            f"({stream.refusal.server_message}), so its list changes and resource updates "
+            "are not heard; its tools are served as listed"
+        )
+
     def _lost_sentence(self, stream: _Stream) -> str:
         why = stream.failure or "the server ended it"
         return (
@@ -454,7 +459,8 @@ def _uris(honored: dict[str, Any] | None) -> frozenset[str]:
     return frozenset(uri for uri in uris if isinstance(uri, str))
 
 
-async def _first(*events: anyio.Event) -> None:
+async def _either(*events: anyio.Event) -> None:
+    """Wait until any of `events` is set."""
     async with anyio.create_task_group() as either:
         for event in events:
             either.start_soon(_set_then_cancel, event, either.cancel_scope)
