@@ -14,19 +14,19 @@ routes here: the revision removed those methods).
 The frames of the stream are told apart by `_meta["io.modelcontextprotocol/
 subscriptionId"]`, the id of the listen request: the acknowledgement first,
 then the events, each within what was asked and acknowledged.  Events are
-coalesced while they wait (one pending entry per list and per URI), so a
-flood costs at most one delivery per kind in flight; they are handed on to the
-connection's `on_notification`, where a 2025 session's notifications go; one list's or
-one URI's at most once per `EVENT_INTERVAL` (those between are one, handed on after it).
+coalesced while they wait (one pending entry per list and per URI) and handed
+on to the connection's `on_notification`, where a 2025 session's notifications
+go: one list's or one URI's at most once per `EVENT_INTERVAL` (those between
+are one, handed on after it), so a flood costs a few deliveries.
 
 A changed filter (a URI subscribed) opens a new stream before the old one is
 closed, once the new one is acknowledged.  A stream that breaks, ends, or is
 closed by the server is listened to again after a backoff (1 s doubling to
-`MAX_BACKOFF`, said once); one that lived longer than that (an idle timeout on the
-way, the HTTP client's read bound of five minutes) at once and unsaid; since nothing is
-replayed, a stream re-opened after a loss is followed by every list it covers
-and every URI it names being treated as changed (the refetch the spec asks
-for).  A server that answers the listen request with "method not found" is
+`MAX_BACKOFF`, said once); one that lived longer than that (an idle timeout on
+the way, the HTTP client's read bound of five minutes) at once and unsaid.
+Since nothing is replayed, a stream opened again after a loss is followed by
+every list it covers and every URI it names being treated as changed (the
+refetch the spec asks for).  A server that answers the listen request with "method not found" is
 said once and not asked again on that connection's process or session.
 """
 
@@ -57,6 +57,8 @@ RESOURCE_UPDATED: Final = "notifications/resources/updated"
 MAX_BACKOFF: Final = 30.0
 """The longest wait before listening again after a stream broke or was refused."""
 _FIRST_BACKOFF: Final = 1.0
+_SUBSCRIBE_POLL: Final = 0.05
+_NEVER: Final = float("inf")
 ACK_TIMEOUT: Final = 10.0
 """How long a `subscribe` waits for the new stream's acknowledgement."""
 EVENT_INTERVAL: Final = 0.5
@@ -170,7 +172,7 @@ class Listen:
                         return {}
                     why = "the server did not agree to send its updates"
                     break
-                await self._settled()
+                await anyio.sleep(_SUBSCRIBE_POLL)  # until the new stream is acknowledged
         if not had:
             # Refused to the caller, so not asked for either (a later subscribe asks again).
             self.uris.discard(uri)
@@ -383,8 +385,7 @@ class Listen:
             self._ready = anyio.Event()
             while self._pending:
                 now = anyio.current_time()
-                due = [key for key in self._pending if last.get(key, -EVENT_INTERVAL) + (
-                    EVENT_INTERVAL) <= now]  # fmt: skip
+                due = [k for k in self._pending if now - last.get(k, -_NEVER) >= EVENT_INTERVAL]
                 if not due:
                     wake = min(last[key] for key in self._pending) + EVENT_INTERVAL
                     await anyio.sleep(max(wake - now, 0.0))
@@ -394,18 +395,6 @@ class Listen:
                     last[key] = now
                     self.delivered += 1
                     await self._connection._handed_on(key[0], params)
-
-    async def _settled(self) -> None:
-        """Wait until the current stream changes or is acknowledged (bounded by the caller)."""
-        changed = self._changed
-        stream = self._current
-        async with anyio.create_task_group() as either:
-            either.start_soon(_set_then_cancel, changed, either.cancel_scope)
-            for candidate in list(self._streams):
-                either.start_soon(_set_then_cancel, candidate.acked, either.cancel_scope)
-            if stream is not None:
-                either.start_soon(_set_then_cancel, stream.ended, either.cancel_scope)
-            either.start_soon(_tick, either.cancel_scope)
 
     async def _sleep_or_change(self, seconds: float) -> None:
         with anyio.move_on_after(seconds):
@@ -468,9 +457,4 @@ async def _either(*events: anyio.Event) -> None:
 
 async def _set_then_cancel(event: anyio.Event, scope: anyio.CancelScope) -> None:
     await event.wait()
-    scope.cancel()
-
-
-async def _tick(scope: anyio.CancelScope) -> None:
-    await anyio.sleep(0.05)
     scope.cancel()
