@@ -216,6 +216,8 @@ class Connection:
         # The 2026-07-28 revision: no session, every request carries `_meta`.
         self.modern = False
         self._envelope: dict[str, Any] = {}
+        # The revision's `subscriptions/listen` stream, held while an owner runs it.
+        self.listen = Listen(self)
         # One sentence each for what the server sent that the client set aside (a bad
         # discover answer, a bad cache hint, a tool with bad x-mcp-header annotations).
         self.notes: list[str] = []
@@ -223,13 +225,6 @@ class Connection:
         self._listings: dict[tuple[str, str | None], tuple[float, Any]] = {}
         # Per tool, the argument paths its schema mirrors into Mcp-Param-* headers.
         self._header_maps: dict[str, dict[tuple[str, ...], str]] = {}
-        # The revision's `subscriptions/listen` stream, held while an owner runs it.
-        self.listen = Listen(self)
-
-    @property
-    def closing(self) -> bool:
-        """Whether `aclose()` began."""
-        return self._closing is not None
 
     # -- public ----------------------------------------------------------------
 
@@ -254,6 +249,11 @@ class Connection:
                 await self._transport.aclose(polite=polite)
         finally:
             self._closing.set()
+
+    @property
+    def closing(self) -> bool:
+        """Whether `aclose()` began."""
+        return self._closing is not None
 
     def stderr_tail(self) -> str:
         """The escaped last few KiB of a stdio server's stderr when kept here, else ""."""
@@ -303,8 +303,8 @@ class Connection:
             with anyio.CancelScope(shield=True):
                 await self._transport.aclose()
             raise NotSent(self.server.name, f'the connection to server "{self._name()}" is closed')
-        self._live = True
         self.listen.poke()  # a new process or session: its listen stream is opened again
+        self._live = True
 
     async def list_tools(self, *, context: CallContext | None = None) -> list[RawTool]:
         """Every tool the server lists, in order, one `RawTool` per element, malformed ones too.

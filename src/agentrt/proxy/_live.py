@@ -153,8 +153,8 @@ class LiveListings:
         self.watches[name] = _Watch(upstream, manifest)
         self._install(name)
         if self._group is not None:
+            self._group.start_soon(self._listen, name)  # 2026-07-28: its listen stream
             self._group.start_soon(self._work, name)
-            self._group.start_soon(self._listen, name)
 
     async def _notified(
         self, name: str, then: Notified | None, method: str, params: dict[str, Any]
@@ -179,9 +179,10 @@ class LiveListings:
             self._group = group
             for name in self.watches:
                 group.start_soon(self._work, name)
-                group.start_soon(self._listen, name)
                 if name in self.proxy.offered.tools:
                     group.start_soon(self._work_offers, name)
+            for name in self.watches:
+                group.start_soon(self._listen, name)  # 2026-07-28: its listen stream
 
     async def _work(self, name: str) -> None:
         watch = self.watches[name]
