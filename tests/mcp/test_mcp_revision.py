@@ -426,3 +426,34 @@ async def test_a_server_restarted_on_the_other_era_is_refused_and_nothing_runs(
         assert len(lines) == 1 and "now speaks protocol revision" in lines[0]
     finally:
         await report.connection.aclose()
+
+
+async def test_auto_probes_again_when_the_handshake_after_a_late_probe_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A dual-era server slow to answer the first probe (a stdio server still starting) is
+    # set on the revision by it, and refuses the handshake that follows naming its version.
+    monkeypatch.setattr("agentrt.mcp._revision.DISCOVER_TIMEOUT", 0.5)
+    refused = {
+        "error": {
+            "code": -32022,
+            "message": "connection is serving the 2026-07-28 protocol",
+            "data": {"supported": [MODERN_REVISION], "requested": "2025-11-25"},
+        }
+    }
+    log = tmp_path / "log"
+    server = _modern(
+        log,
+        methods={"server/discover": {"result": _DISCOVERED, "sleep_first": 1.5}},
+        initialize=refused,
+    )
+    connection = await connect(server)
+    try:
+        assert connection.modern
+        assert connection.protocol_version == MODERN_REVISION
+        result = await connection.call_tool("ok", "{}", timeout=5)
+        assert result["content"][0]["text"] == "ok"
+    finally:
+        await connection.aclose()
+    methods = [message.get("method") for message in _received(log)]
+    assert methods[:3] == ["server/discover", "initialize", "server/discover"]

@@ -22,7 +22,9 @@ context relays the server's progress and log lines for that call.
 Out of scope: the server side of MCP, HTTP reconnection, input-required
 round trips unless a call's `CallContext` has an `ask` (the proxy's does), and
 `tools/list_changed` (ignored until the next load, or the next restart, unless the
-caller relists with `Upstream.relist`, as the proxy does).
+caller relists with `Upstream.relist`, as the proxy does; on the 2026-07-28
+revision a server tells of it only on the `subscriptions/listen` stream a
+connection holds while its owner runs `Connection.listen.run`, `_subscriptions.py`).
 """
 
 from __future__ import annotations

@@ -92,6 +92,7 @@ from ._jsonrpc import (
 )
 from ._server import Server
 from ._stdio import start_stdio
+from ._subscriptions import Listen
 
 __all__ = [
     "MAX_TOOLS",
@@ -230,6 +231,8 @@ class Connection:
         # The 2026-07-28 revision: no session, every request carries `_meta`.
         self.modern = False
         self._envelope: dict[str, Any] = {}
+        # The revision's `subscriptions/listen` stream, held while an owner runs it.
+        self.listen = Listen(self)
         # One sentence each for what the server sent that the client set aside (a bad
         # discover answer, a bad cache hint, a tool with bad x-mcp-header annotations).
         self.notes: list[str] = []
@@ -261,6 +264,11 @@ class Connection:
                 await self._transport.aclose(polite=polite)
         finally:
             self._closing.set()
+
+    @property
+    def closing(self) -> bool:
+        """Whether `aclose()` began."""
+        return self._closing is not None
 
     def stderr_tail(self) -> str:
         """The escaped last few KiB of a stdio server's stderr when kept here, else ""."""
@@ -310,6 +318,7 @@ class Connection:
             with anyio.CancelScope(shield=True):
                 await self._transport.aclose()
             raise NotSent(self.server.name, f'the connection to server "{self._name()}" is closed')
+        self.listen.poke()  # a new process or session: its listen stream is opened again
         self._live = True
 
     async def list_tools(self, *, context: CallContext | None = None) -> list[RawTool]:
@@ -446,6 +455,14 @@ class Connection:
         After `timeout` seconds it is cancelled and `CallTimeout` raised; a
         JSON-RPC error raises `ServerErrorResponse`.  The `context`'s `log` gets
         the server's log lines read while it waits."""
+        if self.modern and method in ("resources/subscribe", "resources/unsubscribe"):
+            # The revision removed both: a subscription is a URI the listen stream names.
+            uri = params.get("uri") if isinstance(params, dict) else None
+            if not isinstance(uri, str):
+                raise ValueError(f"{method} needs a resource URI")
+            if method == "resources/unsubscribe":
+                return await self.listen.unsubscribe(uri)
+            return await self.listen.subscribe(uri, timeout=timeout)
         meta = None
         if self.modern and isinstance(params, dict) and isinstance(params.get("_meta"), dict):
             # The envelope joins the caller's own `_meta` (the envelope's keys win).
@@ -494,20 +511,25 @@ class Connection:
         "auto": probe with `server/discover` and stay modern on a discover result naming
         the 2026-07-28 revision; on anything else that is not a modern error (another
         error, a 4xx without one, garbage, no answer within the probe's bound), perform
-        the `initialize` handshake.  "session": the handshake first, and the probe only
-        when the server refuses it.  "legacy": the handshake alone."""
+        the `initialize` handshake, and probe again if the server refuses that (a late
+        answer to the first probe may have set it on the revision).  "session": the
+        handshake first, and the probe only when the server refuses it.  "legacy": the
+        handshake alone."""
         self.modern = False
         self._listings.clear()
         self._header_maps.clear()
+        self.listen.generation += 1
         if self.server.revision == "auto" and await self._discover(context):
             return
-        if self.server.revision != "session":
+        if self.server.revision == "legacy":
             await self._initialize(context)
             return
         try:
             await self._initialize(context)
         except (ServerErrorResponse, ProtocolViolation) as refused:
-            # A modern-only server refuses the handshake (the spec has it name its versions).
+            # A modern-only server refuses the handshake (the spec has it name its versions);
+            # so does a dual-era stdio server that took a probe "auto" gave up on waiting
+            # for (slow to start) and is serving the revision since.
             if isinstance(refused, RefusedRedirect) or not await self._discover(context):
                 raise
             self.notes.clear()
@@ -684,6 +706,7 @@ class Connection:
         meta: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         keep_hints: bool = False,
+        on_sent: Callable[[int], None] | None = None,
     ) -> Any:
         """Send one request; `meta` goes in its params' `_meta` (with the revision's envelope
         on a modern connection, whose HTTP headers are derived here unless given).  A modern
@@ -700,6 +723,8 @@ class Connection:
         message = encode_request(request_id, method, params_json)
         if context is not None:
             self._contexts[request_id] = context
+        if on_sent is not None:
+            on_sent(request_id)  # before it goes: its first frame may come before its answer
         try:
             # (What `anyio.fail_after` does, without its two generator layers.)
             bound = anyio.CancelScope(
@@ -750,19 +775,18 @@ class Connection:
             message = dataclasses.replace(message, params={})
         if not isinstance(message.params, dict):
             return
+        if (
+            self.modern
+            and message.method is not None
+            and self.listen.intercept(message.method, message.params)
+        ):
+            return  # a frame of a listen stream: its events are handed on from there
         if message.method == "notifications/message":
             await self._logged(message.params, context)
             return
         if message.method != "notifications/progress":
-            if message.method is not None and message.method.endswith("/list_changed"):
-                self._listings.clear()  # whatever was kept per its ttlMs is stale now
-            notified = self.on_notification
-            if notified is not None and message.method is not None:
-                with (
-                    anyio.move_on_after(_PROGRESS_CALLBACK_SECONDS),
-                    contextlib.suppress(Exception),
-                ):
-                    await notified(message.method, message.params)
+            if message.method is not None:
+                await self._handed_on(message.method, message.params)
             return
         token = message.params.get("progressToken")
         listener = self._progress.get(token) if isinstance(token, str) else None
@@ -779,6 +803,16 @@ class Connection:
                 else None,
                 text if isinstance(text, str) else None,
             )
+
+    async def _handed_on(self, method: str, params: dict[str, Any]) -> None:
+        """A list change or another notification for `on_notification` (bounded; what it
+        raises is dropped), from a session or a listen stream alike."""
+        if method.endswith("/list_changed"):
+            self._listings.clear()  # whatever was kept per its ttlMs is stale now
+        notified = self.on_notification
+        if notified is not None:
+            with anyio.move_on_after(_PROGRESS_CALLBACK_SECONDS), contextlib.suppress(Exception):
+                await notified(method, params)
 
     async def _answer_request(self, message: Incoming, context: CallContext | None) -> None:
         """Answer the server's request: ping at once; sampling, elicitation or roots through
@@ -933,6 +967,7 @@ async def connect(
         step("performing the handshake")
         await connection._handshake()
         connection._live = True
+        connection.listen.poke()
     except MCPConnectionError as exc:
         with anyio.CancelScope(shield=True):
             await connection.aclose()

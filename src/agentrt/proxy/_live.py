@@ -153,6 +153,7 @@ class LiveListings:
         self.watches[name] = _Watch(upstream, manifest)
         self._install(name)
         if self._group is not None:
+            self._group.start_soon(self._listen, name)  # 2026-07-28: its listen stream
             self._group.start_soon(self._work, name)
 
     async def _notified(
@@ -180,6 +181,8 @@ class LiveListings:
                 group.start_soon(self._work, name)
                 if name in self.proxy.offered.tools:
                     group.start_soon(self._work_offers, name)
+            for name in self.watches:
+                group.start_soon(self._listen, name)  # 2026-07-28: its listen stream
 
     async def _work(self, name: str) -> None:
         watch = self.watches[name]
@@ -190,6 +193,13 @@ class LiveListings:
             await self.relist(name)
             # At most one listing a second: a storm costs a listing a second while it lasts.
             await anyio.sleep(RELIST_INTERVAL)
+
+    async def _listen(self, name: str) -> None:
+        """A server on the 2026-07-28 revision tells of changes only on a listen stream
+        (`mcp/_subscriptions.py`): held open while the proxy serves, its events taken here."""
+        await self.watches[name].upstream.connection.listen.run(
+            lambda sentence: log_line(self.log, f"agentrt proxy: {sentence}")
+        )
 
     async def _work_offers(self, name: str) -> None:
         watch = self.watches[name]

@@ -31,6 +31,7 @@ A response spec is an object with any of:
   "before": [raw lines sent first; "{id}" becomes the request id],
   "before_hex": [the same, as hex, for bytes that are not UTF-8],
   "sleep": seconds before answering,
+  "sleep_first": seconds before answering, the first time this spec answers only,
   "elicit": true (send an elicitation/create request, wait for its answer,
             then answer the call with text naming the answer's error code),
   "exit": code (exit at once, after "stderr" text if given),
@@ -107,6 +108,8 @@ def _respond(spec: dict[str, Any], request_id: Any, raw_line: bytes, default: st
         _write(bytes.fromhex(hex_line).replace(b"{id}", id_text.encode()))
     if "sleep" in spec:
         time.sleep(spec["sleep"])
+    if "sleep_first" in spec:
+        time.sleep(spec.pop("sleep_first"))
     if "exit" in spec:
         if "stderr" in spec:
             sys.stderr.write(spec["stderr"])
