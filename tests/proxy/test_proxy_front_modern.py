@@ -1,0 +1,202 @@
+"""The stdio front for a host of the 2026-07-28 era (`proxy/_modern.py`, decision 0052): its
+discover, listings and calls are answered without the MCP SDK's server, byte for byte as
+that server answers them; every other method of the era still loads the SDK's server."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
+from proxy_helpers import ProxySetup, build_setup
+
+from agentrt.store import open_store
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+_LOADED = "loading the MCP SDK's server"
+MODERN = "2026-07-28"
+ENVELOPE = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientInfo": {"name": "raw-2026-host", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
+}
+
+# The proxy with every request of the era handed to the SDK's server, as before the front
+# answered them: what the front's answers must equal.
+_SDK_ONLY = """
+import sys
+from agentrt.proxy import _dispatch
+from agentrt.proxy.__main__ import main
+
+async def to_sdk(self, request):
+    await self._to_sdk(request)
+
+_dispatch.StdioFront._modern_request = to_sdk
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _request(request_id: int, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
+    message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+    if params is not None:
+        message["params"] = params
+    return message
+
+
+_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
+
+# What a 2026 host sends, and what a broken one does: each answered alike by both.
+REQUESTS: list[tuple[str, dict[str, Any] | None]] = [
+    ("server/discover", {"_meta": ENVELOPE}),
+    ("tools/list", {"_meta": ENVELOPE}),
+    ("prompts/list", {"_meta": ENVELOPE}),
+    ("resources/list", {"_meta": ENVELOPE}),
+    ("resources/templates/list", {"_meta": ENVELOPE}),
+    ("ping", {"_meta": ENVELOPE}),  # no method of the era
+    ("tools/call", {"name": "up_echo", "arguments": {"text": "hé \u2028"}, "_meta": ENVELOPE}),
+    ("tools/call", {"name": "gate_status", "arguments": {}, "_meta": ENVELOPE}),
+    ("tools/call", {"name": "no_such_tool", "arguments": {}, "_meta": ENVELOPE}),
+    # Bad input: each refused with the SDK's code, message and data.
+    ("tools/call", {"arguments": {"text": "nameless"}, "_meta": ENVELOPE}),
+    ("tools/list", {"cursor": 5, "_meta": ENVELOPE}),
+    ("tools/list", None),
+    ("tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": MODERN}}),
+    ("tools/list", {"_meta": {**ENVELOPE, _VERSION_KEY: 7}}),
+    ("tools/list", {"_meta": {**ENVELOPE, _VERSION_KEY: "2099-01-01"}}),
+    ("tools/list", {"_meta": {**ENVELOPE, "io.modelcontextprotocol/logLevel": "loudest"}}),
+    ("tools/call", {"name": "up_echo", "arguments": {"text": "x"}, "_meta": {
+        **ENVELOPE, "io.modelcontextprotocol/clientCapabilities": "not an object"}}),
+]  # fmt: skip
+
+
+@asynccontextmanager
+async def _proxy(setup: ProxySetup, sdk_only: bool) -> AsyncIterator[_Wire]:
+    command = setup.command()
+    if sdk_only:
+        command = [sys.executable, "-c", _SDK_ONLY, *command[command.index("--config") :]]
+    with setup.stderr_path.open("a") as errlog:
+        process = await anyio.open_process(
+            command, stderr=errlog, env=setup.environment(), cwd=str(setup.root)
+        )
+        async with process:
+            try:
+                yield _Wire(process)
+            finally:
+                process.kill()
+
+
+class _Wire:
+    """Raw lines to and from a proxy: the exact bytes it answers with."""
+
+    def __init__(self, process: Any) -> None:
+        self._process = process
+        self._reader = BufferedByteReceiveStream(process.stdout)
+        self.notes: list[dict[str, Any]] = []
+
+    async def ask(self, message: dict[str, Any]) -> bytes:
+        await self._process.stdin.send(json.dumps(message).encode() + b"\n")
+        with anyio.fail_after(30):
+            while True:
+                line = await self._reader.receive_until(b"\n", 1 << 22)
+                parsed = json.loads(line)
+                if parsed.get("id") == message["id"] and "method" not in parsed:
+                    return bytes(line)
+                self.notes.append(parsed)
+
+
+async def _answers(setup: ProxySetup, sdk_only: bool) -> list[bytes]:
+    async with _proxy(setup, sdk_only) as wire:
+        return [
+            await wire.ask(_request(index, method, params))
+            for index, (method, params) in enumerate(REQUESTS)
+        ]
+
+
+async def test_the_fronts_answers_to_a_2026_host_are_the_sdk_servers_byte_for_byte(
+    tmp_path: Path,
+) -> None:
+    front_setup = await build_setup(tmp_path / "front")
+    sdk_setup = await build_setup(tmp_path / "sdk")
+    front = await _answers(front_setup, sdk_only=False)
+    sdk = await _answers(sdk_setup, sdk_only=True)
+    for (method, params), ours, theirs in zip(REQUESTS, front, sdk, strict=True):
+        assert ours == theirs, (method, params)
+    assert _LOADED not in front_setup.stderr()
+    assert _LOADED in sdk_setup.stderr()  # the comparison was with the SDK's server
+    discovered = json.loads(front[0])["result"]
+    assert discovered["supportedVersions"] == [MODERN]
+    assert discovered["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "agentrt-proxy"
+    echoed = json.loads(front[6])["result"]
+    assert echoed["resultType"] == "complete"
+    assert echoed["content"][0]["text"] == "hé \u2028"
+    refused = [json.loads(line)["error"]["code"] for line in front[9:]]
+    assert refused == [-32602, -32602, -32602, -32602, -32602, -32022, -32602, -32602]
+    assert json.loads(front[5])["error"] == {
+        "code": -32601, "message": "Method not found", "data": "ping"
+    }  # fmt: skip
+    with open_store(front_setup.database, read_only=True) as store:
+        assert store.verify_chain().ok
+
+
+def _masked(line: bytes) -> str:
+    """An input-required answer with what differs from one proxy to another (the request
+    state, the approval's ids and hash in the question) masked."""
+    text = re.sub(r'"requestState":"[^"]*"', '"requestState":"…"', line.decode())
+    return re.sub(r'"message":"[^"]*"', '"message":"…"', text)
+
+
+async def test_a_2026_call_held_for_the_host_rides_an_input_required_result_as_the_sdks_does(
+    tmp_path: Path,
+) -> None:
+    held = _request(1, "tools/call", {
+        "name": "up_send_mail", "arguments": {"to": "ops@example.org", "body": "hi"},
+        "_meta": ENVELOPE,
+    })  # fmt: skip
+    answers: dict[bool, bytes] = {}
+    retried: dict[bool, dict[str, Any]] = {}
+    for sdk_only in (False, True):
+        setup = await build_setup(tmp_path / str(sdk_only), approve_in_host=True)
+        async with _proxy(setup, sdk_only) as wire:
+            answers[sdk_only] = await wire.ask(held)
+            question = json.loads(answers[sdk_only])["result"]
+            [key] = question["inputRequests"]
+            retry = {**held["params"], "requestState": question["requestState"],
+                     "inputResponses": {key: {"action": "accept", "content": {
+                         "decision": "approve", "note": "approved statelessly"}}}}  # fmt: skip
+            retried[sdk_only] = json.loads(await wire.ask(_request(2, "tools/call", retry)))
+        assert setup.executions() == ["send_mail ops@example.org"]
+        assert (_LOADED in setup.stderr()) is sdk_only
+    assert _masked(answers[False]) == _masked(answers[True])
+    assert json.loads(answers[False])["result"]["resultType"] == "input_required"
+    assert retried[False] == retried[True]
+    assert retried[False]["result"]["isError"] is False
+
+
+async def test_a_2026_method_the_front_does_not_answer_loads_the_sdks_server_and_calls_go_on(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(tmp_path)
+    async with _proxy(setup, sdk_only=False) as wire:
+        first = json.loads(await wire.ask(_request(1, "tools/call", {
+            "name": "up_echo", "arguments": {"text": "1"}, "_meta": ENVELOPE})))  # fmt: skip
+        assert _LOADED not in setup.stderr()
+        # An initialize on a connection of the era is the SDK's to refuse.
+        refused = json.loads(await wire.ask(_request(2, "initialize", {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "late", "version": "0"}})))  # fmt: skip
+        second = json.loads(await wire.ask(_request(3, "tools/call", {
+            "name": "up_echo", "arguments": {"text": "2"}, "_meta": ENVELOPE})))  # fmt: skip
+    assert refused.get("error", {}).get("code") == -32022, refused
+    assert [first["result"]["content"][0]["text"], second["result"]["content"][0]["text"]] == [
+        "1",
+        "2",
+    ]
+    assert setup.stderr().count(_LOADED) == 1
