@@ -41,7 +41,7 @@ NOT_FOR_A_DEFAULT_STDIO_PROXY = (
     "starlette",
     "uvicorn",
     "sse_starlette",
-    # The 2026-07-28 era's wire types: a stdio host of that era is the SDK's server's.
+    # The 2026-07-28 era's wire types: only for a host of that era (decision 0052).
     "mcp_types.methods",
     "mcp_types._v2026_07_28",
     "httpx2",  # the HTTP client: only for a server over HTTP

@@ -7,11 +7,13 @@ validation the SDK's server applies (the wire types `mcp_types.methods`
 maps every handshake-era version to, checked the way it checks them) and
 the same answers (`Handlers`' methods, one answer
 path for both), so the SDK's server (0.6–0.7 s of CPU and 25–30 MiB to import,
-decision 0043) is loaded only when a host needs it: any other method, a
-request before the handshake, or a connection opened in the 2026-07-28
-era.  Then the SDK's server is started behind the front, told the host's
-`initialize` again (its answer is not passed on), and from then on is
-handed every message the front does not answer.
+decision 0043) is loaded only when a host needs it: any other method, or a
+request before the handshake.  A connection opened in the 2026-07-28 era
+(Claude Code's) has its discover, listings and calls answered the same way
+by `_modern` (decision 0052).  Then the SDK's server is started behind the
+front, told the host's `initialize` again (or, in the 2026 era, a
+`server/discover` under the host's envelope; its answer is not passed on),
+and from then on is handed every message the front does not answer.
 
 A call the front runs keeps what the SDK's request context gave it
 (`FrontContext`): the host's progress token, log lines at the level the
