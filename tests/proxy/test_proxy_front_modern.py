@@ -112,12 +112,21 @@ class _Wire:
                 self.notes.append(parsed)
 
 
-async def _answers(setup: ProxySetup, sdk_only: bool) -> list[bytes]:
+# A call whose request asked for the server's log lines: the line reaches the host first.
+_LOGGED = (
+    "tools/call",
+    {"name": "up_echo", "arguments": {"text": "log:asked"},
+     "_meta": {**ENVELOPE, "io.modelcontextprotocol/logLevel": "warning"}},
+)  # fmt: skip
+
+
+async def _answers(setup: ProxySetup, sdk_only: bool) -> tuple[list[bytes], list[Any]]:
     async with _proxy(setup, sdk_only) as wire:
-        return [
+        answers = [
             await wire.ask(_request(index, method, params))
-            for index, (method, params) in enumerate(REQUESTS)
+            for index, (method, params) in enumerate([*REQUESTS, _LOGGED])
         ]
+        return answers, wire.notes
 
 
 async def test_the_fronts_answers_to_a_2026_host_are_the_sdk_servers_byte_for_byte(
@@ -125,10 +134,13 @@ async def test_the_fronts_answers_to_a_2026_host_are_the_sdk_servers_byte_for_by
 ) -> None:
     front_setup = await build_setup(tmp_path / "front")
     sdk_setup = await build_setup(tmp_path / "sdk")
-    front = await _answers(front_setup, sdk_only=False)
-    sdk = await _answers(sdk_setup, sdk_only=True)
-    for (method, params), ours, theirs in zip(REQUESTS, front, sdk, strict=True):
+    front, front_notes = await _answers(front_setup, sdk_only=False)
+    sdk, sdk_notes = await _answers(sdk_setup, sdk_only=True)
+    for (method, params), ours, theirs in zip([*REQUESTS, _LOGGED], front, sdk, strict=True):
         assert ours == theirs, (method, params)
+    # The log line, in the SDK's key order.
+    assert [json.dumps(note) for note in front_notes] == [json.dumps(n) for n in sdk_notes]
+    assert [note["params"]["level"] for note in front_notes] == ["warning"]
     assert _LOADED not in front_setup.stderr()
     assert _LOADED in sdk_setup.stderr()  # the comparison was with the SDK's server
     discovered = json.loads(front[0])["result"]
@@ -137,7 +149,7 @@ async def test_the_fronts_answers_to_a_2026_host_are_the_sdk_servers_byte_for_by
     echoed = json.loads(front[6])["result"]
     assert echoed["resultType"] == "complete"
     assert echoed["content"][0]["text"] == "hé \u2028"
-    refused = [json.loads(line)["error"]["code"] for line in front[9:]]
+    refused = [json.loads(line)["error"]["code"] for line in front[9:-1]]
     assert refused == [-32602, -32602, -32602, -32602, -32602, -32022, -32602, -32602]
     assert json.loads(front[5])["error"] == {
         "code": -32601, "message": "Method not found", "data": "ping"
@@ -200,3 +212,97 @@ async def test_a_2026_method_the_front_does_not_answer_loads_the_sdks_server_and
         "2",
     ]
     assert setup.stderr().count(_LOADED) == 1
+
+
+# -- over streamable HTTP ---------------------------------------------------------------
+
+_SDK_ONLY_HTTP = """
+import sys
+from agentrt.proxy import _http_front
+from agentrt.proxy.__main__ import main
+
+async def to_sdk(self, *args):
+    return False
+
+_http_front.HTTPFront.answer_modern = to_sdk
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@asynccontextmanager
+async def _http_proxy(setup: ProxySetup, sdk_only: bool) -> AsyncIterator[str]:
+    from proxy_helpers import free_port, until
+
+    port = free_port()
+    command = [*setup.command(), "--http", f"127.0.0.1:{port}"]
+    if sdk_only:
+        command = [sys.executable, "-c", _SDK_ONLY_HTTP, *command[command.index("--config") :]]
+    with setup.stderr_path.open("a") as errlog:
+        process = await anyio.open_process(
+            command, stderr=errlog, env=setup.environment(), cwd=str(setup.root)
+        )
+        try:
+            await until(lambda: "serving streamable HTTP" in setup.stderr())
+            yield f"http://127.0.0.1:{port}/mcp"
+        finally:
+            process.terminate()
+            with anyio.fail_after(20):
+                await process.wait()
+
+
+def _posted(method: str, params: dict[str, Any] | None) -> dict[str, str]:
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "content-type": "application/json",
+        "mcp-protocol-version": MODERN,
+        "mcp-method": method,
+    }
+    name = (params or {}).get("name")
+    if method == "tools/call" and isinstance(name, str):
+        headers["mcp-name"] = name
+    return headers
+
+
+# Over HTTP the version header routes the POST to the era; a log line the request asks for
+# makes its answer an event stream.
+HTTP_REQUESTS = [
+    *REQUESTS[:9],
+    ("tools/call", {"name": "up_echo", "arguments": {"text": "log:asked"}, "_meta": {
+        **ENVELOPE, "io.modelcontextprotocol/logLevel": "warning"}}),
+    ("tools/call", {"name": "up_echo", "arguments": {"text": "log:unasked"}, "_meta": ENVELOPE}),
+    *REQUESTS[9:12],
+    *REQUESTS[14:],
+]  # fmt: skip
+
+
+async def _http_answers(setup: ProxySetup, sdk_only: bool) -> list[tuple[int, str, bytes]]:
+    import httpx2
+
+    answers = []
+    async with _http_proxy(setup, sdk_only) as url, httpx2.AsyncClient(timeout=30.0) as client:
+        for index, (method, params) in enumerate(HTTP_REQUESTS):
+            body = json.dumps(_request(index, method, params)).encode()
+            posted = await client.post(url, content=body, headers=_posted(method, params))
+            answers.append(
+                (posted.status_code, posted.headers.get("content-type", ""), posted.content)
+            )
+    return answers
+
+
+@pytest.mark.slow
+async def test_the_http_fronts_answers_to_2026_posts_are_the_sdk_entrys_byte_for_byte(
+    tmp_path: Path,
+) -> None:
+    front_setup = await build_setup(tmp_path / "front")
+    sdk_setup = await build_setup(tmp_path / "sdk")
+    front = await _http_answers(front_setup, sdk_only=False)
+    sdk = await _http_answers(sdk_setup, sdk_only=True)
+    for (method, params), ours, theirs in zip(HTTP_REQUESTS, front, sdk, strict=True):
+        assert ours == theirs, (method, params)
+    kinds = [content_type for _, content_type, _ in front]
+    assert kinds[9] == "text/event-stream"  # the log line asked for came first
+    assert b"warning log:asked" in front[9][2]
+    assert kinds[10] == "application/json" and b"log:unasked" in front[10][2]
+    assert [status for status, _, _ in front[11:]] == [400] * 6
+    with open_store(front_setup.database, read_only=True) as store:
+        assert store.verify_chain().ok

@@ -189,10 +189,12 @@ def progress_params(
 
 
 def log_params(level: str, data: Any, logger: str | None) -> dict[str, Any]:
-    """A `notifications/message`'s params, as the SDK's session writes them."""
-    params: dict[str, Any] = {"level": level, "data": data}
+    """A `notifications/message`'s params, as the SDK's session writes them (the model's
+    field order: level, logger, data)."""
+    params: dict[str, Any] = {"level": level}
     if logger is not None:
         params["logger"] = logger
+    params["data"] = data
     return params
 
 

@@ -183,11 +183,17 @@ class HTTPFront:
     """Answers the common methods of the proxy's HTTP sessions (`_streamable`)."""
 
     def __init__(
-        self, methods: Mapping[str, tuple[type[BaseModel], Handler]], log: IO[str]
+        self,
+        methods: Mapping[str, tuple[type[BaseModel], Handler]],
+        log: IO[str],
+        handlers: Handlers | None = None,
     ) -> None:
         # Each method the front answers: its params model and its handler.
         self._methods = dict(methods)
         self._log = log
+        # The 2026-07-28 era's single exchanges (`_modern_http`, decision 0052).
+        self._handlers = handlers
+        self._modern: dict[str, tuple[type[BaseModel], Handler]] | None = None
 
     @classmethod
     def of(cls, handlers: Handlers, log: IO[str]) -> HTTPFront:
@@ -201,7 +207,31 @@ class HTTPFront:
             "resources/list": (paginated, handlers._list_resources),
             "resources/templates/list": (paginated, handlers._list_resource_templates),
         }
-        return cls(methods, log)
+        return cls(methods, log, handlers)
+
+    # -- the 2026-07-28 era (decision 0052) ----------------------------------------
+
+    async def answer_modern(
+        self, scope: Any, body: bytes, receive: Any, send: Any, http_request: _Request
+    ) -> bool:
+        """Answer a POST of the 2026-07-28 era if it is one of the front's methods; False
+        (nothing sent) for the SDK's stateless entry to answer."""
+        if self._handlers is None:
+            return False
+        from . import _modern, _modern_http
+
+        if self._modern is None:
+            self._modern = _modern.modern_methods(self._handlers)
+        return await _modern_http.answer_post(
+            self._modern, self._input_schema, scope, body, receive, send, http_request, self._log
+        )
+
+    def _input_schema(self, name: str) -> Any:
+        assert self._handlers is not None
+        for spec in self._handlers.proxy.calls.specs:
+            if spec.name == name:
+                return spec.input_schema
+        return None
 
     def answers(self, method: str) -> bool:
         return method in self._methods

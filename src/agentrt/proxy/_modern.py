@@ -45,7 +45,15 @@ from ._log import log_line
 if TYPE_CHECKING:
     from types import ModuleType
 
-__all__ = ["MODERN_METHODS", "ModernContext", "Notify", "answered", "discover", "modern_methods"]
+__all__ = [
+    "MODERN_METHODS",
+    "ModernContext",
+    "Notify",
+    "answer",
+    "answered",
+    "discover",
+    "modern_methods",
+]
 
 _Handler = Callable[[Any, Any], Awaitable[Any]]
 
@@ -258,13 +266,26 @@ async def answered(
     handler: _Handler,
     notify: Notify,
     log: IO[str],
-    http_request: Any = None,
 ) -> bytes:
     """One 2026-07-28 request answered as the SDK's modern stream answers it."""
-    method, params = request.method, request.params
-    route = _classify(params)
+    route = _classify(request.params)
     if isinstance(route, _Rejected):
         return _error(request.id, route.code, route.message, route.data)
+    return _json(await answer(request, route, params_type, handler, notify, log))
+
+
+async def answer(
+    request: types.JSONRPCRequest,
+    route: _Route,
+    params_type: type[BaseModel],
+    handler: _Handler,
+    notify: Notify,
+    log: IO[str],
+    http_request: Any = None,
+) -> dict[str, Any]:
+    """The JSON-RPC answer to a 2026-07-28 request whose envelope passed the ladder, as
+    `ServerRunner._on_request` and the modern entries' error mapping make it."""
+    method, params = request.method, request.params
     version = route.protocol_version
     wire = _wire()
     try:
@@ -277,17 +298,26 @@ async def answered(
         result = await handler(context, typed)
         shaped = _shaped(wire, method, version, result)
     except _Refused as refused:
-        return _error(request.id, refused.code, refused.message, refused.data)
+        return _failed(request.id, refused.code, refused.message, refused.data)
     except ValidationError:
-        return _error(request.id, types.INVALID_PARAMS, "Invalid request parameters", "")
+        return _failed(request.id, types.INVALID_PARAMS, "Invalid request parameters", "")
     except Exception as exc:
         error = _sdk_error(exc)
         if error is not None:
-            return _error(request.id, *error)
+            return _failed(request.id, *error)
         log_line(log, f"agentrt proxy: the handler of {method} failed: {exc!r}")
         # The SDK's modern entries answer an unexpected failure with a generic error.
-        return _error(request.id, types.INTERNAL_ERROR, "Internal server error")
-    return _json({"jsonrpc": "2.0", "id": request.id, "result": shaped})
+        return _failed(request.id, types.INTERNAL_ERROR, "Internal server error")
+    return {"jsonrpc": "2.0", "id": request.id, "result": shaped}
+
+
+def _failed(
+    request_id: types.RequestId, code: int, message: str, data: Any = None
+) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}
 
 
 def _sdk_error(exc: Exception) -> tuple[int, str, Any] | None:

@@ -406,7 +406,12 @@ class StreamableHTTP:
                 return
         version = headers.get("mcp-protocol-version")
         if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
-            await self._modern.handle_request(scope, _replay(body, receive), send)
+            # The front's methods of the era are its own (decision 0052); the rest the SDK's.
+            front = self._front
+            if front is None or not await front.answer_modern(
+                scope, body, receive, send, _Request(scope)
+            ):
+                await self._modern.handle_request(scope, _replay(body, receive), send)
             return
         session_id = headers.get("mcp-session-id")
         session: _Session | None = None
