@@ -216,15 +216,26 @@ async def test_a_2026_method_the_front_does_not_answer_loads_the_sdks_server_and
 
 # -- over streamable HTTP ---------------------------------------------------------------
 
-_SDK_ONLY_HTTP = """
+# Each POST the SDK's stateless entry answers is told on stderr; with `sdk_only`, the front
+# hands every POST of the era to it.
+_HTTP_PROBE = """
 import sys
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from agentrt.proxy import _http_front
 from agentrt.proxy.__main__ import main
 
-async def to_sdk(self, *args):
-    return False
+entry = StreamableHTTPSessionManager.handle_request
 
-_http_front.HTTPFront.answer_modern = to_sdk
+async def told(self, scope, receive, send):
+    print("SDK ENTRY", flush=True, file=sys.stderr)
+    await entry(self, scope, receive, send)
+
+StreamableHTTPSessionManager.handle_request = told
+if SDK_ONLY:
+    async def to_sdk(self, *args):
+        return False
+
+    _http_front.HTTPFront.answer_modern = to_sdk
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -235,8 +246,8 @@ async def _http_proxy(setup: ProxySetup, sdk_only: bool) -> AsyncIterator[str]:
 
     port = free_port()
     command = [*setup.command(), "--http", f"127.0.0.1:{port}"]
-    if sdk_only:
-        command = [sys.executable, "-c", _SDK_ONLY_HTTP, *command[command.index("--config") :]]
+    probe = _HTTP_PROBE.replace("SDK_ONLY", repr(sdk_only))
+    command = [sys.executable, "-c", probe, *command[command.index("--config") :]]
     with setup.stderr_path.open("a") as errlog:
         process = await anyio.open_process(
             command, stderr=errlog, env=setup.environment(), cwd=str(setup.root)
@@ -280,12 +291,17 @@ async def _http_answers(setup: ProxySetup, sdk_only: bool) -> list[tuple[int, st
 
     answers = []
     async with _http_proxy(setup, sdk_only) as url, httpx2.AsyncClient(timeout=30.0) as client:
-        for index, (method, params) in enumerate(HTTP_REQUESTS):
+
+        async def post(index: int, method: str, params: dict[str, Any] | None) -> bytes:
             body = json.dumps(_request(index, method, params)).encode()
             posted = await client.post(url, content=body, headers=_posted(method, params))
             answers.append(
                 (posted.status_code, posted.headers.get("content-type", ""), posted.content)
             )
+            return posted.content
+
+        for index, (method, params) in enumerate(HTTP_REQUESTS):
+            await post(index, method, params)
     return answers
 
 
@@ -299,6 +315,13 @@ async def test_the_http_fronts_answers_to_2026_posts_are_the_sdk_entrys_byte_for
     sdk = await _http_answers(sdk_setup, sdk_only=True)
     for (method, params), ours, theirs in zip(HTTP_REQUESTS, front, sdk, strict=True):
         assert ours == theirs, (method, params)
+    # Answered by the front: the SDK's entry saw only the POST without an envelope (its
+    # ladder's refusal); handed the era, it saw every POST but the one whose body names
+    # another version than its header (the proxy's own header check refuses it first).
+    assert (front_setup.stderr().count("SDK ENTRY"), sdk_setup.stderr().count("SDK ENTRY")) == (
+        1,
+        len(HTTP_REQUESTS) - 1,
+    )
     kinds = [content_type for _, content_type, _ in front]
     assert kinds[9] == "text/event-stream"  # the log line asked for came first
     assert b"warning log:asked" in front[9][2]
