@@ -10,8 +10,10 @@ method, the result shaped as the SDK shapes it, the JSON-RPC reply written
 once.  The session's `_Waiter` for the request carries the reply, so the
 POST is answered in one JSON body, or as an event stream when a progress
 notification or a question to the host comes first, exactly as for an
-answer of the SDK's server.  Every other method, and every request of the
-2026-07-28 era, still goes to the SDK's server.
+answer of the SDK's server.  Every other method still goes to the SDK's
+server.  A POST of the 2026-07-28 era has its discover, listings and call
+answered by `_modern_http` (`answer_modern`, decision 0052); the rest of the
+era goes to the SDK's stateless entry.
 
 What a call needs of its host keeps working (`HTTPContext`): progress under
 the host's token on the request's stream, log lines on the session's
