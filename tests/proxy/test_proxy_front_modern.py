@@ -101,13 +101,20 @@ class _Wire:
         self._reader = BufferedByteReceiveStream(process.stdout)
         self.notes: list[dict[str, Any]] = []
 
-    async def ask(self, message: dict[str, Any]) -> bytes:
+    async def send(self, message: dict[str, Any]) -> None:
         await self._process.stdin.send(json.dumps(message).encode() + b"\n")
+
+    async def ask(self, message: dict[str, Any]) -> bytes:
+        await self.send(message)
+        return await self.answer(message["id"])
+
+    async def answer(self, request_id: int) -> bytes:
+        """The answer to `request_id`; every other line read meanwhile goes to `notes`."""
         with anyio.fail_after(30):
             while True:
                 line = await self._reader.receive_until(b"\n", 1 << 22)
                 parsed = json.loads(line)
-                if parsed.get("id") == message["id"] and "method" not in parsed:
+                if parsed.get("id") == request_id and "method" not in parsed:
                     return bytes(line)
                 self.notes.append(parsed)
 
@@ -190,6 +197,33 @@ async def test_a_2026_call_held_for_the_host_rides_an_input_required_result_as_t
     assert json.loads(answers[False])["result"]["resultType"] == "input_required"
     assert retried[False] == retried[True]
     assert retried[False]["result"]["isError"] is False
+
+
+async def test_a_2026_calls_progress_reaches_the_host_and_a_cancelled_call_is_never_answered(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(tmp_path)
+    setup.rewrite(hold="2500ms")  # a held call waits, telling its progress
+    held = {"name": "up_send_mail", "arguments": {"to": "p@q.r", "body": "x"}}
+    async with _proxy(setup, sdk_only=False) as wire:
+        await wire.send(_request(1, "tools/call", {
+            **held, "_meta": {**ENVELOPE, "progressToken": "watch"}}))  # fmt: skip
+        await wire.send(_request(2, "tools/call", {**held, "_meta": ENVELOPE}))
+        await wire.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                         "params": {"requestId": 2}})  # fmt: skip
+        listed = json.loads(await wire.ask(_request(3, "tools/list", {"_meta": ENVELOPE})))
+        answered = json.loads(await wire.answer(1))
+        await anyio.sleep(1.0)  # the cancelled call's own hold is over by now
+        json.loads(await wire.ask(_request(4, "tools/list", {"_meta": ENVELOPE})))
+    progress = [
+        note["params"] for note in wire.notes if note.get("method") == "notifications/progress"
+    ]
+    assert len(progress) >= 2 and {note["progressToken"] for note in progress} == {"watch"}
+    assert [note["progress"] for note in progress] == sorted(note["progress"] for note in progress)
+    assert answered["result"]["content"][0]["text"].startswith("PENDING_APPROVAL: ")
+    assert any(tool["name"] == "up_send_mail" for tool in listed["result"]["tools"])
+    assert not any(note.get("id") == 2 for note in wire.notes)  # the host gets no answer (MCP)
+    assert _LOADED not in setup.stderr()
 
 
 async def test_a_2026_method_the_front_does_not_answer_loads_the_sdks_server_and_calls_go_on(
