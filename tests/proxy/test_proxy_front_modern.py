@@ -226,6 +226,33 @@ async def test_a_2026_calls_progress_reaches_the_host_and_a_cancelled_call_is_ne
     assert _LOADED not in setup.stderr()
 
 
+async def test_a_2026_host_that_listed_is_told_no_list_change_outside_a_listen_stream(
+    tmp_path: Path,
+) -> None:
+    # In the era a list change is told only on a subscriptions/listen stream the host opened;
+    # the SDK's connection channel drops it, and so does the front.
+    rules = {"echo": {"side_effect": "read_only"}, "send_mail": {"side_effect": "read_only"}}
+    setup = await build_setup(tmp_path, rules=rules)
+    [server] = setup.document["servers"]
+    listing = {"_meta": ENVELOPE}
+    async with _proxy(setup, sdk_only=False) as wire:
+        listed = json.loads(await wire.ask(_request(1, "tools/list", listing)))
+        setup.rewrite(servers=[{**server, "rules": {"echo": rules["echo"]}}])
+        names = {tool["name"] for tool in listed["result"]["tools"]}
+        with anyio.fail_after(30):
+            for index in range(2, 1000):
+                relisted = json.loads(await wire.ask(_request(index, "tools/list", listing)))
+                names = {tool["name"] for tool in relisted["result"]["tools"]}
+                if "up_send_mail" not in names:
+                    break
+                await anyio.sleep(0.2)
+        await wire.ask(_request(1000, "tools/list", listing))
+    assert "up_send_mail" in {tool["name"] for tool in listed["result"]["tools"]}
+    assert names == {"up_echo", "gate_status"}  # the change was taken
+    assert [note.get("method") for note in wire.notes] == []
+    assert _LOADED not in setup.stderr()
+
+
 async def test_a_2026_method_the_front_does_not_answer_loads_the_sdks_server_and_calls_go_on(
     tmp_path: Path,
 ) -> None:

@@ -191,15 +191,17 @@ class ModernSession:
         # As the SDK's `NoBackChannelError`: the question rides the call's result instead.
         raise HostRefused(f"a host on the 2026-07-28 revision cannot be sent {method}")
 
-    # A list change, as the SDK's session over the connection's notify-only channel tells it.
+    # A list change: in this era told only on a `subscriptions/listen` stream the host
+    # opened, so dropped here, as the SDK's connection channel (`NotifyOnlyOutbound`)
+    # drops it; the host stays a listener, as with the SDK's session.
     async def send_tool_list_changed(self) -> None:
-        await self._notify("notifications/tools/list_changed", None)
+        return None
 
     async def send_prompt_list_changed(self) -> None:
-        await self._notify("notifications/prompts/list_changed", None)
+        return None
 
     async def send_resource_list_changed(self) -> None:
-        await self._notify("notifications/resources/list_changed", None)
+        return None
 
 
 class ModernContext:
