@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MODERN_METHODS",
+    "Envelope",
     "ModernContext",
     "Notify",
     "answer",
@@ -89,21 +90,23 @@ def _wire() -> ModuleType:
     return wire
 
 
-@dataclass(frozen=True)
-class _Route:
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A request's envelope that passed the ladder (the SDK's `InboundModernRoute`)."""
+
     protocol_version: str
     client_info: Any
     client_capabilities: Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Rejected:
     code: int
     message: str
     data: Any = None
 
 
-def _classify(params: Mapping[str, Any] | None) -> _Route | _Rejected:
+def _classify(params: Mapping[str, Any] | None) -> Envelope | _Rejected:
     """`mcp.shared.inbound.classify_inbound_request` for a request without headers."""
     meta = params.get("_meta") if isinstance(params, Mapping) else None
     if not isinstance(meta, Mapping):
@@ -127,7 +130,7 @@ def _classify(params: Mapping[str, Any] | None) -> _Route | _Rejected:
     if version not in MODERN_PROTOCOL_VERSIONS:
         data = {"supported": list(MODERN_PROTOCOL_VERSIONS), "requested": version}
         return _Rejected(types.UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version", data)
-    return _Route(
+    return Envelope(
         version, meta.get(types.CLIENT_INFO_META_KEY), meta[types.CLIENT_CAPABILITIES_META_KEY]
     )
 
@@ -146,7 +149,7 @@ class ModernSession:
     call path uses."""
 
     def __init__(
-        self, route: _Route, meta: Any, progress_token: types.ProgressToken | None, notify: Notify
+        self, route: Envelope, meta: Any, progress_token: types.ProgressToken | None, notify: Notify
     ) -> None:
         self._notify = notify
         self._progress_token = progress_token
@@ -209,7 +212,7 @@ class ModernContext:
     `ServerRequestContext` built from the request's envelope."""
 
     def __init__(
-        self, request: types.JSONRPCRequest, route: _Route, notify: Notify, http_request: Any
+        self, request: types.JSONRPCRequest, route: Envelope, notify: Notify, http_request: Any
     ) -> None:
         params = request.params
         self.meta = params.get("_meta") if params else None
@@ -278,7 +281,7 @@ async def answered(
 
 async def answer(
     request: types.JSONRPCRequest,
-    route: _Route,
+    route: Envelope,
     params_type: type[BaseModel],
     handler: _Handler,
     notify: Notify,

@@ -127,14 +127,16 @@ async def answer_post(
         if isinstance(name, str) and _names_a_header(schema_of(name)):
             return False
     params_type, handler = methods[request.method]
-    envelope = _modern._Route(route.protocol_version, route.client_info, route.client_capabilities)
+    envelope = _modern.Envelope(
+        route.protocol_version, route.client_info, route.client_capabilities
+    )
     await _exchange(request, envelope, params_type, handler, receive, send, http_request, log)
     return True
 
 
 async def _exchange(
     request: types.JSONRPCRequest,
-    route: _modern._Route,
+    route: _modern.Envelope,
     params_type: type[BaseModel],
     handler: Callable[[Any, Any], Any],
     receive: Receive,
