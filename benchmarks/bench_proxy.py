@@ -123,6 +123,29 @@ async def http_session(
                 await process.wait()
 
 
+@asynccontextmanager
+async def http_client_2026(command: list[str], port: int, path: str) -> AsyncIterator[Any]:
+    """The same, for a host of the 2026-07-28 era: no session, each call its own POST with
+    its envelope (the SDK's `Client`, which `_call` drives as it drives a session)."""
+    from mcp import Client
+
+    with open(os.devnull, "w") as devnull:
+        process = await anyio.open_process(command, stdout=devnull, stderr=devnull)
+        try:
+            await _wait_for_port(port, process)
+            url = f"http://127.0.0.1:{port}{path}"
+            async with Client(url, mode="2026-07-28", cache=None) as client:
+                yield client
+        finally:
+            if process.returncode is None:
+                process.terminate()
+                with anyio.move_on_after(5):
+                    await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+
 def _text(result: Any) -> str:
     return "".join(getattr(block, "text", "") for block in result.content)
 
@@ -223,6 +246,19 @@ def _targets(config: Path, root: Path, peers: dict[str, Peer]) -> list[Target]:
             "agentrt.proxy",
         ),
     ]
+    modern_port = _free_port()
+    targets.append(
+        Target(
+            "agentrt-http-2026",
+            "bench_noop_0000",
+            lambda: http_client_2026(
+                [*_proxy_command(config), "--http", f"127.0.0.1:{modern_port}"],
+                modern_port,
+                "/mcp",
+            ),
+            "agentrt.proxy",
+        )
+    )
     peer = peers.get("mcp-proxy")
     if peer is not None and peer.python is not None:
         port = _free_port()

@@ -45,6 +45,12 @@ _INITIALIZE: Final = {
     "clientInfo": {"name": "bench-startup", "version": "1"},
 }
 
+_ENVELOPE_2026: Final = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientInfo": {"name": "bench-startup", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
 
 class Host:
     """A host over a process's stdin and stdout, as a desktop host starts a server."""
@@ -83,6 +89,14 @@ class Host:
         self.request("initialize", _INITIALIZE)
         self.notify("notifications/initialized")
         tools = [tool["name"] for tool in self.request("tools/list", {})["tools"]]
+        return time.perf_counter() - self.began, tools
+
+    def ready_2026(self) -> tuple[float, list[str]]:
+        """The same for a host of the 2026-07-28 era (as Claude Code opens a server):
+        `server/discover`, then `tools/list`, each request carrying its envelope."""
+        envelope = {"_meta": _ENVELOPE_2026}
+        self.request("server/discover", envelope)
+        tools = [tool["name"] for tool in self.request("tools/list", envelope)["tools"]]
         return time.perf_counter() - self.began, tools
 
     def close(self) -> None:
@@ -140,9 +154,11 @@ def _proxy_command(config: Path) -> list[str]:
 
 
 def _ready_rounds(
-    server_command: list[str], config: Path, root: Path, rounds: int
+    server_command: list[str], config: Path, root: Path, rounds: int, era_2026: bool = False
 ) -> dict[str, Any]:
-    """Ready times of the raw server and the proxy, interleaved, alternating the order."""
+    """Ready times of the raw server and the proxy, interleaved, alternating the order
+    (`era_2026`: the proxy's host opens in the 2026-07-28 era; the raw server, which
+    speaks only the handshake era, is its baseline either way)."""
     samples: dict[str, list[float]] = {"direct": [], "agentrt": []}
     proxy_cpu: list[float] = []
     commands = {"direct": server_command, "agentrt": _proxy_command(config)}
@@ -152,7 +168,8 @@ def _ready_rounds(
         for name in order:
             host = Host(commands[name], root)
             try:
-                seconds, tools = host.ready()
+                modern = era_2026 and name == "agentrt"
+                seconds, tools = host.ready_2026() if modern else host.ready()
                 if name == "agentrt":
                     proxy_cpu.append(cpu_seconds(host.process.pid))
             finally:
@@ -268,10 +285,18 @@ def run(quick: bool) -> Result:
             warm_up.close()
         log(f"start-up: ready after spawn, raw server and proxy interleaved, {rounds} rounds")
         ready = _ready_rounds(server_command, config, root, rounds)
+        log(f"start-up: the same for a host of the 2026-07-28 era, {rounds} rounds")
+        ready_2026 = _ready_rounds(server_command, config, root, rounds, era_2026=True)
         log(f"start-up: resident memory after {CALLS} calls")
         # The gate lets at most 5 approvals wait at once (issue 33's bound).
         decided = min(rounds, 5)
         memory = _memory_after_calls(config, root, decided)
         log("start-up: CPU time of agentrt runs / show / approve")
         commands = _command_cpu(root / "conf" / "proxy.db", decided)
-    return {"rounds": rounds, "ready": ready, "memory": memory, "commands": commands}
+    return {
+        "rounds": rounds,
+        "ready": ready,
+        "ready_2026": ready_2026,
+        "memory": memory,
+        "commands": commands,
+    }

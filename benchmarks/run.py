@@ -241,6 +241,15 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
             f"{ready['agentrt_p50_s']:.2f} s vs {ready['direct_p50_s']:.2f} s; proxy CPU "
             f"{ready['agentrt_cpu_to_ready_p50_s']:.2f} s",
         ])  # fmt: skip
+        ready_2026 = startup.get("ready_2026")
+        if isinstance(ready_2026, dict):
+            rows.append([
+                "12 the same for a host of the 2026-07-28 era (server/discover, tools/list)",
+                f"+{ready_2026['delta_p50_s']:.2f} s", f"{ready_2026['ratio_p50']:.2f}x",
+                "<= +0.3 s", _verdict(ready_2026["delta_p50_s"], 0.3),
+                f"{ready_2026['agentrt_p50_s']:.2f} s vs {ready_2026['direct_p50_s']:.2f} s; "
+                f"proxy CPU {ready_2026['agentrt_cpu_to_ready_p50_s']:.2f} s",
+            ])  # fmt: skip
         memory = startup["memory"]
         rss = memory["proxy_rss_kib"] / 1024
         rows.append([

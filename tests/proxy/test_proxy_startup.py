@@ -5,13 +5,14 @@ what the proxy never uses (the agent driver, the model providers) stays unimport
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from mcp import ClientSession
+from mcp import Client, ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from proxy_helpers import ProxySetup, build_setup, host_environment
 
@@ -40,7 +41,7 @@ NOT_FOR_A_DEFAULT_STDIO_PROXY = (
     "starlette",
     "uvicorn",
     "sse_starlette",
-    # The 2026-07-28 era's wire types: a stdio host of that era is the SDK's server's.
+    # The 2026-07-28 era's wire types: only for a host of that era (decision 0052).
     "mcp_types.methods",
     "mcp_types._v2026_07_28",
     "httpx2",  # the HTTP client: only for a server over HTTP
@@ -82,6 +83,44 @@ async def test_a_default_stdio_proxy_does_not_import_what_it_does_not_serve(
     lines = [line for line in setup.stderr().splitlines() if line.startswith("LOADED ")]
     assert lines, setup.stderr()
     assert json.loads(lines[-1].removeprefix("LOADED ")) == []
+
+
+# A host of the 2026-07-28 era (Claude Code over stdio) is answered by the front too
+# (decision 0052): the era's wire types load, the SDK's server does not.
+NOT_FOR_A_2026_STDIO_HOST = tuple(
+    name
+    for name in NOT_FOR_A_DEFAULT_STDIO_PROXY
+    if name not in ("mcp_types.methods", "mcp_types._v2026_07_28")
+)
+
+
+async def test_a_stdio_proxy_serving_a_2026_host_that_discovers_lists_and_calls_loads_no_sdk_server(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(tmp_path)
+    probe = _PROBE.replace("NAMES", repr(NOT_FOR_A_2026_STDIO_HOST))
+    proxy = [sys.executable, "-c", probe, "--config", str(setup.config_path)]
+    # The proxy's stderr into the setup's file, as a host would keep it.
+    parameters = StdioServerParameters(
+        command="sh",
+        args=["-c", f"exec {shlex.join(proxy)} 2>>{shlex.quote(str(setup.stderr_path))}"],
+        env=host_environment(),
+        cwd=str(setup.root),
+    )
+    async with Client(parameters, mode="auto", cache=None) as client:
+        # `mode="auto"` opens with server/discover.
+        discovered = (client.server_info, client.server_capabilities)
+        names = [tool.name for tool in (await client.list_tools()).tools]
+        result = await client.call_tool("up_echo", {"text": "hello"})
+        version = client.protocol_version
+    assert version == "2026-07-28"
+    assert discovered[0].name == "agentrt-proxy" and discovered[1].tools is not None
+    assert "up_echo" in names
+    assert not result.is_error, result
+    lines = [line for line in setup.stderr().splitlines() if line.startswith("LOADED ")]
+    assert lines, setup.stderr()
+    assert json.loads(lines[-1].removeprefix("LOADED ")) == []
+    assert "loading the MCP SDK's server" not in setup.stderr()
 
 
 def _running(pid: int) -> bool:

@@ -7,11 +7,13 @@ validation the SDK's server applies (the wire types `mcp_types.methods`
 maps every handshake-era version to, checked the way it checks them) and
 the same answers (`Handlers`' methods, one answer
 path for both), so the SDK's server (0.6–0.7 s of CPU and 25–30 MiB to import,
-decision 0043) is loaded only when a host needs it: any other method, a
-request before the handshake, or a connection opened in the 2026-07-28
-era.  Then the SDK's server is started behind the front, told the host's
-`initialize` again (its answer is not passed on), and from then on is
-handed every message the front does not answer.
+decision 0043) is loaded only when a host needs it: any other method, or a
+request before the handshake.  A connection opened in the 2026-07-28 era
+(Claude Code's) has its discover, listings and calls answered the same way
+by `_modern` (decision 0052).  Then the SDK's server is started behind the
+front, told the host's `initialize` again (or, in the 2026 era, a
+`server/discover` under the host's envelope; its answer is not passed on),
+and from then on is handed every message the front does not answer.
 
 A call the front runs keeps what the SDK's request context gave it
 (`FrontContext`): the host's progress token, log lines at the level the
@@ -187,10 +189,12 @@ def progress_params(
 
 
 def log_params(level: str, data: Any, logger: str | None) -> dict[str, Any]:
-    """A `notifications/message`'s params, as the SDK's session writes them."""
-    params: dict[str, Any] = {"level": level, "data": data}
+    """A `notifications/message`'s params, as the SDK's session writes them (the model's
+    field order: level, logger, data)."""
+    params: dict[str, Any] = {"level": level}
     if logger is not None:
         params["logger"] = logger
+    params["data"] = data
     return params
 
 
@@ -281,6 +285,9 @@ class StdioFront:
         self.version: str = LATEST_HANDSHAKE_VERSION
         self._initialized = False  # notifications/initialized seen
         self._first_request_seen = False
+        # The connection opened in the 2026-07-28 era: each request carries its envelope.
+        self._modern = False
+        self._opening: types.JSONRPCRequest | None = None  # its first request
         # The SDK's server serves every message: the connection opened in a way only it
         # answers (the 2026-07-28 era, or a request before the handshake).
         self._sdk_only = False
@@ -343,8 +350,12 @@ class StdioFront:
         if not self._first_request_seen:
             self._first_request_seen = True
             # The first request decides the era, as in the SDK's server.
-            self._sdk_only = method != "initialize" and _has_modern_envelope(params)
-        if self._sdk_only or (method != "initialize" and _has_modern_envelope(params)):
+            self._modern = method != "initialize" and _has_modern_envelope(params)
+            if self._modern:
+                self._opening = request
+        if self._modern:
+            await self._modern_request(request)
+        elif self._sdk_only or (method != "initialize" and _has_modern_envelope(params)):
             await self._to_sdk(request)
         elif method == "initialize" and self._initialize is None:
             await self.wire.send(self._initialized_by(request), request.id)
@@ -353,9 +364,28 @@ class StdioFront:
             await self.wire.send(await self._answer(request, params_type, handler), request.id)
         elif method == "tools/call" and self._accepted():
             assert self._group is not None
-            self._group.start_soon(self._run_call, request)
+            self._group.start_soon(self._run_call, request, self._answer_call)
         else:
             await self._to_sdk(request)
+
+    async def _modern_request(self, request: types.JSONRPCRequest) -> None:
+        """A request of a 2026-07-28 connection: the common methods answered here
+        (`_modern`, decision 0052), the rest by the SDK's server."""
+        from . import _modern
+
+        if request.method not in _modern.MODERN_METHODS:
+            await self._to_sdk(request)
+            return
+        params_type, handler = _modern.modern_methods(self.handlers)[request.method]
+
+        async def answer(request: types.JSONRPCRequest) -> bytes:
+            return await _modern.answered(request, params_type, handler, self.notify, self.log)
+
+        if request.method == "tools/call":
+            assert self._group is not None
+            self._group.start_soon(self._run_call, request, answer)
+        else:
+            await self.wire.send(await answer(request), request.id)
 
     async def _notification(self, notification: types.JSONRPCNotification) -> None:
         method = notification.method
@@ -382,14 +412,21 @@ class StdioFront:
         self.client, self.version, self._initialize = client, version, request
         return _json({"jsonrpc": "2.0", "id": request.id, "result": result})
 
-    async def _run_call(self, request: types.JSONRPCRequest) -> None:
+    async def _answer_call(self, request: types.JSONRPCRequest) -> bytes:
+        params_type, handler = self._call
+        return await self._answer(request, params_type, handler)
+
+    async def _run_call(
+        self,
+        request: types.JSONRPCRequest,
+        answer: Callable[[types.JSONRPCRequest], Awaitable[bytes]],
+    ) -> None:
         scope = anyio.CancelScope()
         self._calls[request.id] = scope
         reply: bytes | None = None
         try:
             with scope:
-                params_type, handler = self._call
-                reply = await self._answer(request, params_type, handler)
+                reply = await answer(request)
         except anyio.get_cancelled_exc_class():
             # Shut down before it was answered: the host is told, as by the SDK.
             with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
@@ -454,7 +491,7 @@ class StdioFront:
     async def _start_sdk(self) -> MemoryObjectSendStream[SessionMessage | Exception]:
         from mcp.shared.message import SessionMessage
 
-        if self._initialize is None:
+        if self._initialize is None and not self._modern:
             self._sdk_only = True  # the SDK's server then answers the handshake too
         log_line(self.log, "agentrt proxy: loading the MCP SDK's server for this host")
         server = self.handlers.server()
@@ -475,7 +512,15 @@ class StdioFront:
 
         self._group.start_soon(server.run, received, sent, initialization_options(server))
         self._group.start_soon(relay)
-        if self._initialize is not None:
+        if self._opening is not None:
+            # The era is the first request's: a `server/discover` under the opening
+            # request's envelope opens the SDK's server in it (its answer is not passed on).
+            meta = (self._opening.params or {}).get("_meta")
+            discover = types.JSONRPCRequest(
+                jsonrpc="2.0", id=_REPLAYED_ID, method="server/discover", params={"_meta": meta}
+            )
+            await to_server.send(SessionMessage(discover))
+        elif self._initialize is not None:
             first = self._initialize.model_copy(update={"id": _REPLAYED_ID})
             await to_server.send(SessionMessage(first))
             if self._initialized:

@@ -10,8 +10,10 @@ method, the result shaped as the SDK shapes it, the JSON-RPC reply written
 once.  The session's `_Waiter` for the request carries the reply, so the
 POST is answered in one JSON body, or as an event stream when a progress
 notification or a question to the host comes first, exactly as for an
-answer of the SDK's server.  Every other method, and every request of the
-2026-07-28 era, still goes to the SDK's server.
+answer of the SDK's server.  Every other method still goes to the SDK's
+server.  A POST of the 2026-07-28 era has its discover, listings and call
+answered by `_modern_http` (`answer_modern`, decision 0052); the rest of the
+era goes to the SDK's stateless entry.
 
 What a call needs of its host keeps working (`HTTPContext`): progress under
 the host's token on the request's stream, log lines on the session's
@@ -183,11 +185,17 @@ class HTTPFront:
     """Answers the common methods of the proxy's HTTP sessions (`_streamable`)."""
 
     def __init__(
-        self, methods: Mapping[str, tuple[type[BaseModel], Handler]], log: IO[str]
+        self,
+        methods: Mapping[str, tuple[type[BaseModel], Handler]],
+        log: IO[str],
+        handlers: Handlers | None = None,
     ) -> None:
         # Each method the front answers: its params model and its handler.
         self._methods = dict(methods)
         self._log = log
+        # The 2026-07-28 era's single exchanges (`_modern_http`, decision 0052).
+        self._handlers = handlers
+        self._modern: dict[str, tuple[type[BaseModel], Handler]] | None = None
 
     @classmethod
     def of(cls, handlers: Handlers, log: IO[str]) -> HTTPFront:
@@ -201,7 +209,31 @@ class HTTPFront:
             "resources/list": (paginated, handlers._list_resources),
             "resources/templates/list": (paginated, handlers._list_resource_templates),
         }
-        return cls(methods, log)
+        return cls(methods, log, handlers)
+
+    # -- the 2026-07-28 era (decision 0052) ----------------------------------------
+
+    async def answer_modern(
+        self, scope: Any, body: bytes, receive: Any, send: Any, http_request: _Request
+    ) -> bool:
+        """Answer a POST of the 2026-07-28 era if it is one of the front's methods; False
+        (nothing sent) for the SDK's stateless entry to answer."""
+        if self._handlers is None:
+            return False
+        from . import _modern, _modern_http
+
+        if self._modern is None:
+            self._modern = _modern.modern_methods(self._handlers)
+        return await _modern_http.answer_post(
+            self._modern, self._input_schema, scope, body, receive, send, http_request, self._log
+        )
+
+    def _input_schema(self, name: str) -> Any:
+        assert self._handlers is not None
+        for spec in self._handlers.proxy.calls.specs:
+            if spec.name == name:
+                return spec.input_schema
+        return None
 
     def answers(self, method: str) -> bool:
         return method in self._methods

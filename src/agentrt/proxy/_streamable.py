@@ -21,7 +21,8 @@ comment every 15 seconds, as the SDK's streams are kept alive
 (mcp 2.3) for the 2025 revisions; a request naming a protocol version the
 handshake does not know (the 2026-07-28 revision's per-request exchanges)
 goes to the SDK's own stateless session manager, through its public
-`handle_request` (decision 0020).
+`handle_request` (decision 0020), unless the HTTP front answers it as that
+manager would (its discover, listings and calls: decision 0052).
 
 What may reach the listener at all (the loopback guard, the bearer token,
 the body cap and the screening of every POST body) is `_http.Doorkeeper`'s,
@@ -425,7 +426,12 @@ class StreamableHTTP:
                 return
         version = headers.get("mcp-protocol-version")
         if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
-            await self._modern.handle_request(scope, _replay(body, receive), send)
+            # The front's methods of the era are its own (decision 0052); the rest the SDK's.
+            front = self._front
+            if front is None or not await front.answer_modern(
+                scope, body, receive, send, _Request(scope)
+            ):
+                await self._modern.handle_request(scope, _replay(body, receive), send)
             return
         session_id = headers.get("mcp-session-id")
         session: _Session | None = None
