@@ -148,6 +148,8 @@ class _Transport(Protocol):
 
     def negotiated(self, protocol_version: str) -> None: ...
 
+    async def read_idle(self, *, pushes: bool) -> str | None: ...
+
     # Handed each message the server sent unasked, with the id of the request whose
     # read (stdio) or stream (HTTP) delivered it.
     listener: Callable[[Incoming, int], Awaitable[None]] | None
@@ -207,6 +209,8 @@ class Connection:
         self.on_notification: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
         transport.listener = self._notified
         self._closing: anyio.Event | None = None
+        # Set (and replaced) when a restart makes a new transport live, and on close.
+        self._transport_changed = anyio.Event()
         self._live = False  # the handshake of the current transport completed
         self._next_id = 0
         self.protocol_version: str | None = None
@@ -241,6 +245,7 @@ class Connection:
             await self._closing.wait()
             return
         self._closing = anyio.Event()
+        self._transport_changed.set()
         try:
             with anyio.CancelScope(shield=True):
                 await self._transport.aclose(polite=polite)
@@ -296,6 +301,38 @@ class Connection:
                 await self._transport.aclose()
             raise NotSent(self.server.name, f'the connection to server "{self._name()}" is closed')
         self._live = True
+        changed, self._transport_changed = self._transport_changed, anyio.Event()
+        changed.set()
+
+    async def watch_idle(self, on_lost: Callable[[str], None] | None = None) -> None:
+        """Read what the server sends while no request is in flight, for the connection's
+        life and across restarts, so a notification sent between requests is handled at
+        once (docs/decisions/0049).  Over stdio the server's stdout is read; over HTTP, a
+        legacy session whose server advertises list changes or subscriptions holds the
+        standalone GET stream open.  `on_lost` is told, in one sentence, when the server's
+        side ended while no request was reading (it exited, closed its stdout): the next
+        request starts it again, as after a death mid-call.  Returns once `aclose()` began."""
+        while self._closing is None:
+            changed = self._transport_changed
+            transport = self._transport
+            if self._live:
+                lost = await transport.read_idle(pushes=self._pushes())
+                if lost is not None and on_lost is not None and transport is self._transport:
+                    with contextlib.suppress(Exception):
+                        on_lost(lost)
+            await changed.wait()
+
+    def _pushes(self) -> bool:
+        """Whether the server said it may send something unasked: a list change or a
+        resource subscription (a legacy session's capabilities)."""
+        capabilities = self.capabilities if isinstance(self.capabilities, dict) else {}
+        for kind in ("tools", "prompts", "resources"):
+            offered = capabilities.get(kind)
+            if isinstance(offered, dict) and (
+                offered.get("listChanged") is True or offered.get("subscribe") is True
+            ):
+                return not self.modern
+        return False
 
     async def list_tools(self, *, context: CallContext | None = None) -> list[RawTool]:
         """Every tool the server lists, in order, one `RawTool` per element, malformed ones too.

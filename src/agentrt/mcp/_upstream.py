@@ -97,6 +97,17 @@ class Upstream:
             self.refused_since = "its server listed its tools again"
             return listing
 
+    async def watch_idle(self) -> None:
+        """Read the server's messages while no request is in flight, until the connection
+        closes (`Connection.watch_idle`); a server that dies meanwhile is told to the
+        operator at once, in one line, and started again at its next call."""
+        await self.connection.watch_idle(on_lost=self._lost_while_idle)
+
+    def _lost_while_idle(self, why: str) -> None:
+        self._log(
+            f"{sanitize(why)} while no request was in flight; it is started again at its next call"
+        )
+
     async def ready(self, context: CallContext | None = None) -> None:
         """Return once the session can take a request, restarting the server if it died.
 
