@@ -89,9 +89,15 @@ class HttpTransport:
     listener: Callable[[Incoming, int], Awaitable[None]] | None = None
     # The standalone GET stream is held open for the session's life (`_idle`).
     _stream_held: bool = False
+    # The HTTP status of each request answered with an error status, until asked for.
+    _error_statuses: dict[int, int] = field(default_factory=dict)
 
     def stderr_tail(self) -> str:
         return ""
+
+    def error_status(self, request_id: int) -> int | None:
+        """The HTTP error status (4xx, 5xx) that answered request `request_id`, once."""
+        return self._error_statuses.pop(request_id, None)
 
     async def read_idle(self, *, pushes: bool) -> str | None:
         """While the connection lives, hold the standalone GET stream of a legacy session
@@ -202,7 +208,9 @@ class HttpTransport:
                     f'server "{self._name()}" answered {method} with 202 Accepted and no answer',
                 )
             if response.status_code >= 400:
-                return await self._error_status(response, method)
+                refusal = await self._error_status(response, method)
+                self._error_statuses[request_id] = response.status_code
+                return refusal
             if method == "initialize":
                 session_id = response.headers.get(SESSION_ID_HEADER)
                 if session_id:

@@ -229,6 +229,10 @@ class StdioTransport:
     def negotiated(self, protocol_version: str) -> None:
         """Nothing on stdio carries the version after the handshake."""
 
+    def error_status(self, request_id: int) -> int | None:
+        """Never: a pipe has no status besides the answer."""
+        return None
+
     def _name(self) -> str:
         return sanitize(self.server.name)
 
