@@ -46,8 +46,8 @@ _scenario: dict[str, Any] = {}
 _log_lock = threading.Lock()
 _answers: dict[str, Any] = {}
 _answer_ready = threading.Condition()
-_unanswered: list[Any] = []
-_gets: list[int] = []  # one per "numbered" GET served  # ids of calls whose stream ended without their answer
+_unanswered: list[Any] = []  # ids of calls whose stream ended without their answer
+_gets: list[int] = []  # one per "numbered" GET served
 
 
 def _default_tools() -> str:
