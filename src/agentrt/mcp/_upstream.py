@@ -113,7 +113,15 @@ class Upstream:
         """Read the server's messages while no request is in flight, until the connection
         closes (`Connection.watch_idle`); a server that dies meanwhile is told to the
         operator at once, in one line, and started again at its next call."""
-        await self.connection.watch_idle(on_lost=self._lost_while_idle)
+        try:
+            await self.connection.watch_idle(on_lost=self._lost_while_idle)
+        except Exception as exc:
+            # Reading between requests is a courtesy: its failure must not stop the proxy.
+            self._log(
+                f'reading server "{sanitize(self.server.name)}" while no request was in '
+                f"flight failed ({sanitize(str(exc) or type(exc).__name__)}); what it sends "
+                "between requests is read at its next request"
+            )
 
     def _lost_while_idle(self, why: str) -> None:
         self._log(
