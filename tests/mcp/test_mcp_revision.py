@@ -68,6 +68,7 @@ async def test_a_modern_sdk_server_is_spoken_to_statelessly_with_the_envelope() 
         assert [tool.name for tool in await connection.list_tools()] == [
             "add",
             "region",
+            "reheader",
             "write_note",
         ]
         result = await connection.call_tool("add", '{"a":2,"b":3}', timeout=10)
@@ -121,9 +122,14 @@ async def test_over_http_requests_carry_mcp_method_name_and_x_mcp_header_paramet
             )
             assert result["content"][0]["text"] == "ran q in eu-wést"
             connection._header_maps.clear()  # as if the annotation had never been read
-            with pytest.raises(ServerErrorResponse) as refused:
-                await connection.call_tool("region", '{"region":"eu","query":"q"}', timeout=10)
-            assert refused.value.code == -32020  # HeaderMismatch: the header was needed
+            # HeaderMismatch (the header was needed): the tools are listed again, and the
+            # call sent once more with it (test_mcp_header_retry.py).
+            told: list[str] = []
+            again = await connection.call_tool_checked(
+                "region", '{"region":"eu","query":"q"}', timeout=10, on_retry=told.append
+            )
+            assert again["content"][0]["text"] == "ran q in eu"
+            assert len(told) == 1 and "(HeaderMismatch)" in told[0]
         finally:
             await connection.aclose()
 

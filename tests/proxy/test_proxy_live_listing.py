@@ -38,6 +38,7 @@ CHANGING_RULES: dict[str, Any] = {
     "change": {"side_effect": "local_mutation"},
     "storm": {"side_effect": "local_mutation"},
     "listings": {"side_effect": "read_only"},
+    "later": {"side_effect": "local_mutation"},
 }
 
 

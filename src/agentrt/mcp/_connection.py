@@ -74,6 +74,7 @@ from . import _revision
 from ._connection_errors import (
     CallTimeout,
     ConnectionClosed,
+    HeaderMismatchRefused,
     MCPConnectionError,
     NotSent,
     ProtocolViolation,
@@ -101,6 +102,7 @@ __all__ = [
     "CallTimeout",
     "Connection",
     "ConnectionClosed",
+    "HeaderMismatchRefused",
     "MCPConnectionError",
     "NotSent",
     "ProtocolViolation",
@@ -164,6 +166,10 @@ class _Transport(Protocol):
 
     def negotiated(self, protocol_version: str) -> None: ...
 
+    async def read_idle(self, *, pushes: bool) -> str | None: ...
+
+    def error_status(self, request_id: int) -> int | None: ...
+
     # Handed each message the server sent unasked, with the id of the request whose
     # read (stdio) or stream (HTTP) delivered it.
     listener: Callable[[Incoming, int], Awaitable[None]] | None
@@ -223,6 +229,8 @@ class Connection:
         self.on_notification: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
         transport.listener = self._notified
         self._closing: anyio.Event | None = None
+        # Set (and replaced) when a restart makes a new transport live, and on close.
+        self._transport_changed = anyio.Event()
         self._live = False  # the handshake of the current transport completed
         self._next_id = 0
         self.protocol_version: str | None = None
@@ -240,6 +248,9 @@ class Connection:
         self._listings: dict[tuple[str, str | None], tuple[float, Any]] = {}
         # Per tool, the argument paths its schema mirrors into Mcp-Param-* headers.
         self._header_maps: dict[str, dict[tuple[str, ...], str]] = {}
+        # Told a listing made to retry a call its server refused for its headers; returns
+        # why the tool may not be called now ("" when it may): the owner's pins (`Upstream`).
+        self.on_tools_relisted: Callable[[str, list[RawTool]], str] | None = None
 
     # -- public ----------------------------------------------------------------
 
@@ -259,6 +270,7 @@ class Connection:
             await self._closing.wait()
             return
         self._closing = anyio.Event()
+        self._transport_changed.set()
         try:
             with anyio.CancelScope(shield=True):
                 await self._transport.aclose(polite=polite)
@@ -320,6 +332,38 @@ class Connection:
             raise NotSent(self.server.name, f'the connection to server "{self._name()}" is closed')
         self.listen.poke()  # a new process or session: its listen stream is opened again
         self._live = True
+        changed, self._transport_changed = self._transport_changed, anyio.Event()
+        changed.set()
+
+    async def watch_idle(self, on_lost: Callable[[str], None] | None = None) -> None:
+        """Read what the server sends while no request is in flight, for the connection's
+        life and across restarts, so a notification sent between requests is handled at
+        once (docs/decisions/0049).  Over stdio the server's stdout is read; over HTTP, a
+        legacy session whose server advertises list changes or subscriptions holds the
+        standalone GET stream open.  `on_lost` is told, in one sentence, when the server's
+        side ended while no request was reading (it exited, closed its stdout): the next
+        request starts it again, as after a death mid-call.  Returns once `aclose()` began."""
+        while self._closing is None:
+            changed = self._transport_changed
+            transport = self._transport
+            if self._live:
+                lost = await transport.read_idle(pushes=self._pushes())
+                if lost is not None and on_lost is not None and transport is self._transport:
+                    with contextlib.suppress(Exception):
+                        on_lost(lost)
+            await changed.wait()
+
+    def _pushes(self) -> bool:
+        """Whether the server said it may send something unasked: a list change or a
+        resource subscription (a legacy session's capabilities)."""
+        capabilities = self.capabilities if isinstance(self.capabilities, dict) else {}
+        for kind in ("tools", "prompts", "resources"):
+            offered = capabilities.get(kind)
+            if isinstance(offered, dict) and (
+                offered.get("listChanged") is True or offered.get("subscribe") is True
+            ):
+                return not self.modern
+        return False
 
     async def list_tools(self, *, context: CallContext | None = None) -> list[RawTool]:
         """Every tool the server lists, in order, one `RawTool` per element, malformed ones too.
@@ -367,10 +411,14 @@ class Connection:
         timeout: float,  # noqa: ASYNC109 - the call's own bound, named by the interface
         progress: Progress | None = None,
         context: CallContext | None = None,
+        on_retry: Callable[[str], None] | None = None,
     ) -> dict[str, Any]:
         """`call_tool` for a caller that has already parsed `arguments_json` through
         `parse_json` and found an object (a `ServerTool`): the same call, without the
-        second parse."""
+        second parse.  On the revision's HTTP, a call the server refused before running
+        it for headers that disagree with its body is retried once after the tools are
+        listed again (`_retry_after_header_mismatch`); `on_retry` is told so, in one
+        sentence, for the call's record."""
         if progress is None and context is not None:
             progress = context.progress
         # The host's trace context (traceparent, tracestate), carried upstream in `_meta`.
@@ -387,9 +435,20 @@ class Connection:
             self._askers.append(asker)
         deadline = anyio.current_time() + timeout
         try:
-            result = await self._request(
-                "tools/call", params, limit=timeout, context=context, meta=meta
-            )
+            try:
+                result = await self._request(
+                    "tools/call", params, limit=timeout, context=context, meta=meta
+                )
+            except ServerErrorResponse as refused:
+                if not (
+                    self.modern
+                    and self.server.endpoint is not None
+                    and _revision.refused_before_running(refused.code, refused.http_status)
+                ):
+                    raise
+                result = await self._retry_after_header_mismatch(
+                    name, params, deadline, context, meta, on_retry
+                )
             for _round in range(MAX_INPUT_ROUNDS):
                 if asker is None or not _input_required(result):
                     break
@@ -417,6 +476,57 @@ class Connection:
                 "with a result that is not an object",
             )
         return result
+
+    async def _retry_after_header_mismatch(
+        self,
+        name: str,
+        params: str,
+        deadline: float,
+        context: CallContext | None,
+        meta: dict[str, Any],
+        on_retry: Callable[[str], None] | None,
+    ) -> Any:
+        """The spec's answer to a `HeaderMismatchError` the server sent before running the
+        call: list the tools again (their `x-mcp-header` annotations may have changed), hold
+        the tool to the owner's pins (`on_tools_relisted`), and send the call once more, at
+        most once.  Refused again, or refused by the pins, it ends in one sentence; nothing
+        ran either way."""
+        shown = f'server "{self._name()}" refused tools/call for "{sanitize(name)}"'
+        self.forget_listings()
+        try:
+            with anyio.fail_after(max(deadline - anyio.current_time(), 0.001)):
+                listing = await self._list_tools(context)
+        except (MCPConnectionError, TimeoutError) as exc:
+            raise HeaderMismatchRefused(
+                self.server.name,
+                f"{shown} because its headers disagree with its body (HeaderMismatch), and "
+                f"listing its tools again failed ({sanitize(str(exc))}); nothing ran",
+            ) from None
+        refusal = self.on_tools_relisted(name, listing) if self.on_tools_relisted else ""
+        if refusal:
+            raise HeaderMismatchRefused(
+                self.server.name,
+                f"{shown} because its headers disagree with its body (HeaderMismatch), and "
+                f"listed again the tool is refused: {sanitize(refusal)}; nothing ran",
+            )
+        if on_retry is not None:
+            on_retry(
+                f"{shown} because its headers disagreed with its body (HeaderMismatch), before "
+                "running it; its tools were listed again and the call was sent once more"
+            )
+        remaining = max(deadline - anyio.current_time(), 0.001)
+        try:
+            return await self._request(
+                "tools/call", params, limit=remaining, context=context, meta=meta
+            )
+        except ServerErrorResponse as again:
+            if not _revision.refused_before_running(again.code, again.http_status):
+                raise
+            raise HeaderMismatchRefused(
+                self.server.name,
+                f"{shown} twice because its headers disagree with its body (HeaderMismatch), "
+                "also after its tools were listed again; nothing ran",
+            ) from None
 
     async def _answered(self, asker: Ask, result: dict[str, Any], deadline: float) -> str | None:
         """The `inputResponses` and `requestState` members (as JSON object text) answering
@@ -755,7 +865,10 @@ class Connection:
             if context is not None:
                 del self._contexts[request_id]
         if answer.error is not None:
-            raise ServerErrorResponse(self.server.name, method, answer.error)
+            error = ServerErrorResponse(self.server.name, method, answer.error)
+            error.http_status = self._transport.error_status(request_id)
+            raise error
+        self._transport.error_status(request_id)  # nothing kept for an answered request
         if self.modern:
             return _revision.without_transport_members(answer.result, keep_hints=keep_hints)
         return answer.result

@@ -14,6 +14,7 @@ from ..sanitize import sanitize
 __all__ = [
     "CallTimeout",
     "ConnectionClosed",
+    "HeaderMismatchRefused",
     "MCPConnectionError",
     "MessageTooLong",
     "NotSent",
@@ -72,11 +73,23 @@ class ServerErrorResponse(MCPConnectionError):
         self.code: int = error["code"]
         self.server_message = sanitize(str(error["message"]))
         self.data: Any = error.get("data")
+        # The HTTP error status that carried it (None on stdio or in a 200 body).
+        self.http_status: int | None = None
         super().__init__(
             server,
             f'server "{sanitize(server)}" answered {method} with error {self.code}: '
             f"{self.server_message}",
         )
+
+
+class HeaderMismatchRefused(ServerErrorResponse):
+    """A call the server refused before running it, for headers that disagree with its
+    body (`HeaderMismatchError`, -32020), and that one retry after listing the tools again
+    did not mend.  Nothing ran.  One sentence."""
+
+    def __init__(self, server: str, message: str) -> None:
+        super().__init__(server, "tools/call", {"code": -32020, "message": message})
+        self.args = (message,)
 
 
 class CallTimeout(MCPConnectionError, TimeoutError):

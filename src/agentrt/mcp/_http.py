@@ -13,8 +13,11 @@ before its answer, after an event `id`, is resumed: after the server's `retry`
 (capped) a GET with `Last-Event-ID` reads the rest, at most `MAX_RESUMPTIONS`
 times; the request itself is never sent again (the revision has no resumption).
 
-Not done, on purpose: the standalone GET SSE stream (nothing here listens to
-server pushes), sending a request again (a half-delivered call has no honest
+The standalone GET SSE stream is held open for the session's life when the
+server advertised list changes or subscriptions (`_idle`), and else only while a
+call that can answer the server's questions is in flight.
+
+Not done, on purpose: sending a request again (a half-delivered call has no honest
 retry), and following a redirect the caller's client does not follow
 itself (a credential the client adds would go wherever a 3xx points).  A body
 over `MAX_RESPONSE_BODY_BYTES` fails the read; it is counted while streaming,
@@ -84,9 +87,27 @@ class HttpTransport:
     # The connection's handler of the server's notifications and requests, told the id
     # of the request on whose stream each arrived; None drops notifications.
     listener: Callable[[Incoming, int], Awaitable[None]] | None = None
+    # The standalone GET stream is held open for the session's life (`_idle`).
+    _stream_held: bool = False
+    # The HTTP status of each request answered with an error status, until asked for.
+    _error_statuses: dict[int, int] = field(default_factory=dict)
 
     def stderr_tail(self) -> str:
         return ""
+
+    def error_status(self, request_id: int) -> int | None:
+        """The HTTP error status (4xx, 5xx) that answered request `request_id`, once."""
+        return self._error_statuses.pop(request_id, None)
+
+    async def read_idle(self, *, pushes: bool) -> str | None:
+        """While the connection lives, hold the standalone GET stream of a legacy session
+        whose server advertised `pushes` (list changes, subscriptions), so what it sends
+        between requests is heard (`_idle.hold_event_stream`); else return at once."""
+        if pushes and self.session_id is not None and self._closed is None:
+            from ._idle import hold_event_stream
+
+            await hold_event_stream(self)
+        return None
 
     def dead(self) -> str | None:
         """Never: an HTTP session is not restarted here (a lost one fails its calls)."""
@@ -131,7 +152,7 @@ class HttpTransport:
         with anyio.CancelScope() as scope:
             self._in_flight.add(scope)
             try:
-                if listen and self.session_id is not None:
+                if listen and self.session_id is not None and not self._stream_held:
                     return await self._post_listening(request_id, method, message, headers)
                 return await self._post_request(request_id, method, message, headers)
             except httpx2.ConnectError as exc:
@@ -187,7 +208,9 @@ class HttpTransport:
                     f'server "{self._name()}" answered {method} with 202 Accepted and no answer',
                 )
             if response.status_code >= 400:
-                return await self._error_status(response, method)
+                refusal = await self._error_status(response, method)
+                self._error_statuses[request_id] = response.status_code
+                return refusal
             if method == "initialize":
                 session_id = response.headers.get(SESSION_ID_HEADER)
                 if session_id:

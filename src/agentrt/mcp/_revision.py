@@ -298,3 +298,11 @@ def without_transport_members(result: Any, *, keep_hints: bool) -> Any:
         trimmed.pop("ttlMs", None)
         trimmed.pop("cacheScope", None)
     return trimmed
+
+
+def refused_before_running(code: int, http_status: int | None) -> bool:
+    """Whether an error answer proves its request did not run: a `HeaderMismatchError`
+    (-32020) carried by an HTTP 400, which the revision has a server send when it rejects
+    the request's headers, before dispatching it to any handler.  The same code inside an
+    event stream proves nothing (the server may have begun)."""
+    return code == HEADER_MISMATCH and http_status == 400

@@ -8,7 +8,9 @@ base environment) is in `_proc` and the modules it chooses from.  Its pipes
 are read and written as non-blocking file descriptors through
 `anyio.wait_readable`/`wait_writable`, so nothing here needs a background
 task: whichever caller is waiting for an answer reads the next line and hands
-it to its owner (see `StdioTransport.request`).  Stderr, when kept, is drained
+it to its owner (see `StdioTransport.request`); while no request waits, the
+proxy's idle reader takes that part (`StdioTransport.read_idle`), so a
+notification sent between requests is handled at once.  Stderr, when kept, is drained
 by a daemon thread into a 4 KiB ring, so a chatty server never blocks on a
 full pipe.
 
@@ -53,6 +55,8 @@ from ._sandbox import sandboxed_command
 from ._server import Server
 
 __all__ = [
+    "IDLE_MESSAGES_PER_SECOND",
+    "IDLE_READ",
     "MAX_LINE_BYTES",
     "STDERR_TAIL_BYTES",
     "StdioTransport",
@@ -76,6 +80,13 @@ _EXIT_STATUS_WAIT: Final = 0.5
 _WRITE_POLL_INTERVAL: Final = 0.01
 _READ_CHUNK: Final = 64 * 1024
 _DRAIN_LIMIT: Final = 1024 * 1024
+
+IDLE_READ: Final = 0
+"""The request id an idle read names to the listener: no request's (ids start at 1)."""
+
+IDLE_MESSAGES_PER_SECOND: Final = 1000
+"""The most messages read in a second while no request waits; a server that floods
+more meets a full pipe (it blocks), so the flood costs this process a bounded CPU."""
 
 
 def server_environment(server: Server) -> dict[str, str]:
@@ -157,6 +168,28 @@ class _StderrTail:
         # daemon thread keeps the descriptor until it reads end of file.
 
 
+class IdleBudget:
+    """`IDLE_MESSAGES_PER_SECOND`, spent one message at a time: past it, the reader
+    sleeps out the second (and leaves the rest in the pipe)."""
+
+    def __init__(self) -> None:
+        self._since = anyio.current_time()
+        self._spent = 0
+
+    async def spend(self) -> None:
+        self._spent += 1
+        if self._spent < IDLE_MESSAGES_PER_SECOND:
+            await anyio.lowlevel.checkpoint()
+            return
+        rest = self._since + 1.0 - anyio.current_time()
+        if rest > 0:
+            await anyio.sleep(rest)
+        else:
+            await anyio.lowlevel.checkpoint()
+        self._since = anyio.current_time()
+        self._spent = 0
+
+
 @dataclass(slots=True)
 class _Pending:
     method: str
@@ -183,6 +216,8 @@ class StdioTransport:
     _reading: bool = False
     _progress: anyio.Event = field(default_factory=anyio.Event)
     _read_scope: anyio.CancelScope | None = None
+    # The idle reader's wait for bytes, cancelled when a request comes to read its own.
+    _idle_wait: anyio.CancelScope | None = None
     _write_lock: anyio.Lock = field(default_factory=anyio.Lock)
     _broken: MCPConnectionError | None = None
     _stdin_open: bool = True
@@ -199,6 +234,10 @@ class StdioTransport:
 
     def negotiated(self, protocol_version: str) -> None:
         """Nothing on stdio carries the version after the handshake."""
+
+    def error_status(self, request_id: int) -> int | None:
+        """Never: a pipe has no status besides the answer."""
+        return None
 
     def _name(self) -> str:
         return sanitize(self.server.name)
@@ -272,6 +311,8 @@ class StdioTransport:
                 break  # end of file: the reader will meet it again
             self._ingest(chunk)
             took = True
+            if self._idle_wait is not None:
+                self._idle_wait.cancel()  # the lines it waits for are in the buffer now
             if self._queued_bytes + len(self._partial) > 2 * MAX_LINE_BYTES:
                 raise self._break(
                     ProtocolViolation(
@@ -305,6 +346,10 @@ class StdioTransport:
         """
         pending = _Pending(method)
         self._pending[request_id] = pending
+        if self._idle_wait is not None:
+            # The idle reader steps down: this request's waiter reads, so the server's log
+            # lines and questions meanwhile are handed to it (`read_by`).
+            self._idle_wait.cancel()
         try:
             await self.send(message)
             while pending.message is None and pending.failure is None:
@@ -330,6 +375,43 @@ class StdioTransport:
             return pending.message
         finally:
             self._pending.pop(request_id, None)
+            if not self._pending:
+                self._wake_waiters()  # the idle reader, waiting for no request to be open
+
+    async def read_idle(self, *, pushes: bool = True) -> str | None:
+        """Read and dispatch what the server sends while no request waits, until the
+        connection breaks or closes: one reader at a time, as `request` reads (a request
+        that comes takes over at once, a line half-read is finished first).  Returns why,
+        in one sentence, when this reader met the server's end (it exited, closed its
+        stdout, flooded past the buffer), or None when the connection was closed here or
+        broke in a request's read.  (`pushes`, what the server advertised, matters only
+        over HTTP: a pipe is read whatever it said, so a death is noticed at once.)"""
+        budget = IdleBudget()
+        while self._broken is None:
+            if self._pending or self._reading:
+                await self._progress.wait()
+                continue
+            self._reading = True
+            try:
+                if not self._lines:
+                    with anyio.CancelScope() as scope:
+                        self._idle_wait = scope
+                        with contextlib.suppress(anyio.ClosedResourceError):
+                            await anyio.wait_readable(self.stdout_fd)
+                    self._idle_wait = None
+                    if scope.cancelled_caught:
+                        continue
+                if self._pending or self._broken is not None:
+                    continue  # a request came while this waited: its own waiter reads
+                await self._read_and_dispatch_one(IDLE_READ)
+            except MCPConnectionError as exc:
+                return None if self._stopping else str(exc)
+            finally:
+                self._idle_wait = None
+                self._reading = False
+                self._wake_waiters()
+            await budget.spend()
+        return None
 
     def _wake_waiters(self) -> None:
         progress, self._progress = self._progress, anyio.Event()
@@ -459,6 +541,8 @@ class StdioTransport:
                 pending.failure = self._broken
         if self._read_scope is not None:
             self._read_scope.cancel()
+        if self._idle_wait is not None:
+            self._idle_wait.cancel()
         self._wake_waiters()
         return self._broken
 

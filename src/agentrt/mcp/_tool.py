@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -150,9 +150,11 @@ class ServerTool:
                     )
                 remaining = max(timeout - (anyio.current_time() - started), 0.001)
                 # The arguments were parsed above and are an object (or canonical_json of one).
+                retried: list[str] = []
                 result = await self._upstream.connection.call_tool_checked(
-                    self._tool, arguments_text, timeout=remaining, context=context
-                )
+                    self._tool, arguments_text, timeout=remaining, context=context,
+                    on_retry=retried.append,
+                )  # fmt: skip
             if guard.cancelled_caught and anyio.current_time() >= guard.deadline:
                 raise TimeoutError
         except (RestartFailed, NotSent) as exc:
@@ -173,6 +175,9 @@ class ServerTool:
                 f"{where} failed: {sanitize(str(exc))}", outcome_known=False
             ) from None
         mapped = map_result(self._server, self._tool, result, self._max_content_bytes)
+        if retried:
+            # The record says the call was sent twice, and why the first was not run.
+            mapped = replace(mapped, summary=f"{mapped.summary}; {retried[0]}")
         broken = self._output_refusal(result)
         if broken is not None:
             return withheld_result(self._server, self._tool, broken)

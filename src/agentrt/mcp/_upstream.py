@@ -61,6 +61,9 @@ class Upstream:
         self.refused_since = "its server was started again"
         # The revision it spoke when loaded: a restart that finds the other era is refused.
         self._revision = connection.protocol_version
+        # A call its server refused for its headers is retried only if the tool, listed
+        # again, still matches its pin (`Connection._retry_after_header_mismatch`).
+        connection.on_tools_relisted = self._relisted_for_retry
 
     def refusal(self, tool: str) -> str:
         return self._refused.get(tool, "")
@@ -96,6 +99,34 @@ class Upstream:
             self._refused = self.recheck(listing)
             self.refused_since = "its server listed its tools again"
             return listing
+
+    def _relisted_for_retry(self, tool: str, listing: list[RawTool]) -> str:
+        """Hold a listing made to retry a call to the pins, as `relist` does; why `tool`
+        may not be called now ("" when it may)."""
+        if self.recheck is None:
+            return ""
+        self._refused = self.recheck(listing)
+        self.refused_since = "its server listed its tools again"
+        return self._refused.get(tool, "")
+
+    async def watch_idle(self) -> None:
+        """Read the server's messages while no request is in flight, until the connection
+        closes (`Connection.watch_idle`); a server that dies meanwhile is told to the
+        operator at once, in one line, and started again at its next call."""
+        try:
+            await self.connection.watch_idle(on_lost=self._lost_while_idle)
+        except Exception as exc:
+            # Reading between requests is a courtesy: its failure must not stop the proxy.
+            self._log(
+                f'reading server "{sanitize(self.server.name)}" while no request was in '
+                f"flight failed ({sanitize(str(exc) or type(exc).__name__)}); what it sends "
+                "between requests is read at its next request"
+            )
+
+    def _lost_while_idle(self, why: str) -> None:
+        self._log(
+            f"{sanitize(why)} while no request was in flight; it is started again at its next call"
+        )
 
     async def ready(self, context: CallContext | None = None) -> None:
         """Return once the session can take a request, restarting the server if it died.

@@ -16,9 +16,10 @@ Bounded: the notification only marks the server as wanting a listing; one
 worker per server lists, so at most one listing is in flight per server, and
 it waits `RELIST_INTERVAL` after each, so a storm of notifications costs one
 listing a second while it lasts, and one after it.  The notification is read
-whenever the proxy next reads from the server (over stdio, while any request
-to it is open; over HTTP, on the stream of a request), since the upstream
-client keeps no idle reader.
+when it is sent, also while no request to the server is open: each server's
+`Upstream.watch_idle` reads its stdout between requests, or holds the standalone
+GET stream of a legacy HTTP session whose server advertises list changes or
+subscriptions (docs/decisions/0049).
 """
 
 from __future__ import annotations
@@ -155,6 +156,7 @@ class LiveListings:
         if self._group is not None:
             self._group.start_soon(self._listen, name)  # 2026-07-28: its listen stream
             self._group.start_soon(self._work, name)
+            self._group.start_soon(upstream.watch_idle)
 
     async def _notified(
         self, name: str, then: Notified | None, method: str, params: dict[str, Any]
@@ -177,7 +179,9 @@ class LiveListings:
         """One worker per server until cancelled (the proxy's shutdown)."""
         async with anyio.create_task_group() as group:
             self._group = group
-            for name in self.watches:
+            for name, watch in self.watches.items():
+                # What the server sends between requests is read at once (decision 0049).
+                group.start_soon(watch.upstream.watch_idle)
                 group.start_soon(self._work, name)
                 if name in self.proxy.offered.tools:
                     group.start_soon(self._work_offers, name)

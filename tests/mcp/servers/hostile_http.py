@@ -23,7 +23,9 @@ and serves until killed.  Any path serves MCP.  Members, all optional:
 - "on_get": what a GET (a resumption) gets: "answer" (an event stream carrying an
   event id and the answer to the last call whose stream ended without one; the
   Last-Event-ID it was sent is logged), "empty" (an event stream that ends at once),
-  or anything else: 405.
+  "numbered" (an event stream with `retry: 100` and one `tools/list_changed` whose
+  event id is "e" and how many GETs came before it, then its end), or anything else: 405.
+- "capabilities": the capabilities `initialize` answers (default {"tools": {}}).
 - "http_error": {tool or method: {"status", "body", "content_type"}}: answer
   that request with this HTTP status and body ("{id}" becomes the id).
 """
@@ -45,6 +47,7 @@ _log_lock = threading.Lock()
 _answers: dict[str, Any] = {}
 _answer_ready = threading.Condition()
 _unanswered: list[Any] = []  # ids of calls whose stream ended without their answer
+_gets: list[int] = []  # one per "numbered" GET served
 
 
 def _default_tools() -> str:
@@ -81,7 +84,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._log("")
         behaviour = _scenario.get("on_get")
-        if behaviour not in ("answer", "empty"):
+        if behaviour not in ("answer", "empty", "numbered"):
             self._send(405, b"", "text/plain", {})
             return
         self.send_response(200)
@@ -93,6 +96,10 @@ class Handler(BaseHTTPRequestHandler):
             result = {"content": [{"type": "text", "text": "recovered"}]}
             line = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result})
             self.wfile.write(f"id: e2\ndata: {line}\n\n".encode())
+        if behaviour == "numbered":
+            _gets.append(1)
+            line = json.dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+            self.wfile.write(f"retry: 100\nid: e{len(_gets)}\ndata: {line}\n\n".encode())
         self.wfile.flush()
         self.close_connection = True
 
@@ -131,7 +138,7 @@ class Handler(BaseHTTPRequestHandler):
             result = json.dumps(
                 {
                     "protocolVersion": params["protocolVersion"],
-                    "capabilities": {"tools": {}},
+                    "capabilities": _scenario.get("capabilities", {"tools": {}}),
                     "serverInfo": {"name": "hostile-http", "version": "1"},
                 }
             )

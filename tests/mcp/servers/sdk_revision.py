@@ -46,6 +46,11 @@ _TOOLS: list[types.Tool] = [
         },
     ),
     types.Tool(
+        name="reheader",
+        description="Mirror the region into another header from now on.",
+        input_schema={"type": "object", "properties": {}},
+    ),
+    types.Tool(
         name="write_note",
         description="Write a note.",
         input_schema={
@@ -74,6 +79,13 @@ async def _call_tool(ctx: Any, params: types.CallToolRequestParams) -> Any:
         return _text(f"{total} (listed {_LISTINGS['tools']} times)")
     if params.name == "region":
         return _text(f"ran {arguments['query']} in {arguments['region']}")
+    if params.name == "reheader":
+        properties = dict(_TOOLS[1].input_schema["properties"])
+        properties["region"] = {"type": "string", "x-mcp-header": "Zone"}
+        _TOOLS[1] = _TOOLS[1].model_copy(
+            update={"input_schema": {**_TOOLS[1].input_schema, "properties": properties}}
+        )
+        return _text("the region goes in Mcp-Param-Zone now")
     if params.name == "write_note":
         return _text(f"wrote {arguments['text']}")
     return types.CallToolResult(content=[types.TextContent(type="text", text="?")], is_error=True)
