@@ -227,3 +227,41 @@ async def test_a_tool_whose_rule_is_removed_is_withheld_until_classified_again(
         ("up_send_mail", "require_approval"),
     ]  # fmt: skip
 
+
+async def test_a_tool_renamed_by_a_changed_rule_is_served_only_under_its_new_name(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(tmp_path)
+    [server] = setup.document["servers"]
+    rules = server["rules"]
+    async with watching_host(setup) as host:
+        before = await host.names()
+        renaming = {**rules, "echo": {**rules["echo"], "rename": "say"}}
+        setup.rewrite(servers=[{**server, "rules": renaming}])
+        await host.wait_changed()
+        renamed = await host.names()
+        old = await host.session.call_tool("up_echo", {"text": "old name"})
+        unknown = await host.session.call_tool("no_such_tool", {"text": "never was"})
+        new = await host.session.call_tool("say", {"text": "new name"})
+        # The rule put back: the old name is served again and the new one retired.
+        setup.rewrite(servers=[server])
+        await host.wait_changed()
+        restored = await host.names()
+        gone = await host.session.call_tool("say", {"text": "gone again"})
+        again = await host.session.call_tool("up_echo", {"text": "old name again"})
+
+    assert "up_echo" in before and "say" not in before
+    assert renamed == before - {"up_echo"} | {"say"}
+    assert restored == before
+    # The old name is answered exactly as a name that never was a tool.
+    assert old.is_error and unknown.is_error and gone.is_error
+    assert text_of(old).replace("up_echo", "NAME") == text_of(unknown).replace(
+        "no_such_tool", "NAME"
+    )
+    assert text_of(gone).replace("say", "NAME") == text_of(unknown).replace("no_such_tool", "NAME")
+    assert text_of(new) == "new name" and text_of(again) == "old name again"
+    assert "agentrt proxy: server up: echo is served as say now; up_echo is no longer served" in (
+        setup.stderr().splitlines()
+    )
+    # Only the calls to served names were recorded, each under its name then.
+    assert [tool for tool, _, _ in _decided(setup)] == ["say", "up_echo"]
