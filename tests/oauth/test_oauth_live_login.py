@@ -1,11 +1,13 @@
 """A login made while `agentrt proxy` runs serves the server that waited for it, without a
-restart: loaded when its tokens and its manifest appear, held to its pins, and the host
-told its list changed (docs/oauth.md); the other server serves throughout."""
+restart: loaded when its tokens and its manifest appear, held to its pins under the rules
+in force then, and the host told its list changed (docs/oauth.md); the other server serves
+throughout."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -21,6 +23,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from oauth_support import OAuthServer, click_consent, oauth_server
 
+from agentrt.approvals import approve
 from agentrt.mcp._login import login
 from agentrt.mcp._tokens import AuthSettings
 from agentrt.store import open_store
@@ -133,33 +136,7 @@ async def _serving(root: Path, state: Path, server: OAuthServer) -> AsyncIterato
             yield _Serving(host, changed, config, environment, stderr_path)
 
 
-async def test_a_login_made_while_the_proxy_runs_serves_the_server_without_a_restart(
-    tmp_path: Path, state_home: Path
-) -> None:
-    with oauth_server() as server:
-        async with _serving(tmp_path, state_home, server) as serving:
-            before = await serving.names()
-            # The person logs in, then the operator pins what the server offers.
-            await _login(server)
-            _pin(serving.config, serving.environment, "remote")
-            with anyio.fail_after(30):
-                await serving.changed.wait()
-            after = await serving.names()
-            whoami = await serving.host.call_tool("remote_whoami", {})
-            echo = await serving.host.call_tool("chg_echo", {"text": "unharmed"})
-    assert "remote_whoami" not in before
-    assert "chg_echo" in before
-    assert "remote_whoami" in after
-    assert _text(whoami) == "an authorized client", _text(whoami)
-    assert _text(echo) == "unharmed"
-    stderr = serving.stderr()
-    assert "agentrt proxy: server remote did not load:" in stderr
-    assert "agentrt proxy: server remote is logged in now and served" in stderr
-    with open_store(serving.config.parent / "proxy.db", create=False) as store:
-        assert store.verify_chain().ok
-
-
-async def test_a_server_logged_in_after_its_rules_changed_is_served_under_the_new_rules(
+async def test_a_login_made_while_the_proxy_runs_serves_the_server_under_the_rules_in_force(
     tmp_path: Path, state_home: Path
 ) -> None:
     with oauth_server() as server:
@@ -175,20 +152,35 @@ async def test_a_server_logged_in_after_its_rules_changed_is_served_under_the_ne
             with anyio.fail_after(30):
                 while "took the new rules of" not in serving.stderr():
                     await anyio.sleep(0.1)
+            # The person logs in, then the operator pins what the server offers.
             await _login(server)
             _pin(serving.config, serving.environment, "remote")
             with anyio.fail_after(30):
                 await serving.changed.wait()
             after = await serving.names()
             held = await serving.host.call_tool("remote_identity", {})
+            with open_store(serving.config.parent / "proxy.db", create=False) as store:
+                waiting = store.get_approval(_approval_id(_text(held)))
+                approve(store, waiting.run_id, approval_hash=waiting.approval_hash,
+                        approval_id=waiting.approval_id, by="operator")  # fmt: skip
+            whoami = await serving.host.call_tool("remote_identity", {})
             echo = await serving.host.call_tool("chg_echo", {"text": "unharmed"})
     assert "chg_echo" in before and "remote_whoami" not in before
+    # Served under the rules in force when the login came, not the start's.
     assert "remote_identity" in after and "remote_whoami" not in after
     assert _text(held).startswith("PENDING_APPROVAL"), _text(held)
+    assert _text(whoami) == "an authorized client", _text(whoami)
     assert _text(echo) == "unharmed"
     stderr = serving.stderr()
+    assert "agentrt proxy: server remote did not load:" in stderr
     assert "agentrt proxy: server remote is logged in now and served" in stderr
     # Only its rules changed: nothing is said to wait for the next start.
     assert "took the new rules of" in stderr and "changed more than its rules" not in stderr
     with open_store(serving.config.parent / "proxy.db", create=False) as store:
         assert store.verify_chain().ok
+
+
+def _approval_id(text: str) -> str:
+    found = re.search(r"\(approval (\S+)\)", text)
+    assert found is not None, text
+    return found.group(1)
