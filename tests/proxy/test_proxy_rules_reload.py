@@ -260,8 +260,9 @@ async def test_a_tool_renamed_by_a_changed_rule_is_served_only_under_its_new_nam
     )
     assert text_of(gone).replace("say", "NAME") == text_of(unknown).replace("no_such_tool", "NAME")
     assert text_of(new) == "new name" and text_of(again) == "old name again"
-    assert "agentrt proxy: server up: echo is served as say now; up_echo is no longer served" in (
-        setup.stderr().splitlines()
+    assert (
+        "agentrt proxy: server up: its rules rename echo to say; up_echo is no longer served"
+        in setup.stderr().splitlines()
     )
     # Only the calls to served names were recorded, each under its name then.
     assert [tool for tool, _, _ in _decided(setup)] == ["say", "up_echo"]

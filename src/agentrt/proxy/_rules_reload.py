@@ -229,9 +229,9 @@ class RulesWatch:
             if self.proxy.server_of[old].server.name != server or new in (None, old):
                 continue
             self.proxy.retire(old)
-            lines.append(f"server {sanitize(server)}: {sanitize(tool.server_tool_name)} is "
-                         f"served as {sanitize(new)} now; {sanitize(old)} is no longer "
-                         "served")  # fmt: skip
+            lines.append(f"server {sanitize(server)}: its rules rename "
+                         f"{sanitize(tool.server_tool_name)} to {sanitize(new)}; {sanitize(old)} "
+                         "is no longer served")  # fmt: skip
         return lines
 
     def _withhold_unclassified(self, upstream: UpstreamConfig, tools: list[Tool]) -> None:
