@@ -14,8 +14,8 @@ The new policy, with its identity, is swapped in only while no call is in the
 gate, so a call is decided and recorded under one policy from its start to its
 end; each server's listing is then held to its manifest under the new rules on
 its running session (`take_manifest`, as a new manifest is), so a tool newly
-classified is served, and the hosts are told when what they may see changed
-(decision 0047).
+classified is served and a renamed one only under its new name, and the hosts
+are told when what they may see changed (decision 0047).
 """
 
 from __future__ import annotations
