@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 import httpx2
+import mcp_types as types
 from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -199,6 +200,55 @@ async def host(setup: ProxySetup) -> AsyncIterator[ClientSession]:
         ):
             await session.initialize()
             yield session
+
+
+class WatchingHost:
+    """The SDK's client as host (`watching_host`), counting the proxy's
+    tools/list_changed notifications and noting a prompts/list_changed."""
+
+    def __init__(self) -> None:
+        self.changed = 0
+        self._seen = anyio.Event()
+        self.prompts_changed = anyio.Event()
+        self.session: ClientSession
+
+    async def on_message(self, message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self.changed += 1
+            self._seen.set()
+        if isinstance(message, types.PromptListChangedNotification):
+            self.prompts_changed.set()
+
+    async def wait_changed(self, seconds: float = 30.0) -> None:
+        """Until the proxy says the tools changed (since the last wait)."""
+        with anyio.fail_after(seconds):
+            await self._seen.wait()
+        self._seen = anyio.Event()
+
+    async def names(self) -> set[str]:
+        return {tool.name for tool in (await self.session.list_tools()).tools}
+
+
+@asynccontextmanager
+async def watching_host(setup: ProxySetup) -> AsyncIterator[WatchingHost]:
+    """`host`, watching for the proxy's list changes, which it says it sends."""
+    command = setup.command()
+    parameters = StdioServerParameters(
+        command=command[0], args=command[1:], env=setup.environment(), cwd=str(setup.root)
+    )
+    watching = WatchingHost()
+    with setup.stderr_path.open("a") as errlog:
+        async with (
+            stdio_client(parameters, errlog=errlog) as (read_stream, write_stream),
+            ClientSession(
+                read_stream, write_stream, message_handler=watching.on_message
+            ) as session,
+        ):
+            initialized = await session.initialize()
+            assert initialized.capabilities.tools is not None
+            assert initialized.capabilities.tools.list_changed is True
+            watching.session = session
+            yield watching
 
 
 def text_of(result: Any) -> str:

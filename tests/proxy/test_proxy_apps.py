@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import mcp_types as types
 import pytest
 from click.testing import CliRunner
 from mcp import Client, ClientSession
@@ -335,4 +336,60 @@ async def test_a_resource_rule_denying_ui_uris_denies_the_apps_read(apps: AppsSe
             if step.tool == "resource--apps"
         ]
     assert len(denied) == 1 and denied[0].status == "denied"
+    _chain_verifies(apps)
+
+
+async def test_a_manifest_repinned_while_serving_holds_the_apps_to_their_pins(
+    apps: AppsSetup,
+) -> None:
+    # The new manifest pins board v2 (pinned from a copy serving it); the running server
+    # still serves v1, so taking the manifest reads an app its pin does not match.
+    other = apps.root / "app-v2.html"
+    other.write_text("<!doctype html><p>board v2</p>")
+    command = [sys.executable, str(APPS_SERVER)]
+    repinned = await pin(
+        Server(name="apps", command=command, env=[f"APPS_HTML={other}", f"APPS_LOG={apps.log}"],
+               connect_timeout=30.0)
+    )  # fmt: skip
+    assert repinned.apps is not None and apps.manifest.apps is not None
+    assert repinned.apps[APP_URI].content_hash != apps.manifest.apps[APP_URI].content_hash
+    told = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            told.set()
+
+    parameters = StdioServerParameters(
+        command=str(AGENTRT), args=["proxy", "--config", str(apps.config)],
+        env=host_environment(), cwd=str(apps.root),
+    )  # fmt: skip
+    with (apps.root / "proxy.stderr").open("a") as errlog:
+        transport = stdio_client(parameters, errlog=errlog)
+        # A 2025 host, so the list change comes on its session (a 2026-07-28 host's needs
+        # a listen stream).
+        async with Client(
+            transport, mode="legacy", cache=None, extensions=[RendersApps()],
+            message_handler=on_message,
+        ) as client:  # fmt: skip
+            before = {tool.name: tool for tool in (await client.list_tools()).tools}
+            write_private(apps.root / "conf" / "apps.manifest.json", repinned.to_json())
+            with anyio.fail_after(30):
+                while "server apps: took its new manifest" not in apps.stderr():
+                    await anyio.sleep(0.1)
+            after = {tool.name for tool in (await client.list_tools()).tools}
+            assert "apps_show_board" not in after and "apps_pin_card" not in after
+            refused = await client.call_tool("apps_show_board", {})
+            counted = await client.call_tool("apps_count_cards", {})
+            with anyio.fail_after(10):
+                await told.wait()
+    assert _ui(before["apps_show_board"]) == {"resourceUri": APP_URI}
+    assert "apps_count_cards" in after
+    assert refused.is_error and "Nothing ran." in text_of(refused), text_of(refused)
+    assert text_of(counted) == "2"
+    stderr = apps.stderr()
+    assert (
+        f"agentrt proxy: apps: refused show_board: its app {APP_URI} changed since it was "
+        "pinned (its contents' SHA-256 differs); review it and pin again"
+    ) in stderr.splitlines()
+    assert "agentrt proxy: server apps: took its new manifest" in stderr.splitlines()
     _chain_verifies(apps)

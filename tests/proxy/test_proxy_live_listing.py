@@ -13,17 +13,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
-import mcp_types as types
 import pytest
-from mcp import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from proxy_helpers import ProxySetup, build_setup, text_of, write_private
+from proxy_helpers import watching_host as _host
 
 from agentrt.mcp import Server, pin
 from agentrt.proxy._live import RELIST_INTERVAL
@@ -87,52 +84,6 @@ async def _setup(root: Path, changing: dict[str, Any]) -> ProxySetup:
     ]
     setup.rewrite(servers=servers)
     return setup
-
-
-class _Host:
-    """The SDK's client as host, counting the proxy's tools/list_changed notifications."""
-
-    def __init__(self) -> None:
-        self.changed = 0
-        self._seen = anyio.Event()
-        self.prompts_changed = anyio.Event()
-        self.session: ClientSession
-
-    async def on_message(self, message: Any) -> None:
-        if isinstance(message, types.ToolListChangedNotification):
-            self.changed += 1
-            self._seen.set()
-        if isinstance(message, types.PromptListChangedNotification):
-            self.prompts_changed.set()
-
-    async def wait_changed(self, seconds: float = 30.0) -> None:
-        with anyio.fail_after(seconds):
-            await self._seen.wait()
-        self._seen = anyio.Event()
-
-    async def names(self) -> set[str]:
-        return {tool.name for tool in (await self.session.list_tools()).tools}
-
-
-@asynccontextmanager
-async def _host(setup: ProxySetup) -> AsyncIterator[_Host]:
-    command = setup.command()
-    parameters = StdioServerParameters(
-        command=command[0], args=command[1:], env=setup.environment(), cwd=str(setup.root)
-    )
-    watching = _Host()
-    with setup.stderr_path.open("a") as errlog:
-        async with (
-            stdio_client(parameters, errlog=errlog) as (read_stream, write_stream),
-            ClientSession(
-                read_stream, write_stream, message_handler=watching.on_message
-            ) as session,
-        ):
-            initialized = await session.initialize()
-            assert initialized.capabilities.tools is not None
-            assert initialized.capabilities.tools.list_changed is True
-            watching.session = session
-            yield watching
 
 
 def _listing_events(setup: ProxySetup) -> list[dict[str, Any]]:

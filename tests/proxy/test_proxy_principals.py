@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from jwt_issuer import Client, Issuer, running_issuer
+from jwt_issuer import Issuer
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from proxy_helpers import ProxySetup, build_setup, free_port, text_of, until
@@ -26,14 +26,6 @@ from agentrt.approvals import approve
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(90)]
 
 _APPROVAL = re.compile(r"\(approval (\S+)\)")
-
-
-@pytest.fixture
-def issuer() -> Iterator[Issuer]:
-    with running_issuer() as running:
-        running.clients["alice-laptop"] = Client("alice-secret", "alice", ("release",))
-        running.clients["bob-laptop"] = Client("bob-secret", "bob", ())
-        yield running
 
 
 class Principals:
@@ -106,6 +98,20 @@ async def principals_proxy(
                 await process.wait()
 
 
+@asynccontextmanager
+async def alice_and_bob(
+    setup: ProxySetup, issuer: Issuer
+) -> AsyncIterator[tuple[ClientSession, ClientSession]]:
+    """The proxy with `"principals"`, and alice's and bob's hosts on it, each sending a
+    token of their own."""
+    async with (
+        principals_proxy(setup, issuer) as proxy,
+        proxy.host("alice-laptop") as alice,
+        proxy.host("bob-laptop") as bob,
+    ):
+        yield alice, bob
+
+
 def _approval_id(answer: Any) -> str:
     found = _APPROVAL.search(text_of(answer))
     assert found is not None, text_of(answer)
@@ -117,11 +123,7 @@ async def test_two_principals_calls_are_theirs_and_invisible_to_each_other(
 ) -> None:
     setup = await build_setup(tmp_path, **on_backend)
     mail = {"to": "team@example.com", "body": "release notes"}
-    async with (
-        principals_proxy(setup, issuer) as proxy,
-        proxy.host("alice-laptop") as alice,
-        proxy.host("bob-laptop") as bob,
-    ):
+    async with alice_and_bob(setup, issuer) as (alice, bob):
         echoed = await alice.call_tool("up_echo", {"text": "hello"})
         alice_waits = await alice.call_tool("up_send_mail", mail)
         # The very same request from bob is his own call: it does not collect alice's.
@@ -172,11 +174,7 @@ async def test_two_principals_calls_are_theirs_and_invisible_to_each_other(
 
 async def test_max_pending_is_counted_per_principal(tmp_path: Path, issuer: Issuer) -> None:
     setup = await build_setup(tmp_path, max_pending=1)
-    async with (
-        principals_proxy(setup, issuer) as proxy,
-        proxy.host("alice-laptop") as alice,
-        proxy.host("bob-laptop") as bob,
-    ):
+    async with alice_and_bob(setup, issuer) as (alice, bob):
         first = await alice.call_tool("up_send_mail", {"to": "a@example.com", "body": "1"})
         crowded = await alice.call_tool("up_send_mail", {"to": "b@example.com", "body": "2"})
         bobs = await bob.call_tool("up_send_mail", {"to": "c@example.com", "body": "3"})
@@ -199,11 +197,7 @@ async def test_a_condition_reads_the_principals_groups(tmp_path: Path, issuer: I
         ],
     }  # fmt: skip
     setup = await build_setup(tmp_path, rules=rules)
-    async with (
-        principals_proxy(setup, issuer) as proxy,
-        proxy.host("alice-laptop") as alice,
-        proxy.host("bob-laptop") as bob,
-    ):
+    async with alice_and_bob(setup, issuer) as (alice, bob):
         sent = await alice.call_tool("up_send_mail", {"to": "a@example.com", "body": "x"})
         denied = await bob.call_tool("up_send_mail", {"to": "a@example.com", "body": "x"})
     assert not text_of(sent).startswith(("DENIED", "PENDING_APPROVAL")), text_of(sent)
@@ -297,11 +291,7 @@ async def test_a_standing_grant_covers_only_the_principal_it_was_given_for(
     from proxy_helpers import AGENTRT
 
     setup = await build_setup(tmp_path, standing_grants={"max_for": "1h", "max_calls": 10})
-    async with (
-        principals_proxy(setup, issuer) as proxy,
-        proxy.host("alice-laptop") as alice,
-        proxy.host("bob-laptop") as bob,
-    ):
+    async with alice_and_bob(setup, issuer) as (alice, bob):
         waits = await alice.call_tool("up_send_mail", {"to": "a@example.com", "body": "1"})
         approval_id = _approval_id(waits)
         with open_store(setup.database, create=False) as store:

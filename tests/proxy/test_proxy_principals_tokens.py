@@ -9,13 +9,12 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import pytest
 from joserfc.jwk import RSAKey
-from jwt_issuer import Issuer, running_issuer
+from jwt_issuer import Issuer
 
 from agentrt.principals import Principal
 from agentrt.proxy._resource import (
@@ -31,12 +30,6 @@ from agentrt.proxy.config import ConfigError
 pytestmark = pytest.mark.anyio
 
 AUDIENCE = "http://127.0.0.1:9/mcp"
-
-
-@pytest.fixture
-def issuer() -> Iterator[Issuer]:
-    with running_issuer() as running:
-        yield running
 
 
 def _resource(issuer: Issuer, **overrides: Any) -> ProtectedResource:

@@ -12,62 +12,22 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import anyio
-import mcp_types as types
 import pytest
-from mcp import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from proxy_helpers import AGENTRT, ProxySetup, build_setup, text_of, write_private
+from proxy_helpers import (
+    AGENTRT,
+    ProxySetup,
+    build_setup,
+    text_of,
+    watching_host,
+    write_private,
+)
 
 from agentrt.store import open_store
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120), pytest.mark.slow]
-
-
-class _Host:
-    """The SDK's client as host, counting the proxy's tools/list_changed notifications."""
-
-    def __init__(self) -> None:
-        self.changed = 0
-        self._seen = anyio.Event()
-        self.session: ClientSession
-
-    async def on_message(self, message: Any) -> None:
-        if isinstance(message, types.ToolListChangedNotification):
-            self.changed += 1
-            self._seen.set()
-
-    async def wait_changed(self, seconds: float = 15.0) -> None:
-        with anyio.fail_after(seconds):
-            await self._seen.wait()
-        self._seen = anyio.Event()
-
-    async def names(self) -> set[str]:
-        return {tool.name for tool in (await self.session.list_tools()).tools}
-
-
-@asynccontextmanager
-async def _host(setup: ProxySetup) -> AsyncIterator[_Host]:
-    command = setup.command()
-    parameters = StdioServerParameters(
-        command=command[0], args=command[1:], env=setup.environment(), cwd=str(setup.root)
-    )
-    watching = _Host()
-    with setup.stderr_path.open("a") as errlog:
-        async with (
-            stdio_client(parameters, errlog=errlog) as (read_stream, write_stream),
-            ClientSession(
-                read_stream, write_stream, message_handler=watching.on_message
-            ) as session,
-        ):
-            await session.initialize()
-            watching.session = session
-            yield watching
 
 
 def _agentrt(*arguments: str) -> subprocess.CompletedProcess[str]:
@@ -109,7 +69,7 @@ async def test_a_tool_classified_while_the_proxy_runs_is_served_under_its_new_cl
     )
     [server] = setup.document["servers"]
     setup.rewrite(servers=[{**server, "rules": "up.rules.json"}])
-    async with _host(setup) as host:
+    async with watching_host(setup) as host:
         assert "up_send_mail" not in await host.names()
         before = await host.session.call_tool("up_echo", {"text": "before"})
         unknown = await host.session.call_tool(
@@ -195,7 +155,7 @@ async def test_a_class_changed_in_the_configuration_governs_and_a_broken_file_is
     tmp_path: Path,
 ) -> None:
     setup = await build_setup(tmp_path, rules={"echo": {"side_effect": "read_only"}})
-    async with _host(setup) as host:
+    async with watching_host(setup) as host:
         before = await host.session.call_tool("up_echo", {"text": "read"})
         # classify writes rules kept in proxy.json into proxy.json itself.
         classified = _agentrt(
@@ -234,7 +194,7 @@ async def test_a_tool_whose_rule_is_removed_is_withheld_until_classified_again(
     rules = {"echo": {"side_effect": "read_only"}, "send_mail": {"side_effect": "read_only"}}
     setup = await build_setup(tmp_path, rules=rules)
     [server] = setup.document["servers"]
-    async with _host(setup) as host:
+    async with watching_host(setup) as host:
         sent = await host.session.call_tool("up_send_mail", {"to": "a", "body": "first"})
         setup.rewrite(servers=[{**server, "rules": {"echo": rules["echo"]}}])
         await host.wait_changed()
@@ -266,3 +226,43 @@ async def test_a_tool_whose_rule_is_removed_is_withheld_until_classified_again(
         ("up_send_mail", "allow"), ("up_send_mail", "allow"), ("up_echo", "allow"),
         ("up_send_mail", "require_approval"),
     ]  # fmt: skip
+
+
+async def test_a_tool_renamed_by_a_changed_rule_is_served_only_under_its_new_name(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(tmp_path)
+    [server] = setup.document["servers"]
+    rules = server["rules"]
+    async with watching_host(setup) as host:
+        before = await host.names()
+        renaming = {**rules, "echo": {**rules["echo"], "rename": "say"}}
+        setup.rewrite(servers=[{**server, "rules": renaming}])
+        await host.wait_changed()
+        renamed = await host.names()
+        old = await host.session.call_tool("up_echo", {"text": "old name"})
+        unknown = await host.session.call_tool("no_such_tool", {"text": "never was"})
+        new = await host.session.call_tool("say", {"text": "new name"})
+        # The rule put back: the old name is served again and the new one retired.
+        setup.rewrite(servers=[server])
+        await host.wait_changed()
+        restored = await host.names()
+        gone = await host.session.call_tool("say", {"text": "gone again"})
+        again = await host.session.call_tool("up_echo", {"text": "old name again"})
+
+    assert "up_echo" in before and "say" not in before
+    assert renamed == before - {"up_echo"} | {"say"}
+    assert restored == before
+    # The old name is answered exactly as a name that never was a tool.
+    assert old.is_error and unknown.is_error and gone.is_error
+    assert text_of(old).replace("up_echo", "NAME") == text_of(unknown).replace(
+        "no_such_tool", "NAME"
+    )
+    assert text_of(gone).replace("say", "NAME") == text_of(unknown).replace("no_such_tool", "NAME")
+    assert text_of(new) == "new name" and text_of(again) == "old name again"
+    assert (
+        "agentrt proxy: server up: its rules rename echo to say; up_echo is no longer served"
+        in setup.stderr().splitlines()
+    )
+    # Only the calls to served names were recorded, each under its name then.
+    assert [tool for tool, _, _ in _decided(setup)] == ["say", "up_echo"]

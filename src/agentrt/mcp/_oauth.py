@@ -93,11 +93,13 @@ class OAuthSession:
     name: str
     endpoint: str
     file: TokenFile
-    warn: Callable[[str], None] | None = None
-    _lock: anyio.Lock = field(default_factory=anyio.Lock)
-    _broken: str | None = None
-    _record: TokenRecord | None = None
-    _mtime: float | None = None
+    # The rest is this process's state, not what the session is: two readings of one
+    # configuration compare equal (a rules change is not taken for a changed server).
+    warn: Callable[[str], None] | None = field(default=None, compare=False)
+    _lock: anyio.Lock = field(default_factory=anyio.Lock, compare=False)
+    _broken: str | None = field(default=None, compare=False)
+    _record: TokenRecord | None = field(default=None, compare=False)
+    _mtime: float | None = field(default=None, compare=False)
 
     @classmethod
     def for_server(cls, name: str, endpoint: str) -> OAuthSession:

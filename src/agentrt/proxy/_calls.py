@@ -459,6 +459,11 @@ class Calls:
         """A tool the gate registered while serving (`Proxy.admit`)."""
         self._specs[spec.name] = spec
 
+    def remove_spec(self, name: str) -> None:
+        """A name no longer served (`Proxy.retire`): a call to it is answered as to a name
+        that never was a tool."""
+        self._specs.pop(name, None)
+
     def new_run_id(self) -> str:
         return f"{self.session}.{secrets.token_hex(8)}"
 

@@ -69,7 +69,8 @@ class _Waiting:
 class LoginWatch:
     """Servers that waited for `agentrt login` when the proxy started: once a login writes
     their tokens (and a manifest pins them), each is loaded, held to its pins exactly as at
-    start, and served; the hosts that listed the tools are told their list changed."""
+    start under the rules in force then, and served; the hosts that listed the tools are
+    told their list changed."""
 
     def __init__(
         self,
@@ -104,7 +105,7 @@ class LoginWatch:
         """Load server `name` if its login (or its manifest) changed since the last attempt
         and its tokens serve now; whether it is served."""
         waiting = self.waiting[name]
-        upstream = waiting.upstream
+        upstream = self._in_force(waiting.upstream)
         stamps = (_stamp(waiting.session.file.path), _stamp(upstream.manifest_path))
         if stamps == waiting.seen:
             return False
@@ -135,3 +136,10 @@ class LoginWatch:
             self.live.watch(name, served[0].upstream, manifest)
         await self.proxy.listeners.tools_changed()
         return True
+
+    def _in_force(self, upstream: UpstreamConfig) -> UpstreamConfig:
+        """The server's entry under the rules in force: the proxy's configuration, whose
+        rules a change while the proxy serves replaced (`_rules_reload.py`), not the
+        start's."""
+        name = upstream.server.name
+        return next((up for up in self.proxy.config.servers if up.server.name == name), upstream)

@@ -284,7 +284,8 @@ class Proxy:
             if isinstance(watched, StatefulTool):
                 watched.policy = self.policy
             try:
-                self.gate.register(watched, replacing=own)
+                # A name retired from a tool (`retire`) is still in the gate, served by no one.
+                self.gate.register(watched, replacing=own or self.calls.spec_of(name) is None)
             except RegistrationError as exc:
                 lines.append(f"server {sanitize(upstream.server.name)}: refused {name}: "
                              f"{sanitize(str(exc))}")  # fmt: skip
@@ -302,6 +303,16 @@ class Proxy:
             self.calls.logins.update(oauth_preflights([(tool, upstream)]))
         self.calls.repeat_windows.update(repeat_windows)
         return lines
+
+    def retire(self, name: str) -> None:
+        """Stop serving `name`, a tool's old name a changed rule renamed (`_rules_reload.py`):
+        listed to no host, a call to it answered as to a name that never was a tool.  The
+        gate cannot unregister a tool, so it stays there, out of reach, and the name can be
+        given to a tool again (`admit`)."""
+        self.calls.remove_spec(name)
+        self.calls.logins.pop(name, None)
+        self.server_tools.pop(name, None)
+        self.ui.pop(name, None)
 
     def serves(self, tool: str) -> bool:
         """Whether `tool` is offered to the host now: not refused since its server listed

@@ -14,8 +14,8 @@ The new policy, with its identity, is swapped in only while no call is in the
 gate, so a call is decided and recorded under one policy from its start to its
 end; each server's listing is then held to its manifest under the new rules on
 its running session (`take_manifest`, as a new manifest is), so a tool newly
-classified is served, and the hosts are told when what they may see changed
-(decision 0047).
+classified is served and a renamed one only under its new name, and the hosts
+are told when what they may see changed (decision 0047).
 """
 
 from __future__ import annotations
@@ -207,12 +207,32 @@ class RulesWatch:
         lines = [
             *report.splitlines(),
             *self.proxy.admit([(tool, upstream) for tool in tools], replacing=True),
+            *self._retire_renamed(upstream, tools),
         ]
         for line in lines:
             log_line(self.log, f"agentrt proxy: {line}")
         watch = self.live.watches.get(upstream.server.name)
         if watch is not None:
             watch.manifest = manifest
+
+    def _retire_renamed(self, upstream: UpstreamConfig, tools: list[Tool]) -> list[str]:
+        """Stop serving each old name of a tool of `upstream` its new rule renamed, as if
+        it never was (`Proxy.retire`); the lines to log.  Retired even when the new name
+        was refused: a tool is served only as the rules in force name it."""
+        server = upstream.server.name
+        renamed = {
+            tool.server_tool_name: tool.spec.name for tool in tools if isinstance(tool, ServerTool)
+        }
+        lines = []
+        for old, tool in list(self.proxy.server_tools.items()):
+            new = renamed.get(tool.server_tool_name)
+            if self.proxy.server_of[old].server.name != server or new in (None, old):
+                continue
+            self.proxy.retire(old)
+            lines.append(f"server {sanitize(server)}: its rules rename "
+                         f"{sanitize(tool.server_tool_name)} to {sanitize(new)}; {sanitize(old)} "
+                         "is no longer served")  # fmt: skip
+        return lines
 
     def _withhold_unclassified(self, upstream: UpstreamConfig, tools: list[Tool]) -> None:
         """A served tool of `upstream` whose rule is gone is refused on its session, as a
