@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import anyio
 import pytest
 from proxy_helpers import (
     AGENTRT,
+    UPSTREAM,
     ProxySetup,
     build_setup,
     text_of,
@@ -266,3 +268,36 @@ async def test_a_tool_renamed_by_a_changed_rule_is_served_only_under_its_new_nam
     )
     # Only the calls to served names were recorded, each under its name then.
     assert [tool for tool, _, _ in _decided(setup)] == ["say", "up_echo"]
+
+
+async def test_a_rule_changed_while_the_servers_load_is_taken_at_the_first_look(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(tmp_path, rules={"echo": {"side_effect": "read_only"}})
+    # The server says it started (so the proxy has read its configuration), then takes 3 s to
+    # answer: the rules are changed inside that window, before the proxy watches its files.
+    started = tmp_path / "started"
+    slow = (
+        "import pathlib, runpy, sys, time; pathlib.Path(sys.argv[1]).touch(); time.sleep(3); "
+        "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    [server] = setup.document["servers"]
+    command = [sys.executable, "-c", slow, str(started), str(UPSTREAM)]
+    setup.rewrite(servers=[{**server, "command": command}])
+
+    async def change_while_loading() -> None:
+        with anyio.fail_after(30):
+            while not started.exists():
+                await anyio.sleep(0.02)
+        document = json.loads(setup.config_path.read_text())
+        document["servers"][0]["rules"] = {"echo": {"side_effect": "destructive"}}
+        write_private(setup.config_path, json.dumps(document))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(change_while_loading)
+        async with watching_host(setup) as host:
+            await _until_in_stderr(setup, "took the new rules of")
+            answer = await host.session.call_tool("up_echo", {"text": "destroy"})
+
+    assert answer.is_error and text_of(answer).startswith("DENIED"), text_of(answer)
+    assert [outcome for _, outcome, _ in _decided(setup)] == ["deny"]

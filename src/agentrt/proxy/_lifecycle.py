@@ -26,6 +26,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, NoReturn
 
 import anyio
@@ -36,6 +37,7 @@ from ..errors import AgentrtError, StoreError
 from ..sanitize import sanitize
 from ..store import Store, open_store
 from ._log import log_line
+from ._stamps import Stamp, rule_stamps
 from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
 
 if TYPE_CHECKING:
@@ -247,6 +249,7 @@ async def _serve(
     token: str | None,
     log: IO[str] | None,
     keep_signals_caught: bool = False,
+    stamps: dict[Path, Stamp] | None = None,
 ) -> int:
     stream = log if log is not None else sys.stderr
     address: tuple[str, int] | None = None
@@ -272,8 +275,9 @@ async def _serve(
         listener = listen(address[0], address[1])
     try:
         return await _serve_config(
-            config, address, listener, token, stream, keep_signals_caught=keep_signals_caught
-        )
+            config, address, listener, token, stream, keep_signals_caught=keep_signals_caught,
+            stamps=stamps,
+        )  # fmt: skip
     finally:
         if listener is not None:
             listener.close()
@@ -287,6 +291,7 @@ async def _serve_config(
     stream: IO[str],
     *,
     keep_signals_caught: bool,
+    stamps: dict[Path, Stamp] | None,
 ) -> int:
     shutdown = _Shutdown()
     stopping = shutdown.stopping
@@ -344,7 +349,7 @@ async def _serve_config(
             manifest_watch = ManifestWatch(proxy, live, stream)
             from ._rules_reload import RulesWatch
 
-            rules_watch = RulesWatch(proxy, live, stream)
+            rules_watch = RulesWatch(proxy, live, stream, stamps)
             from ._checkpointing import checkpointing
             from ._notify import delivering
 
@@ -479,12 +484,14 @@ def serve(
 
     try:
         config = load_config(config_path)
+        # As read: a rules change made while the servers start is taken at the watch's first look.
+        stamps = rule_stamps(config)
         if http is None:
             _start_early(config)
         return anyio.run(
             lambda: _serve(
                 config, http=http, allow_remote=allow_remote, token=token, log=None,
-                keep_signals_caught=True,
+                keep_signals_caught=True, stamps=stamps,
             ),
             backend_options={"loop_factory": event_loop_factory()},
         )  # fmt: skip

@@ -35,6 +35,7 @@ from ..sanitize import sanitize
 from ._calls import proxy_policy
 from ._log import log_line
 from ._proxy import _servers_by_tool
+from ._stamps import Stamp, rule_stamps, stamp
 from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
 
 if TYPE_CHECKING:
@@ -54,24 +55,6 @@ _UNCLASSIFIED: Final = "no rule classifies it any more; classify it to serve it 
 
 _BETWEEN_CALLS: Final = 0.05
 """Seconds between two looks for a moment when no call is in the gate."""
-
-_Stamp = tuple[int, int, int] | None
-
-
-def _stamp(path: Path) -> _Stamp:
-    """What says a file changed: its modification time, size and mode (a chmod too)."""
-    try:
-        info = path.stat()
-    except OSError:
-        return None
-    return (info.st_mtime_ns, info.st_size, info.st_mode)
-
-
-def _rule_files(config: ProxyConfig) -> list[Path]:
-    """Where `classify` writes the rules: the configuration, and each server's rules file."""
-    paths = [config.path]
-    paths += [up.rules_path for up in config.servers if up.rules_path is not None]
-    return list(dict.fromkeys(paths))
 
 
 def _rules_of(old: UpstreamConfig, new: UpstreamConfig) -> UpstreamConfig:
@@ -94,11 +77,18 @@ def _rest_differs(old: UpstreamConfig, new: UpstreamConfig) -> bool:
 class RulesWatch:
     """The configuration and rules files, whose rules are taken again when they change."""
 
-    def __init__(self, proxy: Proxy, live: LiveListings, log: IO[str]) -> None:
+    def __init__(
+        self,
+        proxy: Proxy,
+        live: LiveListings,
+        log: IO[str],
+        stamps: dict[Path, Stamp] | None = None,
+    ) -> None:
+        """`stamps`: the files as they were when the configuration was read (`rule_stamps`)."""
         self.proxy = proxy
         self.live = live
         self.log = log
-        self.stamps = {path: _stamp(path) for path in _rule_files(proxy.config)}
+        self.stamps = dict(stamps) if stamps is not None else rule_stamps(proxy.config)
         # A change seen since the last take.
         self.pending = False
         # Each server's recheck as its manifest and the new rules made it, before the
@@ -113,9 +103,9 @@ class RulesWatch:
     async def look(self) -> bool:
         """Take the rules if a file changed since the last look; whether they were taken."""
         for path in list(self.stamps):
-            stamp = _stamp(path)
-            if stamp != self.stamps[path]:
-                self.stamps[path] = stamp
+            now = stamp(path)
+            if now != self.stamps[path]:
+                self.stamps[path] = now
                 self.pending = True
         if not self.pending:
             return False
@@ -155,7 +145,7 @@ class RulesWatch:
         for upstream, held in zip(servers, taken, strict=True):
             if held is not None:
                 self._admit(upstream, *held)
-        self.stamps.update({path: _stamp(path) for path in _rule_files(config)})
+        self.stamps.update(rule_stamps(config))
         log_line(self.log, f"agentrt proxy: took the new rules of {shown} (policy "
                  f"{sanitize(str(proxy.policy.id))})")  # fmt: skip
         if proxy.visible_tools() != before:
