@@ -15,9 +15,17 @@ import pytest
 # tests/_postgres.py, the PostgreSQL server the store-facing tests run on.
 sys.path.insert(0, str(Path(__file__).parent))
 
+# This process's own temporary directory, first: what the tests create lands there, and
+# a session that leaves anything in it fails (tests/_temporary_root.py).
+from _temporary_root import no_temporary_leftovers
+
 # Where stores on PostgreSQL keep this host's head anchors: a directory of the test
-# session's (each xdist worker its own), inherited by the processes the tests start.
-os.environ.setdefault("AGENTRT_ANCHOR_DIR", tempfile.mkdtemp(prefix="agentrt-anchors-"))
+# session's (made in its temporary directory, removed with it), inherited by the
+# processes the tests start and by the xdist workers.
+if "AGENTRT_ANCHOR_DIR" not in os.environ:
+    os.environ["AGENTRT_ANCHOR_DIR"] = tempfile.mkdtemp(prefix="agentrt-anchors-")
+
+__all__ = ["no_temporary_leftovers"]
 
 
 @pytest.fixture
