@@ -1,7 +1,7 @@
 """The temporary directory a test process owns, and the check that the tests leave nothing in it.
 
 Imported by tests/conftest.py before anything else: every pytest process (the xdist
-controller and each worker, a worker's nested under its controller's) makes a directory
+controller and each worker, side by side in the system's temporary directory) makes a directory
 of its own, points `TMPDIR` and `tempfile` at it, so everything the tests and the
 processes they start create through the usual temporary-file calls lands there, and
 removes it when the process exits.  The autouse session fixture `no_temporary_leftovers`
@@ -22,22 +22,21 @@ from pathlib import Path
 
 import pytest
 
-# The controller's directory, inherited by its xdist workers (theirs nest in it).
-_PARENT_VARIABLE = "AGENTRT_TEST_TMP"
+# The system's temporary directory, kept for the xdist workers (they inherit TMPDIR).
+_SYSTEM_VARIABLE = "AGENTRT_TEST_SYSTEM_TMP"
 
 
 def _own_root() -> Path:
-    parent = os.environ.get(_PARENT_VARIABLE)
-    # Where pytest keeps tmp_path, as before (a Unix socket in a tmp_path must stay short).
-    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
-    root = Path(
-        tempfile.mkdtemp(
-            prefix="agentrt-tests-", dir=parent if parent and Path(parent).is_dir() else None
-        )
-    )
+    # The system's temporary directory, as this process was given it (an xdist worker is
+    # given its controller's: it makes its own beside it, not inside, so that a Unix
+    # socket in here, Chromium's or PostgreSQL's, keeps a short path).
+    system = os.environ.get(_SYSTEM_VARIABLE) or tempfile.gettempdir()
+    os.environ[_SYSTEM_VARIABLE] = system
+    # Where pytest keeps tmp_path, as before.
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", system)
+    root = Path(tempfile.mkdtemp(prefix="agentrt-tests-", dir=system))
     # Tests run as root start PostgreSQL as `nobody`, which must reach its directory in here.
     root.chmod(0o711)
-    os.environ[_PARENT_VARIABLE] = str(root)
     os.environ["TMPDIR"] = str(root)
     tempfile.tempdir = str(root)
     atexit.register(shutil.rmtree, root, True)

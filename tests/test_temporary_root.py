@@ -43,7 +43,7 @@ def _session(tmp_path: Path, tests: str) -> tuple[subprocess.CompletedProcess[st
     environment = {
         key: value
         for key, value in os.environ.items()
-        if key not in ("AGENTRT_TEST_TMP", "PYTEST_DEBUG_TEMPROOT", "PYTEST_XDIST_WORKER")
+        if key not in ("AGENTRT_TEST_SYSTEM_TMP", "PYTEST_DEBUG_TEMPROOT", "PYTEST_XDIST_WORKER")
     }
     # Only pytest and the plugin under test: the installed plugins would only cost time.
     environment |= {
