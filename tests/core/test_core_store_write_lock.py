@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -76,6 +77,7 @@ class _SlowSocket:
 
     def close(self) -> None:
         self._listener.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 @pytest.fixture
@@ -221,7 +223,7 @@ def _chain_is_whole(store: Store) -> list[int]:
 
 
 def test_a_writer_killed_while_it_holds_the_lock_leaves_a_whole_chain(
-    database: str | Path,
+    database: str | Path, tmp_path: Path
 ) -> None:
     store = open_store(database)
     with store.transaction() as connection:
@@ -230,7 +232,7 @@ def test_a_writer_killed_while_it_holds_the_lock_leaves_a_whole_chain(
         [sys.executable, "-c", _HOLDER, str(database)],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "AGENTRT_ANCHOR_DIR": str(tempfile.mkdtemp(prefix="agentrt-a-"))},
+        env={**os.environ, "AGENTRT_ANCHOR_DIR": str(tmp_path / "anchors")},
     )
     try:
         assert holder.stdout is not None

@@ -224,11 +224,13 @@ class SqlTrace:
 
 @dataclass
 class Scenario:
-    """What a scenario is handed: where its database is, the world and the trace."""
+    """What a scenario is handed: where its database is, the world and the trace, and a
+    directory of its own for the files it writes (the test's tmp_path)."""
 
     database: str | Path
     world: FrozenWorld
     trace: SqlTrace
+    directory: Path
     stores: list[Store] = field(default_factory=list)
 
     def open(self, action: str = "open_store") -> Store:
@@ -721,15 +723,14 @@ async def checkpoint(scenario: Scenario) -> None:
 
 async def _checkpointed(scenario: Scenario) -> tuple[Path, Path]:
     """`checkpoint`'s scenario; the key and the log it used."""
-    import tempfile
-
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from agentrt.retention import load_private_key, write_checkpoint
 
     await allow(scenario)
-    directory = Path(tempfile.mkdtemp(prefix="agentrt-golden-"))
+    directory = scenario.directory / "checkpoint"
+    directory.mkdir(mode=0o700)
     key_path = directory / "operator.key"
     key_path.write_bytes(
         Ed25519PrivateKey.from_private_bytes(_CHECKPOINT_KEY).private_bytes(
@@ -751,12 +752,10 @@ async def _checkpointed(scenario: Scenario) -> tuple[Path, Path]:
 async def archive(scenario: Scenario) -> None:
     """A completed run, checkpointed, then archived (`agentrt archive`): its events and
     rows moved into a signed segment, an `archived` event in their place."""
-    import tempfile
-
     from agentrt.retention import archive_before, load_private_key
 
     key_path, log_path = await _checkpointed(scenario)
-    directory = Path(tempfile.mkdtemp(prefix="agentrt-golden-"))
+    directory = scenario.directory
     (directory / "archive").mkdir(mode=0o700)
     scenario.world.advance(1)
     scenario.trace.action("archive")
@@ -812,7 +811,9 @@ SCENARIOS: dict[str, tuple[Callable[[Scenario], Awaitable[None]], bool]] = {
 
 
 @contextmanager
-def _frozen(monkeypatch: pytest.MonkeyPatch, database: str | Path) -> Iterator[Scenario]:
+def _frozen(
+    monkeypatch: pytest.MonkeyPatch, database: str | Path, directory: Path
+) -> Iterator[Scenario]:
     # Importing the proxy draws ids of its own (its telemetry's uuid4s): done here, before
     # the world is frozen, so the draws a scenario sees do not depend on whether another
     # test in the same process imported the proxy first.
@@ -821,7 +822,7 @@ def _frozen(monkeypatch: pytest.MonkeyPatch, database: str | Path) -> Iterator[S
     world = FrozenWorld()
     trace.install(monkeypatch)
     world.install(monkeypatch)
-    scenario = Scenario(database, world, trace)
+    scenario = Scenario(database, world, trace, directory)
     try:
         yield scenario
     finally:
@@ -837,13 +838,13 @@ def _golden_path(name: str, backend: str) -> Path:
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 async def test_the_scenario_leaves_the_recorded_chain_head_and_sql_trace(
-    name: str, database: str | Path, monkeypatch: pytest.MonkeyPatch
+    name: str, database: str | Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     run, on_postgres = SCENARIOS[name]
     backend = "postgresql" if str(database).startswith("postgresql://") else "sqlite"
     if backend == "postgresql" and not on_postgres:
         pytest.skip("the server's clock judges this scenario's leases or grants on PostgreSQL")
-    with _frozen(monkeypatch, database) as scenario:
+    with _frozen(monkeypatch, database, tmp_path) as scenario:
         await run(scenario)
         scenario.trace.recording = False
         seq, digest = scenario.stores[0].head()

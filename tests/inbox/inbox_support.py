@@ -126,9 +126,13 @@ class Browser:
         from selenium.webdriver.chrome.service import Service
 
         self.profile = tempfile.mkdtemp(prefix="agentrt-chromium-")
-        self.driver = webdriver.Chrome(
-            options=chromium_options(self.profile), service=Service(str(CHROMEDRIVER))
-        )
+        try:
+            self.driver = webdriver.Chrome(
+                options=chromium_options(self.profile), service=Service(str(CHROMEDRIVER))
+            )
+        except BaseException:
+            shutil.rmtree(self.profile, ignore_errors=True)
+            raise
         self.driver.set_page_load_timeout(60)
 
     def wait_for(self, condition: Any, timeout: float = 30.0, message: str = "") -> Any:

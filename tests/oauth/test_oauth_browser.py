@@ -41,7 +41,11 @@ def driver() -> Iterator[Any]:
         "--disable-dev-shm-usage", f"--user-data-dir={profile}",
     ):  # fmt: skip
         options.add_argument(flag)
-    opened = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+    try:
+        opened = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+    except BaseException:
+        shutil.rmtree(profile, ignore_errors=True)
+        raise
     opened.set_page_load_timeout(60)
     try:
         yield opened

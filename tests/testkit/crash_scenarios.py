@@ -117,3 +117,7 @@ async def careless(database: str, effects: str, resume: bool) -> None:
     for to in RECIPIENTS:
         if to not in done:
             send(Path(effects), to)
+
+
+async def idle(database: str, effects: str, resume: bool) -> None:
+    """A scenario that never writes: the harness has no point to crash it at."""

@@ -36,3 +36,14 @@ def test_a_resume_that_bypasses_the_gate_is_caught_sending_twice(tmp_path: Path)
     assert any(effects.get("mail to ann") == 2 for effects in report.repeated.values())
     with pytest.raises(AssertionError, match="effects repeated after a crash and a resume"):
         report.assert_at_most_once()
+
+
+def test_without_a_workdir_the_harness_removes_its_temporary_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    report = crash_at_every_write("crash_scenarios:idle", extra_path=[HERE], timeout=90)
+    assert report.ok and report.points == ()
+    assert list(tmp_path.iterdir()) == []

@@ -121,9 +121,19 @@ def crash_at_every_write(
     `extra_path` is put on the children's PYTHONPATH (where the scenario's
     module lives).  Stops after the first point the scenario never reaches,
     or after `max_writes` writes (then `RuntimeError`: a run that writes
-    without end is a finding of its own).
+    without end is a finding of its own).  Each point's database and effects
+    are kept in `workdir` when one is given; otherwise in a temporary
+    directory removed before this returns.
     """
-    base = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="agentrt-crash-"))
+    if workdir is not None:
+        return _crash_each_point(scenario, Path(workdir), max_writes, timeout, extra_path)
+    with tempfile.TemporaryDirectory(prefix="agentrt-crash-") as base:
+        return _crash_each_point(scenario, Path(base), max_writes, timeout, extra_path)
+
+
+def _crash_each_point(
+    scenario: str, base: Path, max_writes: int, timeout: float, extra_path: Sequence[str]
+) -> CrashReport:
     points: list[CrashPoint] = []
     repeated: dict[CrashPoint, dict[str, int]] = {}
     for write in range(1, max_writes + 1):

@@ -106,8 +106,13 @@ async def _host(method: str, params: Any) -> dict[str, Any]:
 
 
 async def main(url: str) -> int:
+    # The tokens and registrations of this one run, removed with it.
+    with tempfile.TemporaryDirectory(prefix="agentrt-conformance-") as directory:
+        return await _connect_and_call(url, Path(directory))
+
+
+async def _connect_and_call(url: str, directory: Path) -> int:
     context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT", "{}") or "{}")
-    directory = Path(tempfile.mkdtemp(prefix="agentrt-conformance-"))
     os.environ["XDG_STATE_HOME"] = str(directory / "state")
     settings = _settings(context, directory)
     logins = 0
