@@ -253,6 +253,54 @@ async def test_a_2026_host_that_listed_is_told_no_list_change_outside_a_listen_s
     assert _LOADED not in setup.stderr()
 
 
+_LISTEN = {"notifications": {"toolsListChanged": True, "promptsListChanged": True,
+                             "resourcesListChanged": False}, "_meta": ENVELOPE}  # fmt: skip
+
+
+async def _listened(setup: ProxySetup, sdk_only: bool) -> list[bytes]:
+    """A listen stream's lines: refusals, the acknowledgement, a list change told on it,
+    then the host's cancel (no answer), and the proxy still answering."""
+    rules = {"echo": {"side_effect": "read_only"}, "send_mail": {"side_effect": "read_only"}}
+    [server] = setup.document["servers"]
+    lines: list[bytes] = []
+    async with _proxy(setup, sdk_only) as wire:
+        lines.append(await wire.ask(_request(1, "subscriptions/listen", {"_meta": ENVELOPE})))
+        lines.append(await wire.ask(_request(2, "subscriptions/listen", {
+            "notifications": "none", "_meta": ENVELOPE})))  # fmt: skip
+        lines.append(await wire.ask(_request(3, "subscriptions/listen", {"notifications": {}})))
+        await wire.send(_request(4, "subscriptions/listen", _LISTEN))
+
+        async def line() -> bytes:
+            return bytes(await wire._reader.receive_until(b"\n", 1 << 22))
+
+        with anyio.fail_after(30):
+            lines.append(await line())  # the acknowledgement
+            setup.rewrite(servers=[{**server, "rules": {"echo": rules["echo"]}}])
+            while b"list_changed" not in lines[-1] or len(lines) < 5:
+                lines.append(await line())
+        await wire.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                         "params": {"requestId": 4}})  # fmt: skip
+        lines.append(await wire.ask(_request(5, "tools/list", {"_meta": ENVELOPE})))
+        lines.extend(json.dumps(note).encode() for note in wire.notes)
+    return lines
+
+
+async def test_the_fronts_listen_stream_is_the_sdk_servers_byte_for_byte(
+    tmp_path: Path,
+) -> None:
+    rules = {"echo": {"side_effect": "read_only"}, "send_mail": {"side_effect": "read_only"}}
+    front_setup = await build_setup(tmp_path / "front", rules=rules)
+    sdk_setup = await build_setup(tmp_path / "sdk", rules=rules)
+    front, sdk = await _listened(front_setup, False), await _listened(sdk_setup, True)
+    assert front == sdk
+    assert b'"io.modelcontextprotocol/subscriptionId":4' in front[3]
+    assert b"notifications/tools/list_changed" in front[-2] or any(
+        b"notifications/tools/list_changed" in line for line in front[4:]
+    )
+    assert not any(json.loads(line).get("id") == 4 for line in front)  # cancelled: no answer
+    assert _LOADED not in front_setup.stderr()
+
+
 async def test_a_2026_method_the_front_does_not_answer_loads_the_sdks_server_and_calls_go_on(
     tmp_path: Path,
 ) -> None:

@@ -94,7 +94,7 @@ NOT_FOR_A_2026_STDIO_HOST = tuple(
 )
 
 
-async def test_a_stdio_proxy_serving_a_2026_host_that_discovers_lists_and_calls_loads_no_sdk_server(
+async def test_a_2026_stdio_host_that_discovers_listens_lists_and_calls_loads_no_sdk_server(
     tmp_path: Path,
 ) -> None:
     setup = await build_setup(tmp_path)
@@ -110,11 +110,15 @@ async def test_a_stdio_proxy_serving_a_2026_host_that_discovers_lists_and_calls_
     async with Client(parameters, mode="auto", cache=None) as client:
         # `mode="auto"` opens with server/discover.
         discovered = (client.server_info, client.server_capabilities)
-        names = [tool.name for tool in (await client.list_tools()).tools]
-        result = await client.call_tool("up_echo", {"text": "hello"})
+        # Then, as Claude Code does, a listen stream for the lists changing (decision 0052).
+        async with client.listen(tools_list_changed=True, prompts_list_changed=True) as stream:
+            honored = stream.honored
+            names = [tool.name for tool in (await client.list_tools()).tools]
+            result = await client.call_tool("up_echo", {"text": "hello"})
         version = client.protocol_version
     assert version == "2026-07-28"
     assert discovered[0].name == "agentrt-proxy" and discovered[1].tools is not None
+    assert honored.tools_list_changed and honored.prompts_list_changed
     assert "up_echo" in names
     assert not result.is_error, result
     lines = [line for line in setup.stderr().splitlines() if line.startswith("LOADED ")]

@@ -321,6 +321,9 @@ class StdioFront:
                 async with self.wire.incoming:
                     async for message in self.wire.incoming:
                         await self._take(message)
+                if self.handlers.events is not None:
+                    # The host is gone: its listen streams end (their results the last frames).
+                    self.handlers.events.close()
                 if self._sdk is not None:
                     # The SDK's server ends once it has answered what it was handed.
                     await self._sdk.aclose()
@@ -381,7 +384,7 @@ class StdioFront:
         async def answer(request: types.JSONRPCRequest) -> bytes:
             return await _modern.answered(request, params_type, handler, self.notify, self.log)
 
-        if request.method == "tools/call":
+        if request.method in ("tools/call", "subscriptions/listen"):
             assert self._group is not None
             self._group.start_soon(self._run_call, request, answer)
         else:

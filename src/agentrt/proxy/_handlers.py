@@ -59,7 +59,7 @@ class Handlers:
         # host's MCP session id over HTTP (one stdio host), its latest session object.
         self.subscribers: dict[str, dict[str, Any]] = {}
         # 2026 hosts' listen streams (`_listen.py`), and the servers' subscriptions they hold:
-        # made with the SDK's server, which alone serves them (`_host_events`).
+        # made when a host first listens (`_host_events`), by the front or the SDK.s server.
         self.events: HostEvents | None = None
         for name in proxy.offered.tools:
             # A server offering prompts or resources may tell of a resource's update.

@@ -22,7 +22,11 @@ for step and with the same codes and messages:
 - the result shaped by the era's wire type, `resultType` filled in, the
   `serverInfo` stamp put in `_meta`.
 
-Every other method of the era (`subscriptions/listen`, `prompts/get`,
+A `subscriptions/listen` stream is served by the proxy's own `HostEvents`
+(`_listen.py`, which the SDK's server is handed too), run as a call is run, so
+the host's `notifications/cancelled` ends it.
+
+Every other method of the era (`prompts/get`,
 `resources/read`, `completion/complete`, an `initialize` on such a
 connection) still goes to the SDK's server.
 """
@@ -40,6 +44,7 @@ from pydantic import BaseModel, ValidationError
 
 from ._dispatch import HostRefused, _error, _json, _progress_token, log_params, progress_params
 from ._handlers import INSTRUCTIONS, NAME, VERSION, Handlers
+from ._listen import ListenRefused
 from ._log import log_line
 
 if TYPE_CHECKING:
@@ -73,6 +78,7 @@ MODERN_METHODS: Final = frozenset(
         "prompts/list",
         "resources/list",
         "resources/templates/list",
+        "subscriptions/listen",
     }
 )
 """The methods of a 2026-07-28 connection the front answers (`ping` is no method of the
@@ -194,6 +200,16 @@ class ModernSession:
         # As the SDK's `NoBackChannelError`: the question rides the call's result instead.
         raise HostRefused(f"a host on the 2026-07-28 revision cannot be sent {method}")
 
+    async def send_notification(self, notification: Any, related_request_id: Any = None) -> None:
+        """A frame of a `subscriptions/listen` stream (`_listen.py`), as the SDK writes it."""
+        params = notification.params
+        dumped = (
+            None
+            if params is None
+            else params.model_dump(by_alias=True, mode="json", exclude_none=True)
+        )
+        await self._notify(notification.method, dumped)
+
     # A list change: in this era told only on a `subscriptions/listen` stream the host
     # opened, so dropped here, as the SDK's connection channel (`NotifyOnlyOutbound`)
     # drops it; the host stays a listener, as with the SDK's session.
@@ -235,6 +251,10 @@ def modern_methods(handlers: Handlers) -> dict[str, tuple[type[BaseModel], _Hand
         "prompts/list": (paginated, handlers._list_prompts),
         "resources/list": (paginated, handlers._list_resources),
         "resources/templates/list": (paginated, handlers._list_resource_templates),
+        "subscriptions/listen": (
+            types.SubscriptionsListenRequestParams,
+            handlers._host_events().listen,
+        ),
     }
 
 
@@ -302,7 +322,7 @@ async def answer(
         context = ModernContext(request, route, notify, http_request)
         result = await handler(context, typed)
         shaped = _shaped(wire, method, version, result)
-    except _Refused as refused:
+    except (_Refused, ListenRefused) as refused:
         return _failed(request.id, refused.code, refused.message, refused.data)
     except ValidationError:
         return _failed(request.id, types.INVALID_PARAMS, "Invalid request parameters", "")
