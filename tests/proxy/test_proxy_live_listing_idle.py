@@ -132,8 +132,10 @@ async def test_a_flood_of_notifications_while_idle_costs_bounded_listings_memory
     assert seen["max_in_flight"] == 1
     assert rss_after - rss_before < 40, (rss_before, rss_after)
     # 20,000 notifications: the proxy's reading between requests is paced
-    # (`_stdio.IDLE_MESSAGES_PER_SECOND`), and each costs a parse and a mark.
-    assert cpu_idle < 1.5, cpu_idle
+    # (`_stdio.IDLE_MESSAGES_PER_SECOND`), and each costs a parse and a mark.  Measured
+    # 0.25 s (stdio) and 0.63 s (HTTP) on a quiet machine, 1.52 s once in a loaded CI run;
+    # the bound is for a reader that never pauses, not a timing.
+    assert cpu_idle < 3.0, cpu_idle
     assert text_of(echo) == "still serving"
     assert text_of(other) == "unharmed"
     assert {"chg_echo", "chg_note", "up_echo"} <= names
