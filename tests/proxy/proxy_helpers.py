@@ -230,25 +230,32 @@ class WatchingHost:
 
 
 @asynccontextmanager
-async def watching_host(setup: ProxySetup) -> AsyncIterator[WatchingHost]:
-    """`host`, watching for the proxy's list changes, which it says it sends."""
+async def host_session(
+    setup: ProxySetup, on_message: Any
+) -> AsyncIterator[tuple[ClientSession, Any]]:
+    """A host starting the proxy over stdio, each notification handed to `on_message`:
+    its session and its `initialize` answer."""
     command = setup.command()
     parameters = StdioServerParameters(
         command=command[0], args=command[1:], env=setup.environment(), cwd=str(setup.root)
     )
-    watching = WatchingHost()
     with setup.stderr_path.open("a") as errlog:
         async with (
             stdio_client(parameters, errlog=errlog) as (read_stream, write_stream),
-            ClientSession(
-                read_stream, write_stream, message_handler=watching.on_message
-            ) as session,
+            ClientSession(read_stream, write_stream, message_handler=on_message) as session,
         ):
-            initialized = await session.initialize()
-            assert initialized.capabilities.tools is not None
-            assert initialized.capabilities.tools.list_changed is True
-            watching.session = session
-            yield watching
+            yield session, await session.initialize()
+
+
+@asynccontextmanager
+async def watching_host(setup: ProxySetup) -> AsyncIterator[WatchingHost]:
+    """`host`, watching for the proxy's list changes, which it says it sends."""
+    watching = WatchingHost()
+    async with host_session(setup, watching.on_message) as (session, initialized):
+        assert initialized.capabilities.tools is not None
+        assert initialized.capabilities.tools.list_changed is True
+        watching.session = session
+        yield watching
 
 
 def text_of(result: Any) -> str:

@@ -19,9 +19,8 @@ import anyio
 import mcp_types as types
 import pytest
 from mcp import Client, ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.subscriptions import ResourceUpdated, ToolsListChanged
-from proxy_helpers import ProxySetup, build_setup, text_of, write_private
+from proxy_helpers import ProxySetup, build_setup, host_session, text_of, write_private
 from test_proxy_hosts import http_proxy
 
 from agentrt.mcp import Server, pin
@@ -77,21 +76,10 @@ class _Host:
 
 @asynccontextmanager
 async def _host(setup: ProxySetup) -> AsyncIterator[_Host]:
-    command = setup.command()
-    parameters = StdioServerParameters(
-        command=command[0], args=command[1:], env=setup.environment(), cwd=str(setup.root)
-    )
     watching = _Host()
-    with setup.stderr_path.open("a") as errlog:
-        async with (
-            stdio_client(parameters, errlog=errlog) as (read_stream, write_stream),
-            ClientSession(
-                read_stream, write_stream, message_handler=watching.on_message
-            ) as session,
-        ):
-            await session.initialize()
-            watching.session = session
-            yield watching
+    async with host_session(setup, watching.on_message) as (session, _):
+        watching.session = session
+        yield watching
 
 
 async def _until(condition: Any, seconds: float = 30.0) -> None:
