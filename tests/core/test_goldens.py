@@ -21,8 +21,11 @@ Python function sends a statement: on SQLite every connection `sqlite3.connect` 
 gets `set_trace_callback`, which on Python 3.11 hands over each statement with its
 parameters expanded (SQLite prints a real with 15 significant digits, so the frozen
 clock stays on quarter seconds, which print exactly); on PostgreSQL the store's
-psycopg `ClientCursor` binds parameters on the client, so `mogrify` gives the exact
-text the server receives, taken at `ClientCursor.execute`/`executemany`.  Statements
+store sends each statement with its parameters bound on the server (prepared after a
+few uses, decision 0057), so the trace is taken at `Cursor.execute`/`executemany` and
+written as a `ClientCursor` on the same connection would have sent it, literals bound
+(`mogrify`): the text a client-side binding sends, which is what the goldens recorded
+before the store bound on the server — the same statements with the same values.  Statements
 are numbered by connection in the order connections were opened (`c0`, `c1`, ...).
 
 Normalised, because it is truly not the test's to fix: on PostgreSQL the server's
@@ -204,22 +207,26 @@ class SqlTrace:
         def traced_open(*args: Any, **kwargs: Any) -> Any:
             return self.opened(real_open(*args, **kwargs))
 
-        real_execute = psycopg.ClientCursor.execute
-        real_executemany = psycopg.ClientCursor.executemany
+        real_execute = psycopg.Cursor.execute
+        real_executemany = psycopg.Cursor.executemany
+
+        def bound(cursor: Any, query: Any, params: Any) -> str:
+            text: str = psycopg.ClientCursor(cursor.connection).mogrify(query, params)
+            return self.server_clock(text)
 
         def execute(cursor: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
-            self.statement(cursor.connection, self.server_clock(cursor.mogrify(query, params)))
+            self.statement(cursor.connection, bound(cursor, query, params))
             return real_execute(cursor, query, params, **kwargs)
 
         def executemany(cursor: Any, query: Any, params_seq: Any, **kwargs: Any) -> Any:
             rows = list(params_seq)
             for params in rows:
-                self.statement(cursor.connection, self.server_clock(cursor.mogrify(query, params)))
+                self.statement(cursor.connection, bound(cursor, query, params))
             return real_executemany(cursor, query, rows, **kwargs)
 
         monkeypatch.setattr(psycopg, "connect", traced_open)
-        monkeypatch.setattr(psycopg.ClientCursor, "execute", execute)
-        monkeypatch.setattr(psycopg.ClientCursor, "executemany", executemany)
+        monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+        monkeypatch.setattr(psycopg.Cursor, "executemany", executemany)
 
 
 @dataclass

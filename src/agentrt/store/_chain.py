@@ -96,10 +96,15 @@ class _Chain:
                 prev_hash = previous[0] if previous else None
             else:
                 prev_hash = GENESIS_HASH
-            cursor = self._connection.execute(
-                "SELECT * FROM events WHERE seq >= ? AND (? IS NULL OR seq <= ?) ORDER BY seq",
-                (start, to_seq, to_seq),
-            )
+            if to_seq is None:
+                cursor = self._connection.execute(
+                    "SELECT * FROM events WHERE seq >= ? ORDER BY seq", (start,)
+                )
+            else:
+                cursor = self._connection.execute(
+                    "SELECT * FROM events WHERE seq >= ? AND seq <= ? ORDER BY seq",
+                    (start, to_seq),
+                )
             expected_seq = start
             head_seq, head_hash, checked = start - 1, prev_hash or "", 0
             for row in cursor:

@@ -65,6 +65,10 @@ _TAKE_WRITE_LOCK: Final = (
     "SELECT pg_advisory_xact_lock(?), EXTRACT(EPOCH FROM clock_timestamp())::float8"
 )
 
+# A statement whose rows are every column of a table is never prepared
+# (`PostgresConnection._send`).
+_EVERY_COLUMN: Final = re.compile(r"\b(?:SELECT|RETURNING) \*").search
+
 # Whether this libpq has pipeline mode (14 and later; psycopg's binary wheels have it).
 _PIPELINE: Final = psycopg.capabilities.has_pipeline()
 
@@ -184,14 +188,14 @@ class Cursor:
 
     def __init__(
         self,
-        cursor: psycopg.ClientCursor[Any] | None,
+        cursor: psycopg.Cursor[Any] | None,
         owner: PostgresConnection | None = None,
     ) -> None:
         # None: a statement nothing was sent for (a ROLLBACK of what the server ended).
         self._cursor = cursor
         self._owner = owner  # set while the statement's answer may still be on its way
 
-    def _answered(self) -> psycopg.ClientCursor[Any] | None:
+    def _answered(self) -> psycopg.Cursor[Any] | None:
         cursor, owner = self._cursor, self._owner
         if cursor is not None and owner is not None and cursor.pgresult is None:
             owner.sync()
@@ -383,7 +387,7 @@ class PostgresConnection:
             # COMMIT, so a break while it is answered leaves only its own fate unknown.
             self.settle()
         scope = self._pipeline_scope
-        cursor: psycopg.ClientCursor[Any] | None = None
+        cursor: psycopg.Cursor[Any] | None = None
         try:
             cursor = self._send(sql, ())
             if scope is not None:
@@ -432,13 +436,18 @@ class PostgresConnection:
             with contextlib.suppress(Exception):
                 scope.__exit__(None, None, None)
 
-    def _send(self, sql: str, parameters: Sequence[Any]) -> psycopg.ClientCursor[Any]:
+    def _send(self, sql: str, parameters: Sequence[Any]) -> psycopg.Cursor[Any]:
         cursor = self._connection.cursor()
         if parameters:
-            cursor.execute(_translate(sql), tuple(parameters))
+            # A statement sent a few times is prepared (psycopg's `prepare_threshold`), but
+            # not one whose rows are every column of a table: another process adding a
+            # column (a newer build's migration) would make PostgreSQL refuse it ("cached
+            # plan must not change result type"), where the same text unprepared reads on.
+            prepare = False if _EVERY_COLUMN(sql) else None
+            cursor.execute(_translate(sql), tuple(parameters), prepare=prepare)
         else:
             cursor.execute(sql)
-        return cursor  # type: ignore[return-value]
+        return cursor
 
     def _cut_write(self) -> StoreError:
         return StoreError(
@@ -601,7 +610,6 @@ def _open(parameters: dict[str, Any], label: str) -> psycopg.Connection[Any]:
         return psycopg.connect(
             **parameters,
             autocommit=True,
-            cursor_factory=psycopg.ClientCursor,
             row_factory=_row_factory,
             application_name="agentrt",
         )
