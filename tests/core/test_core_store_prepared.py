@@ -1,5 +1,5 @@
 """PostgreSQL binds a statement's values on the server and prepares a statement it has
-sent a few times (decision 0057): the server parses and plans it once per connection,
+sent a few times (decision 0060): the server parses and plans it once per connection,
 not once per call.  What that must not change: every value a write sends arrives as it
 did, and a schema another process changes underneath the store's prepared statements
 (a newer build's migration adding a column) does not fail a write or a read.

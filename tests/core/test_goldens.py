@@ -22,7 +22,7 @@ gets `set_trace_callback`, which on Python 3.11 hands over each statement with i
 parameters expanded (SQLite prints a real with 15 significant digits, so the frozen
 clock stays on quarter seconds, which print exactly); on PostgreSQL the store's
 store sends each statement with its parameters bound on the server (prepared after a
-few uses, decision 0057), so the trace is taken at `Cursor.execute`/`executemany` and
+few uses, decision 0060), so the trace is taken at `Cursor.execute`/`executemany` and
 written as a `ClientCursor` on the same connection would have sent it, literals bound
 (`mogrify`): the text a client-side binding sends, which is what the goldens recorded
 before the store bound on the server — the same statements with the same values.  Statements

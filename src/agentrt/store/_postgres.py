@@ -22,7 +22,11 @@ savepoints are not waited for one by one but answered together at the end of
 the unit (`settle`) or with the next statement that is; any other statement
 is answered before `execute` returns, as without a pipeline, so a caller that
 catches its error or reads its result sees what it always saw.  The
-statements sent, and their order, are the same.
+statements sent, and their order, are the same.  Their values are bound on the
+server, and a statement sent a few times on a connection is prepared there
+(decision 0060): the server parses and plans it once, not once per call; one
+whose rows are every column of a table (`SELECT *`, `RETURNING *`) never is,
+since a column another process adds would make PostgreSQL refuse it.
 
 Credentials come only from libpq's environment (`PGPASSWORD`, a pgpass file,
 a service): a URL holding a password is refused, so no password is ever
