@@ -332,7 +332,9 @@ async def test_connections_leave_no_descriptors_threads_or_children_behind() -> 
     threads = {thread.ident for thread in threading.enumerate()}
     for _ in range(10):
         await open_and_close()
-    assert len(os.listdir("/proc/self/fd")) == descriptors
+    # None more than before (a leak); one fewer was seen once in a loaded full run, a
+    # descriptor an earlier test of the worker left to the garbage collector.
+    assert len(os.listdir("/proc/self/fd")) <= descriptors
     assert {thread.ident for thread in threading.enumerate()} <= threads | _worker_threads()
     assert not _children()
 

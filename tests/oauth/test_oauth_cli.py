@@ -169,8 +169,12 @@ def test_the_client_credentials_grant_logs_in_without_a_person_from_an_owner_onl
 
         os.environ["XDG_STATE_HOME"] = str(state_home)
         assert anyio.run(call_twice) == ["an authorized client"] * 2
-        seen = {header for header in server.log()["authorization"] if header}
-        assert len(seen) == 2  # two tokens: the second from a new grant
+        used = [header for header in server.log()["authorization"] if header]
+        # A new grant when the token ended: the last call's token is not the first's. Two
+        # tokens on a quiet machine (the login's, then one granted again); three when the
+        # login's 1 s token had already ended before the first call (a loaded machine).
+        assert used[-1] != used[0]
+        assert len(set(used)) in (2, 3)
 
 
 def test_a_refused_login_is_one_sentence_without_a_traceback(
