@@ -8,6 +8,12 @@ directly, and the floor of the two commits a proxied call makes) and 8 calls in 
 (calls/s, and the serving process's own CPU per call from /proc: the figure that holds on a
 shared machine).  The medians over the rounds are the result.
 
+Beside the serving process's CPU, each round reads the CPU a call of the two processes every
+target shares with it on the machine's cores: this process (the host's SDK client) and the
+upstream (the serving process's descendants; for `direct`, none).  Their sum, times calls/s,
+is how many of the machine's cores the round kept busy: on 2 cores, a target whose round keeps
+them near full is bound by the whole machine's CPU, not by a wait of its own.
+
     .venv/bin/python benchmarks/bench_http.py [--rounds N] [--calls N] [--only a,b]
         [--agentrt-src NAME=DIR]  # another checkout's src/ beside this one: before/after
 """
@@ -15,8 +21,10 @@ shared machine).  The medians over the rounds are the result.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import resource
 import statistics
 import tempfile
 import time
@@ -24,7 +32,7 @@ from pathlib import Path
 
 import anyio
 import peers as peer_module
-from _common import HERE, PYTHON, cpu_seconds, find_descendant, log
+from _common import HERE, PYTHON, children_of, cpu_seconds, find_descendant, log
 from bench_gate import Floor
 from bench_mcp import raw_session, server_command
 from bench_proxy import (
@@ -90,6 +98,30 @@ def _targets(config: Path, agentrt_sources: dict[str, str | None]) -> list[Targe
     return targets
 
 
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    queue = [pid]
+    while queue:
+        children = children_of(queue.pop())
+        found.extend(children)
+        queue.extend(children)
+    return found
+
+
+def _cpu_of(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        # One that ended during the round has its time lost, not guessed.
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(pid)
+    return total
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 async def _round(target: Target, sequential: int, per_worker: int) -> dict[str, float]:
     async with target.open() as session:
         for index in range(10):  # warm-up
@@ -97,6 +129,9 @@ async def _round(target: Target, sequential: int, per_worker: int) -> dict[str, 
         latencies = [await _call(session, target.tool, index) for index in range(sequential)]
         pid = find_descendant(os.getpid(), target.process)
         cpu_before = cpu_seconds(pid) if pid is not None else 0.0
+        upstream = _descendants(pid) if pid is not None else []
+        upstream_before = _cpu_of(upstream)
+        client_before = _own_cpu()
 
         async def worker(worker_index: int) -> None:
             for step in range(per_worker):
@@ -108,11 +143,18 @@ async def _round(target: Target, sequential: int, per_worker: int) -> dict[str, 
                 group.start_soon(worker, worker_index)
         wall = time.perf_counter() - began
         cpu = cpu_seconds(pid) - cpu_before if pid is not None else float("nan")
+        upstream_cpu = _cpu_of(upstream) - upstream_before
+        client_cpu = _own_cpu() - client_before
     calls = CONCURRENCY * per_worker
+    machine_ms = (cpu + upstream_cpu + client_cpu) / calls * 1000
     return {
         "p50_s": statistics.median(latencies),
         "calls_per_s": calls / wall,
         "cpu_ms_per_call": cpu / calls * 1000,
+        "client_ms_per_call": client_cpu / calls * 1000,
+        "upstream_ms_per_call": upstream_cpu / calls * 1000,
+        "machine_ms_per_call": machine_ms,
+        "cores_busy": calls / wall * machine_ms / 1000,
     }
 
 
@@ -145,11 +187,14 @@ async def main(
     }
     direct = medians["direct"]["p50_s"]
     print(f"\nfloor (two commits) p50 {floor_s * 1000:.3f} ms; 1-min load per round {load}")
-    print(f"{'target':<18}{'added p50 ms':>14}{'calls/s':>10}{'CPU ms/call':>13}")
+    print(f"{'target':<18}{'added p50 ms':>14}{'calls/s':>10}{'CPU ms/call':>13}"
+          f"{'client':>8}{'upstream':>10}{'machine':>9}{'cores':>7}")  # fmt: skip
     for name, values in medians.items():
         added = (values["p50_s"] - direct) * 1000
         print(f"{name:<18}{added:>14.3f}{values['calls_per_s']:>10.1f}"
-              f"{values['cpu_ms_per_call']:>13.3f}")  # fmt: skip
+              f"{values['cpu_ms_per_call']:>13.3f}{values['client_ms_per_call']:>8.3f}"
+              f"{values['upstream_ms_per_call']:>10.3f}{values['machine_ms_per_call']:>9.3f}"
+              f"{values['cores_busy']:>7.2f}")  # fmt: skip
     for ours in sources:
         for peer in ("mcp-proxy", "fastmcp"):
             if peer in medians:

@@ -6,9 +6,13 @@ that the gate benchmark still runs against the current API.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,3 +34,42 @@ def test_the_gate_benchmark_runs_and_reports_a_ratio(tmp_path: Path) -> None:
     latest = json.loads((tmp_path / "latest.json").read_text())
     assert latest["gate"]["rows"] and latest["gate"]["commits_per_step"] == 2
     assert sorted((ROOT / "benchmarks" / "results").glob("*.json")) == kept
+
+
+def test_the_http_benchmark_reads_the_upstreams_cpu_from_every_descendant() -> None:
+    # bench_http's "upstream" column sums the serving process's descendants: a
+    # grandchild (an upstream behind a wrapper) counts, and a process that ended during
+    # the round is left out instead of failing the round.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_http
+        from _common import cpu_seconds
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    spin = "import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end: pass\n"
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys, time\n"
+         f"child = subprocess.Popen([sys.executable, '-c', {spin + 'time.sleep(60)'!r}])\n"
+         "print(child.pid, flush=True)\ntime.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    grandchild: int | None = None
+    try:
+        assert parent.stdout is not None
+        grandchild = int(parent.stdout.readline())
+        assert bench_http._descendants(parent.pid) == [grandchild]
+        deadline = time.monotonic() + 30
+        while cpu_seconds(grandchild) < 0.2:  # its spin is done when it has used 0.2 s
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        gone = parent.pid + 10_000_000  # above any pid the kernel hands out
+        total = bench_http._cpu_of([grandchild, gone])
+        assert total == cpu_seconds(grandchild) and total >= 0.2
+        assert bench_http._descendants(grandchild) == []
+    finally:
+        parent.kill()
+        parent.wait()
+        if grandchild is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(grandchild, signal.SIGKILL)
