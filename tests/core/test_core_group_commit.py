@@ -19,18 +19,24 @@ import anyio
 import pytest
 
 from agentrt import (
+    ApprovalError,
+    ApprovalStatus,
     Decision,
     Gate,
     PolicyDecision,
+    RunStateError,
+    RunStatus,
     RunView,
     SideEffect,
     ToolRequest,
+    approve,
     open_store,
+    reject,
 )
 from agentrt.errors import StoreError
 from agentrt.store import Store
 
-from .helpers import RecordingTool
+from .helpers import RecordingTool, approval_policy
 
 
 class _Refused(Exception):
@@ -497,3 +503,77 @@ async def test_a_write_never_run_because_the_transaction_ended_under_its_batch_i
     report = store.verify_chain()
     assert report.ok and report.checked == 1
     store.close()
+
+
+@pytest.mark.anyio
+async def test_two_stores_deciding_one_approval_at_once_leave_one_decision_and_refuse_the_other(
+    database: str | Path,
+) -> None:
+    """Two processes decide the same run's approval while a third holds the write lock
+    (a person approving in the CLI while another rejects it in the inbox): once the lock
+    is free, one decision commits and the other is refused by its check (the approval is
+    no longer pending, or the run no longer waits), with nothing of it written.  The
+    check-then-write a finer lock than the one write lock must keep (decision 0058)."""
+    write = RecordingTool("write", SideEffect.LOCAL_MUTATION)
+    gate = Gate(open_store(database), [write], policy=approval_policy())
+    run_id = await gate.start("decided twice at once")
+    asked = (await gate.step(run_id, Decision.tool_call("write", '{"path": "a"}'))).approval
+    assert asked is not None
+    approving, rejecting, other = open_store(database), open_store(database), open_store(database)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with other.transaction() as connection:
+            other.append_event(connection, "other", "note", {"by": "another writer"})
+            holding.set()
+            if not release.wait(timeout=30):
+                raise TimeoutError("the test never released the write lock")
+
+    outcomes: dict[str, BaseException | str] = {}
+
+    def decide(name: str) -> None:
+        try:
+            if name == "approve":
+                approve(approving, run_id, approval_hash=asked.approval_hash, by="cli")
+            else:
+                reject(rejecting, run_id, approval_hash=asked.approval_hash, by="inbox")
+            outcomes[name] = "decided"
+        except (ApprovalError, RunStateError) as exc:
+            outcomes[name] = exc
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(10)
+    deciders = [threading.Thread(target=decide, args=(name,)) for name in ("approve", "reject")]
+    for thread in deciders:
+        thread.start()
+    time.sleep(0.3)  # both are waiting for the write lock
+    assert outcomes == {}
+    release.set()
+    holder.join()
+    for thread in deciders:
+        thread.join(30)
+    assert sorted(outcomes) == ["approve", "reject"]
+    winners = [name for name, outcome in outcomes.items() if outcome == "decided"]
+    assert len(winners) == 1, outcomes
+    loser = "reject" if winners == ["approve"] else "approve"
+    assert isinstance(outcomes[loser], (ApprovalError, RunStateError))
+    # The run's one decision event, none of the loser's.
+    decided = [
+        event.type
+        for event in gate.store.list_events(run_id)
+        if event.type in ("approval_granted", "approval_rejected")
+    ]
+    assert decided == (["approval_granted"] if winners == ["approve"] else ["approval_rejected"])
+    approval = gate.store.get_approval(asked.approval_id)
+    run = gate.store.get_run(run_id)
+    if winners == ["approve"]:
+        assert (approval.status, approval.decided_by) == (ApprovalStatus.APPROVED, "cli")
+        assert run.status is RunStatus.WAITING_FOR_APPROVAL
+    else:
+        assert (approval.status, approval.decided_by) == (ApprovalStatus.REJECTED, "inbox")
+        assert run.status is RunStatus.CANCELLED
+    assert write.calls == []
+    assert gate.store.verify_chain().ok and gate.store.verify_state().ok
+    for store in (approving, rejecting, other, gate.store):
+        store.close()

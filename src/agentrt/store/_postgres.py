@@ -28,6 +28,12 @@ server, and a statement sent a few times on a connection is prepared there
 whose rows are every column of a table (`SELECT *`, `RETURNING *`) never is,
 since a column another process adds would make PostgreSQL refuse it.
 
+All of a write's work, not only the chain's append, is done holding the lock:
+that is the ceiling of many proxies on one database (decisions 0055, 0058).
+Holding it only for the chain's tail needs finer locks keyed by what each unit
+checks: the proxy's decision reads its whole session for a run not yet written,
+so per-run locks would not guard it (decision 0058 has the audit and the design).
+
 Credentials come only from libpq's environment (`PGPASSWORD`, a pgpass file,
 a service): a URL holding a password is refused, so no password is ever
 written into an event, a log or an error.  This module imports psycopg; the
