@@ -233,3 +233,29 @@ async def test_a_server_whose_manifest_its_load_refuses_is_never_started(
     assert 'manifest is for server "up", not "other"' in finished.stderr, finished.stderr
     assert "registered echo as up_echo" in finished.stderr, finished.stderr
     assert not started.exists(), "the refused server was started"
+
+
+def test_the_protocol_constants_written_in_agentrt_are_the_sdks() -> None:
+    # Written out so that `_proxy` does not import `mcp_types`' models (decision 0057).
+    import mcp_types
+    import mcp_types.jsonrpc
+    import mcp_types.version
+
+    from agentrt.proxy import _input_required, _revision
+
+    assert _input_required.MODERN_PROTOCOL_VERSIONS == mcp_types.version.MODERN_PROTOCOL_VERSIONS
+    assert _revision.PROTOCOL_VERSION_META_KEY == mcp_types.PROTOCOL_VERSION_META_KEY
+    assert _revision.LOG_LEVEL_META_KEY == mcp_types.LOG_LEVEL_META_KEY
+    assert _revision.HEADER_MISMATCH == mcp_types.jsonrpc.HEADER_MISMATCH
+
+
+def test_the_proxy_and_its_call_path_import_no_pydantic_model() -> None:
+    # `_proxy` (the calls, the client's requests, the revision's checks) loads neither
+    # `mcp_types` nor pydantic: what still does is the front (`_stdio`, `_dispatch`,
+    # `_handlers`), decision 0057's next steps.
+    names = ("mcp_types", "pydantic", "pydantic_core")
+    probe = f"import sys, agentrt.proxy._proxy; print([n for n in {names!r} if n in sys.modules])"
+    finished = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert finished.stdout.strip() == "[]", finished.stdout + finished.stderr

@@ -21,12 +21,17 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import anyio
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from ..canonical import canonical_json
 from ._answers import Answer
 
 __all__ = ["HostCall", "Question", "Suspended", "is_stateless"]
+
+MODERN_PROTOCOL_VERSIONS: Final = ("2026-07-28",)
+"""The protocol versions of the era without a handshake: the MCP SDK's
+`mcp_types.version.MODERN_PROTOCOL_VERSIONS` (a test holds them equal), written here so
+that `_proxy`, which imports this module, does not import `mcp_types`' models with it
+(issue 36, decision 0057)."""
 
 # What a retry is told when its state names no call waiting for it.
 _UNKNOWN_STATE: Final = (

@@ -21,10 +21,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-import pydantic_core
-from mcp_types import LOG_LEVEL_META_KEY, PROTOCOL_VERSION_META_KEY
-from mcp_types.jsonrpc import HEADER_MISMATCH
-
 from ..canonical import canonical_bytes
 from ..sanitize import sanitize
 
@@ -35,6 +31,13 @@ __all__ = [
     "header_mismatch",
     "wanted_log_level",
 ]
+
+# The MCP SDK's `mcp_types.PROTOCOL_VERSION_META_KEY`, `LOG_LEVEL_META_KEY` and
+# `mcp_types.jsonrpc.HEADER_MISMATCH` (a test holds them equal), written here so that
+# importing this module does not import `mcp_types`' models (issue 36, decision 0057).
+PROTOCOL_VERSION_META_KEY: Final = "io.modelcontextprotocol/protocolVersion"
+LOG_LEVEL_META_KEY: Final = "io.modelcontextprotocol/logLevel"
+HEADER_MISMATCH: Final = -32020
 
 _ROUTING_HEADERS: Final = ("mcp-method", "mcp-name", "mcp-protocol-version")
 # How much of a header or a body value a refusal quotes.
@@ -70,6 +73,8 @@ def header_mismatch(raw_headers: Iterable[tuple[bytes, bytes]], body: bytes) -> 
     try:
         # The transport's own parser (pydantic's), so the check reads the body exactly as
         # the request will be read: with a repeated key, the same (last) value.
+        import pydantic_core  # here: only the HTTP front checks headers (issue 36)
+
         message = pydantic_core.from_json(body)
     except ValueError:
         return None  # not JSON: the transport's parse error answers it
