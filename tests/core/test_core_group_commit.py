@@ -408,14 +408,9 @@ async def test_a_step_on_a_run_another_gate_moved_is_decided_again_on_the_fresh_
     second.store.close()
 
 
-@pytest.mark.anyio
-async def test_writes_queued_while_the_writer_waits_for_the_write_lock_share_its_transaction(
-    database: str | Path,
-) -> None:
-    """Decision 0055: a writer that had to wait for the write lock (another process held
-    it) carries every write that queued meanwhile in the same hold: one BEGIN, one
-    lock, one COMMIT for all of them, each still in its own savepoint."""
-    waiting, other = open_store(database), open_store(database)
+def _hold_the_write_lock(other: Store) -> tuple[threading.Thread, threading.Event]:
+    """Another writer (`other`, a store of its own) takes the write lock in a thread, once
+    it holds it; it keeps it until the returned event is set (the thread then commits)."""
     holding, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -428,6 +423,18 @@ async def test_writes_queued_while_the_writer_waits_for_the_write_lock_share_its
     thread = threading.Thread(target=hold)
     thread.start()
     assert holding.wait(10)
+    return thread, release
+
+
+@pytest.mark.anyio
+async def test_writes_queued_while_the_writer_waits_for_the_write_lock_share_its_transaction(
+    database: str | Path,
+) -> None:
+    """Decision 0055: a writer that had to wait for the write lock (another process held
+    it) carries every write that queued meanwhile in the same hold: one BEGIN, one
+    lock, one COMMIT for all of them, each still in its own savepoint."""
+    waiting, other = open_store(database), open_store(database)
+    thread, release = _hold_the_write_lock(other)
     seqs: dict[str, int] = {}
 
     async def write(name: str, fail: bool = False) -> None:
@@ -520,14 +527,7 @@ async def test_two_stores_deciding_one_approval_at_once_leave_one_decision_and_r
     asked = (await gate.step(run_id, Decision.tool_call("write", '{"path": "a"}'))).approval
     assert asked is not None
     approving, rejecting, other = open_store(database), open_store(database), open_store(database)
-    holding, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with other.transaction() as connection:
-            other.append_event(connection, "other", "note", {"by": "another writer"})
-            holding.set()
-            if not release.wait(timeout=30):
-                raise TimeoutError("the test never released the write lock")
+    holder, release = _hold_the_write_lock(other)
 
     outcomes: dict[str, BaseException | str] = {}
 
@@ -541,9 +541,6 @@ async def test_two_stores_deciding_one_approval_at_once_leave_one_decision_and_r
         except (ApprovalError, RunStateError) as exc:
             outcomes[name] = exc
 
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert holding.wait(10)
     deciders = [threading.Thread(target=decide, args=(name,)) for name in ("approve", "reject")]
     for thread in deciders:
         thread.start()
