@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
@@ -75,6 +76,26 @@ def children_of(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(entry))
     return found
+
+
+def descendants_of(pid: int) -> list[int]:
+    """Every process below pid (children, their children, ...), from /proc."""
+    found: list[int] = []
+    queue = [pid]
+    while queue:
+        children = children_of(queue.pop())
+        found.extend(children)
+        queue.extend(children)
+    return found
+
+
+def cpu_of(pids: list[int]) -> float:
+    """The CPU seconds of these processes; one that has ended has its time lost, not guessed."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(pid)
+    return total
 
 
 def cmdline(pid: int) -> list[str]:

@@ -21,7 +21,6 @@ them near full is bound by the whole machine's CPU, not by a wait of its own.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import resource
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import anyio
 import peers as peer_module
-from _common import HERE, PYTHON, children_of, cpu_seconds, find_descendant, log
+from _common import HERE, PYTHON, cpu_of, cpu_seconds, descendants_of, find_descendant, log
 from bench_gate import Floor
 from bench_mcp import raw_session, server_command
 from bench_proxy import (
@@ -98,25 +97,6 @@ def _targets(config: Path, agentrt_sources: dict[str, str | None]) -> list[Targe
     return targets
 
 
-def _descendants(pid: int) -> list[int]:
-    found: list[int] = []
-    queue = [pid]
-    while queue:
-        children = children_of(queue.pop())
-        found.extend(children)
-        queue.extend(children)
-    return found
-
-
-def _cpu_of(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        # One that ended during the round has its time lost, not guessed.
-        with contextlib.suppress(OSError):
-            total += cpu_seconds(pid)
-    return total
-
-
 def _own_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -129,8 +109,8 @@ async def _round(target: Target, sequential: int, per_worker: int) -> dict[str, 
         latencies = [await _call(session, target.tool, index) for index in range(sequential)]
         pid = find_descendant(os.getpid(), target.process)
         cpu_before = cpu_seconds(pid) if pid is not None else 0.0
-        upstream = _descendants(pid) if pid is not None else []
-        upstream_before = _cpu_of(upstream)
+        upstream = descendants_of(pid) if pid is not None else []
+        upstream_before = cpu_of(upstream)
         client_before = _own_cpu()
 
         async def worker(worker_index: int) -> None:
@@ -143,7 +123,7 @@ async def _round(target: Target, sequential: int, per_worker: int) -> dict[str, 
                 group.start_soon(worker, worker_index)
         wall = time.perf_counter() - began
         cpu = cpu_seconds(pid) - cpu_before if pid is not None else float("nan")
-        upstream_cpu = _cpu_of(upstream) - upstream_before
+        upstream_cpu = cpu_of(upstream) - upstream_before
         client_cpu = _own_cpu() - client_before
     calls = CONCURRENCY * per_worker
     machine_ms = (cpu + upstream_cpu + client_cpu) / calls * 1000

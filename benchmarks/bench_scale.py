@@ -50,7 +50,7 @@ from _common import (
     Result,
     children_of,
     cmdline,
-    cpu_seconds,
+    cpu_of,
     log,
     private_file,
     ratio,
@@ -140,7 +140,7 @@ class Host:
 
     def cpu(self) -> tuple[float, float]:
         """CPU seconds of the proxy, and of its upstream, so far."""
-        return _cpu_of([self.process.pid]), _cpu_of(children_of(self.process.pid))
+        return cpu_of([self.process.pid]), cpu_of(children_of(self.process.pid))
 
     def _send(self, message: dict[str, Any]) -> None:
         assert self.process.stdin is not None
@@ -176,16 +176,6 @@ def _machine_busy() -> tuple[float, float]:
     return sum(fields) - idle, sum(fields)
 
 
-def _cpu_of(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            total += cpu_seconds(pid)
-        except OSError:
-            continue
-    return total
-
-
 def _postgres_cpu(server: _postgres.PostgresServer | None) -> tuple[float, float]:
     """CPU seconds so far of PostgreSQL's backends (its clients' connections), and of
     its other processes (the postmaster, WAL writer, checkpointer, ...)."""
@@ -200,7 +190,7 @@ def _postgres_cpu(server: _postgres.PostgresServer | None) -> tuple[float, float
         # A backend's title: "postgres: USER DATABASE [local] STATE".
         title = " ".join(cmdline(pid))
         (backends if "[local]" in title else others).append(pid)
-    return _cpu_of(backends), _cpu_of(others)
+    return cpu_of(backends), cpu_of(others)
 
 
 def _cpu_snapshot(hosts: list[Host], server: _postgres.PostgresServer | None) -> dict[str, float]:

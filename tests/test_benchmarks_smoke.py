@@ -42,8 +42,7 @@ def test_the_http_benchmark_reads_the_upstreams_cpu_from_every_descendant() -> N
     # the round is left out instead of failing the round.
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import bench_http
-        from _common import cpu_seconds
+        from _common import cpu_of, cpu_seconds, descendants_of
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     spin = "import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end: pass\n"
@@ -58,15 +57,15 @@ def test_the_http_benchmark_reads_the_upstreams_cpu_from_every_descendant() -> N
     try:
         assert parent.stdout is not None
         grandchild = int(parent.stdout.readline())
-        assert bench_http._descendants(parent.pid) == [grandchild]
+        assert descendants_of(parent.pid) == [grandchild]
         deadline = time.monotonic() + 30
         while cpu_seconds(grandchild) < 0.2:  # its spin is done when it has used 0.2 s
             assert time.monotonic() < deadline
             time.sleep(0.01)
         gone = parent.pid + 10_000_000  # above any pid the kernel hands out
-        total = bench_http._cpu_of([grandchild, gone])
+        total = cpu_of([grandchild, gone])
         assert total == cpu_seconds(grandchild) and total >= 0.2
-        assert bench_http._descendants(grandchild) == []
+        assert descendants_of(grandchild) == []
     finally:
         parent.kill()
         parent.wait()

@@ -96,15 +96,15 @@ class _Chain:
                 prev_hash = previous[0] if previous else None
             else:
                 prev_hash = GENESIS_HASH
-            if to_seq is None:
-                cursor = self._connection.execute(
-                    "SELECT * FROM events WHERE seq >= ? ORDER BY seq", (start,)
-                )
-            else:
-                cursor = self._connection.execute(
-                    "SELECT * FROM events WHERE seq >= ? AND seq <= ? ORDER BY seq",
-                    (start, to_seq),
-                )
+            # The upper bound only when there is one (an untyped NULL does not bind on
+            # PostgreSQL's server).
+            bounded = to_seq is not None
+            cursor = self._connection.execute(
+                "SELECT * FROM events WHERE seq >= ?"
+                + (" AND seq <= ?" if bounded else "")
+                + " ORDER BY seq",
+                (start, to_seq) if bounded else (start,),
+            )
             expected_seq = start
             head_seq, head_hash, checked = start - 1, prev_hash or "", 0
             for row in cursor:

@@ -77,7 +77,14 @@ _TAKE_WRITE_LOCK: Final = (
 
 # A statement whose rows are every column of a table is never prepared
 # (`PostgresConnection._send`).
-_EVERY_COLUMN: Final = re.compile(r"\b(?:SELECT|RETURNING) \*").search
+_EVERY_COLUMN: Final = re.compile(r"\b(?:SELECT|RETURNING) \*")
+
+
+@functools.lru_cache(maxsize=1024)
+def _prepare(sql: str) -> bool | None:
+    """psycopg's `prepare` for a statement: None (after a few uses), or never."""
+    return False if _EVERY_COLUMN.search(sql) else None
+
 
 # Whether this libpq has pipeline mode (14 and later; psycopg's binary wheels have it).
 _PIPELINE: Final = psycopg.capabilities.has_pipeline()
@@ -453,8 +460,7 @@ class PostgresConnection:
             # not one whose rows are every column of a table: another process adding a
             # column (a newer build's migration) would make PostgreSQL refuse it ("cached
             # plan must not change result type"), where the same text unprepared reads on.
-            prepare = False if _EVERY_COLUMN(sql) else None
-            cursor.execute(_translate(sql), tuple(parameters), prepare=prepare)
+            cursor.execute(_translate(sql), tuple(parameters), prepare=_prepare(sql))
         else:
             cursor.execute(sql)
         return cursor
