@@ -44,6 +44,12 @@ NOT_FOR_A_DEFAULT_STDIO_PROXY = (
     # The 2026-07-28 era's wire types: only for a host of that era (decision 0052).
     "mcp_types.methods",
     "mcp_types._v2026_07_28",
+    # The protocol's pydantic models: the front reads, checks and shapes a handshake-era
+    # host's messages in plain JSON, and asks the models only what that cannot decide
+    # (`_plain`, decision 0061).
+    "mcp_types",
+    "pydantic",
+    "pydantic_core",
     "httpx2",  # the HTTP client: only for a server over HTTP
 )
 
@@ -90,7 +96,8 @@ async def test_a_default_stdio_proxy_does_not_import_what_it_does_not_serve(
 NOT_FOR_A_2026_STDIO_HOST = tuple(
     name
     for name in NOT_FOR_A_DEFAULT_STDIO_PROXY
-    if name not in ("mcp_types.methods", "mcp_types._v2026_07_28")
+    if name
+    not in ("mcp_types.methods", "mcp_types._v2026_07_28", "mcp_types", "pydantic", "pydantic_core")
 )
 
 

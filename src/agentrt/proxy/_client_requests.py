@@ -24,6 +24,7 @@ from ..mcp._jsonrpc import METHOD_NOT_FOUND
 from ..store import Connection, Store
 from ..store.events import EventType
 from ._input_required import HostCall, is_stateless
+from ._plain import field
 from ._revision import narrowed_sampling
 from .config import UpstreamConfig
 
@@ -55,8 +56,7 @@ def _bounded_json(value: Any) -> Any:
 
 
 def _host_has(ctx: ServerRequestContext[Any], kind: str) -> bool:
-    capabilities = ctx.session.client_capabilities
-    return capabilities is not None and getattr(capabilities, kind, None) is not None
+    return field(ctx.session.client_capabilities, kind) is not None
 
 
 def asker_for(

@@ -29,28 +29,39 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import IO, TYPE_CHECKING, Any, Final
 
 import anyio
-import mcp_types as types
-
-# The handshake era's wire types (`mcp_types.methods` maps every version before
-# 2026-07-28 to them): importing `methods` would build the 2026 era's too, 0.16 s of CPU
-# and 3 MiB more for a connection the front hands to the SDK's server anyway.
-import mcp_types._v2025_11_25 as wire
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
-from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from ..mcp._connection import LATEST_HANDSHAKE_VERSION
+from . import _plain
 from ._handlers import INSTRUCTIONS, NAME, VERSION, Handlers
 from ._log import log_line
+from ._plain import (
+    CONNECTION_CLOSED,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    UNDECIDED,
+    ErrorReply,
+    Message,
+    Notification,
+    Request,
+    RequestId,
+    Response,
+    agreed_version,
+    checked_params,
+    model_of,
+    shaped_result,
+)
+from ._revision import PROTOCOL_VERSION_META_KEY
 from ._stdio import StdioWire
 
 if TYPE_CHECKING:
+    import mcp_types as types
     from mcp.shared.message import SessionMessage
+    from pydantic import BaseModel
 
-__all__ = [
+__all__ = [  # and, built on first use, WIRE_REQUESTS and WIRE_RESULTS
     "SERVER_CAPABILITIES",
-    "WIRE_REQUESTS",
-    "WIRE_RESULTS",
     "FrontContext",
     "HostRefused",
     "StdioFront",
@@ -69,27 +80,58 @@ SERVER_CAPABILITIES: Final[dict[str, Any]] = {
 }
 
 # What the front checks each request it answers against, and shapes each result by, at
-# every handshake-era version: `mcp_types.methods`' CLIENT_REQUESTS and SERVER_RESULTS
-# (a test holds them equal).
-WIRE_REQUESTS: Final[dict[str, type[BaseModel]]] = {
-    "initialize": wire.InitializeRequest,
-    "ping": wire.PingRequest,
-    "tools/list": wire.ListToolsRequest,
-    "tools/call": wire.CallToolRequest,
-    "prompts/list": wire.ListPromptsRequest,
-    "resources/list": wire.ListResourcesRequest,
-    "resources/templates/list": wire.ListResourceTemplatesRequest,
+# every handshake-era version, when `_plain` cannot decide: `mcp_types.methods`'
+# CLIENT_REQUESTS and SERVER_RESULTS (a test holds them equal).  Built on first use, with
+# the SDK's models (module `__getattr__`: `WIRE_REQUESTS`, `WIRE_RESULTS`).
+_wire_maps: dict[str, Any] = {}
+
+
+def _wire() -> dict[str, Any]:
+    if not _wire_maps:
+        # The handshake era's wire types (`mcp_types.methods` maps every version before
+        # 2026-07-28 to them): importing `methods` would build the 2026 era's too.
+        import mcp_types._v2025_11_25 as wire
+        from pydantic import TypeAdapter
+
+        _wire_maps["WIRE_REQUESTS"] = {
+            "initialize": wire.InitializeRequest,
+            "ping": wire.PingRequest,
+            "tools/list": wire.ListToolsRequest,
+            "tools/call": wire.CallToolRequest,
+            "prompts/list": wire.ListPromptsRequest,
+            "resources/list": wire.ListResourcesRequest,
+            "resources/templates/list": wire.ListResourceTemplatesRequest,
+        }
+        _wire_maps["WIRE_RESULTS"] = {
+            "initialize": wire.InitializeResult,
+            "ping": wire.EmptyResult,
+            "tools/list": wire.ListToolsResult,
+            "tools/call": wire.CallToolResult,
+            "prompts/list": wire.ListPromptsResult,
+            "resources/list": wire.ListResourcesResult,
+            "resources/templates/list": wire.ListResourceTemplatesResult,
+        }
+        _wire_maps["shapers"] = {
+            method: TypeAdapter(model) for method, model in _wire_maps["WIRE_RESULTS"].items()
+        }
+    return _wire_maps
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("WIRE_REQUESTS", "WIRE_RESULTS"):
+        return _wire()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# Each method's params model, for what `_plain` leaves to the models (`mcp_types`' names).
+_PARAMS_MODELS: Final = {
+    "ping": "RequestParams",
+    "tools/list": "PaginatedRequestParams",
+    "prompts/list": "PaginatedRequestParams",
+    "resources/list": "PaginatedRequestParams",
+    "resources/templates/list": "PaginatedRequestParams",
+    "tools/call": "CallToolRequestParams",
 }
-WIRE_RESULTS: Final[dict[str, type[BaseModel]]] = {
-    "initialize": wire.InitializeResult,
-    "ping": wire.EmptyResult,
-    "tools/list": wire.ListToolsResult,
-    "tools/call": wire.CallToolResult,
-    "prompts/list": wire.ListPromptsResult,
-    "resources/list": wire.ListResourcesResult,
-    "resources/templates/list": wire.ListResourceTemplatesResult,
-}
-_SHAPERS: Final = {method: TypeAdapter(model) for method, model in WIRE_RESULTS.items()}
 
 # The id of the host's `initialize` told again to an SDK server started late.
 _REPLAYED_ID: Final = "agentrt-front-initialize"
@@ -102,7 +144,7 @@ def _json(message: Mapping[str, Any]) -> bytes:
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def _error(request_id: types.RequestId, code: int, message: str, data: Any = None) -> bytes:
+def _error(request_id: RequestId | None, code: int, message: str, data: Any = None) -> bytes:
     error: dict[str, Any] = {"code": code, "message": message}
     if data is not None:
         error["data"] = data
@@ -114,12 +156,12 @@ def _check(method: str, params: Mapping[str, Any] | None) -> None:
     body: dict[str, Any] = {"jsonrpc": "2.0", "id": 0, "method": method}
     if params is not None:
         body["params"] = params
-    WIRE_REQUESTS[method].model_validate(body, by_name=False)
+    _wire()["WIRE_REQUESTS"][method].model_validate(body, by_name=False)
 
 
 def _shaped(method: str, result: Any) -> dict[str, Any]:
     """`methods.serialize_server_result` at a handshake-era version."""
-    shaper = _SHAPERS[method]
+    shaper = _wire()["shapers"][method]
     shaped: dict[str, Any] = shaper.dump_python(
         shaper.validate_python(_dumped(result), by_name=False),
         by_alias=True,
@@ -133,10 +175,10 @@ def _has_modern_envelope(params: Mapping[str, Any] | None) -> bool:
     """A request of the 2026-07-28 era: its `_meta` names the protocol version (as the
     SDK's runner decides)."""
     meta = params.get("_meta") if params else None
-    return isinstance(meta, Mapping) and types.PROTOCOL_VERSION_META_KEY in meta
+    return isinstance(meta, Mapping) and PROTOCOL_VERSION_META_KEY in meta
 
 
-def _progress_token(params: Mapping[str, Any] | None) -> types.ProgressToken | None:
+def _progress_token(params: Mapping[str, Any] | None) -> int | str | None:
     match params:
         case {"_meta": {"progressToken": str() | int() as token}} if not isinstance(token, bool):
             return token
@@ -146,14 +188,16 @@ def _progress_token(params: Mapping[str, Any] | None) -> types.ProgressToken | N
 
 def negotiated(params: Mapping[str, Any] | None) -> tuple[types.InitializeRequestParams, str]:
     """The host's `initialize` params and the version agreed, as the SDK's runner agrees it."""
+    import mcp_types as types
+
     init = types.InitializeRequestParams.model_validate(params or {}, by_name=False)
-    requested = init.protocol_version
-    version = requested if requested in HANDSHAKE_PROTOCOL_VERSIONS else LATEST_HANDSHAKE_VERSION
-    return init, version
+    return init, agreed_version({"protocolVersion": init.protocol_version})
 
 
 def initialize_result(version: str) -> types.InitializeResult:
-    """The proxy's answer to `initialize` at `version`."""
+    """The proxy's answer to `initialize` at `version`, as the SDK's model."""
+    import mcp_types as types
+
     return types.InitializeResult(
         protocol_version=version,
         capabilities=types.ServerCapabilities.model_validate(SERVER_CAPABILITIES),
@@ -166,7 +210,7 @@ def initialize_answer(
     params: Mapping[str, Any] | None,
 ) -> tuple[types.InitializeRequestParams, str, dict[str, Any]]:
     """The host's `initialize` answered as the SDK's runner answers it, and the version
-    agreed.  Raises `ValidationError` for params the SDK refuses."""
+    agreed, with the SDK's models.  Raises `ValidationError` for params the SDK refuses."""
     _check("initialize", params)
     client, version = negotiated(params)
     return client, version, _shaped("initialize", initialize_result(version))
@@ -177,7 +221,7 @@ class HostRefused(Exception):
 
 
 def progress_params(
-    token: types.ProgressToken, progress: float, total: float | None, message: str | None
+    token: int | str, progress: float, total: float | None, message: str | None
 ) -> dict[str, Any]:
     """A `notifications/progress`'s params, as the SDK's session writes them."""
     params: dict[str, Any] = {"progressToken": token, "progress": progress}
@@ -202,20 +246,22 @@ class FrontSession:
     """The host as a call run by the front sees it: the part of the SDK's `ServerSession`
     that the proxy's call path uses."""
 
-    def __init__(self, front: StdioFront, progress_token: types.ProgressToken | None) -> None:
+    def __init__(self, front: StdioFront, progress_token: int | str | None) -> None:
         self._front = front
         self._progress_token = progress_token
         # The SDK's session sends a request-scoped request through this; so does the proxy.
         self._request_outbound = self
 
+    # The host's `initialize` params as it sent them (the SDK's session holds them as its
+    # models; the readers take either: `_apps`, `_client_requests`, `_host_approval`).
     @property
-    def client_params(self) -> types.InitializeRequestParams | None:
+    def client_params(self) -> dict[str, Any] | None:
         return self._front.client
 
     @property
-    def client_capabilities(self) -> types.ClientCapabilities | None:
+    def client_capabilities(self) -> dict[str, Any] | None:
         client = self._front.client
-        return client.capabilities if client is not None else None
+        return client.get("capabilities") if client is not None else None
 
     @property
     def can_send_request(self) -> bool:
@@ -234,7 +280,7 @@ class FrontSession:
         level: str,
         data: Any,
         logger: str | None = None,
-        related_request_id: types.RequestId | None = None,
+        related_request_id: RequestId | None = None,
     ) -> None:
         # The handshake era sends every level; the host chose one with logging/setLevel.
         await self._front.notify("notifications/message", log_params(level, data, logger))
@@ -260,7 +306,7 @@ class FrontContext:
     """What a handler reads of the host request it answers: the shape of the SDK's
     `ServerRequestContext` that `Handlers` and the call path use."""
 
-    def __init__(self, front: StdioFront, request: types.JSONRPCRequest, version: str) -> None:
+    def __init__(self, front: StdioFront, request: Request, version: str) -> None:
         params = request.params
         self.session = FrontSession(front, _progress_token(params))
         self.request = None  # no HTTP request: stdio has one host
@@ -280,38 +326,29 @@ class StdioFront:
         self.wire = wire
         self.log = log
         # The host's `initialize`, once the front answered it, and the version agreed.
-        self.client: types.InitializeRequestParams | None = None
-        self._initialize: types.JSONRPCRequest | None = None
+        self.client: dict[str, Any] | None = None
+        self._initialize: Request | None = None
         self.version: str = LATEST_HANDSHAKE_VERSION
         self._initialized = False  # notifications/initialized seen
         self._first_request_seen = False
         # The connection opened in the 2026-07-28 era: each request carries its envelope.
         self._modern = False
-        self._opening: types.JSONRPCRequest | None = None  # its first request
+        self._opening: Request | None = None  # its first request
         # The SDK's server serves every message: the connection opened in a way only it
         # answers (the 2026-07-28 era, or a request before the handshake).
         self._sdk_only = False
         self._sdk: MemoryObjectSendStream[SessionMessage | Exception] | None = None
-        self._calls: dict[types.RequestId, anyio.CancelScope] = {}
-        self._asked: dict[str, MemoryObjectSendStream[types.JSONRPCResponse | types.JSONRPCError]]
-        self._asked = {}
+        self._calls: dict[RequestId, anyio.CancelScope] = {}
+        self._asked: dict[str, MemoryObjectSendStream[Response | ErrorReply]] = {}
         self._asked_count = 0
         self._group: TaskGroup | None = None
-        methods: dict[str, tuple[type[BaseModel], _Handler]] = {
-            "ping": (types.RequestParams, _pong),
-            "tools/list": (types.PaginatedRequestParams, handlers._list_tools),
-            "prompts/list": (types.PaginatedRequestParams, handlers._list_prompts),
-            "resources/list": (types.PaginatedRequestParams, handlers._list_resources),
-            "resources/templates/list": (
-                types.PaginatedRequestParams,
-                handlers._list_resource_templates,
-            ),
+        self._inline: dict[str, _Handler] = {
+            "ping": _pong,
+            "tools/list": handlers._list_tools,
+            "prompts/list": handlers._list_prompts,
+            "resources/list": handlers._list_resources,
+            "resources/templates/list": handlers._list_resource_templates,
         }
-        self._inline = methods
-        self._call: tuple[type[BaseModel], _Handler] = (
-            types.CallToolRequestParams,
-            handlers._call_tool,
-        )
 
     async def serve(self) -> None:
         """Serve until the wire's intake ends (every request read is answered by then)."""
@@ -333,10 +370,10 @@ class StdioFront:
 
     # -- the host's messages ----------------------------------------------------
 
-    async def _take(self, message: types.JSONRPCMessage) -> None:
-        if isinstance(message, types.JSONRPCRequest):
+    async def _take(self, message: Message) -> None:
+        if isinstance(message, Request):
             await self._request(message)
-        elif isinstance(message, types.JSONRPCNotification):
+        elif isinstance(message, Notification):
             await self._notification(message)
         else:
             waiting = (
@@ -348,7 +385,7 @@ class StdioFront:
             elif self._sdk is not None:
                 await self._to_sdk(message)
 
-    async def _request(self, request: types.JSONRPCRequest) -> None:
+    async def _request(self, request: Request) -> None:
         method, params = request.method, request.params
         if not self._first_request_seen:
             self._first_request_seen = True
@@ -363,15 +400,15 @@ class StdioFront:
         elif method == "initialize" and self._initialize is None:
             await self.wire.send(self._initialized_by(request), request.id)
         elif method == "ping" or (method in self._inline and self._accepted()):
-            params_type, handler = self._inline[method]
-            await self.wire.send(await self._answer(request, params_type, handler), request.id)
+            answer = await self._answer(request, self._inline[method])
+            await self.wire.send(answer, request.id)
         elif method == "tools/call" and self._accepted():
             assert self._group is not None
             self._group.start_soon(self._run_call, request, self._answer_call)
         else:
             await self._to_sdk(request)
 
-    async def _modern_request(self, request: types.JSONRPCRequest) -> None:
+    async def _modern_request(self, request: Request) -> None:
         """A request of a 2026-07-28 connection: the common methods answered here
         (`_modern`, decision 0052), the rest by the SDK's server."""
         from . import _modern
@@ -381,7 +418,7 @@ class StdioFront:
             return
         params_type, handler = _modern.modern_methods(self.handlers)[request.method]
 
-        async def answer(request: types.JSONRPCRequest) -> bytes:
+        async def answer(request: Request) -> bytes:
             return await _modern.answered(request, params_type, handler, self.notify, self.log)
 
         if request.method in ("tools/call", "subscriptions/listen"):
@@ -390,7 +427,7 @@ class StdioFront:
         else:
             await self.wire.send(await answer(request), request.id)
 
-    async def _notification(self, notification: types.JSONRPCNotification) -> None:
+    async def _notification(self, notification: Notification) -> None:
         method = notification.method
         if method == "notifications/cancelled":
             request_id = (notification.params or {}).get("requestId")
@@ -407,22 +444,28 @@ class StdioFront:
     def _accepted(self) -> bool:
         return self.client is not None or self._initialized
 
-    def _initialized_by(self, request: types.JSONRPCRequest) -> bytes:
-        try:
-            client, version, result = initialize_answer(request.params)
-        except ValidationError:
-            return _error(request.id, types.INVALID_PARAMS, "Invalid request parameters", "")
-        self.client, self.version, self._initialize = client, version, request
+    def _initialized_by(self, request: Request) -> bytes:
+        params = request.params
+        if checked_params("initialize", params) is UNDECIDED:
+            from pydantic import ValidationError
+
+            try:
+                initialize_answer(params)
+            except ValidationError:
+                return _error(request.id, INVALID_PARAMS, "Invalid request parameters", "")
+        assert params is not None  # the models refuse an `initialize` without params
+        version = agreed_version(params)
+        self.client, self.version, self._initialize = params, version, request
+        result = _plain.initialize_result(version, INSTRUCTIONS, NAME, VERSION)
         return _json({"jsonrpc": "2.0", "id": request.id, "result": result})
 
-    async def _answer_call(self, request: types.JSONRPCRequest) -> bytes:
-        params_type, handler = self._call
-        return await self._answer(request, params_type, handler)
+    async def _answer_call(self, request: Request) -> bytes:
+        return await self._answer(request, self.handlers._call_tool)
 
     async def _run_call(
         self,
-        request: types.JSONRPCRequest,
-        answer: Callable[[types.JSONRPCRequest], Awaitable[bytes]],
+        request: Request,
+        answer: Callable[[Request], Awaitable[bytes]],
     ) -> None:
         scope = anyio.CancelScope()
         self._calls[request.id] = scope
@@ -433,7 +476,7 @@ class StdioFront:
         except anyio.get_cancelled_exc_class():
             # Shut down before it was answered: the host is told, as by the SDK.
             with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
-                closed = _error(request.id, types.CONNECTION_CLOSED, "Connection closed")
+                closed = _error(request.id, CONNECTION_CLOSED, "Connection closed")
                 await self.wire.send(closed, request.id)
             raise
         finally:
@@ -442,13 +485,11 @@ class StdioFront:
         if reply is not None:  # None: the host cancelled it, and gets no answer (MCP)
             await self.wire.send(reply, request.id)
 
-    async def _answer(
-        self, request: types.JSONRPCRequest, params_type: type[BaseModel], handler: _Handler
-    ) -> bytes:
+    async def _answer(self, request: Request, handler: _Handler) -> bytes:
         """One request answered as the SDK's runner answers it: the params checked for the
         method at the connection's version, the handler's result shaped by that version."""
         context = FrontContext(self, request, self.version)
-        return await answered(request, params_type, handler, context, self.log)
+        return await answered_plainly(request, handler, context, self.log)
 
     # -- what the front sends the host ------------------------------------------
 
@@ -462,9 +503,7 @@ class StdioFront:
         """Send the host a request of the front's own and wait for its answer."""
         self._asked_count += 1
         request_id = f"agentrt-{self._asked_count}"
-        answers, answer = anyio.create_memory_object_stream[
-            types.JSONRPCResponse | types.JSONRPCError
-        ](1)
+        answers, answer = anyio.create_memory_object_stream[Response | ErrorReply](1)
         self._asked[request_id] = answers
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
         if params is not None:
@@ -478,20 +517,21 @@ class StdioFront:
                     raise HostRefused(f"the host did not answer {method}") from None
         finally:
             self._asked.pop(request_id, None)
-        if isinstance(reply, types.JSONRPCError):
-            raise HostRefused(reply.error.message)
+        if isinstance(reply, ErrorReply):
+            raise HostRefused(str(reply.error.get("message")))
         return dict(reply.result)
 
     # -- the SDK's server, when a host needs it ------------------------------------
 
-    async def _to_sdk(self, message: types.JSONRPCMessage) -> None:
+    async def _to_sdk(self, message: Message) -> None:
         from mcp.shared.message import SessionMessage
 
         if self._sdk is None:
             self._sdk = await self._start_sdk()
-        await self._sdk.send(SessionMessage(message))
+        await self._sdk.send(SessionMessage(model_of(message)))
 
     async def _start_sdk(self) -> MemoryObjectSendStream[SessionMessage | Exception]:
+        import mcp_types as types
         from mcp.shared.message import SessionMessage
 
         if self._initialize is None and not self._modern:
@@ -519,56 +559,88 @@ class StdioFront:
             # The era is the first request's: a `server/discover` under the opening
             # request's envelope opens the SDK's server in it (its answer is not passed on).
             meta = (self._opening.params or {}).get("_meta")
-            discover = types.JSONRPCRequest(
-                jsonrpc="2.0", id=_REPLAYED_ID, method="server/discover", params={"_meta": meta}
-            )
-            await to_server.send(SessionMessage(discover))
+            discover = Request(_REPLAYED_ID, "server/discover", {"_meta": meta})
+            await to_server.send(SessionMessage(model_of(discover)))
         elif self._initialize is not None:
-            first = self._initialize.model_copy(update={"id": _REPLAYED_ID})
-            await to_server.send(SessionMessage(first))
+            first = Request(_REPLAYED_ID, "initialize", self._initialize.params)
+            await to_server.send(SessionMessage(model_of(first)))
             if self._initialized:
-                done = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/initialized")
-                await to_server.send(SessionMessage(done))
+                done = Notification("notifications/initialized")
+                await to_server.send(SessionMessage(model_of(done)))
         return to_server
 
 
 async def answered(
-    request: types.JSONRPCRequest,
+    request: Any,
     params_type: type[BaseModel],
     handler: _Handler,
     context: Any,
     log: IO[str],
 ) -> bytes:
-    """One request answered as the SDK's runner answers it, by either front: the params
-    checked for the method at a handshake-era version, the handler's result (given
-    `context`, the front's stand-in for the SDK's request context) shaped by it."""
+    """One request answered as the SDK's runner answers it, with the SDK's models (the HTTP
+    front's path): the params checked for the method at a handshake-era version, the
+    handler's result (given `context`, the front's stand-in for the SDK's request context)
+    shaped by it."""
+    from pydantic import ValidationError
+
     method, params = request.method, request.params
     try:
         _check(method, params)
         typed = params_type.model_validate({} if params is None else params, by_name=False)
     except ValidationError:
-        return _error(request.id, types.INVALID_PARAMS, "Invalid request parameters", "")
+        return _error(request.id, INVALID_PARAMS, "Invalid request parameters", "")
+    return await _handled(request, handler, context, typed, log)
+
+
+async def answered_plainly(
+    request: Request, handler: _Handler, context: Any, log: IO[str]
+) -> bytes:
+    """`answered` for the stdio front: the params checked and the result shaped by `_plain`
+    where it decides, by the SDK's models where it does not."""
+    method, params = request.method, request.params
+    typed = checked_params(method, params)
+    if typed is UNDECIDED:
+        import mcp_types as types
+        from pydantic import ValidationError
+
+        params_type = getattr(types, _PARAMS_MODELS[method])
+        try:
+            _check(method, params)
+            typed = params_type.model_validate({} if params is None else params, by_name=False)
+        except ValidationError:
+            return _error(request.id, INVALID_PARAMS, "Invalid request parameters", "")
+    return await _handled(request, handler, context, typed, log)
+
+
+async def _handled(
+    request: Any, handler: _Handler, context: Any, typed: Any, log: IO[str]
+) -> bytes:
+    method = request.method
     try:
         result = await handler(context, typed)
     except Exception as exc:
         log_line(log, f"agentrt proxy: the handler of {method} failed: {exc!r}")
         # The SDK's dispatcher answers an unexpected failure with code 0 and its text.
         return _error(request.id, 0, str(exc))
-    try:
-        shaped = _shaped(method, result)
-    except ValidationError:
-        return _error(request.id, types.INTERNAL_ERROR, "Handler returned an invalid result")
+    shaped = shaped_result(method, result) if isinstance(result, dict) else UNDECIDED
+    if shaped is UNDECIDED:
+        from pydantic import ValidationError
+
+        try:
+            shaped = _shaped(method, result)
+        except ValidationError:
+            return _error(request.id, INTERNAL_ERROR, "Handler returned an invalid result")
     return _json({"jsonrpc": "2.0", "id": request.id, "result": shaped})
 
 
-async def _pong(ctx: Any, params: Any) -> types.EmptyResult:
-    return types.EmptyResult()
+async def _pong(ctx: Any, params: Any) -> dict[str, Any]:
+    return {}
 
 
 def _dumped(result: Any) -> dict[str, Any]:
     """A handler's result as the SDK's runner dumps it before shaping it."""
     if result is None:
         return {}
-    if isinstance(result, BaseModel):
-        return result.model_dump(by_alias=True, mode="json", exclude_none=True)
-    return dict(result)
+    if isinstance(result, dict):
+        return dict(result)
+    return result.model_dump(by_alias=True, mode="json", exclude_none=True)  # type: ignore[no-any-return]

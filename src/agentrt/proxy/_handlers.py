@@ -15,13 +15,12 @@ import warnings
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-import mcp_types as types
-
 from ..canonical import plain_json
 from ..tools import SideEffect
 from ._answers import Answer, admits_waiting, bounded
 from ._apps import host_renders_apps, is_app_uri
 from ._input_required import HostCall, Question
+from ._plain import UNDECIDED, call_result, listed_tool, monolith_call_result
 from ._proxy import Proxy, principal_of_request
 from ._resource import same_principal
 from ._revision import cache_hints
@@ -29,7 +28,9 @@ from ._status import STATUS_TOOL
 from .config import DEFAULT_SERVER_TIMEOUT
 
 if TYPE_CHECKING:
-    # The SDK's server is imported only when a host needs it (`_dispatch`, decision 0043).
+    # The SDK's models and server are imported only when a host needs them (`_dispatch`,
+    # decisions 0043 and 0061): the front's methods answer in plain JSON.
+    import mcp_types as types
     from mcp.server.context import ServerRequestContext
     from mcp.server.lowlevel import Server as LowLevelServer
 
@@ -91,18 +92,20 @@ class Handlers:
             NAME,
             version=VERSION,
             instructions=INSTRUCTIONS,
-            on_list_tools=self._list_tools,
+            # The listings answer with the models' dumps (`_plain`, decision 0061): the
+            # SDK's runner takes a dict result as it takes a model's dump.
+            on_list_tools=self._list_tools,  # type: ignore[arg-type]
             # A raw input-required result: the SDK's typed requests would drop what the
             # server sent (an elicitation's legacy enumNames).
             on_call_tool=self._call_tool,  # type: ignore[arg-type]
             # Hosts ask for these whatever the capabilities say; with nothing pinned, "none".
-            on_list_resources=self._list_resources,
-            on_list_resource_templates=self._list_resource_templates,
+            on_list_resources=self._list_resources,  # type: ignore[arg-type]
+            on_list_resource_templates=self._list_resource_templates,  # type: ignore[arg-type]
             on_read_resource=self._read_resource,
             on_subscribe_resource=self._subscribe,
             on_unsubscribe_resource=self._unsubscribe,
             on_subscriptions_listen=self._host_events().listen,
-            on_list_prompts=self._list_prompts,
+            on_list_prompts=self._list_prompts,  # type: ignore[arg-type]
             on_get_prompt=self._get_prompt,
             on_completion=self._complete,
             on_set_logging_level=self._set_logging_level,
@@ -111,6 +114,8 @@ class Handlers:
     async def _set_logging_level(
         self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams
     ) -> types.EmptyResult:
+        import mcp_types as types
+
         # One level for the process: the servers' logging is forwarded from then on.
         self.proxy.log_level = str(params.level)
         for upstream in self.proxy.upstreams.values():
@@ -127,8 +132,12 @@ class Handlers:
 
     async def _list_prompts(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListPromptsResult:
+    ) -> types.ListPromptsResult | dict[str, Any]:
         self.proxy.listeners.listened(_host_key(ctx), ctx.session)
+        if not self.proxy.offered.prompts:
+            return _empty_list("prompts")
+        import mcp_types as types
+
         return types.ListPromptsResult(
             prompts=[
                 types.Prompt.model_validate(raw) for raw, _ in self.proxy.offered.prompts.values()
@@ -138,9 +147,13 @@ class Handlers:
 
     async def _list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListResourcesResult:
+    ) -> types.ListResourcesResult | dict[str, Any]:
         apps = host_renders_apps(ctx)
         self.proxy.listeners.listened(_host_key(ctx), ctx.session)
+        if not self.proxy.offered.resources:
+            return _empty_list("resources")
+        import mcp_types as types
+
         return types.ListResourcesResult(
             resources=[
                 types.Resource.model_validate(raw)
@@ -152,7 +165,11 @@ class Handlers:
 
     async def _list_resource_templates(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListResourceTemplatesResult:
+    ) -> types.ListResourceTemplatesResult | dict[str, Any]:
+        if not self.proxy.offered.templates:
+            return _empty_list("resourceTemplates")
+        import mcp_types as types
+
         return types.ListResourceTemplatesResult(
             resource_templates=[
                 types.ResourceTemplate.model_validate(raw)
@@ -164,6 +181,8 @@ class Handlers:
     async def _get_prompt(
         self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
     ) -> types.GetPromptResult:
+        import mcp_types as types
+
         entry = self.proxy.offered.prompts.get(params.name)
         if entry is None:
             raise _error(-32602, f"there is no prompt {bounded(params.name, 80)}")
@@ -178,6 +197,8 @@ class Handlers:
     async def _read_resource(
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
+        import mcp_types as types
+
         uri = str(params.uri)
         server = self.proxy.offered.server_of_uri(uri)
         if server is None or server not in self.proxy.offered.tools:
@@ -193,6 +214,8 @@ class Handlers:
     async def _subscribe(
         self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
     ) -> types.EmptyResult:
+        import mcp_types as types
+
         uri = str(params.uri)
         # Subscribed first: a server may send the first update before it answers.
         subscribed = self.subscribers.setdefault(uri, {})
@@ -210,6 +233,8 @@ class Handlers:
     async def _unsubscribe(
         self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
     ) -> types.EmptyResult:
+        import mcp_types as types
+
         uri = str(params.uri)
         self.subscribers.get(uri, {}).pop(_host_key(ctx), None)
         if not self.subscribers.get(uri):
@@ -246,6 +271,8 @@ class Handlers:
     async def _complete(
         self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
     ) -> types.CompleteResult:
+        import mcp_types as types
+
         ref = params.ref
         if isinstance(ref, types.PromptReference):
             entry = self.proxy.offered.prompts.get(ref.name)
@@ -270,33 +297,36 @@ class Handlers:
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListToolsResult:
+    ) -> dict[str, Any]:
+        """The listing as the SDK's `ListToolsResult` dumps it (`_plain`: a test holds the
+        two equal), built without the models."""
         # A host that listed the tools is told when the list it may see changes.
         self.proxy.listeners.listened(_host_key(ctx), ctx.session)
         # The hints a host sees are the operator's classification, never the server's claims.
         ui = self.proxy.ui if host_renders_apps(ctx) else {}
-        tools = [
-            types.Tool(
-                name=spec.name,
-                title=self.proxy.listed.get(spec.name, (None, None))[0],
-                description=spec.description,
-                input_schema=plain_json(spec.input_schema),
-                output_schema=self.proxy.listed.get(spec.name, (None, None))[1],
-                annotations=types.ToolAnnotations(
-                    read_only_hint=spec.side_effect is SideEffect.READ_ONLY,
-                    destructive_hint=spec.side_effect is SideEffect.DESTRUCTIVE,
-                ),
-                _meta=ui.get(spec.name),
+        tools: list[dict[str, Any]] = []
+        for spec in self.proxy.calls.specs:
+            if spec.name in self.proxy.hidden or not self.proxy.serves(spec.name):
+                continue
+            title, output_schema = self.proxy.listed.get(spec.name, (None, None))
+            tools.append(
+                listed_tool(
+                    spec.name,
+                    title,
+                    spec.description,
+                    plain_json(spec.input_schema),
+                    output_schema,
+                    read_only=spec.side_effect is SideEffect.READ_ONLY,
+                    destructive=spec.side_effect is SideEffect.DESTRUCTIVE,
+                    meta=ui.get(spec.name),
+                )
             )
-            for spec in self.proxy.calls.specs
-            if spec.name not in self.proxy.hidden and self.proxy.serves(spec.name)
-        ]
         tools.append(self.proxy.status.listed())
-        return types.ListToolsResult(tools=tools, **cache_hints())
+        return {**_LIST_HINTS, "tools": tools, "resultType": "complete"}
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult | dict[str, Any]:
+    ) -> dict[str, Any]:
         raw = ctx.params or {}
         call: HostCall | None = None
         outcome: _Round
@@ -361,25 +391,35 @@ class Handlers:
             "requestState": state,
         }
 
-    def _tool_result(self, name: str, answer: Answer) -> types.CallToolResult:
-        result = (
-            types.CallToolResult.model_validate(answer.result_object)
-            if answer.result_object is not None
-            else types.CallToolResult(
-                content=[types.TextContent(type="text", text=answer.text)],
-                is_error=answer.is_error,
-            )
-        )
+    def _tool_result(self, name: str, answer: Answer) -> dict[str, Any]:
+        """The host's call result as the SDK's `CallToolResult` dumps it (`_plain`: a test
+        holds the two equal); a forwarded result of other than text blocks through the
+        model itself."""
+        structured: dict[str, Any] | None = None
+        meta: dict[str, Any] | None = None
+        if answer.result_object is None:
+            content: list[dict[str, Any]] = [{"type": "text", "text": answer.text}]
+            is_error = answer.is_error
+        else:
+            forwarded = monolith_call_result(answer.result_object)
+            if forwarded is UNDECIDED:
+                import mcp_types as types
+
+                model = types.CallToolResult.model_validate(answer.result_object)
+                forwarded = model.model_dump(by_alias=True, mode="json", exclude_none=True)
+            assert isinstance(forwarded, dict)
+            content, is_error = forwarded["content"], forwarded["isError"]
+            structured, meta = forwarded.get("structuredContent"), forwarded.get("_meta")
         listed = self.proxy.listed.get(name, (None, None))[1]
         waiting = answer.waiting_structure()
         if waiting is not None and admits_waiting(listed):
             # The listing admits the gate's own waiting answer: a host shows it as waiting.
-            result.structured_content = waiting
-        if listed is not None and result.structured_content is None:
+            structured = waiting
+        if listed is not None and structured is None:
             # Both official clients refuse a success without the structured content an
             # outputSchema promises; the gate's own prose (a cut result, …) has none.
-            result.is_error = True
-        return result
+            is_error = True
+        return call_result(content, is_error, structured, meta)
 
     async def _gated(
         self,
@@ -402,6 +442,15 @@ class Handlers:
             return await wait()
         finally:
             call.waiting = False
+
+
+# Every list's cache hints (decision 0038), as the models name them on the wire.
+_LIST_HINTS: Final = {"ttlMs": cache_hints()["ttl_ms"], "cacheScope": cache_hints()["cache_scope"]}
+
+
+def _empty_list(key: str) -> dict[str, Any]:
+    """An empty listing as the SDK's `List…Result` dumps it."""
+    return {**_LIST_HINTS, key: [], "resultType": "complete"}
 
 
 def _host_key(ctx: ServerRequestContext[Any]) -> str:

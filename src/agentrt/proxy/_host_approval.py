@@ -37,6 +37,7 @@ from ..store import ApprovalRecord, ApprovalStatus, Store
 from ..tools import ToolSpec
 from ._input_required import HostCall, is_stateless
 from ._log import log_line
+from ._plain import field
 
 if TYPE_CHECKING:
     # The SDK's request context, or the stdio front's (`_dispatch`), which has its shape.
@@ -135,19 +136,15 @@ class HostApproval:
 
 
 def _host_has_form_elicitation(ctx: ServerRequestContext[Any]) -> bool:
-    capabilities = ctx.session.client_capabilities
-    elicitation = getattr(capabilities, "elicitation", None) if capabilities else None
+    elicitation = field(ctx.session.client_capabilities, "elicitation")
     if elicitation is None:
         return False
     # An empty `elicitation: {}` (the 2025-06-18 form) is form mode.
-    form = getattr(elicitation, "form", None)
-    url = getattr(elicitation, "url", None)
-    return form is not None or url is None
+    return field(elicitation, "form") is not None or field(elicitation, "url") is None
 
 
 def _client_name(ctx: ServerRequestContext[Any]) -> str:
-    params = ctx.session.client_params
-    name = params.client_info.name if params is not None else ""
+    name = field(field(ctx.session.client_params, "clientInfo", "client_info"), "name")
     return sanitize(name or "unnamed")[:_NAME_CHARS]
 
 

@@ -20,11 +20,18 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final
 
-import mcp_types as types
-
 from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..sanitize import sanitize
 from ._answers import Answer, bounded
+from ._plain import (
+    INVALID_REQUEST,
+    PARSE_ERROR,
+    UNDECIDED,
+    Message,
+    call_result,
+    message_of,
+    message_of_model,
+)
 
 if TYPE_CHECKING:
     # `mcp.shared` loads the whole SDK: the stdio front reads messages without it.
@@ -41,16 +48,18 @@ MAX_ID_MAGNITUDE: Final = 2**63
 class Refusal:
     """The answer to a message that is not passed on, and the operator's line about it."""
 
-    reply: types.JSONRPCError | types.JSONRPCResponse
+    reply: dict[str, Any]  # a JSON-RPC error, or the answer to a call refused
     log_line: str
 
     def session_message(self) -> SessionMessage:
+        import mcp_types as types
         from mcp.shared.message import SessionMessage
 
-        return SessionMessage(self.reply)
+        return SessionMessage(types.jsonrpc_message_adapter.validate_python(self.reply))
 
     def body(self) -> bytes:
-        return self.reply.model_dump_json(by_alias=True, exclude_unset=True).encode("utf-8")
+        # As pydantic writes the SDK's messages: compact, UTF-8 unescaped.
+        return json.dumps(self.reply, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 RequestId = int | str
@@ -65,12 +74,10 @@ def _valid_id(value: Any) -> bool:
 
 
 def _error(code: int, request_id: RequestId | None, message: str, why: str) -> Refusal:
-    label = "parse error" if code == types.PARSE_ERROR else "invalid request"
+    label = "parse error" if code == PARSE_ERROR else "invalid request"
     shown = "null" if request_id is None else bounded(json.dumps(request_id), 80)
     return Refusal(
-        types.JSONRPCError(
-            jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message)
-        ),
+        {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}},
         f"agentrt proxy: refused a message from the host ({label}, id {shown}): {why}",
     )
 
@@ -96,15 +103,9 @@ def _invalid_call(request_id: RequestId, value: dict[str, Any], problem: str) ->
     tool = params.get("name") if isinstance(params, dict) else None
     shown_tool = tool if isinstance(tool, str) else "a tool"
     answer = Answer.invalid(shown_tool, problem)
-    result = types.CallToolResult(
-        content=[types.TextContent(type="text", text=answer.text)], is_error=True
-    )
+    result = call_result([{"type": "text", "text": answer.text}], is_error=True)
     return Refusal(
-        types.JSONRPCResponse(
-            jsonrpc="2.0",
-            id=request_id,
-            result=result.model_dump(by_alias=True, exclude_none=True, mode="json"),
-        ),
+        {"jsonrpc": "2.0", "id": request_id, "result": result},
         f"agentrt proxy: a call to {bounded(shown_tool, 80)} was refused before the gate: "
         f"{problem}",
     )
@@ -125,7 +126,7 @@ def screen(raw: bytes) -> Refusal | None:
         text = raw.decode("utf-8", errors="strict")
     except UnicodeDecodeError as exc:
         why = f"the message is not valid UTF-8 (byte {exc.start})"
-        return _error(types.PARSE_ERROR, None, f"Parse error: {why}", why)
+        return _error(PARSE_ERROR, None, f"Parse error: {why}", why)
     try:
         value = parse_json(text)
     except JSONBoundaryError as exc:
@@ -142,13 +143,13 @@ def screen(raw: bytes) -> Refusal | None:
         why = sanitize(str(exc))
         if text.startswith("\ufeff"):
             why = "the message starts with a byte-order mark"
-        return _error(types.PARSE_ERROR, request_id, f"Parse error: {why}", why)
+        return _error(PARSE_ERROR, request_id, f"Parse error: {why}", why)
     if isinstance(value, list):
         why = "a batch (a JSON array of messages) is not accepted; send one message per line"
-        return _error(types.INVALID_REQUEST, None, f"Invalid Request: {why}", why)
+        return _error(INVALID_REQUEST, None, f"Invalid Request: {why}", why)
     if not isinstance(value, dict):
         why = "the message is not a JSON object"
-        return _error(types.INVALID_REQUEST, None, f"Invalid Request: {why}", why)
+        return _error(INVALID_REQUEST, None, f"Invalid Request: {why}", why)
     request_id = value.get("id")
     if "id" in value and not _valid_id(request_id):
         why = (
@@ -159,30 +160,33 @@ def screen(raw: bytes) -> Refusal | None:
         if request_id is None and "method" not in value:
             request_id = None  # an error response to us may carry id null
         else:
-            return _error(types.INVALID_REQUEST, None, f"Invalid Request: {why}", why)
+            return _error(INVALID_REQUEST, None, f"Invalid Request: {why}", why)
     readable = request_id if _valid_id(request_id) else None
     if value.get("jsonrpc") != "2.0":
         why = 'the message does not say "jsonrpc": "2.0"'
-        return _error(types.INVALID_REQUEST, readable, f"Invalid Request: {why}", why)
+        return _error(INVALID_REQUEST, readable, f"Invalid Request: {why}", why)
     return None
 
 
-def decode(raw: bytes) -> types.JSONRPCMessage | Refusal:
-    """Screen `raw`, then decode it as the SDK does; a shape the SDK refuses is answered."""
+def decode(raw: bytes) -> Message | Refusal:
+    """Screen `raw`, then decode it as the SDK does (`_plain` for the plain shapes, the
+    SDK's models for the rest); a shape the SDK refuses is answered."""
     refused = screen(raw)
     if refused is not None:
         return refused
+    plain = message_of(raw)
+    if plain is not UNDECIDED:
+        return plain  # type: ignore[return-value]
+    import mcp_types as types
+
     try:
-        message: types.JSONRPCMessage = types.jsonrpc_message_adapter.validate_json(
-            raw, by_name=False
-        )
-        return message
+        return message_of_model(types.jsonrpc_message_adapter.validate_json(raw, by_name=False))
     except Exception:
         value = _lenient(raw.decode("utf-8"))
         why = "the message is not a JSON-RPC request, notification or response"
-        return _error(types.INVALID_REQUEST, _readable_id(value), f"Invalid Request: {why}", why)
+        return _error(INVALID_REQUEST, _readable_id(value), f"Invalid Request: {why}", why)
 
 
 def refusal_of_oversized(limit: int) -> Refusal:
     why = f"the message is longer than {limit // (1024 * 1024)} MiB and was discarded whole"
-    return _error(types.INVALID_REQUEST, None, f"Invalid Request: {why}", why)
+    return _error(INVALID_REQUEST, None, f"Invalid Request: {why}", why)

@@ -224,7 +224,7 @@ class Doorkeeper:
     async def _answer(self, send: Send, refused: Refusal) -> None:
         self.log.write(refused.log_line + "\n")
         self.log.flush()
-        status = 400 if hasattr(refused.reply, "error") else 200
+        status = 400 if "error" in refused.reply else 200
         body = refused.body()
         await send(
             {"type": "http.response.start", "status": status,

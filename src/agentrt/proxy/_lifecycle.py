@@ -53,14 +53,14 @@ if TYPE_CHECKING:
 __all__ = ["event_loop_factory", "exit_process", "running", "serve", "serve_config"]
 
 
-# What serving a host needs beyond loading the servers: the protocol's pydantic models,
-# the gate and its JSON Schema validators.  Imported in a worker thread while the
-# servers start.  Over stdio the front (`_dispatch`) answers the common methods, and the
-# MCP SDK's server (0.6 s of CPU more) is imported only if a host needs it (decision
-# 0043); over HTTP it serves every request, and comes with `_http`.
+# What serving a host needs beyond loading the servers: the gate and its JSON Schema
+# validators, and the proxy.  Imported in a worker thread while the servers start.  Over
+# stdio the front (`_dispatch`) answers the common methods in plain JSON (`_plain`,
+# decision 0061): the protocol's pydantic models (0.44 s of CPU, 25 MiB) and the MCP
+# SDK's server (0.6 s more) are imported only if a host needs them (decision 0043); over
+# HTTP they serve every request, and come with `_http`.
 _SERVING_MODULES: Final = (
-    "mcp_types",  # first: each upstream's handshake waits for it
-    "agentrt.gate",  # then what checks the servers' listings
+    "agentrt.gate",  # first: what checks the servers' listings
     "agentrt.proxy._proxy",
     "agentrt.proxy._handlers",
 )
@@ -69,9 +69,7 @@ _SERVING_MODULES: Final = (
 def _prepare(config: ProxyConfig, http: bool) -> Store:
     """Import what serving needs and open the store: the work that can overlap the
     upstream servers' own start (issue 36).  Runs in a worker thread."""
-    front = (
-        ("agentrt.proxy._http",) if http else ("mcp_types._v2025_11_25", "agentrt.proxy._dispatch")
-    )
+    front = ("agentrt.proxy._http",) if http else ("agentrt.proxy._dispatch",)
     for module in (*_SERVING_MODULES, *front):
         importlib.import_module(module)
     return open_store(config.database)

@@ -227,9 +227,7 @@ class ModernContext:
     """What a handler reads of a 2026-07-28 request: the shape of the SDK's
     `ServerRequestContext` built from the request's envelope."""
 
-    def __init__(
-        self, request: types.JSONRPCRequest, route: Envelope, notify: Notify, http_request: Any
-    ) -> None:
+    def __init__(self, request: Any, route: Envelope, notify: Notify, http_request: Any) -> None:
         params = request.params
         self.meta = params.get("_meta") if params else None
         self.session = ModernSession(route, self.meta, _progress_token(params), notify)
@@ -286,7 +284,7 @@ class _Refused(Exception):
 
 
 async def answered(
-    request: types.JSONRPCRequest,
+    request: Any,  # `_plain.Request` (stdio) or `types.JSONRPCRequest` (HTTP)
     params_type: type[BaseModel],
     handler: _Handler,
     notify: Notify,
@@ -300,7 +298,7 @@ async def answered(
 
 
 async def answer(
-    request: types.JSONRPCRequest,
+    request: Any,
     route: Envelope,
     params_type: type[BaseModel],
     handler: _Handler,

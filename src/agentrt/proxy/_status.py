@@ -6,17 +6,15 @@ writes anything, and it knows only the approvals of its own session.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from ..errors import RunNotFound
 from ..sanitize import sanitize
 from ..store import ApprovalRecord, ApprovalStatus, Store
 from ._answers import Answer, bounded
 from ._index import CallIndex, CallRow, Settled
-
-if TYPE_CHECKING:
-    import mcp_types as types
 
 __all__ = ["STATUS_TOOL", "GateStatus"]
 
@@ -49,16 +47,15 @@ class GateStatus:
         # the listing so the model can say why a tool it saw is gone (`_live.py`).
         self.withheld: Callable[[], list[tuple[str, str]]] = list
 
-    def listed(self) -> types.Tool:
-        """The tool as `tools/list` offers it: read-only, one optional argument."""
-        import mcp_types as types
-
-        return types.Tool(
-            name=STATUS_TOOL,
-            description=_STATUS_DESCRIPTION,
-            input_schema=dict(_STATUS_SCHEMA),
-            annotations=types.ToolAnnotations(read_only_hint=True),
-        )
+    def listed(self) -> dict[str, Any]:
+        """The tool as `tools/list` offers it, read-only with one optional argument: as the
+        SDK's `Tool` model dumps it (a test holds the two equal)."""
+        return {
+            "name": STATUS_TOOL,
+            "description": _STATUS_DESCRIPTION,
+            "inputSchema": json.loads(json.dumps(_STATUS_SCHEMA)),
+            "annotations": {"readOnlyHint": True},
+        }
 
     async def answer(self, arguments: dict[str, Any] | None, session: str | None = None) -> Answer:
         """Answer from the database alone: never executes, decides or writes a run.

@@ -23,13 +23,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import IO, Final
+from typing import IO, Any, Final
 
 import anyio
-import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._host_messages import Refusal, decode, refusal_of_oversized
+from ._plain import Message, Notification, Request, RequestId
 
 __all__ = ["MAX_LINE_BYTES", "StdioWire", "stdio_wire"]
 
@@ -67,17 +67,18 @@ class StdioWire:
 
     def __init__(
         self,
-        incoming: MemoryObjectReceiveStream[types.JSONRPCMessage],
-        outgoing: MemoryObjectSendStream[types.JSONRPCMessage],
+        incoming: MemoryObjectReceiveStream[Message],
+        # The SDK's server's messages (`mcp_types.JSONRPCMessage`), once a host needs it.
+        outgoing: MemoryObjectSendStream[Any],
         write_line: Callable[[bytes], Awaitable[None]],
     ) -> None:
         self.incoming = incoming
         self.outgoing = outgoing
-        self.owed: set[types.RequestId] = set()
+        self.owed: set[RequestId] = set()
         self.intake = anyio.CancelScope()
         self._write_line = write_line
 
-    async def send(self, data: bytes, answers: types.RequestId | None = None) -> None:
+    async def send(self, data: bytes, answers: RequestId | None = None) -> None:
         """Write one message already serialised; `answers` is the id of the request it
         answers, if it does (the stdio front's own answers, `_dispatch`)."""
         await self._write_line(data)
@@ -110,8 +111,8 @@ async def stdio_wire(
     was_blocking = [(wire, os.get_blocking(wire)) for wire in (wire_in, wire_out)]
     os.set_blocking(wire_in, False)
     os.set_blocking(wire_out, False)
-    incoming_send, incoming = anyio.create_memory_object_stream[types.JSONRPCMessage](16)
-    outgoing, outgoing_receive = anyio.create_memory_object_stream[types.JSONRPCMessage](16)
+    incoming_send, incoming = anyio.create_memory_object_stream[Message](16)
+    outgoing, outgoing_receive = anyio.create_memory_object_stream[Any](16)
     writing = anyio.Lock()
 
     async def write_line(data: bytes) -> None:
@@ -131,11 +132,9 @@ async def stdio_wire(
             await refuse(decoded)
             return
         message = decoded
-        if isinstance(message, types.JSONRPCRequest):
+        if isinstance(message, Request):
             wire.owed.add(message.id)
-        elif isinstance(message, types.JSONRPCNotification) and message.method == (
-            "notifications/cancelled"
-        ):
+        elif isinstance(message, Notification) and message.method == ("notifications/cancelled"):
             # A cancelled request gets no answer (MCP), so nothing is owed for it.
             request_id = (message.params or {}).get("requestId")
             wire.owed.discard(request_id)
@@ -196,8 +195,8 @@ async def stdio_wire(
             async for answered in outgoing_receive:
                 text = answered.model_dump_json(by_alias=True, exclude_unset=True)
                 await write_line(text.encode("utf-8"))
-                if isinstance(answered, (types.JSONRPCResponse, types.JSONRPCError)):
-                    wire.owed.discard(answered.id)  # type: ignore[arg-type]
+                if hasattr(answered, "result") or hasattr(answered, "error"):
+                    wire.owed.discard(answered.id)
 
     try:
         async with anyio.create_task_group() as group:

@@ -145,9 +145,11 @@ async def _waits_for_login(upstream: UpstreamConfig) -> bool:
 def take_offers(offered: Offered, name: str, offers: Offers) -> list[str]:
     """Add one server's checked prompts, resources and templates to `offered`; the lines
     to log (its refusals, and what the SDK could not list or another server took first)."""
+    lines = list(offers.lines)
+    if not (offers.prompts or offers.resources or offers.resource_templates):
+        return lines  # nothing for the models to check: they are not imported (issue 36)
     import mcp_types as types
 
-    lines = list(offers.lines)
     sections = (
         (offers.prompts, types.Prompt, "prompt"),
         (offers.resources, types.Resource, "resource"),
