@@ -581,14 +581,9 @@ async def answered(
     front's path): the params checked for the method at a handshake-era version, the
     handler's result (given `context`, the front's stand-in for the SDK's request context)
     shaped by it."""
-    from pydantic import ValidationError
-
-    method, params = request.method, request.params
-    try:
-        _check(method, params)
-        typed = params_type.model_validate({} if params is None else params, by_name=False)
-    except ValidationError:
-        return _error(request.id, INVALID_PARAMS, "Invalid request parameters", "")
+    typed = _typed_by_models(request, params_type)
+    if isinstance(typed, bytes):
+        return typed  # the refusal
     return await _handled(request, handler, context, typed, log)
 
 
@@ -597,19 +592,27 @@ async def answered_plainly(
 ) -> bytes:
     """`answered` for the stdio front: the params checked and the result shaped by `_plain`
     where it decides, by the SDK's models where it does not."""
-    method, params = request.method, request.params
-    typed = checked_params(method, params)
+    typed = checked_params(request.method, request.params)
     if typed is UNDECIDED:
         import mcp_types as types
-        from pydantic import ValidationError
 
-        params_type = getattr(types, _PARAMS_MODELS[method])
-        try:
-            _check(method, params)
-            typed = params_type.model_validate({} if params is None else params, by_name=False)
-        except ValidationError:
-            return _error(request.id, INVALID_PARAMS, "Invalid request parameters", "")
+        typed = _typed_by_models(request, getattr(types, _PARAMS_MODELS[request.method]))
+        if isinstance(typed, bytes):
+            return typed  # the refusal
     return await _handled(request, handler, context, typed, log)
+
+
+def _typed_by_models(request: Any, params_type: type[BaseModel]) -> Any:
+    """The request's params checked for its method at a handshake-era version and typed, as
+    the SDK's runner does; the `-32602` answer (bytes) where the models refuse them."""
+    from pydantic import ValidationError
+
+    params = request.params
+    try:
+        _check(request.method, params)
+        return params_type.model_validate({} if params is None else params, by_name=False)
+    except ValidationError:
+        return _error(request.id, INVALID_PARAMS, "Invalid request parameters", "")
 
 
 async def _handled(
