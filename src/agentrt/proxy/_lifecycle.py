@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,14 @@ def _prepare(config: ProxyConfig, http: bool) -> Store:
     for module in (*_SERVING_MODULES, *front):
         importlib.import_module(module)
     return open_store(config.database)
+
+
+def _import_the_2026_front() -> None:
+    """What a host of the 2026-07-28 era is answered with (`_modern`, the era's models):
+    imported in the worker thread while the servers load, when the host's first message
+    speaks that era (`_peek`), rather than on the event loop once it is read."""
+    for module in ("agentrt.proxy._modern", "mcp_types.methods"):
+        importlib.import_module(module)
 
 
 async def _renew_holds(proxy: Proxy) -> None:
@@ -323,6 +332,7 @@ async def _serve_config(
                         config, stream, servers_of, offered, manifests, waiting
                     )
                 finally:
+                    preparing.loaded()
                     # One started early that no load took (its manifest refused it, say).
                     discard_started_early()
             store = preparing.result()
@@ -399,15 +409,35 @@ class _Preparing:
 
     store: Store | None = None
     error: BaseException | None = None
-    # Set once the thread runs, so the loads begin only then: the thread's imports
-    # (`mcp_types` first) start before the event loop's own.  (A handshake no longer
-    # waits for `mcp_types`, decision 0053; the servers may already be running.)
+    # Set once the thread runs, so the loads begin only then: the thread's imports start
+    # before the event loop's own.  (A handshake no longer waits for `mcp_types`, decision
+    # 0053; the servers may already be running.)
     started: anyio.Event = field(default_factory=anyio.Event)
+    # Over stdio, once the store is open, the thread looks at the host's first message
+    # while the servers load (`_peek`), until the loads are done.
+    _loaded: threading.Event = field(default_factory=threading.Event)
+    _wake: tuple[int, int] | None = None
 
     async def run(self, config: ProxyConfig, http: bool) -> None:
+        if not http:
+            self._wake = os.pipe()
+
         def work() -> Store:
             anyio.from_thread.run_sync(self.started.set)
-            return _prepare(config, http)
+            if self._wake is None:
+                return _prepare(config, http)
+            from ._peek import first_bytes, speaks_2026, watch_stdin
+
+            # A host writes its first request as it spawns the proxy: one of the 2026 era
+            # has the era's front imported first, the longest of the thread's work.
+            waiting = first_bytes(0)
+            if waiting is not None and speaks_2026(waiting):
+                _import_the_2026_front()
+                return _prepare(config, http)
+            store = _prepare(config, http)
+            if waiting is None:
+                watch_stdin(self._loaded, self._wake[0], _import_the_2026_front)
+            return store
 
         try:
             self.store = await anyio.to_thread.run_sync(work)
@@ -415,6 +445,17 @@ class _Preparing:
             self.error = exc
         finally:
             self.started.set()
+            if self._wake is not None:
+                for descriptor in self._wake:
+                    os.close(descriptor)
+                self._wake = None
+
+    def loaded(self) -> None:
+        """The servers are loaded: the thread stops looking at stdin."""
+        self._loaded.set()
+        if self._wake is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._wake[1], b"x")
 
     def result(self) -> Store:
         if self.error is not None:
