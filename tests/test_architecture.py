@@ -26,7 +26,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "agentrt"
 # The store's extensions: modules of their own that write only their own tables.
 EXTENSIONS = frozenset({"agentrt.proxy._index", "agentrt.accounting", "agentrt.proxy._flows"})
 # What the store may import from the rest of agentrt: helpers that import nothing above them.
-LEAVES = frozenset({"agentrt.canonical", "agentrt.errors", "agentrt.sanitize"})
+LEAVES = frozenset({"agentrt._lazy", "agentrt.canonical", "agentrt.errors", "agentrt.sanitize"})
 DRIVERS = frozenset({"sqlite3", "psycopg"})
 
 # A string that is a statement (it begins with a keyword) or holds one (a clause only SQL has).

@@ -25,12 +25,16 @@ import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..canonical import canonical_json, sha256_hex
 from ..policy import Outcome, PolicyDecision, RunView, ToolRequest, default_presentation
 from ..sanitize import sanitize
-from ..store import Connection, Store, ledger, utc_now
+
+if TYPE_CHECKING:
+    # The store is imported when a session is first tainted, not with the configuration
+    # that names the labels (which the proxy reads before it spawns its servers).
+    from ..store import Connection, Store
 
 __all__ = [
     "HOST_SESSION",
@@ -254,6 +258,8 @@ class TaintStore:
 
     def add(self, host_session: str, labels: Sequence[str], run_id: str, tool: str) -> None:
         """Taint `host_session` with `labels` (a label it holds keeps its first call)."""
+        from ..store import utc_now
+
         with self.store.transaction() as connection:
             now = utc_now()
             for label in labels:
@@ -270,6 +276,8 @@ class TaintStore:
             labels = self._labels(connection, host_session)
             if labels:
                 connection.execute("DELETE FROM flow_taint WHERE host_session = ?", (host_session,))
+                from ..store import ledger
+
                 ledger.clear_taint(self.store, connection, host_session, labels, by, note)
         return labels
 

@@ -36,7 +36,6 @@ import anyio.to_thread
 
 from ..errors import AgentrtError, StoreError
 from ..sanitize import sanitize
-from ..store import Store, open_store
 from ._log import log_line
 from ._stamps import Stamp, rule_stamps
 from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
@@ -45,6 +44,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from ..mcp import Connection, Manifest
+    from ..store import Store
     from ..telemetry import TraceExporter
     from ..tools import Tool
     from ._handlers import Handlers
@@ -73,6 +73,8 @@ def _prepare(config: ProxyConfig, http: bool) -> Store:
     front = ("agentrt.proxy._http",) if http else ("agentrt.proxy._dispatch",)
     for module in (*_SERVING_MODULES, *front):
         importlib.import_module(module)
+    from ..store import open_store
+
     return open_store(config.database)
 
 
@@ -209,6 +211,8 @@ async def _serving_inbox(
         for tool in tools
     }
     # A connection of its own: the page's reads never wait on the proxy's lock.
+    from ..store import open_store
+
     with open_store(config.database, create=False) as inbox_store:
         async with running_inbox(
             inbox_store, parse_listen(settings.listen), token=token,

@@ -24,11 +24,11 @@ from urllib.parse import urlsplit
 import anyio
 
 from ..sanitize import sanitize
-from ..store import Store
 
 if TYPE_CHECKING:
     import httpx2
 
+    from ..store import Store
     from ..store._outbox import OutboxRow
 
 __all__ = [

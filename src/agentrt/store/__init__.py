@@ -63,41 +63,47 @@ Nothing above the store writes SQL but its extensions, and nothing above
 it catches a database driver's errors (`tests/test_architecture.py`).
 """
 
-from ._anchor import postgres_anchor_path
-from ._chain import GENESIS_HASH, event_hash
-from ._grants import (
-    GrantLimits,
-    GrantStatus,
-    StandingGrant,
-    grant_limits,
-    list_standing_grants,
-    live_standing_grants,
-    migrate_grants,
-    set_grant_limits,
-    standing_grant,
-)
-from ._open import is_postgres_url, open_store
-from ._passkeys import enable_passkey_mode, in_passkey_mode
-from ._principals import Principal, principal_from_payload
-from ._reads import _LIST_RUNS as _LIST_RUNS  # not public: a test compares it with a sort
-from ._records import (
-    AnchorReport,
-    ApprovalRecord,
-    ApprovalStatus,
-    ChainReport,
-    Connection,
-    Event,
-    RunRecord,
-    RunStatus,
-    StateReport,
-    StepRecord,
-    StepStatus,
-    approval_hash,
-)
-from ._schema import SCHEMA_VERSION
-from ._sqlite import DATABASE_ERRORS, INTEGRITY_ERRORS
-from ._store import Store
-from ._times import epoch_to_iso, iso_to_epoch, utc_at, utc_now
+from typing import TYPE_CHECKING, Final
+
+from .._lazy import lazy_names
+
+if TYPE_CHECKING:
+    from ._anchor import postgres_anchor_path
+    from ._chain import GENESIS_HASH, event_hash
+    from ._grants import (
+        GrantLimits,
+        GrantStatus,
+        StandingGrant,
+        grant_limits,
+        list_standing_grants,
+        live_standing_grants,
+        migrate_grants,
+        set_grant_limits,
+        standing_grant,
+    )
+    from ._open import open_store
+    from ._passkeys import enable_passkey_mode, in_passkey_mode
+    from ._principals import Principal, principal_from_payload
+    from ._reads import _LIST_RUNS as _LIST_RUNS  # not public: a test compares it with a sort
+    from ._records import (
+        AnchorReport,
+        ApprovalRecord,
+        ApprovalStatus,
+        ChainReport,
+        Connection,
+        Event,
+        RunRecord,
+        RunStatus,
+        StateReport,
+        StepRecord,
+        StepStatus,
+        approval_hash,
+    )
+    from ._schema import SCHEMA_VERSION
+    from ._sqlite import DATABASE_ERRORS, INTEGRITY_ERRORS
+    from ._store import Store
+    from ._target import is_postgres_url
+    from ._times import epoch_to_iso, iso_to_epoch, utc_at, utc_now
 
 __all__ = [
     "DATABASE_ERRORS",
@@ -139,3 +145,50 @@ __all__ = [
     "utc_at",
     "utc_now",
 ]
+
+# Each name is imported on first use (as the package `agentrt`'s are): the proxy's
+# configuration names `GrantLimits` before it spawns the servers, and must not pay for
+# the ledger, the chain and the readers then (issue 36).
+_WHERE: Final = {
+    "postgres_anchor_path": "._anchor",
+    "GENESIS_HASH": "._chain",
+    "event_hash": "._chain",
+    "GrantLimits": "._grants",
+    "GrantStatus": "._grants",
+    "StandingGrant": "._grants",
+    "grant_limits": "._grants",
+    "list_standing_grants": "._grants",
+    "live_standing_grants": "._grants",
+    "migrate_grants": "._grants",
+    "set_grant_limits": "._grants",
+    "standing_grant": "._grants",
+    "is_postgres_url": "._target",
+    "open_store": "._open",
+    "enable_passkey_mode": "._passkeys",
+    "in_passkey_mode": "._passkeys",
+    "Principal": "._principals",
+    "principal_from_payload": "._principals",
+    "_LIST_RUNS": "._reads",
+    "AnchorReport": "._records",
+    "ApprovalRecord": "._records",
+    "ApprovalStatus": "._records",
+    "ChainReport": "._records",
+    "Connection": "._records",
+    "Event": "._records",
+    "RunRecord": "._records",
+    "RunStatus": "._records",
+    "StateReport": "._records",
+    "StepRecord": "._records",
+    "StepStatus": "._records",
+    "approval_hash": "._records",
+    "SCHEMA_VERSION": "._schema",
+    "DATABASE_ERRORS": "._sqlite",
+    "INTEGRITY_ERRORS": "._sqlite",
+    "Store": "._store",
+    "epoch_to_iso": "._times",
+    "iso_to_epoch": "._times",
+    "utc_at": "._times",
+    "utc_now": "._times",
+}
+
+__getattr__ = lazy_names(__name__, _WHERE, globals())

@@ -31,13 +31,9 @@ from ._sqlite import (
     _tighten_sidecars,
 )
 from ._store import Store
+from ._target import is_postgres_url
 
 _T = TypeVar("_T")
-
-
-def is_postgres_url(target: object) -> bool:
-    """Whether a database target is a PostgreSQL URL rather than a file path."""
-    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
 
 
 @dataclass(frozen=True, slots=True)
