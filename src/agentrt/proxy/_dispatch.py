@@ -65,6 +65,7 @@ __all__ = [  # and, built on first use, WIRE_REQUESTS and WIRE_RESULTS
     "FrontContext",
     "HostRefused",
     "StdioFront",
+    "answered_plainly",
     "initialize_answer",
     "initialize_result",
 ]
@@ -570,28 +571,10 @@ class StdioFront:
         return to_server
 
 
-async def answered(
-    request: Any,
-    params_type: type[BaseModel],
-    handler: _Handler,
-    context: Any,
-    log: IO[str],
-) -> bytes:
-    """One request answered as the SDK's runner answers it, with the SDK's models (the HTTP
-    front's path): the params checked for the method at a handshake-era version, the
-    handler's result (given `context`, the front's stand-in for the SDK's request context)
-    shaped by it."""
-    typed = _typed_by_models(request, params_type)
-    if isinstance(typed, bytes):
-        return typed  # the refusal
-    return await _handled(request, handler, context, typed, log)
-
-
-async def answered_plainly(
-    request: Request, handler: _Handler, context: Any, log: IO[str]
-) -> bytes:
-    """`answered` for the stdio front: the params checked and the result shaped by `_plain`
-    where it decides, by the SDK's models where it does not."""
+async def answered_plainly(request: Any, handler: _Handler, context: Any, log: IO[str]) -> bytes:
+    """`answered` for the stdio front and the HTTP front's 2025 sessions (`request` a
+    `_plain.Request` or the SDK's `JSONRPCRequest`): the params checked and the result
+    shaped by `_plain` where it decides, by the SDK's models where it does not."""
     typed = checked_params(request.method, request.params)
     if typed is UNDECIDED:
         import mcp_types as types

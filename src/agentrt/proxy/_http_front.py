@@ -38,7 +38,7 @@ from pydantic import BaseModel, ValidationError
 from ._dispatch import (
     HostRefused,
     _progress_token,
-    answered,
+    answered_plainly,
     log_params,
     negotiated,
     progress_params,
@@ -291,6 +291,7 @@ class HTTPFront:
     async def _answered(
         self, session: _Session, request: types.JSONRPCRequest, http_request: _Request
     ) -> bytes:
-        params_type, handler = self._methods[request.method]
+        _, handler = self._methods[request.method]
         context = HTTPContext(session, request, http_request)
-        return await answered(request, params_type, handler, context, self._log)
+        # Checked and shaped in plain JSON where `_plain` decides, as over stdio (0061).
+        return await answered_plainly(request, handler, context, self._log)
