@@ -61,7 +61,10 @@ __all__ = ["event_loop_factory", "exit_process", "running", "serve", "serve_conf
 # SDK's server (0.6 s more) are imported only if a host needs them (decision 0043); over
 # HTTP they serve every request, and come with `_http`.
 _SERVING_MODULES: Final = (
-    "agentrt.gate",  # first: what checks the servers' listings
+    # First: what checks each listed tool's schema (`jsonschema`, 0.1 s), which the load
+    # reaches as soon as a server has listed its tools.
+    "agentrt.schema",
+    "agentrt.gate",
     "agentrt.proxy._proxy",
     "agentrt.proxy._handlers",
 )
