@@ -5,8 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..store import ApprovalRecord
+if TYPE_CHECKING:
+    # Not at run time: the proxy's configuration holds these settings before it spawns
+    # its servers, and the store's records are not needed to read them (issue 36).
+    from ..store import ApprovalRecord
 
 __all__ = ["PasskeyMode", "QuorumRule"]
 

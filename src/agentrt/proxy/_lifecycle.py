@@ -31,8 +31,6 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, NoReturn
 
 import anyio
-import anyio.from_thread
-import anyio.to_thread
 
 from ..errors import AgentrtError, StoreError
 from ..sanitize import sanitize
@@ -397,7 +395,9 @@ async def _serve_config(
             with anyio.CancelScope(shield=True):
                 if telemetry is not None:
                     # What was committed before the stop still gets its spans.
-                    await anyio.to_thread.run_sync(telemetry.stop)
+                    from anyio import to_thread
+
+                    await to_thread.run_sync(telemetry.stop)
                 for connection in shutdown.connections:
                     with contextlib.suppress(Exception):
                         await connection.aclose(polite=not shutdown.hurried)
@@ -426,11 +426,14 @@ class _Preparing:
     _wake: tuple[int, int] | None = None
 
     async def run(self, config: ProxyConfig, http: bool) -> None:
+        # Here, not at the top: imported after the servers are spawned (issue 36).
+        from anyio import from_thread, to_thread
+
         if not http:
             self._wake = os.pipe()
 
         def work() -> Store:
-            anyio.from_thread.run_sync(self.started.set)
+            from_thread.run_sync(self.started.set)
             if self._wake is None:
                 return _prepare(config, http)
             from ._peek import first_bytes, speaks_2026, watch_stdin
@@ -447,7 +450,7 @@ class _Preparing:
             return store
 
         try:
-            self.store = await anyio.to_thread.run_sync(work)
+            self.store = await to_thread.run_sync(work)
         except Exception as exc:
             self.error = exc
         finally:
