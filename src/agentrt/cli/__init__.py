@@ -4,72 +4,56 @@
 Global options come before the subcommand: `--db PATH` (or `AGENTRT_DB`)
 and `--json` (JSON Lines instead of aligned text).  Exit 0 is success, 1 a
 refusal or a check that failed, 2 bad usage or an unusable database.
+
+`agentrt proxy --config FILE`, the one form a host's configuration starts
+every time it opens, is served without importing click (issue 36): a host
+waits on the proxy's start-up, and the group adds nothing to that command.
+Any other form (another option, `--help`, a global option) goes through the
+group as every command does.
 """
 
 from __future__ import annotations
 
-from typing import Final
+import os
+import sys
+from typing import TYPE_CHECKING, Any
 
-import click
-
-from ._app import AgentrtGroup, Settings
-from ._output import Output
+if TYPE_CHECKING:
+    from ._group import cli
 
 __all__ = ["cli", "main"]
 
-# In the order an operator meets them: look, decide, check, serve.  Each is
-# imported only when it runs (or its help is shown).
-_COMMANDS: Final = {
-    "runs": "._inspect:runs",
-    "show": "._inspect:show",
-    "events": "._inspect:events",
-    "approve": "._decide:approve",
-    "reject": "._decide:reject",
-    "cancel": "._decide:cancel",
-    "grants": "._grants:grants_command",
-    "revoke": "._grants:revoke",
-    "verify": "._inspect:verify",
-    "inbox": "._inbox:inbox",
-    "approver": "._approver:approver",
-    "approvers": "._approvers:approvers",
-    "export": "._export:export",
-    "init": "._init:init",
-    "pin": "._servers:pin",
-    "classify": "._classify:classify",
-    "check": "._servers:check",
-    "proxy": "._servers:proxy",
-    "demo": "._servers:demo",
-    "recheck": "._recheck:recheck",
-    "bench": "._bench:bench",
-    "taint": "._taint:taint",
-    "login": "._login:login",
-    "checkpoint": "._retention:checkpoint",
-    "archive": "._retention:archive_command",
-    "evidence": "._retention:evidence",
-    "verify-evidence": "._retention:verify_evidence_command",
-}
+_CONFIG_OPTION = "--config="
 
 
-@click.group(
-    cls=AgentrtGroup,
-    lazy_commands=_COMMANDS,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-@click.option(
-    "--db",
-    "database",
-    envvar="AGENTRT_DB",
-    metavar="PATH",
-    help="The database of runs, approvals and events: a file, or a postgresql:// URL "
-    "(or AGENTRT_DB). It is never created here.",
-)
-@click.option("--json", "json_lines", is_flag=True, help="Print JSON Lines instead of text.")
-@click.pass_context
-def cli(context: click.Context, database: str | None, json_lines: bool) -> None:
-    """See what agents did and decide what they may do next."""
-    context.obj = Settings(database=database, output=Output(json=json_lines))
+def __getattr__(name: str) -> Any:
+    if name == "cli":
+        from ._group import cli
+
+        return cli
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def served_config(argv: list[str]) -> str | None:
+    """The configuration `argv` serves if it is exactly `proxy --config FILE` (or
+    `proxy --config=FILE`); None for any other command line."""
+    match argv:
+        case ["proxy", "--config", path] if path and not path.startswith("-"):
+            return path
+        case ["proxy", option] if option.startswith(_CONFIG_OPTION) and option != _CONFIG_OPTION:
+            return option.removeprefix(_CONFIG_OPTION)
+    return None
 
 
 def main() -> None:
     """Entry point of the `agentrt` console script."""
+    config = served_config(sys.argv[1:])
+    if config is not None:
+        from ..proxy._lifecycle import exit_process, serve
+
+        # As the group's `proxy` subcommand serves it: `--token`'s variable, no HTTP.
+        token = os.environ.get("AGENTRT_PROXY_TOKEN") or None
+        exit_process(serve(config, token=token))
+    from ._group import cli
+
     cli(prog_name="agentrt")
