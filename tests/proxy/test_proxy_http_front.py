@@ -48,10 +48,7 @@ async def serving(call: Handler, *, front: bool = True) -> AsyncIterator[str]:
     log = io.StringIO()
     listener = listen("127.0.0.1", 0)
     port = listener.getsockname()[1]
-    methods = {
-        "tools/call": (types.CallToolRequestParams, call),
-        "tools/list": (types.PaginatedRequestParams, front_list),
-    }
+    methods = {"tools/call": call, "tools/list": front_list}
     app = StreamableHTTP(
         LowLevelServer("tiny", on_call_tool=sdk_call, on_list_tools=sdk_list),
         Doorkeeper("127.0.0.1", port, None, log).admit, log,

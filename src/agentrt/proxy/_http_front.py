@@ -186,11 +186,12 @@ class HTTPFront:
 
     def __init__(
         self,
-        methods: Mapping[str, tuple[type[BaseModel], Handler]],
+        methods: Mapping[str, Handler],
         log: IO[str],
         handlers: Handlers | None = None,
     ) -> None:
-        # Each method the front answers: its params model and its handler.
+        # Each method the front answers, and its handler (`_plain` checks its params and
+        # shapes its result, the SDK's models what `_plain` leaves them: decision 0061).
         self._methods = dict(methods)
         self._log = log
         # The 2026-07-28 era's single exchanges (`_modern_http`, decision 0052).
@@ -200,14 +201,13 @@ class HTTPFront:
     @classmethod
     def of(cls, handlers: Handlers, log: IO[str]) -> HTTPFront:
         """The proxy's front: `Handlers`' own answers, as over stdio."""
-        paginated = types.PaginatedRequestParams
-        methods: dict[str, tuple[type[BaseModel], Handler]] = {
-            "ping": (types.RequestParams, _pong),
-            "tools/list": (paginated, handlers._list_tools),
-            "tools/call": (types.CallToolRequestParams, handlers._call_tool),
-            "prompts/list": (paginated, handlers._list_prompts),
-            "resources/list": (paginated, handlers._list_resources),
-            "resources/templates/list": (paginated, handlers._list_resource_templates),
+        methods: dict[str, Handler] = {
+            "ping": _pong,
+            "tools/list": handlers._list_tools,
+            "tools/call": handlers._call_tool,
+            "prompts/list": handlers._list_prompts,
+            "resources/list": handlers._list_resources,
+            "resources/templates/list": handlers._list_resource_templates,
         }
         return cls(methods, log, handlers)
 
@@ -291,7 +291,7 @@ class HTTPFront:
     async def _answered(
         self, session: _Session, request: types.JSONRPCRequest, http_request: _Request
     ) -> bytes:
-        _, handler = self._methods[request.method]
+        handler = self._methods[request.method]
         context = HTTPContext(session, request, http_request)
         # Checked and shaped in plain JSON where `_plain` decides, as over stdio (0061).
         return await answered_plainly(request, handler, context, self._log)

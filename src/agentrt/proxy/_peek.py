@@ -20,6 +20,7 @@ import select
 import socket
 import stat
 import threading
+from collections.abc import Callable
 from typing import Final
 
 from ._revision import PROTOCOL_VERSION_META_KEY
@@ -78,11 +79,10 @@ def speaks_2026(data: bytes) -> bool:
     return _ENVELOPE_KEY in data.split(b"\n", 1)[0]
 
 
-def watch_stdin(stop: threading.Event, wake: int, on_2026: object) -> None:
+def watch_stdin(stop: threading.Event, wake: int, on_2026: Callable[[], object]) -> None:
     """Until `stop` is set (and a byte written to `wake`), wait for the host's first bytes
     on stdin and, if they speak the 2026-07-28 era, call `on_2026` once.  Runs in a worker
     thread; returns as soon as it has looked once, or is stopped."""
-    assert callable(on_2026)
     while not stop.is_set():
         try:
             readable, _, _ = select.select([0, wake], [], [])
