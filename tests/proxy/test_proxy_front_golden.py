@@ -5,7 +5,10 @@ or not, in either era, and every line the proxy wrote back before the next `ping
 A change to how the front parses, checks or shapes its messages (plain dicts in place of
 the SDK's pydantic models) must leave these bytes alone, the SDK's error messages
 included.  `AGENTRT_RECORD_FRONT_GOLDEN=1` writes the transcripts anew: only on a commit
-whose front is the reference, never to make a failing run pass."""
+whose front is the reference, never to make a failing run pass; with
+`AGENTRT_FRONT_GOLDEN_SRC=<a checkout of that commit>/src` the proxy that records runs
+that checkout's code (the lines added with decision 0061 were recorded so, on 41054fb,
+the front before it read plain JSON)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 GOLDEN: Final = Path(__file__).parent / "golden"
 _RECORD: Final = os.environ.get("AGENTRT_RECORD_FRONT_GOLDEN") == "1"
+# Where the recorded front's code is (another checkout's `src`), when recording.
+_REFERENCE: Final = os.environ.get("AGENTRT_FRONT_GOLDEN_SRC") if _RECORD else None
 
 _CLIENT: Final = {"name": "golden-host", "version": "1"}
 _INITIALIZE: Final = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": _CLIENT}
@@ -88,6 +93,38 @@ HANDSHAKE_ERA: Final[list[bytes]] = [
     _line({"jsonrpc": "2.0", "id": 20, "result": {}}),
     _request(21, "initialize", _INITIALIZE),
     _request(22, "server/discover"),
+    # Added with decision 0061, recorded on 41054fb (the front before it read plain JSON).
+    _request(23, "prompts/list"),
+    _request(24, "resources/list", {"cursor": None, "_meta": {"progressToken": "p"}}),
+    _request(25, "resources/templates/list", {"_meta": None}),
+    _request(26, "tools/list", {"_meta": {"progressToken": 1.5}}),
+    _request(27, "tools/list", {"_meta": {"progressToken": True}}),
+    _request(28, "tools/list", {"_meta": {"progress_token": 1, "x": None}}),
+    _request(29, "tools/list", {"cursor": "abc", "extra": [1, 2]}),
+    _request(30, "tools/call", {"name": "gate_status", "arguments": {}}),
+    _request(31, "tools/call", {"name": "gate_status"}),
+    _request(32, "tools/call", {"name": "gate_status", "arguments": None, "_meta": {"a": 1}}),
+    _request(33, "tools/call", {"name": "gate_status", "arguments": {"approval_id": 7}}),
+    _request(34, "tools/call", {"name": "up_echo", "arguments": {"text": "t"}, "task": {}}),
+    _request(35, "tools/call", {"name": "up_echo", "arguments": {}, "requestState": "x"}),
+    _request(36, "tools/call", {"name": "up_echo", "arguments": {}, "inputResponses": 5}),
+    _request(
+        37,
+        "tools/call",
+        {
+            "name": "up_echo",
+            "arguments": {"text": "p", "seconds": 0},
+            "_meta": {"progressToken": 9},
+        },
+    ),
+    _request(38, "ping", None, extra_member=True),
+    _request(39, "ping", "params"),
+    _line({"jsonrpc": "2.0", "id": 40, "method": "ping", "params": None}),
+    _line({"jsonrpc": "2.0", "id": 41, "error": {"code": -1, "message": "stray"}}),
+    _line({"jsonrpc": "2.0", "id": 42, "error": {"code": "x", "message": 1}}),
+    _line({"jsonrpc": "2.0", "id": 43, "result": "not an object"}),
+    _line({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 99}}),
+    _request(44, "tools/call", {"name": "up_echo", "arguments": {"text": "x"}, "_meta": []}),
 ]
 
 # A host of the 2026-07-28 era: discovery, the envelope missing or wrong, then lists
@@ -108,6 +145,31 @@ MODERN_ERA: Final[list[bytes]] = [
     _modern(12, "ping"),
     _modern(13, "no/such/method"),
     b"this is not json",
+    # Added with decision 0061, recorded on 41054fb.
+    _modern(14, "prompts/list"),
+    _modern(15, "resources/list"),
+    _modern(16, "resources/templates/list"),
+    _modern(17, "tools/call", {"name": "gate_status", "arguments": {}}),
+    _request(
+        18,
+        "tools/list",
+        {
+            "_meta": {
+                **_ENVELOPE,
+                "io.modelcontextprotocol/logLevel": "debug",
+                "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}, "roots": {}},
+                "progressToken": "t",
+            }
+        },
+    ),
+    _request(
+        19, "tools/list", {"_meta": {**_ENVELOPE, "io.modelcontextprotocol/clientCapabilities": 5}}
+    ),
+    _request(
+        20, "tools/list", {"_meta": {**_ENVELOPE, "io.modelcontextprotocol/clientInfo": {"n": 1}}}
+    ),
+    _request(21, "tools/list", {"_meta": {**_ENVELOPE, "io.modelcontextprotocol/logLevel": "x"}}),
+    _modern(22, "tools/call", {"name": "up_echo", "arguments": {"text": "q"}, "requestState": "s"}),
 ]
 
 
@@ -127,8 +189,11 @@ async def _transcript(tmp_path: Path, lines: list[bytes]) -> tuple[list[str], li
     setup = await build_setup(tmp_path)
     out: list[str] = []
     with setup.stderr_path.open("a") as errlog:
+        environment = setup.environment()
+        if _REFERENCE is not None:
+            environment["PYTHONPATH"] = _REFERENCE  # the checkout whose front is recorded
         process = await anyio.open_process(
-            setup.command(), stderr=errlog, env=setup.environment(), cwd=str(setup.root)
+            setup.command(), stderr=errlog, env=environment, cwd=str(setup.root)
         )
         reader = BufferedByteReceiveStream(process.stdout)  # type: ignore[arg-type]
         try:
@@ -178,4 +243,4 @@ async def test_the_fronts_answers_and_refusals_are_the_recorded_bytes(
     assert transcript == recorded
     # Only the well-formed calls reached the upstream server, every refused one did not
     # (it logs each call to echo that has "seconds").
-    assert ran == (["echo", "echo"] if name == "handshake" else ["echo"])
+    assert ran == (["echo"] * 3 if name == "handshake" else ["echo"])
