@@ -3,10 +3,11 @@
 A host opening a proxied server sends `initialize`, `notifications/initialized`,
 the listings and then `tools/call`, and nothing else for most sessions.
 The front answers those itself over the parsed JSON-RPC, with the same
-validation the SDK's server applies (the wire types `mcp_types.methods`
-maps every handshake-era version to, checked the way it checks them) and
-the same answers (`Handlers`' methods, one answer
-path for both), so the SDK's server (0.6–0.7 s of CPU and 25–30 MiB to import,
+validation the SDK's server applies and the same answers (`Handlers`' methods,
+one answer path for both): read, checked and shaped in plain JSON by `_plain`
+where it can prove the SDK's models decide alike, by those models (the wire
+types `mcp_types.methods` maps every handshake-era version to) where it
+cannot (decision 0061), so the SDK's server (0.6–0.7 s of CPU and 25–30 MiB to import,
 decision 0043) is loaded only when a host needs it: any other method, or a
 request before the handshake.  A connection opened in the 2026-07-28 era
 (Claude Code's) has its discover, listings and calls answered the same way
@@ -66,8 +67,10 @@ __all__ = [  # and, built on first use, WIRE_REQUESTS and WIRE_RESULTS
     "HostRefused",
     "StdioFront",
     "answered_plainly",
+    "dumped",
     "initialize_answer",
     "initialize_result",
+    "pong",
 ]
 
 # What the SDK's server advertises for `Handlers.server()` (a test holds the two equal).
@@ -164,7 +167,7 @@ def _shaped(method: str, result: Any) -> dict[str, Any]:
     """`methods.serialize_server_result` at a handshake-era version."""
     shaper = _wire()["shapers"][method]
     shaped: dict[str, Any] = shaper.dump_python(
-        shaper.validate_python(_dumped(result), by_name=False),
+        shaper.validate_python(dumped(result), by_name=False),
         by_alias=True,
         mode="json",
         exclude_none=True,
@@ -344,7 +347,7 @@ class StdioFront:
         self._asked_count = 0
         self._group: TaskGroup | None = None
         self._inline: dict[str, _Handler] = {
-            "ping": _pong,
+            "ping": pong,
             "tools/list": handlers._list_tools,
             "prompts/list": handlers._list_prompts,
             "resources/list": handlers._list_resources,
@@ -451,7 +454,8 @@ class StdioFront:
             from pydantic import ValidationError
 
             try:
-                initialize_answer(params)
+                _check("initialize", params)
+                negotiated(params)
             except ValidationError:
                 return _error(request.id, INVALID_PARAMS, "Invalid request parameters", "")
         assert params is not None  # the models refuse an `initialize` without params
@@ -619,12 +623,13 @@ async def _handled(
     return _json({"jsonrpc": "2.0", "id": request.id, "result": shaped})
 
 
-async def _pong(ctx: Any, params: Any) -> dict[str, Any]:
+async def pong(ctx: Any, params: Any) -> dict[str, Any]:
+    """`ping`'s handler, every front's: an empty result."""
     return {}
 
 
-def _dumped(result: Any) -> dict[str, Any]:
-    """A handler's result as the SDK's runner dumps it before shaping it."""
+def dumped(result: Any) -> dict[str, Any]:
+    """A handler's result as the SDK's runner dumps it before shaping it (every front's)."""
     if result is None:
         return {}
     if isinstance(result, dict):

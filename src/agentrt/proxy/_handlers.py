@@ -445,7 +445,8 @@ class Handlers:
 
 
 # Every list's cache hints (decision 0038), as the models name them on the wire.
-_LIST_HINTS: Final = {"ttlMs": cache_hints()["ttl_ms"], "cacheScope": cache_hints()["cache_scope"]}
+_HINTS: Final = cache_hints()
+_LIST_HINTS: Final = {"ttlMs": _HINTS["ttl_ms"], "cacheScope": _HINTS["cache_scope"]}
 
 
 def _empty_list(key: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from ..canonical import JSONBoundaryError, canonical_json, parse_json
 from ..sanitize import sanitize
@@ -33,10 +33,6 @@ from ._plain import (
     message_of_model,
 )
 
-if TYPE_CHECKING:
-    # `mcp.shared` loads the whole SDK: the stdio front reads messages without it.
-    from mcp.shared.message import SessionMessage
-
 __all__ = ["MAX_ID_MAGNITUDE", "Refusal", "decode", "refusal_of_oversized", "screen"]
 
 # JSON-RPC ids are echoed back: an integer no peer can hold (a 4,000-digit
@@ -50,12 +46,6 @@ class Refusal:
 
     reply: dict[str, Any]  # a JSON-RPC error, or the answer to a call refused
     log_line: str
-
-    def session_message(self) -> SessionMessage:
-        import mcp_types as types
-        from mcp.shared.message import SessionMessage
-
-        return SessionMessage(types.jsonrpc_message_adapter.validate_python(self.reply))
 
     def body(self) -> bytes:
         # As pydantic writes the SDK's messages: compact, UTF-8 unescaped.

@@ -41,6 +41,7 @@ from ._dispatch import (
     answered_plainly,
     log_params,
     negotiated,
+    pong,
     progress_params,
 )
 from ._handlers import Handlers
@@ -177,10 +178,6 @@ class HTTPContext:
         self.protocol_version = session.version
 
 
-async def _pong(ctx: Any, params: Any) -> types.EmptyResult:
-    return types.EmptyResult()
-
-
 class HTTPFront:
     """Answers the common methods of the proxy's HTTP sessions (`_streamable`)."""
 
@@ -202,7 +199,7 @@ class HTTPFront:
     def of(cls, handlers: Handlers, log: IO[str]) -> HTTPFront:
         """The proxy's front: `Handlers`' own answers, as over stdio."""
         methods: dict[str, Handler] = {
-            "ping": _pong,
+            "ping": pong,
             "tools/list": handlers._list_tools,
             "tools/call": handlers._call_tool,
             "prompts/list": handlers._list_prompts,

@@ -42,7 +42,16 @@ import mcp_types as types
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
-from ._dispatch import HostRefused, _error, _json, _progress_token, log_params, progress_params
+from ._dispatch import (
+    HostRefused,
+    _error,
+    _json,
+    _progress_token,
+    dumped,
+    log_params,
+    pong,
+    progress_params,
+)
 from ._handlers import INSTRUCTIONS, NAME, VERSION, Handlers
 from ._listen import ListenRefused
 from ._log import log_line
@@ -243,7 +252,7 @@ def modern_methods(handlers: Handlers) -> dict[str, tuple[type[BaseModel], _Hand
     paginated = types.PaginatedRequestParams
     return {
         "server/discover": (types.RequestParams, discover),
-        "ping": (types.RequestParams, _pong),
+        "ping": (types.RequestParams, pong),
         "tools/list": (paginated, handlers._list_tools),
         "tools/call": (types.CallToolRequestParams, handlers._call_tool),
         "prompts/list": (paginated, handlers._list_prompts),
@@ -271,10 +280,6 @@ async def discover(ctx: Any, params: Any) -> types.DiscoverResult:
         capabilities=types.ServerCapabilities.model_validate(capabilities),
         instructions=INSTRUCTIONS,
     )
-
-
-async def _pong(ctx: Any, params: Any) -> types.EmptyResult:
-    return types.EmptyResult()
 
 
 class _Refused(Exception):
@@ -355,26 +360,18 @@ def _sdk_error(exc: Exception) -> tuple[int, str, Any] | None:
 def _shaped(wire: ModuleType, method: str, version: str, result: Any) -> dict[str, Any]:
     """`ServerRunner._serialize` at a 2026-07-28 version (the proxy sets no cache hints
     on the server: its lists carry their own, decision 0038)."""
-    dumped = _dumped(result)
-    result_type = dumped.get("resultType")
+    shaped = dumped(result)
+    result_type = shaped.get("resultType")
     if not isinstance(result_type, str) or result_type in types.CORE_RESULT_TYPES:
         try:
-            dumped = wire.serialize_server_result(method, version, dumped)
+            shaped = wire.serialize_server_result(method, version, shaped)
         except ValidationError:
             raise _Refused(types.INTERNAL_ERROR, "Handler returned an invalid result") from None
-    if dumped.get("resultType") is None:
-        dumped["resultType"] = "complete"
-    meta = dumped.get("_meta")
+    if shaped.get("resultType") is None:
+        shaped["resultType"] = "complete"
+    meta = shaped.get("_meta")
     if meta is None:
-        dumped["_meta"] = {types.SERVER_INFO_META_KEY: dict(_SERVER_INFO)}
+        shaped["_meta"] = {types.SERVER_INFO_META_KEY: dict(_SERVER_INFO)}
     elif isinstance(meta, dict) and meta.get(types.SERVER_INFO_META_KEY) is None:
-        dumped["_meta"] = {**meta, types.SERVER_INFO_META_KEY: dict(_SERVER_INFO)}
-    return dumped
-
-
-def _dumped(result: Any) -> dict[str, Any]:
-    if result is None:
-        return {}
-    if isinstance(result, BaseModel):
-        return result.model_dump(by_alias=True, mode="json", exclude_none=True)
-    return dict(result)
+        shaped["_meta"] = {**meta, types.SERVER_INFO_META_KEY: dict(_SERVER_INFO)}
+    return shaped

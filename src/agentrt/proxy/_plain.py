@@ -60,14 +60,8 @@ CONNECTION_CLOSED: Final = -32000
 
 
 class _Undecided:
-    """What a function returns for a shape only the SDK's models may judge."""
-
-    _instance: _Undecided | None = None
-
-    def __new__(cls) -> _Undecided:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    """What a function returns for a shape only the SDK's models may judge (one instance,
+    `UNDECIDED`, compared with `is`)."""
 
     def __repr__(self) -> str:
         return "UNDECIDED"

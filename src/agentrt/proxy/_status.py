@@ -6,7 +6,7 @@ writes anything, and it knows only the approvals of its own session.
 
 from __future__ import annotations
 
-import json
+import copy
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -53,7 +53,7 @@ class GateStatus:
         return {
             "name": STATUS_TOOL,
             "description": _STATUS_DESCRIPTION,
-            "inputSchema": json.loads(json.dumps(_STATUS_SCHEMA)),
+            "inputSchema": copy.deepcopy(_STATUS_SCHEMA),
             "annotations": {"readOnlyHint": True},
         }
 
