@@ -92,13 +92,9 @@ async def test_a_default_stdio_proxy_does_not_import_what_it_does_not_serve(
 
 
 # A host of the 2026-07-28 era (Claude Code over stdio) is answered by the front too
-# (decision 0052): the era's wire types load, the SDK's server does not.
-NOT_FOR_A_2026_STDIO_HOST = tuple(
-    name
-    for name in NOT_FOR_A_DEFAULT_STDIO_PROXY
-    if name
-    not in ("mcp_types.methods", "mcp_types._v2026_07_28", "mcp_types", "pydantic", "pydantic_core")
-)
+# (decision 0052), and in plain JSON as a handshake-era host is (`_modern_plain`,
+# decision 0062): neither the SDK's server nor the protocol's models load.
+NOT_FOR_A_2026_STDIO_HOST = NOT_FOR_A_DEFAULT_STDIO_PROXY
 
 
 async def test_a_2026_stdio_host_that_discovers_listens_lists_and_calls_loads_no_sdk_server(

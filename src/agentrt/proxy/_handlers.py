@@ -104,7 +104,8 @@ class Handlers:
             on_read_resource=self._read_resource,
             on_subscribe_resource=self._subscribe,
             on_unsubscribe_resource=self._unsubscribe,
-            on_subscriptions_listen=self._host_events().listen,
+            # Its result the model's dump, its frames the models the SDK's session takes.
+            on_subscriptions_listen=self._host_events().listen,  # type: ignore[arg-type]
             on_list_prompts=self._list_prompts,  # type: ignore[arg-type]
             on_get_prompt=self._get_prompt,
             on_completion=self._complete,

@@ -33,7 +33,7 @@ from typing import IO, TYPE_CHECKING, Any
 import anyio
 import mcp_types as types
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from ._dispatch import (
     HostRefused,
@@ -193,7 +193,7 @@ class HTTPFront:
         self._log = log
         # The 2026-07-28 era's single exchanges (`_modern_http`, decision 0052).
         self._handlers = handlers
-        self._modern: dict[str, tuple[type[BaseModel], Handler]] | None = None
+        self._modern: dict[str, tuple[str, Handler]] | None = None
 
     @classmethod
     def of(cls, handlers: Handlers, log: IO[str]) -> HTTPFront:

@@ -80,11 +80,10 @@ def _prepare(config: ProxyConfig, http: bool) -> Store:
 
 
 def _import_the_2026_front() -> None:
-    """What a host of the 2026-07-28 era is answered with (`_modern`, the era's models):
-    imported in the worker thread while the servers load, when the host's first message
-    speaks that era (`_peek`), rather than on the event loop once it is read."""
-    for module in ("agentrt.proxy._modern", "mcp_types.methods"):
-        importlib.import_module(module)
+    """What a host of the 2026-07-28 era is answered with (`_modern`, in plain JSON,
+    decision 0062): imported in the worker thread while the servers load, when the host's
+    first message speaks that era (`_peek`), rather than on the event loop once it is read."""
+    importlib.import_module("agentrt.proxy._modern")
 
 
 async def _renew_holds(proxy: Proxy) -> None:

@@ -16,27 +16,15 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
-from mcp_types import (
-    INTERNAL_ERROR,
-    INVALID_REQUEST,
-    NotificationParams,
-    PromptListChangedNotification,
-    ResourceListChangedNotification,
-    ResourceUpdatedNotification,
-    ResourceUpdatedNotificationParams,
-    SubscriptionFilter,
-    SubscriptionsAcknowledgedNotification,
-    SubscriptionsAcknowledgedNotificationParams,
-    SubscriptionsListenRequestParams,
-    SubscriptionsListenResult,
-    ToolListChangedNotification,
-)
+
+from ._modern_plain import SUBSCRIPTION_ID_META_KEY, honored_filter
+from ._plain import INTERNAL_ERROR, INVALID_REQUEST
 
 __all__ = ["HostEvents", "ListenRefused"]
 
@@ -44,8 +32,6 @@ __all__ = ["HostEvents", "ListenRefused"]
 # re-listens and lists again): the SDK's defaults are 1024 each; a proxy serves few hosts.
 _MAX_STREAMS: Final = 256
 _MAX_QUEUED: Final = 256
-# The SDK's `mcp.shared.subscriptions.SUBSCRIPTION_ID_META_KEY`.
-SUBSCRIPTION_ID_META_KEY: Final = "io.modelcontextprotocol/subscriptionId"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,39 +64,66 @@ def _refused(code: int, message: str) -> Exception:
     return ListenRefused(code, message)
 
 
-def _honored(requested: SubscriptionFilter) -> SubscriptionFilter:
-    """The SDK's `_honored_subset`: every kind asked for, falsy ones dropped."""
-    return SubscriptionFilter(
-        tools_list_changed=True if requested.tools_list_changed else None,
-        prompts_list_changed=True if requested.prompts_list_changed else None,
-        resources_list_changed=True if requested.resources_list_changed else None,
-        resource_subscriptions=list(requested.resource_subscriptions)
-        if requested.resource_subscriptions
-        else None,
-    )
+def _requested(params: Any) -> Mapping[str, Any]:
+    """A listen request's filter as the host sent it: from its params object (the front,
+    `_modern_plain`) or its params model (the SDK's server, or the models' fallback)."""
+    if isinstance(params, Mapping):
+        requested: Mapping[str, Any] = params["notifications"]
+        return requested
+    dumped: dict[str, Any] = params.notifications.model_dump(by_alias=True, exclude_none=True)
+    return dumped
 
 
-def _matches(honored: SubscriptionFilter, uris: frozenset[str], event: _Event) -> bool:
+def _matches(honored: Mapping[str, Any], uris: frozenset[str], event: _Event) -> bool:
     if event.kind == "tools":
-        return honored.tools_list_changed is True
+        return honored.get("toolsListChanged") is True
     if event.kind == "prompts":
-        return honored.prompts_list_changed is True
+        return honored.get("promptsListChanged") is True
     if event.kind == "resources":
-        return honored.resources_list_changed is True
+        return honored.get("resourcesListChanged") is True
     return event.uri in uris
 
 
-def _frame(event: _Event, meta: dict[str, Any]) -> Any:
-    """The SDK's `event_to_notification`: the stamped notification of one event."""
-    if event.kind == "tools":
-        return ToolListChangedNotification(params=NotificationParams(_meta=meta))
-    if event.kind == "prompts":
-        return PromptListChangedNotification(params=NotificationParams(_meta=meta))
-    if event.kind == "resources":
-        return ResourceListChangedNotification(params=NotificationParams(_meta=meta))
-    return ResourceUpdatedNotification(
-        params=ResourceUpdatedNotificationParams(uri=event.uri, _meta=meta)
-    )
+_LIST_CHANGED: Final = {
+    "tools": "notifications/tools/list_changed",
+    "prompts": "notifications/prompts/list_changed",
+    "resources": "notifications/resources/list_changed",
+}
+_ACKNOWLEDGED: Final = "notifications/subscriptions/acknowledged"
+_UPDATED: Final = "notifications/resources/updated"
+
+
+def _frame(event: _Event, meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The SDK's `event_to_notification`: the stamped notification of one event, as its
+    model dumps it (method, params)."""
+    if event.kind == "updated":
+        return _UPDATED, {"_meta": meta, "uri": event.uri}
+    return _LIST_CHANGED[event.kind], {"_meta": meta}
+
+
+# Each frame's model, for a session that takes only models (the SDK's).
+_FRAME_MODELS: Final = {
+    _ACKNOWLEDGED: "SubscriptionsAcknowledgedNotification",
+    _UPDATED: "ResourceUpdatedNotification",
+    _LIST_CHANGED["tools"]: "ToolListChangedNotification",
+    _LIST_CHANGED["prompts"]: "PromptListChangedNotification",
+    _LIST_CHANGED["resources"]: "ResourceListChangedNotification",
+}
+
+
+async def _send(session: Any, frame: tuple[str, dict[str, Any]], subscription_id: Any) -> None:
+    """One frame to the stream's host: as JSON to the front's session (`send_frame`), as
+    the SDK's notification model to the SDK's session."""
+    method, params = frame
+    send_frame = getattr(session, "send_frame", None)
+    if send_frame is not None:
+        await send_frame(method, params)
+        return
+    import mcp_types as types
+
+    model = getattr(types, _FRAME_MODELS[method])
+    notification = model.model_validate({"method": method, "params": params}, by_name=False)
+    await session.send_notification(notification, related_request_id=subscription_id)
 
 
 # Subscribes (or unsubscribes) one resource URI at the server offering it.
@@ -127,18 +140,18 @@ class HostEvents:
     def __init__(self, forward: Forward, others_subscribed: Callable[[str], bool]) -> None:
         # Each open stream, and what its host asked to be told.
         self._streams: dict[
-            MemoryObjectSendStream[_Event], tuple[SubscriptionFilter, frozenset[str]]
+            MemoryObjectSendStream[_Event], tuple[dict[str, Any], frozenset[str]]
         ] = {}
         self._forward = forward
         self._others_subscribed = others_subscribed
         self.listening: Counter[str] = Counter()
         """How many open streams name each resource URI."""
 
-    async def listen(
-        self, ctx: Any, params: SubscriptionsListenRequestParams
-    ) -> SubscriptionsListenResult:
-        """Serve one listen stream until the host leaves (or the proxy stops)."""
-        uris = list(dict.fromkeys(params.notifications.resource_subscriptions or ()))
+    async def listen(self, ctx: Any, params: Any) -> dict[str, Any]:
+        """Serve one listen stream until the host leaves (or the proxy stops); its result as
+        the SDK's `SubscriptionsListenResult` dumps it."""
+        requested = _requested(params)
+        uris = list(dict.fromkeys(requested.get("resourceSubscriptions") or ()))
         subscribed: list[str] = []
 
         async def subscribe() -> None:
@@ -157,7 +170,7 @@ class HostEvents:
                 # After the stream's first step, which joins the bus before it acknowledges:
                 # an update the server sends while it answers the subscribe is not lost.
                 group.start_soon(subscribe)
-                result = await self._stream(ctx, params)
+                result = await self._stream(ctx, requested)
             return result
         finally:
             for uri in subscribed:
@@ -169,9 +182,7 @@ class HostEvents:
                         with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                             await self._forward("resources/unsubscribe", uri)
 
-    async def _stream(
-        self, ctx: Any, params: SubscriptionsListenRequestParams
-    ) -> SubscriptionsListenResult:
+    async def _stream(self, ctx: Any, requested: Mapping[str, Any]) -> dict[str, Any]:
         """One stream as the SDK's `ListenHandler` serves it: the acknowledgement first (the
         stream joined before it, so nothing published meanwhile is lost), then each event
         asked for, every frame stamped with the subscription id (the request's id); a stream
@@ -181,26 +192,21 @@ class HostEvents:
             raise _refused(INVALID_REQUEST, "subscriptions/listen requires a request id")
         if len(self._streams) >= _MAX_STREAMS:
             raise _refused(INTERNAL_ERROR, "Subscription limit reached")
-        honored = _honored(params.notifications)
-        uris = frozenset(honored.resource_subscriptions or ())
+        honored = honored_filter(requested)
+        uris = frozenset(honored.get("resourceSubscriptions", ()))
         meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: subscription_id}
         send, receive = anyio.create_memory_object_stream[_Event](_MAX_QUEUED)
         self._streams[send] = (honored, uris)
         try:
-            acknowledged = SubscriptionsAcknowledgedNotification(
-                params=SubscriptionsAcknowledgedNotificationParams(
-                    notifications=honored, _meta=meta
-                )
-            )
-            await ctx.session.send_notification(acknowledged, related_request_id=subscription_id)
+            acknowledged = (_ACKNOWLEDGED, {"_meta": meta, "notifications": honored})
+            await _send(ctx.session, acknowledged, subscription_id)
             async for event in receive:
-                frame = _frame(event, meta)
-                await ctx.session.send_notification(frame, related_request_id=subscription_id)
+                await _send(ctx.session, _frame(event, meta), subscription_id)
         finally:
             self._streams.pop(send, None)
             send.close()
             receive.close()
-        return SubscriptionsListenResult(_meta=meta)
+        return {"_meta": meta, "resultType": "complete"}
 
     def _publish(self, event: _Event) -> None:
         for stream, (honored, uris) in list(self._streams.items()):

@@ -13,14 +13,16 @@ for step and with the same codes and messages:
   `_classify`, because importing any `mcp.*` module loads the whole SDK —
   a test holds the two equal over the envelopes that matter);
 - the request checked against the era's wire type (`mcp_types.methods`,
-  the SDK's own per-version checks: 0.1 s of CPU and 3 MiB to import, loaded
-  only for a connection of this era), then the handler's params model;
+  the SDK's own per-version checks), then the handler's params model: in
+  plain JSON by `_modern_plain` for the shapes it proves the models treat
+  alike, by the models for any other (decision 0062: the models cost 0.5 s
+  of CPU to import, which a host of this era otherwise waited for);
 - `Handlers`' own method run with a context of the envelope's identity
   (`ModernContext`: the host's capabilities, its progress token, log lines
   only at the level its request asked for, no requests to the host: a
   server's question rides the call's `input_required` result);
-- the result shaped by the era's wire type, `resultType` filled in, the
-  `serverInfo` stamp put in `_meta`.
+- the result shaped by the era's wire type (`_modern_plain` first, as
+  above), `resultType` filled in, the `serverInfo` stamp put in `_meta`.
 
 A `subscriptions/listen` stream is served by the proxy's own `HostEvents`
 (`_listen.py`, which the SDK's server is handed too), run as a call is run, so
@@ -36,12 +38,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any, Final, Protocol, get_args
+from typing import IO, TYPE_CHECKING, Any, Final, Protocol
 
-import mcp_types as types
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, ValidationError
-
+from . import _modern_plain as plain
 from ._dispatch import (
     HostRefused,
     _error,
@@ -55,12 +54,16 @@ from ._dispatch import (
 from ._handlers import INSTRUCTIONS, NAME, VERSION, Handlers
 from ._listen import ListenRefused
 from ._log import log_line
+from ._plain import INTERNAL_ERROR, INVALID_PARAMS, UNDECIDED
 
 if TYPE_CHECKING:
     from types import ModuleType
 
+    import mcp_types as types
+
 __all__ = [
     "MODERN_METHODS",
+    "PARAMS_MODELS",
     "Envelope",
     "ModernContext",
     "Notify",
@@ -72,34 +75,19 @@ __all__ = [
 
 _Handler = Callable[[Any, Any], Awaitable[Any]]
 
-# The wire's levels, lowest first (`mcp.server.connection`'s order).
-_LOG_LEVELS: Final = get_args(types.LoggingLevel)
-
 # What the SDK's server stamps on every result of the era (`Server.server_info_stamp`).
 _SERVER_INFO: Final = {"name": NAME, "version": VERSION}
 
-MODERN_METHODS: Final = frozenset(
-    {
-        "server/discover",
-        "ping",
-        "tools/list",
-        "tools/call",
-        "prompts/list",
-        "resources/list",
-        "resources/templates/list",
-        "subscriptions/listen",
-    }
-)
-"""The methods of a 2026-07-28 connection the front answers (`ping` is no method of the
-era: answered, as by the SDK, with `Method not found`)."""
-
+# The era's result types the core vocabulary owns (`mcp_types.CORE_RESULT_TYPES`).
+_CORE_RESULT_TYPES: Final = frozenset({"complete", "input_required"})
 
 class Notify(Protocol):
     async def __call__(self, method: str, params: Mapping[str, Any] | None) -> None: ...
 
 
 def _wire() -> ModuleType:
-    """`mcp_types.methods`: imported when a connection of the era first needs it."""
+    """`mcp_types.methods`: imported when a request of the era is one only the models may
+    judge (`_modern_plain` decides the others)."""
     import mcp_types.methods as wire
 
     return wire
@@ -126,34 +114,36 @@ def _classify(params: Mapping[str, Any] | None) -> Envelope | _Rejected:
     meta = params.get("_meta") if isinstance(params, Mapping) else None
     if not isinstance(meta, Mapping):
         return _Rejected(
-            types.INVALID_PARAMS,
+            INVALID_PARAMS,
             "params._meta must be an object carrying the required "
-            f"{types.PROTOCOL_VERSION_META_KEY!r} and {types.CLIENT_CAPABILITIES_META_KEY!r} "
+            f"{plain.PROTOCOL_VERSION_META_KEY!r} and {plain.CLIENT_CAPABILITIES_META_KEY!r} "
             "envelope keys",
         )
-    required = (types.PROTOCOL_VERSION_META_KEY, types.CLIENT_CAPABILITIES_META_KEY)
+    required = (plain.PROTOCOL_VERSION_META_KEY, plain.CLIENT_CAPABILITIES_META_KEY)
     if missing := [key for key in required if key not in meta]:
         return _Rejected(
-            types.INVALID_PARAMS,
+            INVALID_PARAMS,
             f"params._meta is missing the required envelope key(s): {', '.join(missing)}",
         )
-    version = meta[types.PROTOCOL_VERSION_META_KEY]
+    version = meta[plain.PROTOCOL_VERSION_META_KEY]
     if not isinstance(version, str):
-        return _Rejected(
-            types.INVALID_PARAMS, "the protocol-version envelope value must be a string"
-        )
-    if version not in MODERN_PROTOCOL_VERSIONS:
-        data = {"supported": list(MODERN_PROTOCOL_VERSIONS), "requested": version}
-        return _Rejected(types.UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version", data)
+        return _Rejected(INVALID_PARAMS, "the protocol-version envelope value must be a string")
+    if version not in plain.MODERN_PROTOCOL_VERSIONS:
+        data = {"supported": list(plain.MODERN_PROTOCOL_VERSIONS), "requested": version}
+        return _Rejected(plain.UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version", data)
     return Envelope(
-        version, meta.get(types.CLIENT_INFO_META_KEY), meta[types.CLIENT_CAPABILITIES_META_KEY]
+        version, meta.get(plain.CLIENT_INFO_META_KEY), meta[plain.CLIENT_CAPABILITIES_META_KEY]
     )
 
 
-def _typed(model: type[BaseModel], raw: Any) -> Any:
-    """An envelope value as the SDK's `Connection.from_envelope` reads it: mis-shaped is absent."""
+def _typed(model_name: str, raw: Any) -> Any:
+    """An envelope value as the SDK's `Connection.from_envelope` reads it (the model named):
+    mis-shaped is absent."""
+    import mcp_types as types
+    from pydantic import ValidationError
+
     try:
-        return model.model_validate(raw, by_name=False)
+        return getattr(types, model_name).model_validate(raw, by_name=False)
     except ValidationError:
         return None
 
@@ -168,18 +158,36 @@ class ModernSession:
     ) -> None:
         self._notify = notify
         self._progress_token = progress_token
-        info = _typed(types.Implementation, route.client_info)
-        capabilities = _typed(types.ClientCapabilities, route.client_capabilities)
-        self.client_capabilities: types.ClientCapabilities | None = capabilities
-        self.client_params: types.InitializeRequestParams | None = None
+        # The envelope's identity as the host sent it where both eras' models take it as it
+        # is, else as the models read it (the readers take either: `_plain.field`).
+        info = plain.client_info(route.client_info)
+        capabilities = plain.client_capabilities(route.client_capabilities)
+        self.client_capabilities: Any = capabilities
+        self.client_params: Any = None
+        if info is UNDECIDED or capabilities is UNDECIDED:
+            self._typed_identity(route)
+        elif info is not None:
+            self.client_params = {
+                "protocolVersion": route.protocol_version,
+                "capabilities": capabilities,
+                "clientInfo": info,
+            }
+        # Log lines only at or above the level this request asked for (none if it asked none).
+        asked = meta.get(plain.LOG_LEVEL_META_KEY) if isinstance(meta, Mapping) else None
+        levels = plain.LOG_LEVELS
+        self._log_levels = levels[levels.index(asked) :] if asked in levels else ()
+        self._request_outbound = self
+
+    def _typed_identity(self, route: Envelope) -> None:
+        info = _typed("Implementation", route.client_info)
+        capabilities = _typed("ClientCapabilities", route.client_capabilities)
+        self.client_capabilities = capabilities
         if info is not None and capabilities is not None:
+            import mcp_types as types
+
             self.client_params = types.InitializeRequestParams(
                 protocol_version=route.protocol_version, capabilities=capabilities, client_info=info
             )
-        # Log lines only at or above the level this request asked for (none if it asked none).
-        asked = meta.get(types.LOG_LEVEL_META_KEY) if isinstance(meta, Mapping) else None
-        self._log_levels = _LOG_LEVELS[_LOG_LEVELS.index(asked) :] if asked in _LOG_LEVELS else ()
-        self._request_outbound = self
 
     @property
     def can_send_request(self) -> bool:
@@ -209,15 +217,9 @@ class ModernSession:
         # As the SDK's `NoBackChannelError`: the question rides the call's result instead.
         raise HostRefused(f"a host on the 2026-07-28 revision cannot be sent {method}")
 
-    async def send_notification(self, notification: Any, related_request_id: Any = None) -> None:
+    async def send_frame(self, method: str, params: dict[str, Any]) -> None:
         """A frame of a `subscriptions/listen` stream (`_listen.py`), as the SDK writes it."""
-        params = notification.params
-        dumped = (
-            None
-            if params is None
-            else params.model_dump(by_alias=True, mode="json", exclude_none=True)
-        )
-        await self._notify(notification.method, dumped)
+        await self._notify(method, params)
 
     # A list change: in this era told only on a `subscriptions/listen` stream the host
     # opened, so dropped here, as the SDK's connection channel (`NotifyOnlyOutbound`)
@@ -247,39 +249,45 @@ class ModernContext:
         self.protocol_version = route.protocol_version
 
 
-def modern_methods(handlers: Handlers) -> dict[str, tuple[type[BaseModel], _Handler]]:
-    """Each method the front answers in the era: its params model and its handler."""
-    paginated = types.PaginatedRequestParams
-    return {
-        "server/discover": (types.RequestParams, discover),
-        "ping": (types.RequestParams, pong),
-        "tools/list": (paginated, handlers._list_tools),
-        "tools/call": (types.CallToolRequestParams, handlers._call_tool),
-        "prompts/list": (paginated, handlers._list_prompts),
-        "resources/list": (paginated, handlers._list_resources),
-        "resources/templates/list": (paginated, handlers._list_resource_templates),
-        "subscriptions/listen": (
-            types.SubscriptionsListenRequestParams,
-            handlers._host_events().listen,
-        ),
+# Each method's params model (`mcp_types`' names), for what `_modern_plain` leaves to the
+# models.
+PARAMS_MODELS: Final = {
+    "server/discover": "RequestParams",
+    "ping": "RequestParams",
+    "tools/list": "PaginatedRequestParams",
+    "tools/call": "CallToolRequestParams",
+    "prompts/list": "PaginatedRequestParams",
+    "resources/list": "PaginatedRequestParams",
+    "resources/templates/list": "PaginatedRequestParams",
+    "subscriptions/listen": "SubscriptionsListenRequestParams",
+}
+
+
+MODERN_METHODS: Final = frozenset(PARAMS_MODELS)
+"""The methods of a 2026-07-28 connection the front answers (`ping` is no method of the
+era: answered, as by the SDK, with `Method not found`)."""
+
+
+def modern_methods(handlers: Handlers) -> dict[str, tuple[str, _Handler]]:
+    """Each method the front answers in the era: the name of its params model and its
+    handler."""
+    answering: dict[str, _Handler] = {
+        "server/discover": discover,
+        "ping": pong,
+        "tools/list": handlers._list_tools,
+        "tools/call": handlers._call_tool,
+        "prompts/list": handlers._list_prompts,
+        "resources/list": handlers._list_resources,
+        "resources/templates/list": handlers._list_resource_templates,
+        "subscriptions/listen": handlers._host_events().listen,
     }
+    return {method: (PARAMS_MODELS[method], handler) for method, handler in answering.items()}
 
 
-async def discover(ctx: Any, params: Any) -> types.DiscoverResult:
+async def discover(ctx: Any, params: Any) -> dict[str, Any]:
     """`server/discover` as the SDK's server answers it for `Handlers.server()`: what it
     serves at the era (list changes told on listen streams; logging and completions)."""
-    capabilities = {
-        "prompts": {"listChanged": True},
-        "resources": {"subscribe": True, "listChanged": True},
-        "tools": {"listChanged": True},
-        "logging": {},
-        "completions": {},
-    }
-    return types.DiscoverResult(
-        supported_versions=list(MODERN_PROTOCOL_VERSIONS),
-        capabilities=types.ServerCapabilities.model_validate(capabilities),
-        instructions=INSTRUCTIONS,
-    )
+    return plain.discover_result(INSTRUCTIONS)
 
 
 class _Refused(Exception):
@@ -290,7 +298,7 @@ class _Refused(Exception):
 
 async def answered(
     request: Any,  # `_plain.Request` (stdio) or `types.JSONRPCRequest` (HTTP)
-    params_type: type[BaseModel],
+    params_type: str,
     handler: _Handler,
     notify: Notify,
     log: IO[str],
@@ -305,43 +313,60 @@ async def answered(
 async def answer(
     request: Any,
     route: Envelope,
-    params_type: type[BaseModel],
+    params_type: str,
     handler: _Handler,
     notify: Notify,
     log: IO[str],
     http_request: Any = None,
 ) -> dict[str, Any]:
     """The JSON-RPC answer to a 2026-07-28 request whose envelope passed the ladder, as
-    `ServerRunner._on_request` and the modern entries' error mapping make it."""
+    `ServerRunner._on_request` and the modern entries' error mapping make it: the request
+    checked and the result shaped by `_modern_plain` where it decides, by the era's models
+    (`params_type` names the handler's) where it does not."""
     method, params = request.method, request.params
-    version = route.protocol_version
-    wire = _wire()
     try:
-        try:
-            wire.validate_client_request(method, version, params)
-        except KeyError:
-            raise _Refused(types.METHOD_NOT_FOUND, "Method not found", method) from None
-        typed = params_type.model_validate({} if params is None else params, by_name=False)
+        if method in plain.NOT_OF_THE_ERA:
+            raise _Refused(plain.METHOD_NOT_FOUND, "Method not found", method)
+        typed = plain.checked_request(method, params)
+        if typed is UNDECIDED:
+            typed = _typed_by_models(method, route.protocol_version, params, params_type)
         context = ModernContext(request, route, notify, http_request)
         result = await handler(context, typed)
-        shaped = _shaped(wire, method, version, result)
+        shaped = _shaped(method, route.protocol_version, result)
     except (_Refused, ListenRefused) as refused:
         return _failed(request.id, refused.code, refused.message, refused.data)
-    except ValidationError:
-        return _failed(request.id, types.INVALID_PARAMS, "Invalid request parameters", "")
     except Exception as exc:
+        if _is_validation_error(exc):
+            return _failed(request.id, INVALID_PARAMS, "Invalid request parameters", "")
         error = _sdk_error(exc)
         if error is not None:
             return _failed(request.id, *error)
         log_line(log, f"agentrt proxy: the handler of {method} failed: {exc!r}")
         # The SDK's modern entries answer an unexpected failure with a generic error.
-        return _failed(request.id, types.INTERNAL_ERROR, "Internal server error")
+        return _failed(request.id, INTERNAL_ERROR, "Internal server error")
     return {"jsonrpc": "2.0", "id": request.id, "result": shaped}
 
 
-def _failed(
-    request_id: types.RequestId, code: int, message: str, data: Any = None
-) -> dict[str, Any]:
+def _typed_by_models(method: str, version: str, params: Any, params_type: str) -> Any:
+    """The request checked against the era's wire type, then typed by its handler's params
+    model, as the SDK's runner does (a `ValidationError` where they refuse it)."""
+    import mcp_types as types
+
+    try:
+        _wire().validate_client_request(method, version, params)
+    except KeyError:
+        raise _Refused(plain.METHOD_NOT_FOUND, "Method not found", method) from None
+    model = getattr(types, params_type)
+    return model.model_validate({} if params is None else params, by_name=False)
+
+
+def _is_validation_error(exc: Exception) -> bool:
+    """Whether `exc` is pydantic's `ValidationError` (loaded only if pydantic is)."""
+    core = sys.modules.get("pydantic_core")
+    return core is not None and isinstance(exc, core.ValidationError)
+
+
+def _failed(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
     error: dict[str, Any] = {"code": code, "message": message}
     if data is not None:
         error["data"] = data
@@ -357,21 +382,28 @@ def _sdk_error(exc: Exception) -> tuple[int, str, Any] | None:
     return error.code, error.message, error.data
 
 
-def _shaped(wire: ModuleType, method: str, version: str, result: Any) -> dict[str, Any]:
+def _shaped(method: str, version: str, result: Any) -> dict[str, Any]:
     """`ServerRunner._serialize` at a 2026-07-28 version (the proxy sets no cache hints
     on the server: its lists carry their own, decision 0038)."""
     shaped = dumped(result)
     result_type = shaped.get("resultType")
-    if not isinstance(result_type, str) or result_type in types.CORE_RESULT_TYPES:
-        try:
-            shaped = wire.serialize_server_result(method, version, shaped)
-        except ValidationError:
-            raise _Refused(types.INTERNAL_ERROR, "Handler returned an invalid result") from None
+    if not isinstance(result_type, str) or result_type in _CORE_RESULT_TYPES:
+        surface = plain.shaped_result(method, shaped)
+        if surface is UNDECIDED:
+            try:
+                surface = _wire().serialize_server_result(method, version, shaped)
+            except Exception as exc:
+                if _is_validation_error(exc):
+                    raise _Refused(INTERNAL_ERROR, "Handler returned an invalid result") from None
+                raise
+        assert isinstance(surface, dict)
+        shaped = surface
     if shaped.get("resultType") is None:
         shaped["resultType"] = "complete"
+    stamp = plain.SERVER_INFO_META_KEY
     meta = shaped.get("_meta")
     if meta is None:
-        shaped["_meta"] = {types.SERVER_INFO_META_KEY: dict(_SERVER_INFO)}
-    elif isinstance(meta, dict) and meta.get(types.SERVER_INFO_META_KEY) is None:
-        shaped["_meta"] = {**meta, types.SERVER_INFO_META_KEY: dict(_SERVER_INFO)}
+        shaped["_meta"] = {stamp: dict(_SERVER_INFO)}
+    elif isinstance(meta, dict) and meta.get(stamp) is None:
+        shaped["_meta"] = {**meta, stamp: dict(_SERVER_INFO)}
     return shaped

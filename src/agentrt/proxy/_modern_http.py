@@ -34,7 +34,7 @@ from mcp.shared.inbound import (
     classify_inbound_request,
     find_duplicated_routing_header,
 )
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
@@ -51,7 +51,7 @@ _SSE_HEADERS: Final = [
     (b"x-accel-buffering", b"no"),
 ]
 
-Methods = Mapping[str, tuple[type[BaseModel], Callable[[Any, Any], Any]]]
+Methods = Mapping[str, tuple[str, Callable[[Any, Any], Any]]]
 
 
 def _dumps(message: Mapping[str, Any]) -> str:
@@ -137,7 +137,7 @@ async def answer_post(
 async def _exchange(
     request: types.JSONRPCRequest,
     route: _modern.Envelope,
-    params_type: type[BaseModel],
+    params_type: str,
     handler: Callable[[Any, Any], Any],
     receive: Receive,
     send: Send,

@@ -2,9 +2,10 @@
 
 A host sends its first request as soon as it has spawned the proxy, and it
 waits in the pipe while the proxy loads its servers. A host of the
-2026-07-28 era (Claude Code) is answered by `_modern`, which needs the SDK's
-models (`mcp_types`: 0.5 s of CPU); a handshake-era host is answered in plain
-JSON without them (decision 0061). So while the servers start, a worker
+2026-07-28 era (Claude Code) is answered by `_modern`, a handshake-era host
+by `_dispatch` alone. `_modern` needed the SDK's models (0.5 s of CPU) until
+decision 0062; it is now plain JSON too and costs ~10-20 ms to import, which
+is still better spent while the servers start. So while they do, a worker
 thread looks at what is waiting on stdin — on a pipe with `tee(2)`, which
 copies a pipe's bytes into another pipe and leaves them where they were; on
 a socket with `MSG_PEEK` — and imports the 2026 front only for a host whose
