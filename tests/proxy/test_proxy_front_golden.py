@@ -170,6 +170,44 @@ MODERN_ERA: Final[list[bytes]] = [
     ),
     _request(21, "tools/list", {"_meta": {**_ENVELOPE, "io.modelcontextprotocol/logLevel": "x"}}),
     _modern(22, "tools/call", {"name": "up_echo", "arguments": {"text": "q"}, "requestState": "s"}),
+    # Added with decision 0062 (the era in plain JSON), recorded on 0e556d6.
+    _modern(23, "subscriptions/listen"),
+    _modern(24, "subscriptions/listen", {"notifications": {"toolsListChanged": "maybe"}}),
+    _modern(25, "subscriptions/listen", {"notifications": []}),
+    _request(
+        26,
+        "tools/list",
+        {
+            "_meta": {
+                **_ENVELOPE,
+                "io.modelcontextprotocol/clientInfo": {
+                    "name": "h",
+                    "version": "1",
+                    "icons": [{"src": "https://example.com/i.png"}],
+                },
+            }
+        },
+    ),
+    _request(27, "tools/list", {"_meta": {**_ENVELOPE, "progress_token": 1}}),
+    _request(28, "tools/list", {"_meta": {**_ENVELOPE, "progressToken": True}}),
+    _request(
+        29, "server/discover", {"_meta": {**_ENVELOPE, "io.modelcontextprotocol/logLevel": "info"}}
+    ),
+    _request(
+        30,
+        "tools/call",
+        {
+            "name": "up_echo",
+            "arguments": {"text": "w"},
+            "_meta": {
+                **_ENVELOPE,
+                "progressToken": 7,
+                "io.modelcontextprotocol/clientCapabilities": {"tasks": {}, "sampling": {"x": 1}},
+            },
+        },
+    ),
+    _modern(31, "tools/list", {"cursor": None, "extra": {"a": 1}}),
+    _modern(32, "prompts/get", {"name": "nothing"}),
 ]
 
 
