@@ -45,6 +45,7 @@ _INITIALIZE: Final = {
     "clientInfo": {"name": "bench-startup", "version": "1"},
 }
 
+_ACKNOWLEDGED: Final = "notifications/subscriptions/acknowledged"
 _ENVELOPE_2026: Final = {
     "io.modelcontextprotocol/protocolVersion": "2026-07-28",
     "io.modelcontextprotocol/clientInfo": {"name": "bench-startup", "version": "1"},
@@ -70,16 +71,21 @@ class Host:
     def request(self, method: str, params: dict[str, Any]) -> Any:
         self.next_id += 1
         self._send({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
+        answer = self._until(lambda message: message.get("id") == self.next_id, method)
+        if "error" in answer:
+            raise RuntimeError(f"{method} failed: {answer['error']}")
+        return answer["result"]
+
+    def _until(self, wanted: Callable[[dict[str, Any]], bool], what: str = "") -> Any:
+        """The first message the server writes that is `wanted` (the others skipped)."""
         stdout = self._stdout()
         while True:
             line = stdout.readline()
             if not line:
-                raise RuntimeError(f"the server exited before answering {method}")
-            answer = json.loads(line)
-            if answer.get("id") == self.next_id:
-                if "error" in answer:
-                    raise RuntimeError(f"{method} failed: {answer['error']}")
-                return answer["result"]
+                raise RuntimeError(f"the server exited before answering {what}")
+            message = json.loads(line)
+            if wanted(message):
+                return message
 
     def notify(self, method: str) -> None:
         self._send({"jsonrpc": "2.0", "method": method})
@@ -92,10 +98,20 @@ class Host:
         return time.perf_counter() - self.began, tools
 
     def ready_2026(self) -> tuple[float, list[str]]:
-        """The same for a host of the 2026-07-28 era (as Claude Code opens a server):
-        `server/discover`, then `tools/list`, each request carrying its envelope."""
+        """The same for a host of the 2026-07-28 era, as Claude Code opens a server:
+        `server/discover`, a `subscriptions/listen` stream for the lists changing (its
+        acknowledgement awaited), then the prompt, resource and tool listings, each
+        request carrying its envelope."""
         envelope = {"_meta": _ENVELOPE_2026}
         self.request("server/discover", envelope)
+        self.next_id += 1
+        kinds = {"toolsListChanged": True, "promptsListChanged": True,
+                 "resourcesListChanged": True}  # fmt: skip
+        self._send({"jsonrpc": "2.0", "id": self.next_id, "method": "subscriptions/listen",
+                    "params": {"notifications": kinds, **envelope}})  # fmt: skip
+        self._until(lambda message: message.get("method") == _ACKNOWLEDGED)
+        self.request("prompts/list", envelope)
+        self.request("resources/list", envelope)
         tools = [tool["name"] for tool in self.request("tools/list", envelope)["tools"]]
         return time.perf_counter() - self.began, tools
 

@@ -244,7 +244,7 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
         ready_2026 = startup.get("ready_2026")
         if isinstance(ready_2026, dict):
             rows.append([
-                "12 the same for a host of the 2026-07-28 era (server/discover, tools/list)",
+                "12 the same, a 2026-07-28 host (as Claude Code: discover, listen, lists)",
                 f"+{ready_2026['delta_p50_s']:.2f} s", f"{ready_2026['ratio_p50']:.2f}x",
                 "<= +0.3 s", _verdict(ready_2026["delta_p50_s"], 0.3),
                 f"{ready_2026['agentrt_p50_s']:.2f} s vs {ready_2026['direct_p50_s']:.2f} s; "

@@ -14,7 +14,6 @@ functions are `_cel`'s, which type arguments as CEL does, not as Python does.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import math
 import os
@@ -31,10 +30,10 @@ import anyio
 from ..canonical import canonical_json, sha256_hex
 from ..policy import ClassPolicy, Outcome
 from ..sanitize import sanitize
-from ..store import Principal
 from ..tools import SideEffect
 
 if TYPE_CHECKING:
+    from ..store import Principal
     from .config import UpstreamConfig
 
 __all__ = [
@@ -88,10 +87,6 @@ class _OutOfTime(BaseException):
     inside the evaluator can swallow it and carry on."""
 
 
-# Raises an exception in a thread at its next bytecode check.  (Never called with NULL to
-# withdraw one: on Python 3.11 that leaves the thread's pending-work flag set, and its next
-# function call spins on it.)
-_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
 # How often the stop is raised again once the deadline passed, should one be swallowed.
 _RESTOP_SECONDS: Final = 0.01
 
@@ -110,6 +105,12 @@ def _deadline(deadline: float) -> Iterator[None]:
     errors, say), and Python switches off a trace function that raises: the evaluation
     would then run on unbounded.  Nothing here is raised after this returns.
     """
+    import ctypes  # only where a rule has a condition (the proxy's start-up does without)
+
+    # Raises an exception in a thread at its next bytecode check.  (Never called with NULL
+    # to withdraw one: on Python 3.11 that leaves the thread's pending-work flag set, and
+    # its next function call spins on it.)
+    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
     target = ctypes.c_ulong(threading.get_ident())
     stop = threading.Event()
 
@@ -117,7 +118,7 @@ def _deadline(deadline: float) -> Iterator[None]:
         if stop.wait(max(0.0, deadline - time.monotonic())):
             return
         while not stop.is_set():
-            _set_async_exc(target, ctypes.py_object(_OutOfTime))
+            set_async_exc(target, ctypes.py_object(_OutOfTime))
             stop.wait(_RESTOP_SECONDS)
 
     watchdog = threading.Thread(target=watch, name="agentrt-condition-deadline", daemon=True)

@@ -28,13 +28,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 import anyio
 
-from ..principals import Principal
 from ..sanitize import sanitize
+
+if TYPE_CHECKING:
+    from ..principals import Principal
 
 __all__ = [
     "CACHED_TOKENS",
@@ -472,6 +474,8 @@ class ProtectedResource:
                 403, "insufficient_scope",
                 f"the bearer token lacks the scope {' '.join(sanitize(s) for s in missing)}",
             )  # fmt: skip
+        from ..principals import Principal  # the store's records: loaded once serving HTTP
+
         principal = Principal(
             issuer=self.config.issuer,
             subject=subject,
