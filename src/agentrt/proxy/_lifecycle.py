@@ -316,7 +316,7 @@ async def _serve_config(
         )
         try:
             # Here, not at the top: `serve` starts the servers before importing these.
-            from ..mcp._stdio import discard_started_early
+            from ..mcp._spawn import discard_started_early
             from ._offers import Offered
             from ._upstreams import load_upstreams
 
@@ -528,7 +528,7 @@ def serve(
     status: 0 after a clean shutdown, 1 when the configuration is refused,
     2 when the database cannot be used (the reason is written to stderr).
     """
-    from ..mcp._stdio import discard_started_early
+    from ..mcp._spawn import discard_started_early
 
     try:
         config = load_config(config_path)
@@ -565,7 +565,7 @@ def _start_early(config: ProxyConfig) -> None:
     connecting (unreadable, for another server, a rule naming a tool it does not pin) is
     left to that load, which reports it without starting it."""
     from ..mcp._files import read_manifest
-    from ..mcp._stdio import start_early
+    from ..mcp._spawn import start_early
 
     for upstream in config.servers:
         server = upstream.server

@@ -45,22 +45,24 @@ from ..mcp import (
     read_owned,
     rules_from_json,
 )
-from ..mcp._tokens import AuthSettings
+from ..passkeys._config import parse_passkey_mode, tool_quorum
+from ..passkeys._mode import PasskeyMode
 from ..policy import ClassPolicy, DefaultPolicy, Outcome
 from ..sanitize import sanitize
 from ..store import GrantLimits, is_postgres_url
 from ..tools import SideEffect
-
-if TYPE_CHECKING:
-    from ._host_approval import HostApproval
-from ..passkeys._config import parse_passkey_mode, tool_quorum
-from ..passkeys._mode import PasskeyMode
-from ._conditions import Condition, compile_when
 from ._flows import Flows, declared_labels, flow_rules, label_list, session_key
 from ._forward import DEFAULT_MAX_RESULT_BYTES, MIN_MAX_RESULT_BYTES
-from ._notify import NotifyTarget, parse_notify
-from ._precondition_rule import Precondition, parse_precondition
-from ._resource import PrincipalsConfig, parse_principals
+
+if TYPE_CHECKING:
+    # A section's reader is imported where the section is present: a configuration that
+    # uses none of them reaches the servers' spawn sooner (issue 36).
+    from ..mcp._tokens import AuthSettings
+    from ._conditions import Condition
+    from ._host_approval import HostApproval
+    from ._notify import NotifyTarget
+    from ._precondition_rule import Precondition
+    from ._resource import PrincipalsConfig
 
 __all__ = [
     "DEFAULT_APPROVAL_TTL",
@@ -482,7 +484,7 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
         inbox=_inbox(reader, top["inbox"]) if "inbox" in top else None,
         telemetry=_telemetry(reader, top["telemetry"]) if "telemetry" in top else TelemetryConfig(),
         flows=flows,
-        notify=parse_notify(top["notify"], config_path) if "notify" in top else (),
+        notify=_notify(top["notify"], config_path) if "notify" in top else (),
         checkpoint=_checkpoint(reader, top["checkpoint"]) if "checkpoint" in top else None,
         standing_grants=(
             _standing_grants(reader, top["standing_grants"]) if "standing_grants" in top else None
@@ -491,9 +493,7 @@ def load_config(path: str | os.PathLike[str]) -> ProxyConfig:
             _approve_in_host(reader, top["approve_in_host"]) if "approve_in_host" in top else None
         ),
         passkeys=parse_passkey_mode(top, reader.path_field, reader.fail),
-        principals=(
-            parse_principals(top["principals"], reader.fail) if "principals" in top else None
-        ),
+        principals=_principals(reader, top["principals"]) if "principals" in top else None,
     )
     config = _with_tool_quorums(reader, config)
     _refuse_servers_that_reach_the_operators_files(config)
@@ -590,11 +590,7 @@ def _upstream(reader: _Reader, raw: Any, where: str) -> UpstreamConfig:
         rules: Rules = {
             tool: rule.to_rule(conditions_handled=True) for tool, rule in file_rules.items()
         }
-        conditions = {
-            tool: compile_when(rule.when, f'the rule for "{sanitize(tool)}"')
-            for tool, rule in file_rules.items()
-            if rule.when
-        }
+        conditions = _conditions(file_rules)
     except ConfigError:
         raise
     except (OSError, ValueError, AgentrtError) as exc:
@@ -688,6 +684,8 @@ def _proxy_rule_fields(
             outcome = _POLICY_OUTCOMES[value]
         precondition: Precondition | None = None
         if "precondition" in entry:
+            from ._precondition_rule import parse_precondition
+
             try:
                 precondition = parse_precondition(entry["precondition"], where)
             except ValueError as exc:
@@ -775,6 +773,31 @@ def _check_labels(reader: _Reader, servers: list[UpstreamConfig], known: Mapping
             label_list(
                 list(rule.labels), known, f'{where} rule "{sanitize(tool)}" labels', reader.fail
             )
+
+
+def _notify(raw: Any, config_path: Path) -> tuple[NotifyTarget, ...]:
+    from ._notify import parse_notify
+
+    return parse_notify(raw, config_path)
+
+
+def _principals(reader: _Reader, raw: Any) -> PrincipalsConfig:
+    from ._resource import parse_principals
+
+    return parse_principals(raw, reader.fail)
+
+
+def _conditions(file_rules: Mapping[str, Any]) -> dict[str, tuple[Condition, ...]]:
+    """Each rule's `when`, compiled (the conditions engine imported only for one)."""
+    if not any(rule.when for rule in file_rules.values()):
+        return {}
+    from ._conditions import compile_when
+
+    return {
+        tool: compile_when(rule.when, f'the rule for "{sanitize(tool)}"')
+        for tool, rule in file_rules.items()
+        if rule.when
+    }
 
 
 def _standing_grants(reader: _Reader, raw: Any) -> GrantLimits:
@@ -883,6 +906,8 @@ def _sandbox(reader: _Reader, raw: Any, where: str) -> Sandbox:
 
 def _auth(reader: _Reader, raw: Any, where: str, endpoint: str | None, entry: Any) -> AuthSettings:
     """A server's `auth`: its OAuth grant and client (docs/oauth.md)."""
+    from ..mcp._tokens import AuthSettings
+
     if endpoint is None or "headers" in entry:
         raise reader.fail(f"{where} auth", "is only for a server with an endpoint and no headers")
     value = reader.object(raw, f"{where} auth", _AUTH_FIELDS)
