@@ -81,6 +81,7 @@ _SERVER_INFO: Final = {"name": NAME, "version": VERSION}
 # The era's result types the core vocabulary owns (`mcp_types.CORE_RESULT_TYPES`).
 _CORE_RESULT_TYPES: Final = frozenset({"complete", "input_required"})
 
+
 class Notify(Protocol):
     async def __call__(self, method: str, params: Mapping[str, Any] | None) -> None: ...
 
