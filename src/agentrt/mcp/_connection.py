@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -82,6 +81,12 @@ from ._connection_errors import (
     ServerErrorResponse,
 )
 from ._context import Ask, AskRefused, CallContext, Progress
+from ._handshake import (
+    FIRST_REQUEST_ID,
+    HANDSHAKE_PROTOCOL_VERSIONS,
+    client_info,
+    initialize_params,
+)
 from ._jsonrpc import (
     METHOD_NOT_FOUND,
     Incoming,
@@ -119,31 +124,6 @@ MAX_TOOLS: Final = 1000
 
 CANCEL_NOTICE_TIMEOUT: Final = 1.0
 """How long sending `notifications/cancelled` may take before it is given up."""
-
-
-HANDSHAKE_PROTOCOL_VERSIONS: Final = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
-"""The `initialize` handshake's protocol versions this client speaks, oldest first: the MCP
-SDK's `mcp_types.version.HANDSHAKE_PROTOCOL_VERSIONS` (a test holds them equal), written
-here so that a handshake never waits for `mcp_types`' models to be built (issue 36)."""
-
-LATEST_HANDSHAKE_VERSION: Final = HANDSHAKE_PROTOCOL_VERSIONS[-1]
-
-
-@functools.cache
-def _client_version() -> str:
-    """This client's version, read once, at the first handshake: reading a distribution's
-    metadata imports `importlib.metadata` and `email` (issue 36), which then come after a
-    server's spawn rather than before it."""
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("agentrt")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def _client_info() -> dict[str, str]:
-    return {"name": "agentrt", "version": _client_version()}
 
 
 class _Transport(Protocol):
@@ -232,7 +212,7 @@ class Connection:
         # Set (and replaced) when a restart makes a new transport live, and on close.
         self._transport_changed = anyio.Event()
         self._live = False  # the handshake of the current transport completed
-        self._next_id = 0
+        self._next_id = FIRST_REQUEST_ID - 1
         self.protocol_version: str | None = None
         self.server_info: Any = None
         self.capabilities: Any = None
@@ -651,7 +631,7 @@ class Connection:
         if deadline != float("inf"):
             limit = min(limit, max((deadline - anyio.current_time()) / 2, 0.001))
         capabilities = dict(self.server.client_capabilities or {})
-        meta = _revision.envelope(_client_info(), capabilities)
+        meta = _revision.envelope(client_info(), capabilities)
         try:
             with anyio.move_on_after(limit) as probe:
                 result = await self._request(
@@ -703,15 +683,8 @@ class Connection:
         return True
 
     async def _initialize(self, context: CallContext | None = None) -> None:
-        params = canonical_json(
-            {
-                "protocolVersion": LATEST_HANDSHAKE_VERSION,
-                # No sampling, roots or elicitation unless a caller answers them.
-                "capabilities": dict(self.server.client_capabilities or {}),
-                "clientInfo": _client_info(),
-            }
-        )
-        result = await self._request("initialize", params, context=context)
+        # Over stdio a server started early was sent this request at its spawn (`_spawn`).
+        result = await self._request("initialize", initialize_params(self.server), context=context)
         if not isinstance(result, dict):
             raise ProtocolViolation(
                 self.server.name,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any, Final
 from ..sanitize import sanitize
 from . import _proc
 from ._connection_errors import MCPConnectionError
+from ._handshake import initialize_request, opens_with_initialize
 from ._sandbox import sandboxed_command
 from ._server import Server
 
@@ -129,6 +131,8 @@ class Spawned:
     stdin_fd: int
     stdout_fd: int
     stderr: StderrTail | None
+    # The connection's first request, written at the start (`start_early`), if it was.
+    presented: bytes | None = None
 
     def discard(self) -> None:
         """Kill the server's group and release what this side holds of it (no event loop)."""
@@ -155,7 +159,27 @@ def start_early(server: Server) -> None:
     if server.command is None or id(server) in _STARTED_EARLY:
         return
     with contextlib.suppress(MCPConnectionError, OSError, ValueError):
-        _STARTED_EARLY[id(server)] = (server, spawn(server))
+        spawned = spawn(server)
+        _STARTED_EARLY[id(server)] = (server, spawned)
+        spawned.presented = _present(spawned, server)
+
+
+def _present(spawned: Spawned, server: Server) -> bytes | None:
+    """Write the connection's first request (the handshake's `initialize`) the moment the
+    server is started, so that it boots and answers while this process loads (issue 36,
+    decision 0062); the request, if written whole, else None (the connection sends it)."""
+    if not opens_with_initialize(server):
+        return None  # "auto" probes first, and waits for the answer to choose
+    request = initialize_request(server)
+    line = request + b"\n"
+    if len(line) > select.PIPE_BUF:
+        return None  # a longer write could be cut short
+    try:
+        written = os.write(spawned.stdin_fd, line)
+    except OSError:
+        return None  # a full pipe or a server gone: the connection meets it
+    # At most PIPE_BUF bytes to a pipe are written whole or not at all.
+    return request if written == len(line) else None
 
 
 def taken_early(server: Server) -> Spawned | None:

@@ -132,6 +132,9 @@ class StdioTransport:
     stdin_fd: int
     stdout_fd: int
     stderr: StderrTail | None
+    # The first request, already written when the server was started early (`_spawn`):
+    # the connection's own first request, which must be exactly it, is then not sent again.
+    presented: bytes | None = None
     # Complete lines not yet dispatched, the line still arriving, and, while
     # an over-long line is being discarded, what is kept of its top level.
     _lines: deque[bytes | OverlongMessage] = field(default_factory=deque)
@@ -277,7 +280,8 @@ class StdioTransport:
             # lines and questions meanwhile are handed to it (`read_by`).
             self._idle_wait.cancel()
         try:
-            await self.send(message)
+            if not self._was_presented(message):
+                await self.send(message)
             while pending.message is None and pending.failure is None:
                 if self._broken is not None:
                     raise self._broken
@@ -303,6 +307,22 @@ class StdioTransport:
             self._pending.pop(request_id, None)
             if not self._pending:
                 self._wake_waiters()  # the idle reader, waiting for no request to be open
+
+    def _was_presented(self, message: bytes) -> bool:
+        """Whether `message` was written at the server's start (once: the first request)."""
+        presented, self.presented = self.presented, None
+        if presented is None:
+            return False
+        if message != presented:
+            # Never by construction (`_handshake.initialize_request` writes both); a server
+            # that got a request its connection did not make must not be spoken to.
+            self._broken = ProtocolViolation(
+                self.server.name,
+                f'server "{self._name()}" was sent a first request at its start that is not '
+                "its connection's first request",
+            )
+            raise self._broken
+        return True
 
     async def read_idle(self, *, pushes: bool = True) -> str | None:
         """Read and dispatch what the server sends while no request waits, until the
@@ -608,4 +628,5 @@ def start_stdio(server: Server) -> StdioTransport:
         stdin_fd=spawned.stdin_fd,
         stdout_fd=spawned.stdout_fd,
         stderr=spawned.stderr,
+        presented=spawned.presented,
     )

@@ -33,7 +33,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
-from ..mcp._connection import LATEST_HANDSHAKE_VERSION
+from ..mcp._handshake import LATEST_HANDSHAKE_VERSION
 from . import _plain
 from ._handlers import INSTRUCTIONS, NAME, VERSION, Handlers
 from ._log import log_line

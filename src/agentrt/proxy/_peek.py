@@ -35,13 +35,13 @@ _SPLICE_F_NONBLOCK: Final = 2
 def _tee(fd: int, limit: int) -> bytes | None:
     """Up to `limit` bytes waiting in the pipe `fd`, left in it (Linux `tee(2)`)."""
     import ctypes
-    import ctypes.util
 
-    name = ctypes.util.find_library("c")
-    if name is None:
+    # The process's own symbols, libc's among them (`find_library` would run `ldconfig -p`
+    # in a child process while the servers start).
+    libc = ctypes.CDLL(None, use_errno=True)
+    tee = getattr(libc, "tee", None)
+    if tee is None:
         return None
-    libc = ctypes.CDLL(name, use_errno=True)
-    tee = libc.tee
     tee.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint]
     tee.restype = ctypes.c_ssize_t
     copy_out, copy_in = os.pipe()
