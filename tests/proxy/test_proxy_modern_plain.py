@@ -10,16 +10,17 @@ and give the same values, key order included (compared as the JSON bytes a host 
 
 from __future__ import annotations
 
-import json
 from typing import Any, get_args
 
 import mcp_types as types
 import mcp_types.methods as wire
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
+from wire_values import SETTINGS, as_read, numbers, objects, schemas, text_blocks
+from wire_values import json_values as _json
 
 from agentrt.proxy import _listen, _modern
 from agentrt.proxy import _modern_plain as plain
@@ -27,32 +28,7 @@ from agentrt.proxy._apps import renders_apps
 from agentrt.proxy._handlers import INSTRUCTIONS, _empty_list
 from agentrt.proxy._plain import UNDECIDED, CallParams, field
 
-_SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 _ERA = "2026-07-28"
-
-
-def _bytes(value: Any) -> str:
-    """A value as a host reads it: key order included."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-_scalars = st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.text(max_size=6)
-_numbers = st.floats(allow_nan=False, allow_infinity=False, width=32)
-_json = st.recursive(
-    _scalars | _numbers,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
-
-
-def _objects(fields: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[dict[str, Any]]:
-    """Objects of any subset of `fields` (in any order), and now and then a stray key."""
-    keys = list(fields)
-    return st.lists(st.sampled_from([*keys, "stray"]), unique=True).flatmap(
-        lambda chosen: st.fixed_dictionaries({key: fields.get(key, _json) for key in chosen})
-    )
 
 
 # -- the envelope -------------------------------------------------------------------------
@@ -74,11 +50,11 @@ _good_capabilities = st.fixed_dictionaries(
 _capabilities = (
     _good_capabilities
     | _json
-    | _objects(
+    | objects(
         {
-            "roots": _json | _objects({"listChanged": st.booleans() | _json}),
-            "sampling": _json | _objects({"context": st.just({}) | _json, "tools": _json}),
-            "elicitation": _json | _objects({"form": st.just({}) | _json, "url": _json}),
+            "roots": _json | objects({"listChanged": st.booleans() | _json}),
+            "sampling": _json | objects({"context": st.just({}) | _json, "tools": _json}),
+            "elicitation": _json | objects({"form": st.just({}) | _json, "url": _json}),
             "experimental": _json | st.dictionaries(st.text(max_size=3), _json),
             "extensions": _json | st.dictionaries(st.text(max_size=3), _json),
             "tasks": _json,
@@ -93,7 +69,7 @@ _good_info = st.fixed_dictionaries(
 _info = (
     _good_info
     | _json
-    | _objects(
+    | objects(
         {"name": st.text(max_size=4) | _json, "version": st.text(max_size=4) | _json,
          "title": st.text(max_size=4) | _json, "websiteUrl": st.text(max_size=4) | _json,
          "description": st.text(max_size=3) | st.none(), "icons": _json}
@@ -111,13 +87,13 @@ _good_envelope = st.fixed_dictionaries(
         "traceparent": st.text(max_size=5),
     },
 )
-_envelope = _good_envelope | _objects(
+_envelope = _good_envelope | objects(
     {
         plain.PROTOCOL_VERSION_META_KEY: st.just(_ERA),
         plain.CLIENT_CAPABILITIES_META_KEY: _capabilities,
         plain.CLIENT_INFO_META_KEY: _info,
         plain.LOG_LEVEL_META_KEY: st.sampled_from(plain.LOG_LEVELS) | _json,
-        "progressToken": st.text(max_size=3) | st.integers() | st.booleans() | _numbers | _json,
+        "progressToken": st.text(max_size=3) | st.integers() | st.booleans() | numbers | _json,
         "progress_token": st.integers(),
         "io_modelcontextprotocol_log_level": st.just("debug"),
     }
@@ -145,7 +121,7 @@ _filters = st.fixed_dictionaries(
         "resourcesListChanged": st.booleans(),
         "resourceSubscriptions": st.lists(st.text(max_size=3), max_size=3) | st.none(),
     },
-) | _objects(
+) | objects(
     {
         "toolsListChanged": st.booleans() | _json,
         "resourceSubscriptions": st.lists(st.text(max_size=3) | _json, max_size=2) | _json,
@@ -153,17 +129,17 @@ _filters = st.fixed_dictionaries(
     }
 )
 _PARAMS = {
-    "server/discover": _with_envelope(_objects({})),
-    "tools/list": _with_envelope(_objects({"cursor": st.text(max_size=3) | _json})),
-    "prompts/list": _with_envelope(_objects({"cursor": st.text(max_size=3) | st.none()})),
-    "resources/list": _with_envelope(_objects({})),
-    "resources/templates/list": _with_envelope(_objects({"cursor": st.text(max_size=2)})),
+    "server/discover": _with_envelope(objects({})),
+    "tools/list": _with_envelope(objects({"cursor": st.text(max_size=3) | _json})),
+    "prompts/list": _with_envelope(objects({"cursor": st.text(max_size=3) | st.none()})),
+    "resources/list": _with_envelope(objects({})),
+    "resources/templates/list": _with_envelope(objects({"cursor": st.text(max_size=2)})),
     "tools/call": _with_envelope(
         st.fixed_dictionaries(
             {"name": st.text(max_size=4)},
             optional={"arguments": st.none() | st.dictionaries(st.text(max_size=3), _json)},
         )
-        | _objects(
+        | objects(
             {
                 "name": st.text(max_size=4) | _json,
                 "arguments": st.none() | st.dictionaries(st.text(max_size=3), _json) | _json,
@@ -173,12 +149,12 @@ _PARAMS = {
         )
     ),
     "subscriptions/listen": _with_envelope(
-        st.fixed_dictionaries({"notifications": _filters}) | _objects({"notifications": _json})
+        st.fixed_dictionaries({"notifications": _filters}) | objects({"notifications": _json})
     ),
 }
 
 
-@_SETTINGS
+@SETTINGS
 @given(st.sampled_from(sorted(_PARAMS)).flatmap(
     lambda method: st.tuples(st.just(method), _PARAMS[method])
 ))  # fmt: skip
@@ -195,12 +171,12 @@ def test_requests_accepted_plainly_are_accepted_alike_by_the_models(
     if method == "tools/call":
         assert isinstance(checked, CallParams)
         assert (checked.name, checked.arguments) == (typed.name, typed.arguments)
-        assert _bytes(checked.meta) == _bytes(typed.meta)
+        assert as_read(checked.meta) == as_read(typed.meta)
     else:
         assert checked is params
     if method == "subscriptions/listen":
         # What the stream honours, read from either.
-        assert _bytes(plain.honored_filter(_listen._requested(checked))) == _bytes(
+        assert as_read(plain.honored_filter(_listen._requested(checked))) == as_read(
             plain.honored_filter(_listen._requested(typed))
         )
         model_honored = types.SubscriptionFilter(
@@ -211,12 +187,12 @@ def test_requests_accepted_plainly_are_accepted_alike_by_the_models(
             if typed.notifications.resource_subscriptions
             else None,
         )  # the SDK's `_honored_subset`
-        assert _bytes(plain.honored_filter(params["notifications"])) == _bytes(
+        assert as_read(plain.honored_filter(params["notifications"])) == as_read(
             model_honored.model_dump(by_alias=True, mode="json", exclude_none=True)
         )
 
 
-@_SETTINGS
+@SETTINGS
 @given(_envelope)
 def test_an_envelopes_identity_kept_plainly_reads_as_the_models(meta: dict[str, Any]) -> None:
     route = _modern._classify({"_meta": meta})
@@ -289,30 +265,20 @@ def test_the_methods_the_era_lacks_are_the_sdks() -> None:
 
 # -- results -------------------------------------------------------------------------------
 
-_schemas = _json | _objects(
-    {
-        "type": st.just("object") | _json,
-        "properties": _json | st.dictionaries(st.text(max_size=3), st.just({"type": "string"})
-                                              | st.booleans() | _json, max_size=2),
-        "required": _json | st.lists(st.text(max_size=2), max_size=2),
-        "$schema": st.text(max_size=3) | _json,
-        "additionalProperties": st.none() | st.booleans(),
-    }
-)  # fmt: skip
 _metas = (
     st.none()
     | st.dictionaries(st.text(max_size=3), _json)
-    | _objects({plain.SERVER_INFO_META_KEY: _json, "k": _json})
+    | objects({plain.SERVER_INFO_META_KEY: _json, "k": _json})
 )
-_tools = _objects(
+_tools = objects(
     {
         "name": st.text(max_size=4) | _json,
         "title": st.none() | st.text(max_size=3) | _json,
         "description": st.none() | st.text(max_size=3),
-        "inputSchema": _schemas,
-        "outputSchema": st.none() | _schemas,
+        "inputSchema": schemas,
+        "outputSchema": st.none() | schemas,
         "annotations": _json
-        | _objects(
+        | objects(
             {
                 "readOnlyHint": st.booleans() | _json,
                 "destructiveHint": st.booleans() | st.none(),
@@ -324,14 +290,6 @@ _tools = _objects(
         "icons": _json,
     }
 )
-_blocks = _objects(
-    {
-        "type": st.just("text") | st.sampled_from(["image", "resource_link"]) | _json,
-        "text": st.text(max_size=4) | _json,
-        "_meta": st.none() | st.dictionaries(st.text(max_size=3), _json) | _json,
-        "annotations": _json,
-    }
-)
 _hints = {
     "ttlMs": st.just(0) | st.integers(-2, 10**6) | _json,
     "cacheScope": st.sampled_from(["private", "public"]) | _json,
@@ -339,32 +297,32 @@ _hints = {
     "_meta": _metas,
 }
 _RESULTS = {
-    "tools/list": _objects(
+    "tools/list": objects(
         {**_hints, "tools": st.lists(_tools, max_size=3) | _json,
          "nextCursor": st.none() | st.text(max_size=2) | _json}
     ),
-    "tools/call": _objects(
+    "tools/call": objects(
         {
-            "content": st.lists(_blocks, max_size=3) | _json,
+            "content": st.lists(text_blocks, max_size=3) | _json,
             "isError": st.booleans() | st.none() | _json,
             "structuredContent": st.none() | st.dictionaries(st.text(max_size=3), _json) | _json,
             "_meta": _metas,
             "resultType": st.just("complete") | st.just("input_required") | _json,
         }
     ),
-    "prompts/list": _objects({**_hints, "prompts": st.just([]) | _json}),
-    "resources/list": _objects({**_hints, "resources": st.just([]) | _json}),
-    "resources/templates/list": _objects({**_hints, "resourceTemplates": st.just([]) | _json}),
-    "server/discover": _objects(
+    "prompts/list": objects({**_hints, "prompts": st.just([]) | _json}),
+    "resources/list": objects({**_hints, "resources": st.just([]) | _json}),
+    "resources/templates/list": objects({**_hints, "resourceTemplates": st.just([]) | _json}),
+    "server/discover": objects(
         {
             **_hints,
             "supportedVersions": st.lists(st.text(max_size=3), max_size=2) | _json,
             "instructions": st.none() | st.text(max_size=3) | _json,
             "capabilities": _json
-            | _objects(
+            | objects(
                 {
-                    "tools": _objects({"listChanged": st.booleans() | _json}) | _json,
-                    "resources": _objects(
+                    "tools": objects({"listChanged": st.booleans() | _json}) | _json,
+                    "resources": objects(
                         {"subscribe": st.booleans() | st.none(), "listChanged": st.booleans()}
                     ),
                     "logging": st.just({}) | _json,
@@ -373,9 +331,9 @@ _RESULTS = {
             ),
         }
     ),
-    "subscriptions/listen": _objects(
+    "subscriptions/listen": objects(
         {
-            "_meta": _objects({plain.SUBSCRIPTION_ID_META_KEY: st.integers() | st.text(max_size=2)
+            "_meta": objects({plain.SUBSCRIPTION_ID_META_KEY: st.integers() | st.text(max_size=2)
                                | _json, "k": _json}),
             "resultType": st.just("complete") | _json,
         }
@@ -449,7 +407,7 @@ _GOOD_RESULTS = {
 _RESULTS = {method: _GOOD_RESULTS[method] | strategy for method, strategy in _RESULTS.items()}
 
 
-@_SETTINGS
+@SETTINGS
 @given(st.sampled_from(sorted(_RESULTS)).flatmap(
     lambda method: st.tuples(st.just(method), _RESULTS[method])
 ))  # fmt: skip
@@ -460,7 +418,7 @@ def test_results_shaped_plainly_are_shaped_alike_by_the_models(
     shaped = plain.shaped_result(method, result)
     if shaped is UNDECIDED:
         return
-    assert _bytes(shaped) == _bytes(wire.serialize_server_result(method, _ERA, result))
+    assert as_read(shaped) == as_read(wire.serialize_server_result(method, _ERA, result))
 
 
 def _surface(method: str, result: dict[str, Any]) -> dict[str, Any]:
@@ -481,9 +439,9 @@ def test_the_proxys_own_answers_are_shaped_plainly_and_as_the_models_shape_them(
         instructions=INSTRUCTIONS,
     )  # fmt: skip
     dumped = discovered.model_dump(by_alias=True, mode="json", exclude_none=True)
-    assert _bytes(plain.discover_result(INSTRUCTIONS)) == _bytes(dumped)
+    assert as_read(plain.discover_result(INSTRUCTIONS)) == as_read(dumped)
     expected = wire.serialize_server_result("server/discover", _ERA, dumped)
-    assert _bytes(_surface("server/discover", dumped)) == _bytes(expected)
+    assert as_read(_surface("server/discover", dumped)) == as_read(expected)
     for method, key in [
         ("prompts/list", "prompts"),
         ("resources/list", "resources"),
@@ -491,14 +449,14 @@ def test_the_proxys_own_answers_are_shaped_plainly_and_as_the_models_shape_them(
     ]:
         listing = _empty_list(key)
         expected = wire.serialize_server_result(method, _ERA, listing)
-        assert _bytes(_surface(method, listing)) == _bytes(expected)
+        assert as_read(_surface(method, listing)) == as_read(expected)
     result = types.SubscriptionsListenResult(_meta={plain.SUBSCRIPTION_ID_META_KEY: 7})
     listened = {"_meta": {plain.SUBSCRIPTION_ID_META_KEY: 7}, "resultType": "complete"}
-    assert _bytes(listened) == _bytes(
+    assert as_read(listened) == as_read(
         result.model_dump(by_alias=True, mode="json", exclude_none=True)
     )
     expected = wire.serialize_server_result("subscriptions/listen", _ERA, listened)
-    assert _bytes(_surface("subscriptions/listen", listened)) == _bytes(expected)
+    assert as_read(_surface("subscriptions/listen", listened)) == as_read(expected)
 
 
 def test_a_listen_streams_frames_are_the_models_dumps() -> None:
@@ -507,7 +465,7 @@ def test_a_listen_streams_frames_are_the_models_dumps() -> None:
     acknowledged = types.SubscriptionsAcknowledgedNotificationParams(
         notifications=types.SubscriptionFilter.model_validate(honored), _meta=meta
     )
-    assert _bytes({"_meta": meta, "notifications": honored}) == _bytes(
+    assert as_read({"_meta": meta, "notifications": honored}) == as_read(
         acknowledged.model_dump(by_alias=True, mode="json", exclude_none=True)
     )
     for event, model in [
@@ -522,7 +480,7 @@ def test_a_listen_streams_frames_are_the_models_dumps() -> None:
     ]:  # fmt: skip
         method, params = _listen._frame(event, meta)
         assert method == model.method
-        assert _bytes(params) == _bytes(
+        assert as_read(params) == as_read(
             model.params.model_dump(by_alias=True, mode="json", exclude_none=True)
         )
 

@@ -9,16 +9,17 @@ values, key order included (compared as the JSON bytes a host reads).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import mcp_types as types
 import mcp_types.jsonrpc as jsonrpc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
+from wire_values import SETTINGS, as_read, numbers, objects, schemas, text_blocks
+from wire_values import json_values as _json
 
 from agentrt.proxy import _dispatch, _plain
 from agentrt.proxy._handlers import INSTRUCTIONS, NAME, VERSION, _empty_list
@@ -26,51 +27,28 @@ from agentrt.proxy._host_messages import screen
 from agentrt.proxy._plain import UNDECIDED
 from agentrt.proxy._revision import cache_hints
 
-_SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def _bytes(value: Any) -> str:
-    """A value as a host reads it: key order included."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-_scalars = st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.text(max_size=6)
-_numbers = st.floats(allow_nan=False, allow_infinity=False, width=32)
-_json = st.recursive(
-    _scalars | _numbers,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
-
-
-def _objects(fields: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[dict[str, Any]]:
-    """Objects of any subset of `fields` (in any order), and now and then a stray key."""
-    keys = list(fields)
-    return st.lists(st.sampled_from([*keys, "stray"]), unique=True).flatmap(
-        lambda chosen: st.fixed_dictionaries({key: fields.get(key, _json) for key in chosen})
-    )
-
-
-_ids = st.integers(-(2**62), 2**62) | st.text(max_size=5) | st.none() | st.booleans() | _numbers
-_meta = _json | _objects(
-    {"progressToken": st.text(max_size=3) | st.integers() | st.booleans() | _numbers | st.none(),
+_ids = st.integers(-(2**62), 2**62) | st.text(max_size=5) | st.none() | st.booleans() | numbers
+_meta = _json | objects(
+    {"progressToken": st.text(max_size=3) | st.integers() | st.booleans() | numbers | st.none(),
      "progress_token": st.integers(), "traceparent": st.text(max_size=5)}
 )  # fmt: skip
 
 
 # -- messages ---------------------------------------------------------------------------
 
-_messages = _objects(
+_messages = objects(
     {
         "jsonrpc": st.just("2.0"),
         "id": _ids,
         "method": st.sampled_from(["ping", "tools/call"]) | _json,
         "params": st.none() | st.dictionaries(st.text(max_size=4), _json, max_size=3) | _json,
         "result": st.dictionaries(st.text(max_size=4), _json, max_size=3) | _json,
-        "error": _objects(
-            {"code": st.integers(-40000, 0) | _json, "message": st.text() | _json, "data": _json}
+        "error": objects(
+            {
+                "code": st.integers(-40000, 0) | _json,
+                "message": st.text() | _json,
+                "data": _json,
+            }
         )
         | _json,
     }
@@ -95,10 +73,10 @@ _messages = (
 )  # fmt: skip
 
 
-@_SETTINGS
+@SETTINGS
 @given(_messages)
 def test_a_message_read_plainly_is_the_one_the_sdk_decodes(message: dict[str, Any]) -> None:
-    raw = _bytes(message).encode()
+    raw = as_read(message).encode()
     if screen(raw) is not None:
         return  # refused before either reads it
     plain = _plain.message_of(raw)
@@ -125,17 +103,17 @@ def test_the_common_messages_are_read_plainly(line: bytes) -> None:
 
 # -- params -------------------------------------------------------------------------------
 
-_capabilities = _json | _objects(
+_capabilities = _json | objects(
     {
-        "roots": _json | _objects({"listChanged": st.booleans() | _json}),
-        "sampling": _json | _objects({"context": st.just({}) | _json, "tools": st.just({})}),
-        "elicitation": _json | _objects({"form": st.just({}) | _json, "url": st.just({})}),
+        "roots": _json | objects({"listChanged": st.booleans() | _json}),
+        "sampling": _json | objects({"context": st.just({}) | _json, "tools": st.just({})}),
+        "elicitation": _json | objects({"form": st.just({}) | _json, "url": st.just({})}),
         "experimental": _json | st.dictionaries(st.text(max_size=3), st.just({})),
         "extensions": _json | st.dictionaries(st.text(max_size=3), st.just({"a": 1})),
         "tasks": _json,
     }
 )
-_client_info = _json | _objects(
+_client_info = _json | objects(
     {"name": st.text(max_size=4) | _json, "version": st.text(max_size=4) | _json,
      "title": st.text(max_size=4) | _json, "websiteUrl": st.text(max_size=4) | _json,
      "description": st.text(max_size=3) | st.none(), "icons": _json}
@@ -174,7 +152,7 @@ _good_call = st.fixed_dictionaries(
 )
 _PARAMS = {
     "initialize": _good_initialize
-    | _objects(
+    | objects(
         {
             "protocolVersion": st.sampled_from([*HANDSHAKE_PROTOCOL_VERSIONS, "1999-01-01"])
             | _json,
@@ -184,7 +162,7 @@ _PARAMS = {
         }
     ),
     "tools/call": _good_call
-    | _objects(
+    | objects(
         {
             "name": st.text(max_size=4) | _json,
             "arguments": st.none() | st.dictionaries(st.text(max_size=3), _json) | _json,
@@ -194,13 +172,13 @@ _PARAMS = {
             "inputResponses": _json,
         }
     ),
-    "tools/list": _objects({"cursor": st.text(max_size=3) | _json, "_meta": _meta}),
-    "prompts/list": _objects({"cursor": st.text(max_size=3) | _json, "_meta": _meta}),
-    "ping": _objects({"_meta": _meta}),
+    "tools/list": objects({"cursor": st.text(max_size=3) | _json, "_meta": _meta}),
+    "prompts/list": objects({"cursor": st.text(max_size=3) | _json, "_meta": _meta}),
+    "ping": objects({"_meta": _meta}),
 }
 
 
-@_SETTINGS
+@SETTINGS
 @given(st.sampled_from(sorted(_PARAMS)).flatmap(
     lambda method: st.tuples(st.just(method), st.none() | _PARAMS[method])
 ))  # fmt: skip
@@ -223,7 +201,7 @@ def test_params_accepted_plainly_are_accepted_alike_by_the_models(
     if method == "tools/call":
         assert isinstance(checked, _plain.CallParams)
         assert (checked.name, checked.arguments) == (typed.name, typed.arguments)
-        assert _bytes(checked.meta) == _bytes(typed.meta)
+        assert as_read(checked.meta) == as_read(typed.meta)
 
 
 def test_a_call_with_a_progress_token_keeps_it_under_the_sdks_name() -> None:
@@ -249,25 +227,15 @@ def test_what_only_the_models_may_refuse_is_left_to_them() -> None:
 
 # -- results -----------------------------------------------------------------------------
 
-_schemas = _json | _objects(
-    {
-        "type": st.just("object") | _json,
-        "properties": _json | st.dictionaries(st.text(max_size=3), st.just({"type": "string"})
-                                              | st.booleans() | _json, max_size=2),
-        "required": _json | st.lists(st.text(max_size=2), max_size=2),
-        "$schema": st.text(max_size=3) | _json,
-        "additionalProperties": st.none() | st.booleans(),
-    }
-)  # fmt: skip
-_tools = _objects(
+_tools = objects(
     {
         "name": st.text(max_size=4) | _json,
         "title": st.none() | st.text(max_size=3) | _json,
         "description": st.none() | st.text(max_size=3),
-        "inputSchema": _schemas,
-        "outputSchema": st.none() | _schemas,
+        "inputSchema": schemas,
+        "outputSchema": st.none() | schemas,
         "annotations": _json
-        | _objects(
+        | objects(
             {
                 "readOnlyHint": st.booleans() | _json,
                 "destructiveHint": st.booleans() | st.none(),
@@ -277,17 +245,9 @@ _tools = _objects(
         "_meta": st.none() | st.dictionaries(st.text(max_size=3), _json),
     }
 )
-_blocks = _objects(
+_call_results = objects(
     {
-        "type": st.just("text") | st.sampled_from(["image", "resource_link"]) | _json,
-        "text": st.text(max_size=4) | _json,
-        "_meta": st.none() | st.dictionaries(st.text(max_size=3), _json) | _json,
-        "annotations": _json,
-    }
-)
-_call_results = _objects(
-    {
-        "content": st.lists(_blocks, max_size=3) | _json,
+        "content": st.lists(text_blocks, max_size=3) | _json,
         "isError": st.booleans() | st.none() | _json,
         "structuredContent": st.none() | st.dictionaries(st.text(max_size=3), _json) | _json,
         "_meta": st.none() | st.dictionaries(st.text(max_size=3), _json),
@@ -295,7 +255,7 @@ _call_results = _objects(
     }
 )
 _RESULTS = {
-    "tools/list": _objects(
+    "tools/list": objects(
         {
             "tools": st.lists(_tools, max_size=3) | _json,
             "ttlMs": st.just(0),
@@ -303,14 +263,14 @@ _RESULTS = {
         }
     ),
     "tools/call": _call_results,
-    "prompts/list": _objects({"prompts": st.just([]) | _json, "cacheScope": st.just("private")}),
-    "resources/list": _objects({"resources": st.just([]) | _json}),
-    "resources/templates/list": _objects({"resourceTemplates": st.just([]) | _json}),
-    "ping": _objects({}),
+    "prompts/list": objects({"prompts": st.just([]) | _json, "cacheScope": st.just("private")}),
+    "resources/list": objects({"resources": st.just([]) | _json}),
+    "resources/templates/list": objects({"resourceTemplates": st.just([]) | _json}),
+    "ping": objects({}),
 }
 
 
-@_SETTINGS
+@SETTINGS
 @given(st.sampled_from(sorted(_RESULTS)).flatmap(
     lambda method: st.tuples(st.just(method), _RESULTS[method])
 ))  # fmt: skip
@@ -321,22 +281,24 @@ def test_results_shaped_plainly_are_shaped_alike_by_the_models(
     shaped = _plain.shaped_result(method, result)
     if shaped is UNDECIDED:
         return
-    assert _bytes(shaped) == _bytes(_dispatch._shaped(method, result))
+    assert as_read(shaped) == as_read(_dispatch._shaped(method, result))
 
 
-@_SETTINGS
+@SETTINGS
 @given(_call_results)
 def test_a_forwarded_result_read_plainly_is_the_models_dump(raw: dict[str, Any]) -> None:
     dumped = _plain.monolith_call_result(raw)
     if dumped is UNDECIDED:
         return
     model = types.CallToolResult.model_validate(raw)
-    assert _bytes(dumped) == _bytes(model.model_dump(by_alias=True, mode="json", exclude_none=True))
+    assert as_read(dumped) == as_read(
+        model.model_dump(by_alias=True, mode="json", exclude_none=True)
+    )
 
 
-@_SETTINGS
+@SETTINGS
 @given(
-    st.lists(_objects({"text": st.text(max_size=4), "_meta": st.dictionaries(
+    st.lists(objects({"text": st.text(max_size=4), "_meta": st.dictionaries(
         st.text(max_size=2), _json)}).map(lambda block: {"type": "text", "text": "", **block}),
         max_size=2),
     st.booleans(),
@@ -357,10 +319,10 @@ def test_a_call_result_built_plainly_is_the_models_dump(
     # The blocks as the handlers hand them over: each the model's dump (`_text_block`).
     dumped = [block.model_dump(by_alias=True, mode="json", exclude_none=True) for block in blocks]
     assert [_plain._text_block(block) for block in content] == dumped
-    assert _bytes(_plain.call_result(dumped, is_error, structured, meta)) == _bytes(expected)
+    assert as_read(_plain.call_result(dumped, is_error, structured, meta)) == as_read(expected)
 
 
-@_SETTINGS
+@SETTINGS
 @given(
     st.text(max_size=4),
     st.none() | st.text(max_size=3),
@@ -394,7 +356,9 @@ def test_a_tool_listed_plainly_is_the_models_dump(
         name, title, description, input_schema, output_schema,
         read_only=read_only, destructive=destructive, meta=meta,
     )  # fmt: skip
-    assert _bytes(plain) == _bytes(model.model_dump(by_alias=True, mode="json", exclude_none=True))
+    assert as_read(plain) == as_read(
+        model.model_dump(by_alias=True, mode="json", exclude_none=True)
+    )
 
 
 def test_the_proxys_own_answers_are_the_models_dumps() -> None:
@@ -407,7 +371,7 @@ def test_the_proxys_own_answers_are_the_models_dumps() -> None:
         annotations=types.ToolAnnotations(read_only_hint=True),
     )
     listed = GateStatus.listed(None)  # type: ignore[arg-type]
-    assert _bytes(listed) == _bytes(
+    assert as_read(listed) == as_read(
         status.model_dump(by_alias=True, mode="json", exclude_none=True)
     )
     for key, model in [
@@ -419,11 +383,11 @@ def test_the_proxys_own_answers_are_the_models_dumps() -> None:
         ),
     ]:
         dumped = model.model_dump(by_alias=True, mode="json", exclude_none=True)
-        assert _bytes(_empty_list(key)) == _bytes(dumped)
+        assert as_read(_empty_list(key)) == as_read(dumped)
     for version in HANDSHAKE_PROTOCOL_VERSIONS:
         expected = _dispatch._shaped("initialize", _dispatch.initialize_result(version))
         plain = _plain.initialize_result(version, INSTRUCTIONS, NAME, VERSION)
-        assert _bytes(plain) == _bytes(expected)
+        assert as_read(plain) == as_read(expected)
 
 
 def test_the_error_codes_written_in_agentrt_are_the_sdks() -> None:

@@ -346,12 +346,11 @@ class StdioFront:
         self._asked: dict[str, MemoryObjectSendStream[Response | ErrorReply]] = {}
         self._asked_count = 0
         self._group: TaskGroup | None = None
-        self._inline: dict[str, _Handler] = {
-            "ping": pong,
-            "tools/list": handlers._list_tools,
-            "prompts/list": handlers._list_prompts,
-            "resources/list": handlers._list_resources,
-            "resources/templates/list": handlers._list_resource_templates,
+        # What is answered as it is read (a call runs in its own task).
+        self._inline = {
+            method: handler
+            for method, handler in front_methods(handlers).items()
+            if method != "tools/call"
         }
 
     async def serve(self) -> None:
@@ -621,6 +620,19 @@ async def _handled(
         except ValidationError:
             return _error(request.id, INTERNAL_ERROR, "Handler returned an invalid result")
     return _json({"jsonrpc": "2.0", "id": request.id, "result": shaped})
+
+
+def front_methods(handlers: Handlers) -> dict[str, _Handler]:
+    """The methods every front answers itself, and their handlers (a 2026-07-28 front
+    adds the era's own: `_modern.modern_methods`)."""
+    return {
+        "ping": pong,
+        "tools/list": handlers._list_tools,
+        "tools/call": handlers._call_tool,
+        "prompts/list": handlers._list_prompts,
+        "resources/list": handlers._list_resources,
+        "resources/templates/list": handlers._list_resource_templates,
+    }
 
 
 async def pong(ctx: Any, params: Any) -> dict[str, Any]:

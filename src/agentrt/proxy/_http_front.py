@@ -39,9 +39,9 @@ from ._dispatch import (
     HostRefused,
     _progress_token,
     answered_plainly,
+    front_methods,
     log_params,
     negotiated,
-    pong,
     progress_params,
 )
 from ._handlers import Handlers
@@ -198,15 +198,7 @@ class HTTPFront:
     @classmethod
     def of(cls, handlers: Handlers, log: IO[str]) -> HTTPFront:
         """The proxy's front: `Handlers`' own answers, as over stdio."""
-        methods: dict[str, Handler] = {
-            "ping": pong,
-            "tools/list": handlers._list_tools,
-            "tools/call": handlers._call_tool,
-            "prompts/list": handlers._list_prompts,
-            "resources/list": handlers._list_resources,
-            "resources/templates/list": handlers._list_resource_templates,
-        }
-        return cls(methods, log, handlers)
+        return cls(front_methods(handlers), log, handlers)
 
     # -- the 2026-07-28 era (decision 0052) ----------------------------------------
 

@@ -47,8 +47,8 @@ from ._dispatch import (
     _json,
     _progress_token,
     dumped,
+    front_methods,
     log_params,
-    pong,
     progress_params,
 )
 from ._handlers import INSTRUCTIONS, NAME, VERSION, Handlers
@@ -273,13 +273,8 @@ def modern_methods(handlers: Handlers) -> dict[str, tuple[str, _Handler]]:
     """Each method the front answers in the era: the name of its params model and its
     handler."""
     answering: dict[str, _Handler] = {
+        **front_methods(handlers),
         "server/discover": discover,
-        "ping": pong,
-        "tools/list": handlers._list_tools,
-        "tools/call": handlers._call_tool,
-        "prompts/list": handlers._list_prompts,
-        "resources/list": handlers._list_resources,
-        "resources/templates/list": handlers._list_resource_templates,
         "subscriptions/listen": handlers._host_events().listen,
     }
     return {method: (PARAMS_MODELS[method], handler) for method, handler in answering.items()}

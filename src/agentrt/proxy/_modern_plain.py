@@ -32,6 +32,7 @@ from ._plain import (
     _text_block,
     _Undecided,
     checked_params,
+    shaped_tool,
 )
 
 __all__ = [
@@ -307,52 +308,14 @@ def _schema(schema: Any, *, input_schema: bool) -> dict[str, Any] | _Undecided:
     return shaped
 
 
-_TOOL_KEYS: Final = frozenset(
-    {"name", "title", "description", "inputSchema", "outputSchema", "annotations", "_meta"}
-)
-_HINTS: Final = ("destructiveHint", "idempotentHint", "openWorldHint", "readOnlyHint")
-
-
 def _tool(tool: Any) -> dict[str, Any] | _Undecided:
     """A listed tool as the era's `Tool` shapes it (its fields in their order)."""
-    if not isinstance(tool, dict) or not tool.keys() <= _TOOL_KEYS:
-        return UNDECIDED
-    name, title, description = tool.get("name"), tool.get("title"), tool.get("description")
-    annotations, meta = tool.get("annotations"), tool.get("_meta")
-    if (
-        not isinstance(name, str)
-        or not _optional_str(tool, "title")
-        or not _optional_str(tool, "description")
-        or not (meta is None or _plain_meta(meta))
-    ):
-        return UNDECIDED
-    shaped: dict[str, Any] = {} if meta is None else {"_meta": dict(meta)}
-    if annotations is not None:
-        if not isinstance(annotations, dict) or not annotations.keys() <= {*_HINTS, "title"}:
-            return UNDECIDED
-        hints = {k: annotations[k] for k in _HINTS if annotations.get(k) is not None}
-        if not all(isinstance(v, bool) for v in hints.values()) or not _optional_str(
-            annotations, "title"
-        ):
-            return UNDECIDED
-        if annotations.get("title") is not None:
-            hints["title"] = annotations["title"]
-        shaped["annotations"] = hints
-    if description is not None:
-        shaped["description"] = description
-    input_schema = _schema(tool.get("inputSchema"), input_schema=True)
-    if input_schema is UNDECIDED:
-        return UNDECIDED
-    shaped["inputSchema"] = input_schema
-    shaped["name"] = name
-    if tool.get("outputSchema") is not None:
-        output_schema = _schema(tool["outputSchema"], input_schema=False)
-        if output_schema is UNDECIDED:
-            return UNDECIDED
-        shaped["outputSchema"] = output_schema
-    if title is not None:
-        shaped["title"] = title
-    return shaped
+    return shaped_tool(
+        tool,
+        lambda schema: _schema(schema, input_schema=True),
+        lambda schema: _schema(schema, input_schema=False),
+        _plain_meta,
+    )
 
 
 # Each listing's items: the key they are listed under.

@@ -19,7 +19,7 @@ value and key order included; the front's transcripts
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -48,6 +48,7 @@ __all__ = [
     "model_of",
     "monolith_call_result",
     "shaped_result",
+    "shaped_tool",
     "wire_form",
 ]
 
@@ -467,6 +468,18 @@ _HINTS: Final = ("destructiveHint", "idempotentHint", "openWorldHint", "readOnly
 
 def _tool(tool: Any) -> dict[str, Any] | _Undecided:
     """A listed tool (the `Tool` model's dump) as the handshake era's `Tool` shapes it."""
+    return shaped_tool(tool, _object_schema, _object_schema, lambda meta: isinstance(meta, dict))
+
+
+def shaped_tool(
+    tool: Any,
+    input_schema: Callable[[Any], dict[str, Any] | _Undecided],
+    output_schema: Callable[[Any], dict[str, Any] | _Undecided],
+    meta_kept: Callable[[Any], bool],
+) -> dict[str, Any] | _Undecided:
+    """A listed tool as an era's `Tool` shapes it, its fields in their order (both eras
+    order them alike): the schemas as the era shapes them, a `_meta` the era keeps as it
+    is; `UNDECIDED` for any other shape."""
     if not isinstance(tool, dict) or not tool.keys() <= _TOOL_KEYS:
         return UNDECIDED
     name, title, description = tool.get("name"), tool.get("title"), tool.get("description")
@@ -475,7 +488,7 @@ def _tool(tool: Any) -> dict[str, Any] | _Undecided:
         not isinstance(name, str)
         or not _optional_str(tool, "title")
         or not _optional_str(tool, "description")
-        or not (meta is None or isinstance(meta, dict))
+        or not (meta is None or meta_kept(meta))
     ):
         return UNDECIDED
     shaped: dict[str, Any] = {} if meta is None else {"_meta": meta}
@@ -492,16 +505,16 @@ def _tool(tool: Any) -> dict[str, Any] | _Undecided:
         shaped["annotations"] = hints
     if description is not None:
         shaped["description"] = description
-    input_schema = _object_schema(tool.get("inputSchema"))
-    if input_schema is UNDECIDED:
+    listed_input = input_schema(tool.get("inputSchema"))
+    if listed_input is UNDECIDED:
         return UNDECIDED
-    shaped["inputSchema"] = input_schema
+    shaped["inputSchema"] = listed_input
     shaped["name"] = name
     if tool.get("outputSchema") is not None:
-        output_schema = _object_schema(tool["outputSchema"])
-        if output_schema is UNDECIDED:
+        listed_output = output_schema(tool["outputSchema"])
+        if listed_output is UNDECIDED:
             return UNDECIDED
-        shaped["outputSchema"] = output_schema
+        shaped["outputSchema"] = listed_output
     if title is not None:
         shaped["title"] = title
     return shaped
