@@ -103,10 +103,10 @@ async def test_several_calls_in_flight_are_matched_by_id() -> None:
 def test_the_handshake_versions_are_the_sdks() -> None:
     from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
 
-    from agentrt.mcp import _connection
+    from agentrt.mcp import _handshake
 
-    assert _connection.HANDSHAKE_PROTOCOL_VERSIONS == HANDSHAKE_PROTOCOL_VERSIONS
-    assert _connection.LATEST_HANDSHAKE_VERSION == LATEST_HANDSHAKE_VERSION
+    assert _handshake.HANDSHAKE_PROTOCOL_VERSIONS == HANDSHAKE_PROTOCOL_VERSIONS
+    assert _handshake.LATEST_HANDSHAKE_VERSION == LATEST_HANDSHAKE_VERSION
 
 
 _WITHOUT_THE_SDKS_MODELS = """
