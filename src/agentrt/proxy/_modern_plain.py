@@ -34,6 +34,7 @@ from ._plain import (
     checked_params,
     shaped_tool,
 )
+from ._revision import LOG_LEVEL_META_KEY, PROTOCOL_VERSION_META_KEY
 
 __all__ = [
     "CLIENT_CAPABILITIES_META_KEY",
@@ -54,11 +55,10 @@ __all__ = [
     "shaped_result",
 ]
 
-# The SDK's names for the era (`mcp_types`; a test holds them equal).
-PROTOCOL_VERSION_META_KEY: Final = "io.modelcontextprotocol/protocolVersion"
+# The SDK's names for the era (`mcp_types`; a test holds them equal); the protocol
+# version's and the log level's keys are `_revision`'s.
 CLIENT_CAPABILITIES_META_KEY: Final = "io.modelcontextprotocol/clientCapabilities"
 CLIENT_INFO_META_KEY: Final = "io.modelcontextprotocol/clientInfo"
-LOG_LEVEL_META_KEY: Final = "io.modelcontextprotocol/logLevel"
 SERVER_INFO_META_KEY: Final = "io.modelcontextprotocol/serverInfo"
 SUBSCRIPTION_ID_META_KEY: Final = "io.modelcontextprotocol/subscriptionId"
 MODERN_PROTOCOL_VERSIONS: Final = ("2026-07-28",)
