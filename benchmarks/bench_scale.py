@@ -63,6 +63,8 @@ sys.path.insert(0, str(REPO / "tests"))
 import _postgres
 
 PROXIES: Final = (1, 2, 4, 8)
+# The phases of proxies each on its own PostgreSQL database: the machine's ceiling.
+APART: Final = (1, 4)
 IN_FLIGHT: Final = 8
 SERVER: Final = [PYTHON, str(HERE / "_scale_server.py")]
 PROXY: Final = [PYTHON, str(HERE / "_counted_proxy.py")]
@@ -290,7 +292,7 @@ async def _phase(
 
 async def _backend(
     name: str,
-    database: str,
+    databases: list[str],
     root: Path,
     window: float,
     server: _postgres.PostgresServer | None,
@@ -309,7 +311,7 @@ async def _backend(
     configs = []
     for index in range(max(counts)):
         document = {
-            "database": database,
+            "database": databases[index % len(databases)],
             "session": f"scale-{index}",
             "servers": [
                 {"name": "bench", "command": SERVER, "manifest": "bench.manifest.json",
@@ -317,7 +319,8 @@ async def _backend(
             ],
         }  # fmt: skip
         configs.append(private_file(conf / f"proxy-{index}.json", json.dumps(document)))
-    log(f"scale: {name}: starting {max(counts)} proxies on one database")
+    where = "one database" if len(databases) == 1 else "a database each"
+    log(f"scale: {name}: starting {max(counts)} proxies on {where}")
     # One first, so the schema is made once; then the rest together.
     hosts = [await Host.start(configs[0], root / "counts-0.json", env)]
     hosts += await asyncio.gather(
@@ -337,7 +340,8 @@ async def _backend(
     baseline = rows[0]["calls_per_s"]
     for row in rows:
         row["ratio_to_one"] = ratio(row["calls_per_s"], baseline)
-    return {"rows": rows, "chain": _verified(database)}
+    chains = [_verified(database) for database in databases]
+    return {"rows": rows, "chain": chains[0] if len(chains) == 1 else chains}
 
 
 def _verified(database: str) -> dict[str, Any]:
@@ -359,8 +363,11 @@ def run(
     counts: tuple[int, ...] = PROXIES,
     window: float | None = None,
     backends: tuple[str, ...] = ("postgresql", "sqlite"),
+    apart: tuple[int, ...] = APART,
 ) -> Result:
-    """Every phase of `counts` proxies (the first must be 1: the others' baseline)."""
+    """Every phase of `counts` proxies (the first must be 1: the others' baseline); on
+    PostgreSQL, then the phases of `apart` proxies each on a database of its own (none
+    when empty)."""
     if window is None:
         window = 2.0 if quick else 5.0
     results: dict[str, Any] = {"in_flight": IN_FLIGHT, "window_s": window}
@@ -375,14 +382,22 @@ def run(
             server = _postgres.PostgresServer(binaries)
             try:
                 results["postgresql"] = asyncio.run(
-                    _backend("postgresql", server.database(), root / "pg", window, server, counts)
+                    _backend("postgresql", [server.database()], root / "pg", window, server, counts)
                 )
+                if apart:
+                    # The same work with nothing shared but the server and the machine: each
+                    # proxy on a database of its own, so no write lock or chain is shared.
+                    # What these proxies reach is the machine's ceiling for the row.
+                    separate = [server.database() for _ in range(max(apart))]
+                    results["postgresql_apart"] = asyncio.run(
+                        _backend("postgresql", separate, root / "pg-apart", window, server, apart)
+                    )
             finally:
                 server.stop()
         if "sqlite" in backends:
             results["sqlite"] = asyncio.run(
                 _backend(
-                    "sqlite", str(root / "lite" / "scale.db"), root / "lite", window, None, counts
+                    "sqlite", [str(root / "lite" / "scale.db")], root / "lite", window, None, counts
                 )
             )
     return results
@@ -391,7 +406,7 @@ def run(
 def rows(results: dict[str, Any]) -> list[list[str]]:
     """The `make bench` table's rows: one per backend and proxy count."""
     table: list[list[str]] = []
-    for backend, target in (("postgresql", 1.6), ("sqlite", None)):
+    for backend, target in (("postgresql", 1.6), ("postgresql_apart", None), ("sqlite", None)):
         part = results.get(backend)
         if not isinstance(part, dict):
             continue
@@ -402,8 +417,13 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
             goal = target is not None and row["proxies"] == 4
             verdict = ("met" if row["ratio_to_one"] >= target else "missed") if goal else ""
             cpu = row["cpu_ms_per_call"]
+            where = (
+                "each on its own postgresql database (nothing shared: the machine's ceiling)"
+                if backend == "postgresql_apart"
+                else f"on one {backend} database"
+            )
             table.append([
-                f"13 {row['proxies']} proxies on one {backend} database, calls/s vs 1 proxy",
+                f"13 {row['proxies']} proxies {where}, calls/s vs 1 proxy",
                 f"{row['ratio_to_one']:.2f}x",
                 f"p99 {row['p99_s'] * 1000:.0f} ms",
                 ">= 1.6x" if goal else "reported", verdict,
@@ -434,12 +454,21 @@ def main() -> int:
     parser.add_argument(
         "--backend", action="append", choices=("postgresql", "sqlite"), help="(default both)"
     )
+    parser.add_argument(
+        "--apart",
+        default=",".join(map(str, APART)),
+        help="the phases' proxy counts with a PostgreSQL database each, 1 first; '' for none"
+        " (default 1,4)",
+    )
     options = parser.parse_args()
     counts = tuple(int(part) for part in options.proxies.split(","))
     if counts[0] != 1:
         parser.error("--proxies must start with 1 (the baseline of the ratios)")
+    apart = tuple(int(part) for part in options.apart.split(",") if part)
+    if apart and apart[0] != 1:
+        parser.error("--apart must start with 1 (the baseline of the ratios)")
     backends = tuple(options.backend or ("postgresql", "sqlite"))
-    results = run(options.quick, counts, options.window, backends)
+    results = run(options.quick, counts, options.window, backends, apart)
     print(json.dumps(results, indent=1))
     for line in rows(results):
         print(" | ".join(line))
