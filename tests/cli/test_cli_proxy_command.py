@@ -15,13 +15,13 @@ from agentrt.cli import served_config
 # Runs `main()` as the console script does, and says whether click was imported.
 _FAST = """
 import json, sys
-import agentrt.proxy._lifecycle as lifecycle
+import agentrt.proxy._serve as serving
 
 def exit_process(status):
     print("CLICK " + json.dumps("click" in sys.modules), file=sys.stderr)
     sys.exit(status)
 
-lifecycle.exit_process = exit_process
+serving.exit_process = exit_process
 from agentrt.cli import main
 sys.argv = ["agentrt", *sys.argv[1:]]
 main()

@@ -173,6 +173,8 @@ async def test_a_refused_database_stops_the_proxy_with_exit_2_and_no_server_left
 NOT_BEFORE_THE_FIRST_SPAWN = (
     "asyncio",  # the event loop, with ssl
     "uvloop",
+    "anyio",
+    "agentrt.proxy._lifecycle",  # the serving process's life: signals, shutdown, its loop
     "agentrt.mcp._connection",  # the MCP client beyond starting a process
     "agentrt.proxy._upstreams",
     "importlib.metadata",  # the client's version, read at the handshake

@@ -49,7 +49,7 @@ def main() -> None:
     """Entry point of the `agentrt` console script."""
     config = served_config(sys.argv[1:])
     if config is not None:
-        from ..proxy._lifecycle import exit_process, serve
+        from ..proxy._serve import exit_process, serve
 
         # As the group's `proxy` subcommand serves it: `--token`'s variable, no HTTP.
         token = os.environ.get("AGENTRT_PROXY_TOKEN") or None

@@ -413,7 +413,7 @@ def proxy(
     It opens (and creates, if need be) the database the configuration names.
     """
     from ..proxy import serve
-    from ..proxy._lifecycle import exit_process
+    from ..proxy._serve import exit_process
 
     exit_process(serve(config_path, http=http_address, allow_remote=allow_remote, token=token))
 

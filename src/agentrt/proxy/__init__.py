@@ -14,7 +14,8 @@ from .._lazy import lazy_names
 
 if TYPE_CHECKING:
     from ._answers import Prefix
-    from ._lifecycle import serve, serve_config
+    from ._lifecycle import serve_config
+    from ._serve import serve
     from ._status import STATUS_TOOL
     from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config, parse_duration
 
@@ -34,7 +35,7 @@ __all__ = [
 # `check` read) does not load the serving side.
 _WHERE: Final = {
     "Prefix": "._answers",
-    "serve": "._lifecycle",
+    "serve": "._serve",
     "serve_config": "._lifecycle",
     "STATUS_TOOL": "._status",
     "ConfigError": ".config",

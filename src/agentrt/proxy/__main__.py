@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ._lifecycle import exit_process, serve
+from ._serve import exit_process, serve
 
 
 def main(argv: list[str] | None = None) -> int:

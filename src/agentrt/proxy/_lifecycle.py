@@ -1,8 +1,8 @@
 """The proxy's life: start-up, serving a host, signals and shutdown.
 
 Over stdio the stdio servers are started as soon as the configuration is
-read, before the rest of the proxy is imported (decision 0053).  The
-upstream servers then load together (`_upstreams`) while a worker thread
+read, before this module and the rest of the proxy are imported (`_serve`,
+decision 0053).  The upstream servers then load together (`_upstreams`) while a worker thread
 imports what serving needs and opens the store (decision 0026); then the
 proxy serves one host on stdio, or many over HTTP.  On stdin close, SIGINT
 or SIGTERM it takes no more calls, lets the ones in flight finish, be
@@ -28,15 +28,14 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Final, NoReturn
+from typing import IO, TYPE_CHECKING, Any, Final
 
 import anyio
 
-from ..errors import AgentrtError, StoreError
 from ..sanitize import sanitize
 from ._log import log_line
-from ._stamps import Stamp, rule_stamps
-from .config import ConfigError, ProxyConfig, UpstreamConfig, load_config
+from ._stamps import Stamp
+from .config import ConfigError, ProxyConfig, UpstreamConfig
 
 if TYPE_CHECKING:
     import asyncio
@@ -49,7 +48,7 @@ if TYPE_CHECKING:
     from ._proxy import Proxy
     from ._stdio import StdioWire
 
-__all__ = ["event_loop_factory", "exit_process", "running", "serve", "serve_config"]
+__all__ = ["event_loop_factory", "running", "serve_config"]
 
 
 # What serving a host needs beyond loading the servers: the gate and its JSON Schema
@@ -247,9 +246,15 @@ async def serve_config(
     allow_remote: bool = False,
     token: str | None = None,
     log: IO[str] | None = None,
+    keep_signals_caught: bool = False,
+    stamps: dict[Path, Stamp] | None = None,
 ) -> int:
-    """Serve `config` until the host leaves or a signal arrives; returns the exit status."""
-    return await _serve(config, http=http, allow_remote=allow_remote, token=token, log=log)
+    """Serve `config` until the host leaves or a signal arrives; returns the exit status.
+    `stamps`: the rules files' stamps as they were when `config` was read."""
+    return await _serve(
+        config, http=http, allow_remote=allow_remote, token=token, log=log,
+        keep_signals_caught=keep_signals_caught, stamps=stamps,
+    )  # fmt: skip
 
 
 async def _serve(
@@ -492,17 +497,6 @@ def _start_telemetry(
     )
 
 
-def exit_process(status: int) -> NoReturn:
-    """End the `agentrt proxy` process with `status` once `serve` returned: its work is
-    recorded and its upstream servers are stopped, so only the interpreter's teardown is
-    left, which frees every module (0.4-0.9 s measured on a busy machine) and would
-    outlast a host's grace (Claude Code sends SIGKILL 0.5 s after its SIGINT)."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(status)
-
-
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop's event loop, which the proxy runs on wherever it is installed (a core
     dependency on every platform but Windows): 8 % fewer instructions per proxied call
@@ -513,69 +507,3 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
-
-
-def serve(
-    config_path: str,
-    *,
-    http: str | None = None,
-    allow_remote: bool = False,
-    token: str | None = None,
-) -> int:
-    """`agentrt proxy --config FILE`: load the configuration and serve until the host leaves.
-
-    Loopback only unless `allow_remote` with a `token`.  Returns the exit
-    status: 0 after a clean shutdown, 1 when the configuration is refused,
-    2 when the database cannot be used (the reason is written to stderr).
-    """
-    from ..mcp._spawn import discard_started_early
-
-    try:
-        config = load_config(config_path)
-        # As read: a rules change made while the servers start is taken at the watch's first look.
-        stamps = rule_stamps(config)
-        if http is None:
-            _start_early(config)
-        return anyio.run(
-            lambda: _serve(
-                config, http=http, allow_remote=allow_remote, token=token, log=None,
-                keep_signals_caught=True, stamps=stamps,
-            ),
-            backend_options={"loop_factory": event_loop_factory()},
-        )  # fmt: skip
-    except StoreError as exc:
-        # An unusable database is exit 2, as for every other subcommand.
-        log_line(sys.stderr, f"agentrt proxy: {exc}")
-        return 2
-    except (ConfigError, AgentrtError) as exc:
-        log_line(sys.stderr, f"agentrt proxy: {exc}")
-        return 1
-    except OSError as exc:
-        log_line(sys.stderr, f"agentrt proxy: {sanitize(str(exc))}")
-        return 1
-    finally:
-        discard_started_early()
-
-
-def _start_early(config: ProxyConfig) -> None:
-    """Start each stdio server the configuration names as soon as the configuration is
-    read, before the event loop, the MCP client and the rest of the proxy are imported, so
-    that it boots meanwhile on another core (issue 36, decision 0053); its load takes it
-    (`mcp._stdio.start_early`).  A server whose manifest its load would refuse before
-    connecting (unreadable, for another server, a rule naming a tool it does not pin) is
-    left to that load, which reports it without starting it."""
-    from ..mcp._files import read_manifest
-    from ..mcp._spawn import start_early
-
-    for upstream in config.servers:
-        server = upstream.server
-        if server.command is None:
-            continue
-        try:
-            manifest = read_manifest(upstream.manifest_path)
-        except (AgentrtError, OSError, ValueError):
-            continue
-        if manifest.server == server.name and all(
-            name in manifest.tools for name in upstream.rules
-        ):
-            start_early(server)
