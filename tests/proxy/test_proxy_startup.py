@@ -51,6 +51,9 @@ NOT_FOR_A_DEFAULT_STDIO_PROXY = (
     "pydantic",
     "pydantic_core",
     "httpx2",  # the HTTP client: only for a server over HTTP
+    # The installed distribution's metadata: the version is read from `agentrt._version`.
+    "importlib.metadata",
+    "email",
 )
 
 _PROBE = """
@@ -177,7 +180,6 @@ NOT_BEFORE_THE_FIRST_SPAWN = (
     "agentrt.proxy._lifecycle",  # the serving process's life: signals, shutdown, its loop
     "agentrt.mcp._connection",  # the MCP client beyond starting a process
     "agentrt.proxy._upstreams",
-    "importlib.metadata",  # the client's version, read at the handshake
     "mcp_types",  # the protocol's models, built in a worker thread
     "pydantic",
     "agentrt.gate",
@@ -252,6 +254,20 @@ def test_the_protocol_constants_written_in_agentrt_are_the_sdks() -> None:
     assert _revision.PROTOCOL_VERSION_META_KEY == mcp_types.PROTOCOL_VERSION_META_KEY
     assert _revision.LOG_LEVEL_META_KEY == mcp_types.LOG_LEVEL_META_KEY
     assert _revision.HEADER_MISMATCH == mcp_types.jsonrpc.HEADER_MISMATCH
+
+
+def test_the_version_written_in_agentrt_is_the_installed_distributions() -> None:
+    # `_version` is the build's source (pyproject's dynamic version): what a host and a
+    # server are told is what `pip` installed.
+    import importlib.metadata
+
+    from agentrt._version import VERSION
+    from agentrt.mcp._handshake import client_info
+    from agentrt.proxy._handlers import VERSION as ANSWERED
+
+    assert importlib.metadata.version("agentrt") == VERSION
+    assert client_info() == {"name": "agentrt", "version": VERSION}
+    assert ANSWERED == VERSION
 
 
 def test_the_proxy_and_its_call_path_import_no_pydantic_model() -> None:

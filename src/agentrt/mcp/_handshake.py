@@ -4,9 +4,9 @@ sends it the moment a server is spawned (issue 36, decision 0062)."""
 
 from __future__ import annotations
 
-import functools
 from typing import Final
 
+from .._version import VERSION
 from ..canonical import canonical_json
 from ._jsonrpc import encode_request
 from ._server import Server
@@ -32,21 +32,8 @@ FIRST_REQUEST_ID: Final = 1
 """The id of a connection's first request (its ids count up from it)."""
 
 
-@functools.cache
-def _client_version() -> str:
-    """This client's version, read once, at the first handshake: reading a distribution's
-    metadata imports `importlib.metadata` and `email` (issue 36), which then come after a
-    server's spawn rather than before it."""
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("agentrt")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def client_info() -> dict[str, str]:
-    return {"name": "agentrt", "version": _client_version()}
+    return {"name": "agentrt", "version": VERSION}
 
 
 def initialize_params(server: Server) -> str:

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from .._version import VERSION as AGENTRT_VERSION
 from ..canonical import plain_json
 from ..tools import SideEffect
 from ._answers import Answer, admits_waiting, bounded
@@ -40,7 +41,7 @@ __all__ = ["INSTRUCTIONS", "NAME", "VERSION", "Handlers"]
 
 # What the host reads in `initialize`: the SDK's answer and the stdio front's are the same.
 NAME: Final = "agentrt-proxy"
-VERSION: Final = "0.1.0"
+VERSION: Final = AGENTRT_VERSION
 INSTRUCTIONS: Final = (
     "Tools here pass through a gate: some calls wait for a person's approval. "
     "Read each answer's first word; follow what it says."
