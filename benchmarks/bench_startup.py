@@ -23,6 +23,7 @@ import os
 import resource
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,6 +38,9 @@ from agentrt.mcp import Server, pin
 FILESYSTEM_SERVER: Final = (
     REPO / "tests/npm/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js"
 )
+# Ready at once (~20 ms): behind the proxy it shows the proxy's own start-up, which the
+# filesystem server's boot on Node partly hides.
+INSTANT_SERVER: Final = REPO / "benchmarks/_instant_server.py"
 AGENTRT: Final = Path(PYTHON).with_name("agentrt")
 CALLS: Final = 100
 _INITIALIZE: Final = {
@@ -163,6 +167,35 @@ def _setup(root: Path) -> tuple[list[str], Path]:
         ],
     }  # fmt: skip
     return server_command, private_file(root / "conf" / "proxy.json", json.dumps(document))
+
+
+def _setup_instant(root: Path) -> tuple[list[str], Path]:
+    """The instant server's command (the system's Python, isolated, no site), and a proxy
+    configuration serving it."""
+    root.mkdir()
+    server_command = [sys.executable, "-I", "-S", str(INSTANT_SERVER)]
+    manifest = anyio.run(lambda: pin(Server(name="instant", command=server_command)))
+    private_file(root / "conf" / "instant.manifest.json", manifest.to_json())
+    document = {
+        "database": "proxy.db",
+        "session": "bench-startup",
+        "policy": {"read_only": "allow"},
+        "hold": "0s",
+        "servers": [
+            {"name": "instant", "command": server_command, "manifest": "instant.manifest.json",
+             "rules": {"echo": {"side_effect": "read_only", "timeout": "10s"}}},
+        ],
+    }  # fmt: skip
+    return server_command, private_file(root / "conf" / "proxy.json", json.dumps(document))
+
+
+def _warm_up(config: Path, root: Path) -> None:
+    """The first start creates the database; every measured start opens it."""
+    host = Host(_proxy_command(config), root)
+    try:
+        host.ready()
+    finally:
+        host.close()
 
 
 def _proxy_command(config: Path) -> list[str]:
@@ -293,16 +326,18 @@ def run(quick: bool) -> Result:
     with tempfile.TemporaryDirectory(prefix="agentrt-bench-startup-") as directory:
         root = Path(directory)
         server_command, config = _setup(root)
-        # The first start creates the database; every measured start opens it.
-        warm_up = Host(_proxy_command(config), root)
-        try:
-            warm_up.ready()
-        finally:
-            warm_up.close()
+        _warm_up(config, root)
         log(f"start-up: ready after spawn, raw server and proxy interleaved, {rounds} rounds")
         ready = _ready_rounds(server_command, config, root, rounds)
         log(f"start-up: the same for a host of the 2026-07-28 era, {rounds} rounds")
         ready_2026 = _ready_rounds(server_command, config, root, rounds, era_2026=True)
+        log(f"start-up: the same with a server ready at once, both eras, {rounds} rounds")
+        instant_command, instant_config = _setup_instant(root / "instant")
+        _warm_up(instant_config, root / "instant")
+        instant = _ready_rounds(instant_command, instant_config, root / "instant", rounds)
+        instant_2026 = _ready_rounds(
+            instant_command, instant_config, root / "instant", rounds, era_2026=True
+        )
         log(f"start-up: resident memory after {CALLS} calls")
         # The gate lets at most 5 approvals wait at once (issue 33's bound).
         decided = min(rounds, 5)
@@ -313,6 +348,8 @@ def run(quick: bool) -> Result:
         "rounds": rounds,
         "ready": ready,
         "ready_2026": ready_2026,
+        "instant": instant,
+        "instant_2026": instant_2026,
         "memory": memory,
         "commands": commands,
     }

@@ -250,6 +250,16 @@ def ratio_rows(results: dict[str, Any]) -> list[list[str]]:
                 f"{ready_2026['agentrt_p50_s']:.2f} s vs {ready_2026['direct_p50_s']:.2f} s; "
                 f"proxy CPU {ready_2026['agentrt_cpu_to_ready_p50_s']:.2f} s",
             ])  # fmt: skip
+        for key, host in (("instant", "handshake-era host"), ("instant_2026", "2026-07-28 host")):
+            instant = startup.get(key)
+            if isinstance(instant, dict):
+                rows.append([
+                    f"12 the same, a server ready at once (plain Python, no SDK), {host}",
+                    f"+{instant['delta_p50_s']:.2f} s", f"{instant['ratio_p50']:.1f}x",
+                    "<= +0.3 s", _verdict(instant["delta_p50_s"], 0.3),
+                    f"{instant['agentrt_p50_s']:.2f} s vs {instant['direct_p50_s']:.3f} s; "
+                    f"proxy CPU {instant['agentrt_cpu_to_ready_p50_s']:.2f} s",
+                ])  # fmt: skip
         memory = startup["memory"]
         rss = memory["proxy_rss_kib"] / 1024
         rows.append([

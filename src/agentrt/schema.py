@@ -6,6 +6,12 @@ compiler followed a `$ref` to `file:///home/op/.ssh/id_ed25519` or
 operator's files, block on a pipe or reach the network.  So a schema is first
 checked to be self-contained (`check_self_contained`), then compiled against a
 registry holding only the standard metaschemas, with retrieval refused.
+
+jsonschema (about 60 ms to import) is imported only when a schema needs it: a
+2020-12 schema the fast proof (`agentrt.metaschema`) shows valid compiles without
+it, and a value the schema's plan proves valid is checked without it, so a proxy
+whose servers' schemas are of that kind answers its host before jsonschema loads
+(issue 36).  Everything that refuses still comes from jsonschema.
 """
 
 from __future__ import annotations
@@ -19,29 +25,31 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, Final
-
-import jsonschema
-import jsonschema.validators
-import regex
-from jsonschema.exceptions import ValidationError
-from jsonschema_specifications import REGISTRY as _METASCHEMAS
-from referencing import Registry
-from referencing.exceptions import NoSuchResource
+from typing import TYPE_CHECKING, Any, Final
 
 from .errors import SchemaError
 from .metaschema import DIALECT, proves_valid
 from .sanitize import sanitize
 
-__all__ = ["WELL_KNOWN_DRAFTS", "CompiledSchema", "check_self_contained", "compile_schema"]
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
 
-_DRAFT_VALIDATORS: Final[dict[str, type[Any]]] = {
-    "http://json-schema.org/draft-03/schema": jsonschema.Draft3Validator,
-    "http://json-schema.org/draft-04/schema": jsonschema.Draft4Validator,
-    "http://json-schema.org/draft-06/schema": jsonschema.Draft6Validator,
-    "http://json-schema.org/draft-07/schema": jsonschema.Draft7Validator,
-    "https://json-schema.org/draft/2019-09/schema": jsonschema.Draft201909Validator,
-    "https://json-schema.org/draft/2020-12/schema": jsonschema.Draft202012Validator,
+__all__ = [
+    "WELL_KNOWN_DRAFTS",
+    "CompiledSchema",
+    "check_self_contained",
+    "compile_schema",
+    "prepare_for",
+]
+
+# Each draft's metaschema URI, and the name of jsonschema's validator class for it.
+_DRAFT_VALIDATORS: Final[dict[str, str]] = {
+    "http://json-schema.org/draft-03/schema": "Draft3Validator",
+    "http://json-schema.org/draft-04/schema": "Draft4Validator",
+    "http://json-schema.org/draft-06/schema": "Draft6Validator",
+    "http://json-schema.org/draft-07/schema": "Draft7Validator",
+    "https://json-schema.org/draft/2019-09/schema": "Draft201909Validator",
+    "https://json-schema.org/draft/2020-12/schema": "Draft202012Validator",
 }
 
 WELL_KNOWN_DRAFTS: Final = frozenset(
@@ -62,11 +70,19 @@ _SCHEME_OR_HOST: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:|^//")
 
 
 def _refuse_retrieval(uri: str) -> Any:
+    from referencing.exceptions import NoSuchResource
+
     # Nothing outside the document and the bundled metaschemas is ever read.
     raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
 
 
-_REGISTRY: Final = Registry(retrieve=_refuse_retrieval).combine(_METASCHEMAS)  # type: ignore[call-arg]
+@functools.cache
+def _registry() -> Any:
+    """The registry every validator resolves in: the standard metaschemas, nothing else."""
+    from jsonschema_specifications import REGISTRY as METASCHEMAS
+    from referencing import Registry
+
+    return Registry(retrieve=_refuse_retrieval).combine(METASCHEMAS)  # type: ignore[call-arg]
 
 
 def _walk(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -153,6 +169,8 @@ _DECIMAL_REPR: Final = re.compile(r"Decimal\('([^']*)'\)")
 
 @functools.lru_cache(maxsize=1024)
 def _regex(pattern: str) -> Any:
+    import regex
+
     return regex.compile(pattern)
 
 
@@ -185,6 +203,8 @@ def _search(pattern: str, text: str) -> bool:
 
 def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
     if validator.is_type(instance, "string") and not _search(pattern, instance):
+        from jsonschema.exceptions import ValidationError
+
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
@@ -215,6 +235,8 @@ def _additional_properties(
         for key in extras:
             yield from validator.descend(instance[key], additional, path=key)
     elif additional is False and extras:
+        from jsonschema.exceptions import ValidationError
+
         listed = ", ".join(repr(key) for key in sorted(extras))
         yield ValidationError(f"additional properties are not allowed ({listed} unexpected)")
 
@@ -237,6 +259,8 @@ def _multiple_of(
     except (ArithmeticError, ValueError, TypeError):
         failed = True
     if failed:
+        from jsonschema.exceptions import ValidationError
+
         yield ValidationError(f"{instance!r} is not a multiple of {step}")
 
 
@@ -246,9 +270,14 @@ def _in_2020_12(schema: Mapping[str, Any]) -> bool:
     return dialect is None or (isinstance(dialect, str) and dialect.rstrip("#") == DIALECT)
 
 
-def _validator_class(schema: Mapping[str, Any]) -> type[Any]:
+def _dialect(schema: Mapping[str, Any]) -> str | None:
+    """The draft `schema` names (its URI without the empty fragment), None for the default."""
     dialect = schema.get("$schema")
-    return _validator_class_for(dialect.rstrip("#") if isinstance(dialect, str) else None)
+    return dialect.rstrip("#") if isinstance(dialect, str) else None
+
+
+def _validator_class(schema: Mapping[str, Any]) -> type[Any]:
+    return _validator_class_for(_dialect(schema))
 
 
 @functools.lru_cache(maxsize=16)
@@ -256,9 +285,12 @@ def _validator_class_for(dialect: str | None) -> type[Any]:
     # One class per dialect: it is built from the draft, this module's keyword
     # functions and the integer check only, never from the schema itself, and
     # building one costs about a millisecond.
+    import jsonschema
+    import jsonschema.validators
+
     base_class: type[Any] = jsonschema.Draft202012Validator
     if dialect is not None:
-        base_class = _DRAFT_VALIDATORS[dialect]
+        base_class = getattr(jsonschema, _DRAFT_VALIDATORS[dialect])
     # JSON Schema counts 1.0 as an integer; parse_json yields Decimal('1.0').
     type_checker = base_class.TYPE_CHECKER.redefine("integer", _is_integer)
     keywords = {
@@ -272,6 +304,33 @@ def _validator_class_for(dialect: str | None) -> type[Any]:
     )
 
 
+def _regex_error() -> type[Exception]:
+    import regex
+
+    return regex.error  # type: ignore[no-any-return]
+
+
+# A `$schema` keyword, and a pattern keyword, as a pinned manifest's JSON writes them (a
+# description's quotes are escaped there, so text inside one does not match).
+_NAMED_DIALECT: Final = re.compile(rb'"\$schema":\s*"([^"\\]*)"')
+_NAMED_PATTERN: Final = re.compile(rb'"pattern(?:Properties)?":')
+
+
+def prepare_for(manifest: bytes) -> list[str]:
+    """Import now what compiling the schemas of `manifest` (a pinned manifest's bytes)
+    will need: the validator classes of the drafts other than 2020-12 its schemas name
+    (their check is jsonschema's), and the pattern engine if they have patterns.  A proxy
+    does it while its servers start, not after they list their tools (issue 36).  Only
+    ever earlier work: the drafts prepared, for the log of a test."""
+    named = {found.decode("utf-8", "replace") for found in _NAMED_DIALECT.findall(manifest)}
+    drafts = sorted({name.rstrip("#") for name in named} & set(_DRAFT_VALIDATORS) - {DIALECT})
+    for draft in drafts:
+        _validator_class_for(draft)
+    if _NAMED_PATTERN.search(manifest):
+        _regex_error()
+    return drafts
+
+
 def _check_patterns(schema: Mapping[str, Any]) -> None:
     """Refuse, at compile time, a pattern no regular-expression engine here accepts."""
     for where, node in _walk(dict(schema)):
@@ -283,7 +342,7 @@ def _check_patterns(schema: Mapping[str, Any]) -> None:
         for pattern in candidates:
             try:
                 _regex(pattern)
-            except (regex.error, TypeError, ValueError, OverflowError, RecursionError):
+            except (_regex_error(), TypeError, ValueError, OverflowError, RecursionError):
                 raise SchemaError(
                     f"the schema does not compile: the pattern {sanitize(repr(pattern))} "
                     f"at {sanitize(where or '/')} is not a regular expression"
@@ -429,7 +488,9 @@ class CompiledSchema:
     """A compiled input schema; `first_error` validates one parsed instance."""
 
     schema: Mapping[str, Any]
-    _draft_class: type[Any]
+    # The draft the schema names (None: 2020-12); its validator class is built with the
+    # validator, so jsonschema is imported only by a schema or a value that needs it.
+    _dialect: str | None
     # The jsonschema validator, built at the first check unless compiling needed it: a
     # server's thousand tools then cost their checks at load, not a thousand validators.
     _built: list[Any] = field(default_factory=list, compare=False, repr=False)
@@ -439,7 +500,8 @@ class CompiledSchema:
 
     def _validator(self) -> Any:
         if not self._built:
-            self._built.append(self._draft_class(self.schema, registry=_REGISTRY))
+            validator_class = _validator_class_for(self._dialect)
+            self._built.append(validator_class(self.schema, registry=_registry()))
         return self._built[0]
 
     def _plan(self) -> _Plan | None:
@@ -456,9 +518,11 @@ class CompiledSchema:
                     return None
             except Exception:  # noqa: S110 - unproven: jsonschema decides below
                 pass
+        from jsonschema.exceptions import best_match
+
         token = _regex_deadline.set(time.monotonic() + _REGEX_BUDGET_SECONDS)
         try:
-            error = jsonschema.exceptions.best_match(self._validator().iter_errors(instance))
+            error = best_match(self._validator().iter_errors(instance))
         except _PatternTimeout as timeout:
             return sanitize(
                 f"the pattern {timeout.pattern!r} took too long to check; the value is refused"
@@ -483,17 +547,19 @@ def compile_schema(schema: Mapping[str, Any]) -> CompiledSchema:
     if not isinstance(schema, Mapping):
         raise SchemaError("the input schema is not a JSON object")
     check_self_contained(schema)
-    validator_class = _validator_class(schema)
     # The proof only ever skips the check; every refusal comes from jsonschema's own walk.
     if not (_in_2020_12(schema) and proves_valid(schema)):
+        validator_class = _validator_class(schema)
+        from jsonschema.exceptions import SchemaError as MetaschemaError
+
         try:
             validator_class.check_schema(schema)
-        except jsonschema.exceptions.SchemaError as exc:
+        except MetaschemaError as exc:
             raise SchemaError(f"the schema does not compile: {sanitize(exc.message)}") from None
         except Exception as exc:
             raise SchemaError(f"the schema does not compile: {type(exc).__name__}") from None
     _check_patterns(schema)
-    compiled = CompiledSchema(schema=schema, _draft_class=validator_class)
+    compiled = CompiledSchema(schema=schema, _dialect=_dialect(schema))
     references = [
         node["$ref"] for _, node in _walk(dict(schema)) if isinstance(node.get("$ref"), str)
     ]

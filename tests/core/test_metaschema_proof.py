@@ -225,3 +225,56 @@ def test_a_dangling_reference_is_still_refused_when_the_schema_compiles() -> Non
     )
     assert plain.first_error(parse_json('{"n": 3.0}')) is None
     assert plain.first_error({"n": 4}) == "4 is greater than the maximum of 3 at /n"
+
+
+def test_the_written_keywords_are_the_metaschema_documents_keywords() -> None:
+    # METASCHEMA_KEYWORDS is written out so the proof needs no jsonschema import; it must
+    # stay what the metaschema documents (root and vocabularies) constrain.
+    uris = [metaschema.DIALECT] + [
+        f"https://json-schema.org/draft/2020-12/meta/{name}" for name in metaschema._VOCABULARIES
+    ]
+    read: set[str] = set()
+    for uri in uris:
+        read.update(REGISTRY.contents(uri).get("properties", {}))
+    assert read == METASCHEMA_KEYWORDS
+
+
+_ANY_JSON_VALUE = st.recursive(
+    st.one_of(
+        _SCALARS,
+        st.integers(),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.decimals(allow_nan=False),
+        st.text(max_size=8),
+    ),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3), st.dictionaries(st.text(max_size=3), children, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_ANY_JSON_VALUE)
+def test_the_type_checks_are_jsonschemas_2020_12_type_checks(value: Any) -> None:
+    for kind in ("array", "boolean", "integer", "null", "number", "object", "string"):
+        assert metaschema._is(value, kind) == CHECKER.TYPE_CHECKER.is_type(value, kind), kind
+
+
+_REGEX_TEXTS = st.one_of(
+    st.sampled_from(["^a+$", "[", "(?P<x>a)", "(?<x>a)", "\\p{L}", "a{2,1}", "(", ")", "\\"]),
+    st.text(alphabet="ab()[]{}^$*+?|\\.-,0123456789PL<>=!:", max_size=8),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(_REGEX_TEXTS, _SCALARS))
+def test_the_regex_format_is_jsonschemas(value: Any) -> None:
+    assert metaschema._conforms(value, "regex") == CHECKER.FORMAT_CHECKER.conforms(value, "regex")
+
+
+def test_the_dialect_uris_taken_without_jsonschema_are_uris_to_jsonschema() -> None:
+    for uri in metaschema._DIALECT_URIS:
+        for format_name in ("uri", "uri-reference"):
+            assert metaschema._conforms(uri, format_name)
+            assert CHECKER.FORMAT_CHECKER.conforms(uri, format_name)

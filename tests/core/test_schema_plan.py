@@ -57,7 +57,7 @@ _KEYS = ["n", "text", "x", "s", "o", "a", "zz"]
 def _through_jsonschema(compiled: CompiledSchema) -> CompiledSchema:
     """The same schema with no shortcut: every value goes through jsonschema."""
     return CompiledSchema(
-        schema=compiled.schema, _draft_class=compiled._draft_class, _planned=[None]
+        schema=compiled.schema, _dialect=compiled._dialect, _planned=[None]
     )
 
 

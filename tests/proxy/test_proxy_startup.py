@@ -51,6 +51,12 @@ NOT_FOR_A_DEFAULT_STDIO_PROXY = (
     "pydantic",
     "pydantic_core",
     "httpx2",  # the HTTP client: only for a server over HTTP
+    # JSON Schema's validators: the servers' 2020-12 schemas are proven valid, and the
+    # calls' arguments checked, without them; only a draft or a value that needs them
+    # imports them (`agentrt.schema`).
+    "jsonschema",
+    "referencing",
+    "regex",
     # The installed distribution's metadata: the version is read from `agentrt._version`.
     "importlib.metadata",
     "email",

@@ -58,8 +58,9 @@ __all__ = ["event_loop_factory", "running", "serve_config"]
 # SDK's server (0.6 s more) are imported only if a host needs them (decision 0043); over
 # HTTP they serve every request, and come with `_http`.
 _SERVING_MODULES: Final = (
-    # First: what checks each listed tool's schema (`jsonschema`, 0.1 s), which the load
-    # reaches as soon as a server has listed its tools.
+    # First (after `prepare_for`, which imports jsonschema only if the pinned schemas
+    # name a draft other than 2020-12): what checks each listed tool's schema, which the
+    # load reaches as soon as a server has listed its tools.
     "agentrt.schema",
     "agentrt.gate",
     "agentrt.proxy._proxy",
@@ -71,6 +72,12 @@ def _prepare(config: ProxyConfig, http: bool) -> Store:
     """Import what serving needs and open the store: the work that can overlap the
     upstream servers' own start (issue 36).  Runs in a worker thread."""
     front = ("agentrt.proxy._http",) if http else ("agentrt.proxy._dispatch",)
+    from ..schema import prepare_for
+
+    for upstream in config.servers:
+        # A manifest that cannot be read is the load's to refuse, with its own sentence.
+        with contextlib.suppress(OSError):
+            prepare_for(upstream.manifest_path.read_bytes())
     for module in (*_SERVING_MODULES, *front):
         importlib.import_module(module)
     from ..store import open_store
