@@ -56,9 +56,7 @@ _KEYS = ["n", "text", "x", "s", "o", "a", "zz"]
 
 def _through_jsonschema(compiled: CompiledSchema) -> CompiledSchema:
     """The same schema with no shortcut: every value goes through jsonschema."""
-    return CompiledSchema(
-        schema=compiled.schema, _dialect=compiled._dialect, _planned=[None]
-    )
+    return CompiledSchema(schema=compiled.schema, _dialect=compiled._dialect, _planned=[None])
 
 
 @pytest.mark.parametrize("schema", _SIMPLE)
