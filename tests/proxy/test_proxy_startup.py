@@ -25,6 +25,9 @@ NOT_FOR_A_DEFAULT_STDIO_PROXY = (
     "jinja2",
     "celpy",  # the conditions engine: only with a rule's "when"
     "opentelemetry.sdk",  # telemetry: only with an OTLP endpoint
+    "agentrt.telemetry._exporter",  # its settings read, and found off
+    "agentrt.export",
+    "agentrt.proxy._notify",  # notifications: only with "notify" configured
     "agentrt._postgres",  # PostgreSQL: only with a postgresql:// database
     "psycopg",
     "agentrt.proxy._http",  # streamable HTTP: only with --http

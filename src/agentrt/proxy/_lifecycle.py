@@ -375,13 +375,12 @@ async def _serve_config(
 
             rules_watch = RulesWatch(proxy, live, stream, stamps)
             from ._checkpointing import checkpointing
-            from ._notify import delivering
 
             async with (
                 checkpointing(store, config.checkpoint, stream),
                 running(proxy),
                 _serving_inbox(config, proxy, [tool for tool, _ in tools], servers_of, stream),
-                delivering(store, config.notify, stream),
+                _delivering(store, config, stream),
             ):
                 assert proxy.work is not None
                 proxy.work.start_soon(live.run)
@@ -486,19 +485,36 @@ class _Preparing:
         return self.store
 
 
+def _delivering(
+    store: Store, config: ProxyConfig, stream: IO[str]
+) -> contextlib.AbstractAsyncContextManager[object]:
+    """The notifications' delivery while serving, when `notify` is configured; its module
+    is imported only then."""
+    if not config.notify:
+        return contextlib.nullcontext()
+    from ._notify import delivering
+
+    return delivering(store, config.notify, stream)
+
+
 def _start_telemetry(
     config: ProxyConfig, tools: list[tuple[Tool, Any]], stream: IO[str]
 ) -> TraceExporter | None:
     """The span exporter, when an OTLP endpoint is configured (here or in the
     environment); the OpenTelemetry SDK is imported only then."""
-    from ..telemetry import settings_from, start_exporter
+    from ..telemetry import settings_from
+
+    settings = settings_from(
+        {"otlp_endpoint": config.telemetry.otlp_endpoint, "content": config.telemetry.content},
+        default_service="agentrt-proxy",
+    )
+    if settings is None:
+        return None  # off: the exporter and what it follows the store with stay unimported
+    from ..telemetry import start_exporter
 
     return start_exporter(
         config.database,
-        settings_from(
-            {"otlp_endpoint": config.telemetry.otlp_endpoint, "content": config.telemetry.content},
-            default_service="agentrt-proxy",
-        ),
+        settings,
         side_effects={tool.spec.name: str(tool.spec.side_effect) for tool, _ in tools},
         log=stream,
     )

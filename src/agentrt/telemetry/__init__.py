@@ -17,14 +17,8 @@ from typing import TYPE_CHECKING, Final
 from .._lazy import lazy_names
 
 if TYPE_CHECKING:
-    from ._exporter import (
-        SpansNotDelivered,
-        TelemetrySettings,
-        TraceExporter,
-        otel_available,
-        settings_from,
-        start_exporter,
-    )
+    from ._exporter import SpansNotDelivered, TraceExporter, otel_available, start_exporter
+    from ._settings import TelemetrySettings, settings_from
     from ._spans import (
         CONTENT_CHARS,
         SpanKind,
@@ -49,14 +43,15 @@ __all__ = [
     "trace_id_of",
 ]
 
-# Each name is imported on first use, so the proxy's calls (which need only
-# `trace_context_metadata`) do not load the exporter unless telemetry is configured.
+# Each name is imported on first use, so the proxy (which needs only its settings and,
+# for its calls, `trace_context_metadata`) does not load the exporter unless telemetry
+# is configured.
 _WHERE: Final = {
     "SpansNotDelivered": "._exporter",
-    "TelemetrySettings": "._exporter",
+    "TelemetrySettings": "._settings",
     "TraceExporter": "._exporter",
     "otel_available": "._exporter",
-    "settings_from": "._exporter",
+    "settings_from": "._settings",
     "start_exporter": "._exporter",
     "CONTENT_CHARS": "._spans",
     "SpanKind": "._spans",

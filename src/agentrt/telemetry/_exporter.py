@@ -17,14 +17,14 @@ import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Final
+from typing import IO, TYPE_CHECKING, Final
 
 from ..errors import AgentrtError
 from ..export import Follower
 from ..sanitize import sanitize
 from ..store import Event, Store, is_postgres_url, open_store
+from ._settings import TelemetrySettings, settings_from
 from ._spans import SpanKind, SpanRecord, TraceBuilder
 
 if TYPE_CHECKING:
@@ -42,7 +42,6 @@ __all__ = [
     "start_exporter",
 ]
 
-_TRACES_PATH: Final = "/v1/traces"
 _DEFAULT_TIMEOUT_SECONDS: Final = 3.0
 _POLL_SECONDS: Final = 0.25
 _REPLAY_PAGE: Final = 1000
@@ -61,45 +60,6 @@ def otel_available() -> bool:
         )
     except ImportError:  # a parent package is missing
         return False
-
-
-@dataclass(frozen=True, slots=True)
-class TelemetrySettings:
-    """Where spans go (`traces_url`, the full OTLP/HTTP traces URL), under which service name,
-    and whether arguments and results go with them (`content`, off unless the operator opts in)."""
-
-    traces_url: str
-    service_name: str = "agentrt"
-    content: bool = False
-
-
-def settings_from(
-    config: Mapping[str, Any] | None = None,
-    *,
-    environ: Mapping[str, str] | None = None,
-    default_service: str = "agentrt",
-) -> TelemetrySettings | None:
-    """Telemetry settings from a configuration's `telemetry` object and the standard variables.
-
-    The configuration's `otlp_endpoint` (a base URL, like
-    `OTEL_EXPORTER_OTLP_ENDPOINT`) wins; else `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`
-    (a full URL) or `OTEL_EXPORTER_OTLP_ENDPOINT` (a base URL, `/v1/traces`
-    appended).  `OTEL_SERVICE_NAME` names the service.  None when no
-    endpoint is set anywhere: telemetry is off.
-    """
-    env = os.environ if environ is None else environ
-    config = config or {}
-    base = config.get("otlp_endpoint")
-    if isinstance(base, str) and base:
-        url = base.rstrip("/") + _TRACES_PATH
-    elif env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        url = env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
-    elif env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        url = env["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + _TRACES_PATH
-    else:
-        return None
-    service = env.get("OTEL_SERVICE_NAME") or default_service
-    return TelemetrySettings(url, service, bool(config.get("content", False)))
 
 
 class TraceExporter:
