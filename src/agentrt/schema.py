@@ -304,10 +304,11 @@ def _validator_class_for(dialect: str | None) -> type[Any]:
     )
 
 
-def _regex_error() -> type[Exception]:
+def _regex_module() -> Any:
+    """The pattern engine (`regex`), imported at its first use."""
     import regex
 
-    return regex.error  # type: ignore[no-any-return]
+    return regex
 
 
 # A `$schema` keyword, and a pattern keyword, as a pinned manifest's JSON writes them (a
@@ -327,7 +328,7 @@ def prepare_for(manifest: bytes) -> list[str]:
     for draft in drafts:
         _validator_class_for(draft)
     if _NAMED_PATTERN.search(manifest):
-        _regex_error()
+        _regex_module()  # imported now: `_check_patterns` will compile the patterns
     return drafts
 
 
@@ -342,7 +343,7 @@ def _check_patterns(schema: Mapping[str, Any]) -> None:
         for pattern in candidates:
             try:
                 _regex(pattern)
-            except (_regex_error(), TypeError, ValueError, OverflowError, RecursionError):
+            except (_regex_module().error, TypeError, ValueError, OverflowError, RecursionError):
                 raise SchemaError(
                     f"the schema does not compile: the pattern {sanitize(repr(pattern))} "
                     f"at {sanitize(where or '/')} is not a regular expression"
