@@ -4,7 +4,9 @@
 
 Every 100 ms (and at exit) FILE is replaced with the totals so far over every store
 the proxy opened: COMMITs, seconds its writes waited for the write lock and seconds
-they held it (`Store.commits`, `write_lock_wait_s`, `write_lock_held_s`), the times
+they held it (`Store.commits`, `write_lock_wait_s`, `write_lock_held_s`; a scoped
+write, decision 0065, holds it shared), the seconds scoped writes waited for and held
+the chain's lock (`chain_lock_wait_s`, `chain_lock_held_s`), the times
 the write lock was taken (`write_locks`) and the `Store.write` units the writer
 thread's transactions carried (`units`: units / write locks is the group commit's
 batch), and the CPU seconds the writer thread spent in them (`writer_cpu_s`: nearly
@@ -49,8 +51,8 @@ def _counting_commit_batch(self: Store, units: list[Any], *joining: Any) -> None
         _counts["writer_cpu_s"] += time.thread_time() - began
 
 
-def _counting_begin(self: Store, deadline: float | None = None) -> None:
-    _original_begin(self, deadline)
+def _counting_begin(self: Store, *args: Any) -> None:
+    _original_begin(self, *args)  # (deadline, and a scope since decision 0065)
     _counts["write_locks"] += 1  # (holding the store's lock)
 
 
@@ -59,6 +61,9 @@ def _dump(target: Path) -> None:
         "commits": sum(store.commits for store in _stores),
         "lock_wait_s": sum(store.write_lock_wait_s for store in _stores),
         "lock_held_s": sum(store.write_lock_held_s for store in _stores),
+        # Scoped writes' waits for, and holds of, the chain's lock (0 before decision 0065).
+        "chain_wait_s": sum(getattr(store, "chain_lock_wait_s", 0.0) for store in _stores),
+        "chain_held_s": sum(getattr(store, "chain_lock_held_s", 0.0) for store in _stores),
         **_counts,
     }
     partial = target.with_suffix(".part")

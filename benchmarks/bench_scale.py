@@ -15,16 +15,20 @@ JSON-RPC over their pipes, 8 calls in flight per proxy.  Per phase:
   for it and held it, per call, timed by the store itself around taking the
   lock (`Store.write_lock_wait_s`, `write_lock_held_s`, written out by
   `_counted_proxy.py`); held/wall is the lock's utilisation (1.0: the lock is
-  never free, every writer queues for it);
+  never free, every writer queues for it).  A proxy's calls are scoped writes
+  (decision 0065), which hold the write lock shared, beside one another (their
+  holds add up past 1.0); what they queue for is the chain's lock, from their
+  events' head read to their COMMIT (`chain_lock_wait_s`, `chain_lock_held_s`);
 - CPU per call and cores used, process by process: the proxies, their upstreams,
   this driver, PostgreSQL's backends (the proxies' connections) and its other
   processes (WAL writer, checkpointer, ...), and the rest of the machine (other
   work sharing the cores);
 - the two ceilings no number of proxies can pass, in calls/s: the CPU's (the
-  machine's cores over this phase's CPU per call) and the write lock's (one
-  holder at a time, and all of a write's work happens holding it: the writer
-  threads' CPU in their transactions plus PostgreSQL's backends' CPU, per call,
-  is the least the lock is held a call, whatever the machine's load);
+  machine's cores over this phase's CPU per call) and the lock's: with scoped
+  writes the chain's lock (one holder at a time: calls over its seconds held),
+  before them the write lock (all of a write's work happened holding it: the
+  writer threads' CPU in their transactions plus PostgreSQL's backends' CPU, per
+  call, was the least the lock was held a call, whatever the machine's load);
 - the write lock's acquisitions per call and the `Store.write` units each carried
   (the group commit's batch).
 
@@ -133,6 +137,8 @@ class Host:
             "commits",
             "lock_wait_s",
             "lock_held_s",
+            "chain_wait_s",
+            "chain_held_s",
             "units",
             "write_locks",
             "writer_cpu_s",
@@ -278,12 +284,20 @@ async def _phase(
         "lock_wait_ms_per_call": 1000 * delta("lock_wait_s") / calls,
         "lock_held_ms_per_call": 1000 * delta("lock_held_s") / calls,
         "lock_utilisation": delta("lock_held_s") / wall,
+        # Scoped writes (decision 0065) hold the write lock shared: what serialises them is
+        # the chain's lock, from their events' head read to their COMMIT.
+        "chain_wait_ms_per_call": 1000 * delta("chain_wait_s") / calls,
+        "chain_held_ms_per_call": 1000 * delta("chain_held_s") / calls,
+        "chain_utilisation": delta("chain_held_s") / wall,
         "writer_cpu_ms_per_call": 1000 * delta("writer_cpu_s") / calls,
         "cpu_ms_per_call": {kind: 1000 * value / calls for kind, value in spent.items()},
         "cores_used": {kind: value / wall for kind, value in spent.items()},
         "our_cpu_ms_per_call": 1000 * ours / calls,
         "cpu_ceiling_calls_per_s": cores * calls / ours if ours else 0.0,
         "lock_ceiling_calls_per_s": calls / serial if serial else 0.0,
+        "chain_ceiling_calls_per_s": (
+            calls / delta("chain_held_s") if delta("chain_held_s") else 0.0
+        ),
         "cores": cores,
         "machine_busy": (busy_after - busy_before) / max(total_after - total_before, 1.0),
         "load_average": (load_before + os.getloadavg()[0]) / 2,
@@ -427,17 +441,32 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
                 f"{row['ratio_to_one']:.2f}x",
                 f"p99 {row['p99_s'] * 1000:.0f} ms",
                 ">= 1.6x" if goal else "reported", verdict,
-                f"{row['calls_per_s']:.0f} calls/s; lock wait {row['lock_wait_ms_per_call']:.2f}"
-                f" ms/call, held {row['lock_held_ms_per_call']:.2f} ms/call "
+                f"{row['calls_per_s']:.0f} calls/s; write lock wait "
+                f"{row['lock_wait_ms_per_call']:.2f} ms/call, held "
+                f"{row['lock_held_ms_per_call']:.2f} ms/call "
                 f"(writer's CPU {row['writer_cpu_ms_per_call']:.2f}), "
                 f"{row['lock_utilisation']:.0%} of the time, "
                 f"{row['write_locks_per_call']:.2f} takes/call "
                 f"({row['units_per_write_lock']:.1f} writes each); "
-                f"CPU ms/call proxies {cpu['proxies']:.2f}, upstreams {cpu['upstreams']:.2f}, "
+                + (
+                    f"scoped writes share it; chain lock wait "
+                    f"{row['chain_wait_ms_per_call']:.2f} ms/call, held "
+                    f"{row['chain_held_ms_per_call']:.2f} ms/call, "
+                    f"{row['chain_utilisation']:.0%} of the time; "
+                    if row.get("chain_held_ms_per_call")
+                    else ""
+                )
+                + f"CPU ms/call proxies {cpu['proxies']:.2f}, upstreams {cpu['upstreams']:.2f}, "
                 f"driver {cpu['driver']:.2f}, postgres {cpu['postgres_backends']:.2f}"
                 f"+{cpu['postgres_other']:.2f}; ceilings: CPU "
-                f"{row['cpu_ceiling_calls_per_s']:.0f} calls/s, lock "
-                f"{row['lock_ceiling_calls_per_s']:.0f} calls/s; machine {row['machine_busy']:.0%} "
+                f"{row['cpu_ceiling_calls_per_s']:.0f} calls/s, "
+                + (
+                    # Scoped writes overlap under the shared write lock: the chain's bounds.
+                    f"chain lock {row['chain_ceiling_calls_per_s']:.0f}"
+                    if row.get("chain_held_ms_per_call")
+                    else f"lock {row['lock_ceiling_calls_per_s']:.0f}"
+                )
+                + f" calls/s; machine {row['machine_busy']:.0%} "
                 f"busy, {row['cores_used']['rest_of_machine']:.2f} cores others', "
                 f"load {row['load_average']:.1f}",
             ])  # fmt: skip

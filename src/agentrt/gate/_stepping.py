@@ -154,6 +154,7 @@ class Stepping:
         on_end: OnEnd | None = None,
         context: object | None = None,
         principal: Principal | None = None,
+        scope: str | None = None,
     ) -> tuple[_A, StepOutcome | None]:
         """Start a run and take its first step in as few commits as the step needs.
 
@@ -167,6 +168,11 @@ class Stepping:
         (no steps yet).  A decision that is not a valid call of a registered
         tool starts the run, then is stepped as `step` would.  `context` is
         handed to the tool as `step` hands it; `principal` is who the run is for.
+
+        `scope` (a proxy's session): `admit` reads and writes only that session's
+        rows, so a step that is allowed or denied outright (no claim, no state read,
+        no approval) and its result are scoped writes (`Store.write_scoped`, decision
+        0065), which run beside other sessions' on PostgreSQL.
         """
         now = time.time()
         new = self._new_run(goal, run_id, metadata, now, principal)
@@ -195,15 +201,24 @@ class Stepping:
         if decided.outcome is Outcome.REQUIRE_APPROVAL and has_precondition(registered):
             decided, state = await self._with_state(registered, decided, run_id, 1,
                                                     decision.args, context)  # fmt: skip
-        admitted, value, recorded = await self.store.write(
-            self._admit_and_record, admit, new, registered.spec.name, decision.args, decided, now,
-            state,
-        )  # fmt: skip
+        if scope is not None and not _scoped_step(decided, state):
+            scope = None
+        if scope is None:
+            admitted, value, recorded = await self.store.write(
+                self._admit_and_record, admit, new, registered.spec.name, decision.args,
+                decided, now, state,
+            )  # fmt: skip
+        else:
+            admitted, value, recorded = await self.store.write_scoped(
+                scope, self._admit_and_record, admit, new, registered.spec.name, decision.args,
+                decided, now, state,
+            )  # fmt: skip
         self._notify()
         if not admitted:
             return value, None
         approval, token = recorded
-        call = Call(run_id, 1, registered, decision.args, token, on_end, context=context)
+        call = Call(run_id, 1, registered, decision.args, token, on_end, context=context,
+                    scope=scope)  # fmt: skip
         return value, self._settled(await self._carry_out(call, decided, approval, state))
 
     def _admit_and_insert(
@@ -648,9 +663,14 @@ class Stepping:
         """
         run_id = call.run_id
         try:
-            status, run_result, view = await self.store.write(
-                self._write_result, call, result, error
-            )
+            if call.scope is None:
+                status, run_result, view = await self.store.write(
+                    self._write_result, call, result, error
+                )
+            else:
+                status, run_result, view = await self.store.write_scoped(
+                    call.scope, self._write_result, call, result, error
+                )
         except Exception as exc:
             if isinstance(exc, StoreBusy):
                 # The database stayed locked for the whole busy deadline; a
@@ -748,3 +768,14 @@ class Stepping:
     ) -> None:
         self._take_running(connection, run_id, decided_on)
         ledger.end_run(self.store, connection, run_id, status, reason, result)
+
+
+def _scoped_step(decided: PolicyDecision, state: StateCheck | None) -> bool:
+    """Whether a first step's record reads and writes only its session's rows: allowed
+    or denied outright, with no claim (a grant's use, a flow's taint: rows any session
+    may share), no state read and no approval (whose creation order is the store's)."""
+    return (
+        decided.outcome in (Outcome.ALLOW, Outcome.DENY)
+        and decided.claim is None
+        and (state is None)
+    )

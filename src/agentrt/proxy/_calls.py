@@ -620,6 +620,8 @@ class Calls:
                 on_end=on_end,
                 context=call.context,
                 principal=call.principal,
+                # `decide` reads and writes only this session's calls (decision 0065).
+                scope=call.index_session,
             )
         except Exception as exc:
             try:

@@ -4,11 +4,12 @@ only hooks).  SQL is written once, in SQLite's dialect, for both."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from ._records import Connection
 
-__all__ = ["Backend", "Busy"]
+__all__ = ["Backend", "Busy", "ScopedBackend"]
 
 
 class Busy(Exception):
@@ -58,4 +59,24 @@ class Backend(Protocol):
     def lost_events(self, anchor: str) -> str:
         """How committed events are lost from this kind of database, as an error says it
         (`anchor`: where the head anchor is)."""
+        ...
+
+
+class ScopedBackend(Backend, Protocol):
+    """A backend on which writes may be scoped (PostgreSQL, decision 0065): a write
+    scoped to a session runs beside other sessions' scoped writes, and only its events
+    take the chain's lock.  SQLite has one writer and no scoped writes."""
+
+    def begin(self, connection: Connection, scope: str | None = None) -> float | None:
+        """`Backend.begin`; with a `scope`, the write lock shared and the scope's own."""
+        ...
+
+    def try_scopes(self, connection: Connection, scopes: Sequence[str]) -> set[str]:
+        """Inside a scoped write, of `scopes` those whose locks it now holds, never
+        waiting for one another write holds."""
+        ...
+
+    def chain_head(self, connection: Connection) -> tuple[int, str] | None:
+        """Inside a scoped write, take the chain's lock (held to the COMMIT) and read the
+        chain's head (seq, hash), or None for an empty chain."""
         ...

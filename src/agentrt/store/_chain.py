@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from ..canonical import canonical_json, json_string, parse_json, sha256_hex
+from ..errors import StoreError
 from ..sanitize import sanitize
+from ._outbox import Outbox, enqueue
 from ._records import ChainReport, Connection, Event, StateReport
 from ._times import utc_now
 
@@ -38,6 +40,28 @@ def event_hash(
     return sha256_hex(envelope.encode("utf-8"))
 
 
+class _LaterEvent(NamedTuple):
+    """An event a scoped write made, written at the write's end (`Deferred`)."""
+
+    run_id: str
+    type_: str
+    payload: dict[str, Any]
+    payload_text: str
+    created_at: str
+
+
+# What a scoped write leaves for its end, under the chain's lock (decision 0065): an
+# event, or (a plain string) a run whose creation order is drawn there.
+Deferred = _LaterEvent | str
+
+# A run's creation order, drawn under the chain's lock (so two scoped writes started
+# beside one another never draw the same number).
+_DRAW_RUN_ORDER: Final = (
+    "UPDATE runs SET created_seq = (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM runs)"
+    " WHERE run_id = ?"
+)
+
+
 class _Chain:
     """The store's part that extends and checks the chain (a mixin of `Store`)."""
 
@@ -46,11 +70,68 @@ class _Chain:
     _lock: threading.RLock
     _pending_events: list[Event]
     _head: tuple[int, str] | None
+    _deferred: list[Deferred] | None
+    outbox: Outbox | None
+
+    @property
+    def deferring(self) -> bool:
+        """Whether the write in progress is scoped: its events (through `defer_event`)
+        and its runs' creation order (`defer_run_order`) are written at its end."""
+        return self._deferred is not None
+
+    def defer_event(self, run_id: str, type_: str, payload: Mapping[str, Any]) -> None:
+        """In a scoped write, the event `append_event` would append, written at the
+        write's end in the order made, with the time it was made (and its outbox
+        announcement, if the store has an outbox)."""
+        assert self._deferred is not None
+        self._deferred.append(
+            _LaterEvent(run_id, type_, dict(payload), canonical_json(payload), utc_now())
+        )
+
+    def defer_run_order(self, run_id: str) -> None:
+        """In a scoped write, the creation order of the run just inserted (its
+        `created_seq` written 0 meanwhile, seen by no other transaction), drawn at the
+        write's end."""
+        assert self._deferred is not None
+        self._deferred.append(run_id)
 
     def append_event(
         self, connection: Connection, run_id: str, type_: str, payload: Mapping[str, Any]
     ) -> Event:
         """Append one event to the chain; call inside `transaction()` or a `write` unit."""
+        if self._deferred is not None:
+            raise StoreError(
+                "a scoped write appends its events through the ledger, at its end; "
+                f"event {sanitize(type_)} was not written"
+            )
+        return self._append_now(
+            connection, run_id, type_, payload, canonical_json(payload), utc_now()
+        )
+
+    def _write_in_order(
+        self, connection: Connection, head: tuple[int, str] | None, deferred: list[Deferred]
+    ) -> None:
+        """Write a scoped write's events and runs' creation order, the chain's lock held
+        and its `head` (None: empty) read under it."""
+        self._head = head or (0, GENESIS_HASH)
+        for item in deferred:
+            if isinstance(item, str):
+                connection.execute(_DRAW_RUN_ORDER, (item,))
+                continue
+            event = self._append_now(connection, item.run_id, item.type_, item.payload,
+                                     item.payload_text, item.created_at)  # fmt: skip
+            if self.outbox is not None:
+                enqueue(self.outbox, connection, event)
+
+    def _append_now(
+        self,
+        connection: Connection,
+        run_id: str,
+        type_: str,
+        payload: Mapping[str, Any],
+        payload_text: str,
+        created_at: str,
+    ) -> Event:
         head = self._head
         if head is None:
             row = connection.execute(
@@ -58,8 +139,6 @@ class _Chain:
             ).fetchone()
             head = (row[0], row[1]) if row else (0, GENESIS_HASH)
         seq, prev_hash = head[0] + 1, head[1]
-        created_at = utc_now()
-        payload_text = canonical_json(payload)
         digest = event_hash(prev_hash, seq, run_id, type_, payload_text, created_at)
         connection.execute(
             "INSERT INTO events (seq, run_id, type, payload, created_at, prev_hash, hash)"

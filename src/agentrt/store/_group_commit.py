@@ -1,10 +1,15 @@
 """Group commit: the store's one writer thread gathers the `Store.write` units of
 concurrent callers into one transaction, each in its own savepoint, and answers every
-caller only after that transaction's COMMIT returned."""
+caller only after that transaction's COMMIT returned.
+
+A batch is scoped when its first unit is (`Store.write_scoped`, decision 0065): then only
+scoped units join it, and an unscoped one waits, first in line, for the next batch."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import queue
 import sys
 import threading
@@ -23,11 +28,16 @@ if TYPE_CHECKING:
 class _Unit:
     """One caller's `Store.write`: the function, then its outcome once its batch settled."""
 
-    __slots__ = ("_done", "_future", "_loop", "args", "error", "function", "submitted", "value")
+    __slots__ = (
+        "_done", "_future", "_loop", "args", "error", "function", "scope", "submitted", "value",
+    )  # fmt: skip
 
-    def __init__(self, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def __init__(
+        self, function: Callable[..., Any], args: tuple[Any, ...], scope: str | None = None
+    ) -> None:
         self.function = function
         self.args = args
+        self.scope = scope  # the session a scoped write reads and writes, or None
         self.submitted = time.monotonic()
         self.value: Any = None
         self.error: BaseException | None = None
@@ -87,6 +97,9 @@ class _Writer:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._queue: queue.SimpleQueue[_Unit | None] = queue.SimpleQueue()
+        # Units taken from the queue but left for a later batch (an unscoped one met while
+        # gathering a scoped batch, a scoped one whose scope another write held), in order.
+        self._held: collections.deque[_Unit] = collections.deque()
         self._stopping = False  # the queue's end was taken: no unit follows it
         self._thread = threading.Thread(
             target=self._loop, name=f"agentrt-writer {store.path}", daemon=True
@@ -101,27 +114,49 @@ class _Writer:
         self._queue.put(None)
         self._thread.join()
 
-    def _queued(self, room: int) -> list[_Unit]:
-        """The units queued now, at most `room` (none once the queue's end was taken).
+    def _queued(self, room: int, scoped: bool = False) -> list[_Unit]:
+        """The units waiting now, at most `room`: those held back first, then the queue's
+        (none of the queue's once its end was taken).  For a `scoped` batch only scoped
+        units; an unscoped one is held back, in order, for the next batch.
 
         This thread is the queue's only reader: not empty means a get succeeds."""
         units: list[_Unit] = []
+        passed: list[_Unit] = []
+        while self._held and len(units) < room:
+            held = self._held.popleft()
+            (passed if scoped and held.scope is None else units).append(held)
         while not self._stopping and len(units) < room and not self._queue.empty():
-            unit = self._queue.get_nowait()
-            if unit is None:
+            queued = self._queue.get_nowait()
+            if queued is None:
                 self._stopping = True
+            elif scoped and queued.scope is None:
+                passed.append(queued)
             else:
-                units.append(unit)
+                units.append(queued)
+        self.give_back(passed)
         return units
 
+    def give_back(self, units: list[_Unit]) -> None:
+        """Hold `units` for the next batch, ahead of every unit waiting, in their order."""
+        self._held.extendleft(reversed(units))
+
+    def _next(self) -> _Unit | None:
+        """The first unit of the next batch (held back ones first), or None at the end."""
+        if self._held:
+            return self._held.popleft()
+        if self._stopping:
+            return None
+        return self._queue.get()
+
     def _loop(self) -> None:
-        while not self._stopping:
-            first = self._queue.get()
+        while True:
+            first = self._next()
             if first is None:
                 return
+            scoped = first.scope is not None
             # Whatever queued while the last batch committed joins this one:
             # nobody waits for a timer, and under load every fsync is shared.
-            units = [first, *self._queued(_MAX_BATCH - 1)]
+            units = [first, *self._queued(_MAX_BATCH - 1, scoped)]
             # Readers and sync transactions waiting for the store's lock go first.
             for _ in range(20):
                 if not self._store._lock_waiters:
@@ -129,7 +164,9 @@ class _Writer:
                 time.sleep(0.0001)
             try:
                 # And whatever queued while it waited for the write lock joins it too.
-                self._store._commit_batch(units, self._queued)
+                self._store._commit_batch(
+                    units, functools.partial(self._queued, scoped=scoped), self.give_back
+                )
             except BaseException as exc:  # never leave a caller waiting
                 for unit in units:
                     if unit.error is None:

@@ -10,7 +10,8 @@ Writers serialise on one advisory transaction lock (`WRITE_LOCK`), taken at
 the start of every write transaction, as SQLite's `BEGIN IMMEDIATE` takes
 its write lock: the chain head is read and extended under it, and every
 check-then-write decision (a lease, a compare-and-set, the call index's
-rules) sees every earlier commit, whichever host made it.  Times that judge
+rules) sees every earlier commit, whichever host made it (but for scoped
+writes, below).  Times that judge
 a lease or a hold are the database server's (`clock_timestamp()`, read in the
 same statement that took the lock), so hosts whose clocks disagree still
 agree on who holds what.
@@ -28,11 +29,16 @@ server, and a statement sent a few times on a connection is prepared there
 whose rows are every column of a table (`SELECT *`, `RETURNING *`) never is,
 since a column another process adds would make PostgreSQL refuse it.
 
-All of a write's work, not only the chain's append, is done holding the lock:
-that is the ceiling of many proxies on one database (decisions 0055, 0058).
-Holding it only for the chain's tail needs finer locks keyed by what each unit
-checks: the proxy's decision reads its whole session for a run not yet written,
-so per-run locks would not guard it (decision 0058 has the audit and the design).
+A write that is not scoped does all of its work holding that lock: nothing else
+writes meanwhile.  A write scoped to a proxy's session (`Store.write_scoped`,
+decision 0065: a call decided, its run started and its step recorded; its result)
+takes the lock *shared*, then its session's own lock (`SCOPE_SPACE`, the session's
+`hashtext`), and does its reads and row writes beside other sessions' scoped
+writes; its events wait for the chain's lock (`CHAIN_LOCK`), taken at its end and
+held to its COMMIT, under which the head is read and the events written, so the
+chain stays one order, gap-free, in commit order.  Locks are taken in one order
+(the write lock, a session's, the chain's) and the only other scopes a write takes
+are taken without waiting (`try_scopes`), so no two writes wait on each other.
 
 Credentials come only from libpq's environment (`PGPASSWORD`, a pgpass file,
 a service): a URL holding a password is refused, so no password is ever
@@ -59,6 +65,8 @@ from ..sanitize import sanitize
 from ._records import Connection
 
 __all__ = [
+    "CHAIN_LOCK",
+    "SCOPE_SPACE",
     "WRITE_LOCK",
     "PostgresBackend",
     "PostgresConnection",
@@ -75,6 +83,22 @@ _TAKE_WRITE_LOCK: Final = (
     "SELECT pg_advisory_xact_lock(?), EXTRACT(EPOCH FROM clock_timestamp())::float8"
 )
 
+# A scoped write (decision 0065) takes the same key *shared*: scoped writes run beside
+# one another, and every other write (taking it exclusive, as every earlier build did)
+# excludes them all.  Then its scope's lock (a session's, in its own key space: the two
+# 32-bit keys' form), and, for its events, the chain's lock last, held to its COMMIT.
+_SHARE_WRITE_LOCK: Final = "SELECT pg_advisory_xact_lock_shared(?)"
+SCOPE_SPACE: Final = 0x61677274  # "agrt": the key space of the scopes' locks
+_TAKE_SCOPE_LOCK: Final = (
+    "SELECT pg_advisory_xact_lock(?, hashtext(?)), EXTRACT(EPOCH FROM clock_timestamp())::float8"
+)
+_TRY_SCOPE_LOCKS: Final = (
+    "SELECT scope, pg_try_advisory_xact_lock(?, hashtext(scope)) FROM unnest(?::text[]) AS scope"
+)
+CHAIN_LOCK: Final = 0x6167656E746368  # "agentch"
+_TAKE_CHAIN_LOCK: Final = "SELECT pg_advisory_xact_lock(?)"
+_HEAD: Final = "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
+
 # A statement whose rows are every column of a table is never prepared
 # (`PostgresConnection._send`).
 _EVERY_COLUMN: Final = re.compile(r"\b(?:SELECT|RETURNING) \*")
@@ -89,10 +113,11 @@ def _prepare(sql: str) -> bool | None:
 # Whether this libpq has pipeline mode (14 and later; psycopg's binary wheels have it).
 _PIPELINE: Final = psycopg.capabilities.has_pipeline()
 
-# Statements of a write not waited for one by one: the chain's appends (answered
-# together at the end of the unit, `settle`: nobody catches their error, a refused one
-# fails the unit) and a unit's savepoints (answered with the next statement that is).
-_APPEND: Final = "INSERT INTO events "
+# Statements of a write not waited for one by one: the chain's appends and a scoped
+# write's runs' creation order (answered together at the end of the unit, `settle`, or
+# before the COMMIT: nobody catches their error, a refused one fails the unit or the
+# write) and a unit's savepoints (answered with the next statement that is).
+_APPEND: Final = ("INSERT INTO events ", "UPDATE runs SET created_seq ")
 _BOOKKEEPING: Final = ("SAVEPOINT ", "RELEASE ", "ROLLBACK TO ")
 
 # The server ended the session (`pg_terminate_backend`, a shutdown): the connection is as
@@ -519,15 +544,18 @@ class PostgresConnection:
             )
         return StoreError(f"database {self.label}: {detail}")
 
-    def begin_write(self) -> float:
+    def begin_write(self, scope: str | None = None) -> float:
         """Start a write transaction holding the write lock, its statements in pipeline
         mode from here to its COMMIT or ROLLBACK; return the server's time then.
 
-        BEGIN and the lock go out together, one round trip.  A connection found broken
-        by them is opened again and they are sent once more (nothing was written yet).
+        With a `scope` (decision 0065) the write lock is taken shared, then the scope's
+        own lock: the write runs beside other scopes' writes, and its events wait for
+        the chain's lock (`chain_head`).  BEGIN and the locks go out together, one round
+        trip.  A connection found broken by them is opened again and they are sent once
+        more (nothing was written yet).
         """
         if not _PIPELINE:
-            return self._begin_waiting_each()
+            return self._begin_waiting_each(scope)
         if self._cut or (self._writing and self._connection.broken):
             self._drop_pipeline()
             self._writing = self._cut = False
@@ -537,7 +565,11 @@ class PostgresConnection:
             try:
                 self._enter_pipeline()
                 self._send("BEGIN", ())
-                cursor = self._send(_TAKE_WRITE_LOCK, (WRITE_LOCK,))
+                if scope is None:
+                    cursor = self._send(_TAKE_WRITE_LOCK, (WRITE_LOCK,))
+                else:
+                    self._send(_SHARE_WRITE_LOCK, (WRITE_LOCK,))
+                    cursor = self._send(_TAKE_SCOPE_LOCK, (SCOPE_SPACE, scope))
                 assert self._pipeline is not None
                 self._pipeline.sync()
                 row = cursor.fetchone()
@@ -561,16 +593,46 @@ class PostgresConnection:
             return float(row[1])
         raise AssertionError("unreachable")  # (the loop returns or raises)
 
-    def _begin_waiting_each(self) -> float:
+    def _begin_waiting_each(self, scope: str | None) -> float:
         """`begin_write` where libpq has no pipeline mode (before 14): every statement of
         the write waited for, one by one."""
         self.execute("BEGIN")
         try:
-            row = self.execute(_TAKE_WRITE_LOCK, (WRITE_LOCK,)).fetchone()
+            if scope is None:
+                row = self.execute(_TAKE_WRITE_LOCK, (WRITE_LOCK,)).fetchone()
+            else:
+                self.execute(_SHARE_WRITE_LOCK, (WRITE_LOCK,))
+                row = self.execute(_TAKE_SCOPE_LOCK, (SCOPE_SPACE, scope)).fetchone()
         except BaseException:
             self.rollback_quietly()
             raise
         return float(row[1])
+
+    def try_scopes(self, scopes: Sequence[str]) -> set[str]:
+        """Inside a scoped write, take the locks of more `scopes` where no other write
+        holds them, never waiting (so no two writes can wait on each other's scopes);
+        the scopes now held."""
+        rows = self.execute(_TRY_SCOPE_LOCKS, (SCOPE_SPACE, list(scopes))).fetchall()
+        return {row[0] for row in rows if row[1]}
+
+    def chain_head(self) -> tuple[int, str] | None:
+        """Inside a scoped write: take the chain's lock, held to the COMMIT, then read the
+        chain's head (seq, hash), or None for an empty chain.  The head is read by a
+        statement of its own sent after the lock's: under READ COMMITTED a statement sees
+        the commits made before it started, and one that waited for the lock would not
+        see those made while it waited (decision 0058)."""
+        if self._pipeline is None:
+            self.execute(_TAKE_CHAIN_LOCK, (CHAIN_LOCK,))
+            row = self.execute(_HEAD).fetchone()
+        else:
+            try:
+                self._send(_TAKE_CHAIN_LOCK, (CHAIN_LOCK,))
+                cursor = self._send(_HEAD, ())
+            except psycopg.Error as exc:
+                raise self._refused_in_pipeline(exc) from None
+            self.sync()
+            row = cursor.fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
 
     def rollback_quietly(self) -> None:
         self._cut = self._writing = False
@@ -599,10 +661,22 @@ class PostgresBackend:
     def __init__(self, connection: PostgresConnection) -> None:
         self._connection = connection
 
-    def begin(self, connection: Connection) -> float | None:
-        """`BEGIN` and the write lock, waited for by the server (a wait past the lock
-        timeout is `StoreBusy`); the server's time then."""
-        return self._connection.begin_write()  # the adapter: the store's connection
+    # Writes may be scoped: scoped ones run beside one another (decision 0065).
+    scopes: Final = True
+
+    def begin(self, connection: Connection, scope: str | None = None) -> float | None:
+        """`BEGIN` and the write lock (shared, and the scope's, for a scoped write), waited
+        for by the server (a wait past the lock timeout is `StoreBusy`); the server's
+        time then."""
+        return self._connection.begin_write(scope)  # the adapter: the store's connection
+
+    def try_scopes(self, connection: Connection, scopes: Sequence[str]) -> set[str]:
+        """Of `scopes`, those whose locks this scoped write now holds (never waiting)."""
+        return self._connection.try_scopes(scopes)
+
+    def chain_head(self, connection: Connection) -> tuple[int, str] | None:
+        """The chain's lock, then its head: where a scoped write's events begin."""
+        return self._connection.chain_head()
 
     def is_busy(self, error: Exception) -> bool:
         return False  # the server waits; the adapter says a wait too long as StoreBusy

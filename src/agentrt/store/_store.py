@@ -16,15 +16,15 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Concatenate, Final, ParamSpec, TypeVar
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
 import anyio.to_thread
 
 from ..errors import StoreBusy, StoreError
 from ..sanitize import sanitize
 from ._anchor import _AnchorFile, _Anchoring
-from ._backend import Backend, Busy
-from ._chain import _Chain
+from ._backend import Backend, Busy, ScopedBackend
+from ._chain import Deferred, _Chain
 from ._group_commit import _MAX_BATCH, _Unit, _Writer
 from ._outbox import Outbox
 from ._reads import _Reads
@@ -56,6 +56,10 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         self._connection = connection
         # What differs between SQLite (the default) and PostgreSQL, as hooks.
         self._backend: Backend = SqliteBackend(path) if backend is None else backend
+        # The same backend where writes may be scoped (PostgreSQL), else None.
+        self._scoped: ScopedBackend | None = (
+            cast(ScopedBackend, self._backend) if getattr(self._backend, "scopes", False) else None
+        )
         # On PostgreSQL, the server's time when the write transaction in progress took
         # the write lock: leases and holds are judged on it (`write_time`).
         self._server_now: float | None = None
@@ -67,6 +71,9 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         # Events of the transaction (or savepoint) in progress: only the thread
         # holding _lock touches them.  Moved to _committed_events after COMMIT.
         self._pending_events: list[Event] = []
+        # In a scoped batch, what its units appended, in order, to be written at its end
+        # under the chain's lock (`_write_deferred`); None outside one.
+        self._deferred: list[Deferred] | None = None
         # The chain head (seq, hash) as this transaction left it, read from the
         # database once per transaction: BEGIN IMMEDIATE holds the write lock and
         # `append_event` is the only writer of events, so it cannot move under us.
@@ -87,6 +94,11 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         """Seconds this store's writes held the database's write lock: from taking it
         to the end of their transaction (on PostgreSQL, until the lock is released)."""
         self._lock_taken = 0.0
+        self.chain_lock_wait_s = 0.0
+        """Seconds scoped writes waited for the chain's lock (PostgreSQL, decision 0065)."""
+        self.chain_lock_held_s = 0.0
+        """Seconds scoped writes held the chain's lock: from taking it to their COMMIT."""
+        self._chain_taken = 0.0
         self.outbox: Outbox | None = None
         """Which events this store announces (`_outbox.enable_outbox`); None: none."""
 
@@ -120,11 +132,36 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         written), so what the caller is told is on disk.  A cancelled caller
         waits for its unit to be settled, as with `run`.
         """
-        if self.read_only:
-            raise StoreError(f"database {sanitize(self.path)} is open read-only")
         if kwargs:  # (none on the hot paths: a unit is called with its positional arguments)
             function = functools.partial(function, **kwargs)
-        unit = _Unit(function, args)
+        return await self._submit(_Unit(function, args))  # type: ignore[no-any-return]
+
+    async def write_scoped(
+        self,
+        scope: str,
+        function: Callable[Concatenate[Connection, _P], _T],
+        /,
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> _T:
+        """`write`, for a unit that reads and writes only the rows of one scope (a proxy
+        session's calls, their runs, steps and approvals) and appends its events
+        through the ledger (decision 0065).
+
+        On PostgreSQL such units of different scopes run beside one another, from
+        several proxies at once: each write takes the write lock shared and its scope's
+        lock, and its events are written at its end, under the chain's lock, in one
+        order.  Every other write takes the write lock whole, as before, so it sees no
+        scoped write half done.  On SQLite (one writer) it is `write`.
+        """
+        if kwargs:
+            function = functools.partial(function, **kwargs)
+        unit = _Unit(function, args, scope if self._scoped is not None else None)
+        return await self._submit(unit)  # type: ignore[no-any-return]
+
+    async def _submit(self, unit: _Unit) -> Any:
+        if self.read_only:
+            raise StoreError(f"database {sanitize(self.path)} is open read-only")
         future = unit._future
         with anyio.CancelScope(shield=True):
             # Submitted last, just before this task yields: the writer wakes needing
@@ -136,7 +173,7 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
                 await unit.settled()
         if unit.error is not None:
             raise unit.error
-        return unit.value  # type: ignore[no-any-return]
+        return unit.value
 
     def _writer_thread(self) -> _Writer:
         with self._writer_guard:
@@ -170,7 +207,10 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
     # -- transactions --------------------------------------------------------
 
     def _commit_batch(
-        self, units: list[_Unit], joining: Callable[[int], list[_Unit]] | None = None
+        self,
+        units: list[_Unit],
+        joining: Callable[[int], list[_Unit]] | None = None,
+        give_back: Callable[[list[_Unit]], None] | None = None,
     ) -> None:
         """On the writer thread: one transaction over `units`, each in a savepoint.
 
@@ -178,11 +218,17 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         was waited for (at most `room`), and they join this transaction: `units` is
         extended in place.  Every unit's outcome is set before this returns; none is
         released (`_Unit.release`) until COMMIT returned and the anchor was written.
+
+        A scoped batch (its first unit scoped, decision 0065) holds its first unit's
+        scope and takes the others' where no other write holds them; a unit whose
+        scope it cannot take leaves `units` and goes to `give_back`, for a later batch.
+        Its units' events are written at its end, under the chain's lock.
         """
+        scope = units[0].scope
         try:
             # Each unit waits out a busy database one deadline from its submission,
             # not from when an earlier batch's wait for the lock gave up.
-            self._begin(min(unit.submitted for unit in units) + self.busy_deadline)
+            self._begin(min(unit.submitted for unit in units) + self.busy_deadline, scope)
         except BaseException as exc:
             for unit in units:
                 unit.error = exc
@@ -192,9 +238,11 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
             # it (decision 0055): one BEGIN, lock and COMMIT for all of them.
             units.extend(joining(_MAX_BATCH - len(units)))
         connection = self._connection
-        # A unit alone in its batch needs no savepoint: the transaction is its own.
-        alone = len(units) == 1
         try:
+            if scope is not None:
+                self._take_scopes(connection, scope, units, give_back)
+            # A unit alone in its batch needs no savepoint: the transaction is its own.
+            alone = len(units) == 1
             self._head = None
             committed: list[Event] = []
             kept: list[_Unit] = []
@@ -205,6 +253,7 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
                     break
                 head = self._head
                 self._pending_events = []
+                deferred = 0 if self._deferred is None else len(self._deferred)
                 if not alone:
                     connection.execute("SAVEPOINT unit")
                 try:
@@ -215,6 +264,8 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
                     unit.error = exc
                     self._pending_events = []
                     self._head = head
+                    if self._deferred is not None:
+                        del self._deferred[deferred:]
                     if connection.in_transaction:
                         if alone:
                             connection.execute("ROLLBACK")
@@ -227,6 +278,10 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
                 committed.extend(self._pending_events)
                 kept.append(unit)
             self._pending_events = []
+            if self._deferred is not None and connection.in_transaction:
+                self._write_deferred(connection)
+                committed.extend(self._pending_events)
+                self._pending_events = []
             if connection.in_transaction:
                 connection.execute("COMMIT")
                 self.commits += 1
@@ -255,12 +310,53 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         finally:
             self._head = None
             self._server_now = None
-            self.write_lock_held_s += time.perf_counter() - self._lock_taken
+            self._deferred = None
+            ended = time.perf_counter()
+            self.write_lock_held_s += ended - self._lock_taken
+            if self._chain_taken:
+                self.chain_lock_held_s += ended - self._chain_taken
+                self._chain_taken = 0.0
             self._lock.release()
         if committed:
             with self._events_lock:
                 self._committed_events.extend(committed)
             self._advance_anchor(committed[-1].seq, committed[-1].hash)
+
+    def _take_scopes(
+        self,
+        connection: Connection,
+        scope: str,
+        units: list[_Unit],
+        give_back: Callable[[list[_Unit]], None] | None,
+    ) -> None:
+        """In a scoped batch holding `scope`: take the other units' scopes where no other
+        write holds them (never waiting: two writes never wait on each other's scopes),
+        and give back, in order, the units whose scopes it could not take."""
+        assert self._scoped is not None
+        self._deferred = []
+        others = sorted({unit.scope for unit in units if unit.scope not in (None, scope)})
+        held = {scope}
+        if others:
+            held |= self._scoped.try_scopes(connection, others)
+        refused = [unit for unit in units if unit.scope not in held]
+        if refused:
+            units[:] = [unit for unit in units if unit.scope in held]
+            if give_back is None:
+                raise AssertionError("a scoped batch's refused units need somewhere to go")
+            give_back(refused)
+
+    def _write_deferred(self, connection: Connection) -> None:
+        """At a scoped batch's end: take the chain's lock, read its head, and write the
+        batch's events (and the creation order of the runs it started) in order."""
+        assert self._scoped is not None and self._deferred is not None
+        deferred, self._deferred = self._deferred, None
+        if not deferred:
+            return
+        asked = time.perf_counter()
+        head = self._scoped.chain_head(connection)
+        self._chain_taken = time.perf_counter()
+        self.chain_lock_wait_s += self._chain_taken - asked
+        self._write_in_order(connection, head, deferred)
 
     def _acquire_lock(self) -> None:
         """Take the store's lock, counted while waiting, so the writer thread can
@@ -276,7 +372,7 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
             with self._waiters_guard:
                 self._lock_waiters -= 1
 
-    def _begin(self, deadline: float | None = None) -> None:
+    def _begin(self, deadline: float | None = None, scope: str | None = None) -> None:
         """Take the store's lock and begin a write holding the database's write lock (the
         backend's `begin`), waiting out a busy database in short attempts (the lock
         released between them) until `deadline` (monotonic; `busy_deadline` from now by
@@ -292,7 +388,11 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         while True:
             self._acquire_lock()
             try:
-                self._server_now = self._backend.begin(self._connection)
+                if scope is None:
+                    self._server_now = self._backend.begin(self._connection)
+                else:
+                    assert self._scoped is not None
+                    self._server_now = self._scoped.begin(self._connection, scope)
                 self._lock_taken = time.perf_counter()
                 self.write_lock_wait_s += self._lock_taken - asked
                 return

@@ -106,6 +106,10 @@ def _append(
     store: Store, connection: Connection, run_id: str, event: EventType, payload: Mapping[str, Any]
 ) -> None:
     # The plain string, as every event was always written: the chain hashes it.
+    if store.deferring:
+        # A scoped write's events (and their announcements) are written at its end.
+        store.defer_event(run_id, event.value, payload)
+        return
     appended = store.append_event(connection, run_id, event.value, payload)
     if store.outbox is not None:
         # Its announcement in the same transaction: one fact, never lost (`_outbox.py`).
@@ -210,6 +214,19 @@ class NewLease:
     started_at: str
 
 
+_START_RUN: Final = (
+    "INSERT INTO runs (run_id, goal, status, created_at, updated_at, metadata,"
+    " deadline_at, step_count, lease_owner, lease_expires_at, lease_token,"
+    " created_seq) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?,"
+    " (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM runs))"
+)
+_START_RUN_ORDER_LATER: Final = (
+    "INSERT INTO runs (run_id, goal, status, created_at, updated_at, metadata,"
+    " deadline_at, step_count, lease_owner, lease_expires_at, lease_token,"
+    " created_seq) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, 0)"
+)
+
+
 def start_run(
     store: Store,
     connection: Connection,
@@ -232,18 +249,19 @@ def start_run(
         owner, token = lease.owner, uuid.uuid4().hex
         expires = store.write_time(time.time()) + lease.ttl
         updated, steps = lease.started_at, 1
+    later = store.deferring
     try:
-        # Its creation order in the same statement: one read of the index's last entry.
+        # Its creation order in the same statement (one read of the index's last entry),
+        # or, in a scoped write, drawn at its end under the chain's lock.
         connection.execute(
-            "INSERT INTO runs (run_id, goal, status, created_at, updated_at, metadata,"
-            " deadline_at, step_count, lease_owner, lease_expires_at, lease_token,"
-            " created_seq) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?,"
-            " (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM runs))",
+            _START_RUN_ORDER_LATER if later else _START_RUN,
             (run_id, goal, created, updated, canonical_json(dict(metadata or {})),
              deadline_at, steps, owner, expires, token),
         )  # fmt: skip
     except INTEGRITY_ERRORS:
         raise RunStateError(f"run {sanitize(run_id)} already exists") from None
+    if later:
+        store.defer_run_order(run_id)
     started: dict[str, Any] = {"goal": goal, "tools": list(tools), "metadata": dict(metadata or {})}
     if principal is not None:
         started[PRINCIPAL_FIELD] = principal.as_payload()

@@ -39,11 +39,11 @@ def _arm(crash_at: str) -> None:
     batch: Callable[..., Any] = Store._commit_batch
 
     @functools.wraps(batch)
-    def commit_batch(self: Any, units: Any, joining: Any = None) -> None:
+    def commit_batch(self: Any, units: Any, joining: Any = None, give_back: Any = None) -> None:
         nonlocal writes
         writes += 1
         reached("before")
-        batch(self, units, joining)
+        batch(self, units, joining, give_back)
         reached("after")
 
     transaction: Callable[..., Any] = Store.transaction.__wrapped__  # type: ignore[attr-defined]

@@ -35,6 +35,7 @@ async def _row_then_run(
     on_end: Any = None,
     context: Any = None,
     principal: Any = None,
+    scope: Any = None,
 ) -> Any:
     """The order of a build before group commit: the index row in a commit of its own."""
     admitted, value = await self.store.write(admit)
