@@ -253,3 +253,38 @@ async def test_a_proxy_holding_a_call_judges_its_approvals_life_on_the_servers_c
     assert answer.startswith("EXPIRED: "), answer
     assert 2.0 <= waited < 8.0, waited
     assert machine.executions() == []
+
+
+async def test_four_proxies_of_four_sessions_write_at_once_into_one_verified_chain(
+    tmp_path: Path, postgres_server: Any
+) -> None:
+    """Each machine's proxy serves a session of its own, so their calls are scoped writes
+    that run beside one another on the database (decision 0065): forty writes sent at once
+    across four machines each run once, each answered with its own result, and the one
+    chain they all extended verifies, its state with it."""
+    url = postgres_server.database()
+    machines = [
+        await build_setup(
+            tmp_path / f"machine-{number}", rules=_SLOW_RULES, database=url,
+            session=f"team-{number}",
+        )  # fmt: skip
+        for number in range(4)
+    ]
+    answers: dict[str, str] = {}
+    async with AsyncExitStack() as stack:
+        sessions = [await stack.enter_async_context(host(machine)) for machine in machines]
+
+        async def call(session: Any, note: str) -> None:
+            answers[note] = text_of(await session.call_tool("up_write_note", {"note": note}))
+
+        async with anyio.create_task_group() as group:
+            for number in range(10):
+                for index, session in enumerate(sessions):
+                    group.start_soon(call, session, f"note {index}-{number}")
+    assert answers == {note: f"noted {note}" for note in answers} and len(answers) == 40
+    for index, machine in enumerate(machines):
+        assert sorted(machine.executions()) == sorted(
+            f"write_note note {index}-{number}" for number in range(10)
+        )
+    verified = _verify(url, tmp_path)
+    assert verified.returncode == 0 and "intact" in verified.stdout, verified.stdout
