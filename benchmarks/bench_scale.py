@@ -3,11 +3,13 @@ database, each with 8 calls in flight, on PostgreSQL and on one SQLite file.
 
     python benchmarks/bench_scale.py [--quick]      (or run.py --only scale)
 
-Eight proxies are started once per backend, all on the same database (each with
-its own session and its own upstream, `_scale_server.py`: a standard-library
+Eight proxies are started once per backend, all on the same database and serving
+one session, as docs/postgresql.md sets a team up (`--sessions each`: a session of
+its own each), each with its own upstream (`_scale_server.py`: a standard-library
 server that costs next to no CPU); each phase then drives the first 1, 2, 4 or 8
 of them for a fixed window from one host process speaking newline-delimited
-JSON-RPC over their pipes, 8 calls in flight per proxy.  Per phase:
+JSON-RPC over their pipes, 8 calls in flight per proxy, every call a request of its
+own.  Per phase:
 
 - calls/s over all proxies, and the ratio to the 1-proxy phase of the same run;
 - p50 and p99 of a call's latency, as the host sees it;
@@ -242,7 +244,8 @@ async def _phase(
         async with asyncio.TaskGroup() as group:
             for host in hosts:
                 for number in range(IN_FLIGHT):
-                    group.create_task(worker(host, number))
+                    # Every call in flight a request of its own, across proxies too.
+                    group.create_task(worker(host, hosts.index(host) * IN_FLIGHT + number))
 
     await drive(min(1.0, window / 3))  # warm-up: every proxy's pools and caches filled
     await asyncio.sleep(0.3)  # the counters' files caught up
@@ -311,6 +314,7 @@ async def _backend(
     window: float,
     server: _postgres.PostgresServer | None,
     counts: tuple[int, ...],
+    sessions: str = "team",
 ) -> dict[str, Any]:
     manifest = await pin(Server(name="bench", command=SERVER, connect_timeout=60.0))
     conf = root / "conf"
@@ -326,7 +330,7 @@ async def _backend(
     for index in range(max(counts)):
         document = {
             "database": databases[index % len(databases)],
-            "session": f"scale-{index}",
+            "session": "team" if sessions == "team" else f"scale-{index}",
             "servers": [
                 {"name": "bench", "command": SERVER, "manifest": "bench.manifest.json",
                  "rules": {tool: {"side_effect": "read_only"} for tool in manifest.tools}},
@@ -378,13 +382,15 @@ def run(
     window: float | None = None,
     backends: tuple[str, ...] = ("postgresql", "sqlite"),
     apart: tuple[int, ...] = APART,
+    sessions: str = "team",
 ) -> Result:
     """Every phase of `counts` proxies (the first must be 1: the others' baseline); on
     PostgreSQL, then the phases of `apart` proxies each on a database of its own (none
-    when empty)."""
+    when empty).  `sessions`: "team", one session every proxy serves, as
+    docs/postgresql.md sets a team up; "each", a session of its own each."""
     if window is None:
         window = 2.0 if quick else 5.0
-    results: dict[str, Any] = {"in_flight": IN_FLIGHT, "window_s": window}
+    results: dict[str, Any] = {"in_flight": IN_FLIGHT, "window_s": window, "sessions": sessions}
     with tempfile.TemporaryDirectory(prefix="agentrt-bench-scale-") as name:
         root = Path(name)
         binaries = _postgres.find_binaries()
@@ -396,24 +402,31 @@ def run(
             server = _postgres.PostgresServer(binaries)
             try:
                 results["postgresql"] = asyncio.run(
-                    _backend("postgresql", [server.database()], root / "pg", window, server, counts)
-                )
+                    _backend(
+                        "postgresql", [server.database()], root / "pg", window, server, counts,
+                        sessions,
+                    )
+                )  # fmt: skip
                 if apart:
                     # The same work with nothing shared but the server and the machine: each
                     # proxy on a database of its own, so no write lock or chain is shared.
                     # What these proxies reach is the machine's ceiling for the row.
                     separate = [server.database() for _ in range(max(apart))]
                     results["postgresql_apart"] = asyncio.run(
-                        _backend("postgresql", separate, root / "pg-apart", window, server, apart)
-                    )
+                        _backend(
+                            "postgresql", separate, root / "pg-apart", window, server, apart,
+                            sessions,
+                        )
+                    )  # fmt: skip
             finally:
                 server.stop()
         if "sqlite" in backends:
             results["sqlite"] = asyncio.run(
                 _backend(
-                    "sqlite", [str(root / "lite" / "scale.db")], root / "lite", window, None, counts
+                    "sqlite", [str(root / "lite" / "scale.db")], root / "lite", window, None,
+                    counts, sessions,
                 )
-            )
+            )  # fmt: skip
     return results
 
 
@@ -489,6 +502,13 @@ def main() -> int:
         help="the phases' proxy counts with a PostgreSQL database each, 1 first; '' for none"
         " (default 1,4)",
     )
+    parser.add_argument(
+        "--sessions",
+        choices=("team", "each"),
+        default="team",
+        help="one session every proxy serves, as docs/postgresql.md sets a team up (default),"
+        " or a session of its own each",
+    )
     options = parser.parse_args()
     counts = tuple(int(part) for part in options.proxies.split(","))
     if counts[0] != 1:
@@ -497,7 +517,7 @@ def main() -> int:
     if apart and apart[0] != 1:
         parser.error("--apart must start with 1 (the baseline of the ratios)")
     backends = tuple(options.backend or ("postgresql", "sqlite"))
-    results = run(options.quick, counts, options.window, backends, apart)
+    results = run(options.quick, counts, options.window, backends, apart, options.sessions)
     print(json.dumps(results, indent=1))
     for line in rows(results):
         print(" | ".join(line))

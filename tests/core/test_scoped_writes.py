@@ -88,14 +88,16 @@ async def test_two_sessions_scoped_writes_commit_beside_each_other_in_one_chain(
 
     async def write_a() -> None:
         answered["a"] = await first.write_scoped(
-            "session-a", _starting(first, "run-a", entered=entered, release=release)
+            ("session-a", "", ""), _starting(first, "run-a", entered=entered, release=release)
         )
 
     async with anyio.create_task_group() as group:
         group.start_soon(write_a)
         await _inside(entered)
         with anyio.fail_after(10):  # under one write lock for all, this would wait for a
-            answered["b"] = await second.write_scoped("session-b", _starting(second, "run-b"))
+            answered["b"] = await second.write_scoped(
+                ("session-b", "", ""), _starting(second, "run-b")
+            )
         assert "a" not in answered
         release.set()
     assert answered == {"a": "run-a", "b": "run-b"}
@@ -113,7 +115,9 @@ async def test_a_scoped_write_waits_for_one_of_its_own_session_in_progress(url: 
     answered: list[str] = []
 
     async def write(store: Store, run_id: str, **waits: Any) -> None:
-        answered.append(await store.write_scoped("session-a", _starting(store, run_id, **waits)))
+        answered.append(
+            await store.write_scoped(("session-a", "", ""), _starting(store, run_id, **waits))
+        )
 
     async with anyio.create_task_group() as group:
         group.start_soon(functools.partial(write, first, "run-1", entered=entered, release=release))
@@ -139,7 +143,7 @@ async def test_an_unscoped_write_waits_for_every_scoped_write_in_progress(url: s
     async def scoped() -> None:
         answered.append(
             await first.write_scoped(
-                "session-a", _starting(first, "run-a", entered=entered, release=release)
+                ("session-a", "", ""), _starting(first, "run-a", entered=entered, release=release)
             )
         )
 
@@ -176,7 +180,8 @@ async def test_a_scoped_write_killed_holding_its_session_leaves_nothing_and_free
     async def doomed() -> None:
         try:
             outcome["killed"] = await killed.write_scoped(
-                "session-a", _starting(killed, "run-killed", entered=entered, release=release)
+                ("session-a", "", ""),
+                _starting(killed, "run-killed", entered=entered, release=release),
             )
         except StoreError as exc:
             outcome["killed"] = exc
@@ -188,7 +193,9 @@ async def test_a_scoped_write_killed_holding_its_session_leaves_nothing_and_free
         with psycopg.connect(url, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         with anyio.fail_after(10):  # the session's lock went with the killed connection
-            outcome["other"] = await other.write_scoped("session-a", _starting(other, "run-b"))
+            outcome["other"] = await other.write_scoped(
+                ("session-a", "", ""), _starting(other, "run-b")
+            )
         release.set()
     assert outcome["other"] == "run-b"
     assert isinstance(outcome["killed"], StoreError)
@@ -199,7 +206,10 @@ async def test_a_scoped_write_killed_holding_its_session_leaves_nothing_and_free
     assert not other.query("SELECT run_id FROM runs WHERE run_id = 'run-killed'")
     _sound(other)
     # The killed proxy's store opens another connection and goes on from the chain's head.
-    assert await killed.write_scoped("session-a", _starting(killed, "run-after")) == "run-after"
+    assert (
+        await killed.write_scoped(("session-a", "", ""), _starting(killed, "run-after"))
+        == "run-after"
+    )
     assert _started(killed)[-1] == ("run-after", 2, 2)
     _sound(killed)
     for store in (killed, other):
@@ -219,17 +229,21 @@ async def test_a_scoped_write_appending_outside_the_ledger_is_refused_and_nothin
         store.append_event(connection, "run-stray", "note", {"by": "a unit"})
 
     with pytest.raises(StoreError, match="a scoped write appends its events through the ledger"):
-        await store.write_scoped("session-a", stray)
+        await store.write_scoped(("session-a", "", ""), stray)
     assert not store.query("SELECT run_id FROM runs")
     assert store.query("SELECT COUNT(*) FROM events")[0][0] == 0
-    assert await store.write_scoped("session-a", _starting(store, "run-next")) == "run-next"
+    assert (
+        await store.write_scoped(("session-a", "", ""), _starting(store, "run-next")) == "run-next"
+    )
     assert await store.write(_starting(store, "run-whole")) == "run-whole"
     assert _started(store) == [("run-next", 1, 1), ("run-whole", 2, 2)]
     _sound(store)
     store.close()
 
 
-async def _hold_scoped_writer(store: Store, scope: str, release: threading.Event) -> None:
+async def _hold_scoped_writer(
+    store: Store, scope: tuple[str, str, str], release: threading.Event
+) -> None:
     """Keep `store`'s writer inside a scoped unit until `release`, so later writes queue."""
 
     def wait(connection: Any) -> None:
@@ -256,20 +270,18 @@ async def test_a_batch_of_scoped_writes_keeps_each_ones_failure_its_own_and_hold
             if scope is None:
                 outcomes[name] = await store.write(unit)
             else:
-                outcomes[name] = await store.write_scoped(scope, unit)
+                outcomes[name] = await store.write_scoped((scope, "", ""), unit)
         except _Refused as exc:
             outcomes[name] = exc
 
     async def hold_elsewhere() -> None:
-        await other.write_scoped(
-            "session-held", _starting(other, "run-held", entered=held_entered,
-                                      release=held_release),
-        )  # fmt: skip
+        unit = _starting(other, "run-held", entered=held_entered, release=held_release)
+        await other.write_scoped(("session-held", "", ""), unit)
 
     async with anyio.create_task_group() as group:
         group.start_soon(hold_elsewhere)
         await _inside(held_entered)
-        group.start_soon(_hold_scoped_writer, store, "session-0", release)
+        group.start_soon(_hold_scoped_writer, store, ("session-0", "", ""), release)
         await anyio.sleep(0.2)  # the writer is inside the holding unit
         commits = store.commits
         for name, scope, fail in (
@@ -316,11 +328,27 @@ async def test_many_scoped_writers_on_two_stores_never_deadlock_and_append_one_c
     stores = [open_store(url), open_store(url)]
     rng = random.Random(36)
     plan = [
-        (rng.choice(stores), rng.choice(["s1", "s2", "s3", None]), f"run-{n}") for n in range(120)
+        (
+            rng.choice(stores),
+            rng.choice(
+                [
+                    ("s1", "", ""),
+                    ("s2", "", ""),
+                    ("s1", "t1", ""),
+                    ("s1", "t1", "k1"),
+                    ("s1", "t1", "k2"),
+                    ("s1", "t2", "k1"),
+                    ("s2", "t1", "k1"),
+                    None,
+                ]
+            ),
+            f"run-{n}",
+        )
+        for n in range(120)
     ]
     answered: list[str] = []
 
-    async def write(store: Store, scope: str | None, run_id: str) -> None:
+    async def write(store: Store, scope: tuple[str, str, str] | None, run_id: str) -> None:
         unit = _starting(store, run_id)
         if scope is None:
             answered.append(await store.write(unit))
@@ -342,6 +370,78 @@ async def test_many_scoped_writers_on_two_stores_never_deadlock_and_append_one_c
         store.close()
 
 
+@pytest.mark.parametrize(
+    ("first_scope", "second_scope"),
+    [
+        (("team", "read", "a"), ("team", "read", "b")),  # two requests of one tool
+        (("team", "write", ""), ("team", "read", "a")),  # a tool, and another's request
+    ],
+)
+async def test_writes_of_disjoint_scopes_of_one_session_commit_beside_each_other(
+    url: str, first_scope: tuple[str, str, str], second_scope: tuple[str, str, str]
+) -> None:
+    """Two proxies of one session (a team's, as docs/postgresql.md sets it up) writing for
+    scopes that share no rows: the second commits while the first is inside its
+    transaction; the chain has both, in commit order."""
+    first, second = open_store(url), open_store(url)
+    entered, release = threading.Event(), threading.Event()
+    answered: dict[str, str] = {}
+
+    async def write_a() -> None:
+        unit = _starting(first, "run-a", entered=entered, release=release)
+        answered["a"] = await first.write_scoped(first_scope, unit)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(write_a)
+        await _inside(entered)
+        with anyio.fail_after(10):
+            answered["b"] = await second.write_scoped(second_scope, _starting(second, "run-b"))
+        assert "a" not in answered
+        release.set()
+    assert _started(first) == [("run-b", 1, 1), ("run-a", 2, 2)]
+    _sound(first)
+    for store in (first, second):
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("holding", "waiting"),
+    [
+        (("team", "read", "a"), ("team", "read", "a")),  # the same request
+        (("team", "read", "a"), ("team", "", "")),  # the whole session waits for a request
+        (("team", "", ""), ("team", "read", "b")),  # a request for the whole session
+        (("team", "read", ""), ("team", "read", "b")),  # a request for its tool
+        (("team", "read", "a"), ("team", "read", "")),  # a tool for one of its requests
+    ],
+)
+async def test_a_write_waits_for_one_whose_scope_covers_or_is_covered_by_its_own(
+    url: str, holding: tuple[str, str, str], waiting: tuple[str, str, str]
+) -> None:
+    """The same request, a whole session and one of its tools or requests, a tool and one
+    of its requests: the second waits for the one in progress, then sees it."""
+    first, second = open_store(url), open_store(url)
+    entered, release = threading.Event(), threading.Event()
+    answered: list[str] = []
+
+    async def write(store: Store, scope: tuple[str, str, str], run_id: str, **waits: Any) -> None:
+        answered.append(await store.write_scoped(scope, _starting(store, run_id, **waits)))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(
+            functools.partial(write, first, holding, "run-1", entered=entered, release=release)
+        )
+        await _inside(entered)
+        group.start_soon(write, second, waiting, "run-2")
+        await anyio.sleep(0.5)
+        assert answered == []
+        release.set()
+    assert answered == ["run-1", "run-2"]
+    assert _started(second) == [("run-1", 1, 1), ("run-2", 2, 2)]
+    _sound(second)
+    for store in (first, second):
+        store.close()
+
+
 @pytest.mark.parametrize("backend", ["sqlite"])
 async def test_on_sqlite_a_scoped_write_is_a_write(backend: str, tmp_path: Path) -> None:
     """SQLite has one writer: a scoped write is an ordinary write, its events appended at
@@ -353,7 +453,7 @@ async def test_on_sqlite_a_scoped_write_is_a_write(backend: str, tmp_path: Path)
         return store.append_event(connection, "run-a", "note", {"by": "the unit"}).seq
 
     assert not store.deferring
-    assert await store.write_scoped("session-a", unit) == 2
+    assert await store.write_scoped(("session-a", "", ""), unit) == 2
     assert _started(store) == [("run-a", 1, 1)]
     _sound(store)
     store.close()

@@ -255,36 +255,50 @@ async def test_a_proxy_holding_a_call_judges_its_approvals_life_on_the_servers_c
     assert machine.executions() == []
 
 
-async def test_four_proxies_of_four_sessions_write_at_once_into_one_verified_chain(
-    tmp_path: Path, postgres_server: Any
+@pytest.mark.parametrize("sessions", ["team", "each"])
+async def test_four_proxies_write_and_read_at_once_into_one_verified_chain(
+    tmp_path: Path, postgres_server: Any, sessions: str
 ) -> None:
-    """Each machine's proxy serves a session of its own, so their calls are scoped writes
-    that run beside one another on the database (decision 0065): forty writes sent at once
-    across four machines each run once, each answered with its own result, and the one
-    chain they all extended verifies, its state with it."""
+    """Four machines' proxies, serving one team session (as docs/postgresql.md sets a team
+    up) or a session each, their calls scoped writes that run beside one another on the
+    database (decision 0065): forty writes and forty reads sent at once across them each
+    run once, each answered with its own result, and the one chain they all extended
+    verifies, its state with it."""
     url = postgres_server.database()
     machines = [
         await build_setup(
-            tmp_path / f"machine-{number}", rules=_SLOW_RULES, database=url,
-            session=f"team-{number}",
-        )  # fmt: skip
+            tmp_path / f"machine-{number}",
+            rules=_SLOW_RULES,
+            database=url,
+            session="team" if sessions == "team" else f"team-{number}",
+        )
         for number in range(4)
     ]
     answers: dict[str, str] = {}
     async with AsyncExitStack() as stack:
-        sessions = [await stack.enter_async_context(host(machine)) for machine in machines]
+        hosts = [await stack.enter_async_context(host(machine)) for machine in machines]
 
-        async def call(session: Any, note: str) -> None:
-            answers[note] = text_of(await session.call_tool("up_write_note", {"note": note}))
+        async def call(session: Any, tool: str, arguments: dict[str, Any], name: str) -> None:
+            answers[name] = text_of(await session.call_tool(tool, arguments))
 
         async with anyio.create_task_group() as group:
             for number in range(10):
-                for index, session in enumerate(sessions):
-                    group.start_soon(call, session, f"note {index}-{number}")
-    assert answers == {note: f"noted {note}" for note in answers} and len(answers) == 40
+                for index, session in enumerate(hosts):
+                    note = f"note {index}-{number}"
+                    group.start_soon(call, session, "up_write_note", {"note": note}, note)
+                    text = f"text {index}-{number}"
+                    group.start_soon(call, session, "up_echo", {"text": text, "seconds": 0}, text)
+    assert len(answers) == 80
+    assert all(
+        answer == (f"noted {name}" if name.startswith("note") else name)
+        for name, answer in answers.items()
+    ), answers
     for index, machine in enumerate(machines):
-        assert sorted(machine.executions()) == sorted(
+        assert sorted(machine.executions("write_note")) == sorted(
             f"write_note note {index}-{number}" for number in range(10)
+        )
+        assert sorted(machine.executions("echo")) == sorted(
+            f"echo text {index}-{number}" for number in range(10)
         )
     verified = _verify(url, tmp_path)
     assert verified.returncode == 0 and "intact" in verified.stdout, verified.stdout

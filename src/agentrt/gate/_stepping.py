@@ -154,7 +154,7 @@ class Stepping:
         on_end: OnEnd | None = None,
         context: object | None = None,
         principal: Principal | None = None,
-        scope: str | None = None,
+        scope: tuple[str, str, str] | None = None,
     ) -> tuple[_A, StepOutcome | None]:
         """Start a run and take its first step in as few commits as the step needs.
 
@@ -169,10 +169,10 @@ class Stepping:
         tool starts the run, then is stepped as `step` would.  `context` is
         handed to the tool as `step` hands it; `principal` is who the run is for.
 
-        `scope` (a proxy's session): `admit` reads and writes only that session's
-        rows, so a step that is allowed or denied outright (no claim, no state read,
-        no approval) and its result are scoped writes (`Store.write_scoped`, decision
-        0065), which run beside other sessions' on PostgreSQL.
+        `scope` (`Store.write_scoped`'s, from the proxy's call index): `admit` reads
+        and writes only that scope's rows, so a step that is allowed or denied outright
+        (no claim, no state read, no approval) and its result are scoped writes
+        (decision 0065), which run beside other scopes' on PostgreSQL.
         """
         now = time.time()
         new = self._new_run(goal, run_id, metadata, now, principal)

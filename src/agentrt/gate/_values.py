@@ -80,8 +80,8 @@ class Call:
     `recent` is the run's last steps before this one, as the step was decided on
     them, or None when unknown; `on_end` is the caller's hook in the result's
     transaction (`Gate.start_and_step`); `context` is the caller's, handed to the
-    tool on its `ToolCall` unread; `scope`, the session whose scoped write recorded
-    the step, records the result in one too (`Store.write_scoped`)."""
+    tool on its `ToolCall` unread; `scope`, that of the scoped write that recorded the
+    step, records the result in one too (`Store.write_scoped`)."""
 
     run_id: str
     step: int
@@ -91,7 +91,7 @@ class Call:
     on_end: OnEnd | None = None
     recent: tuple[StepRecord, ...] | None = None
     context: object | None = None
-    scope: str | None = None
+    scope: tuple[str, str, str] | None = None
 
 
 def owner_label() -> str:

@@ -535,6 +535,11 @@ class Calls:
             spec, args, progress, secrets.token_hex(6), trace_context_metadata(meta), context,
             host_session, host_ask, principal, self.index_session(principal),
         )  # fmt: skip
+        # What `decide` reads and writes: the scope of the writes that start the call's
+        # run and record its result (decision 0065).
+        scope = self.index.scope_of(
+            call.index_session or self.index.session, key, tool, mutating, may_need_approval
+        )
         for _attempt in range(3):
             run_id = self.new_run_id()
             decide = functools.partial(
@@ -549,7 +554,7 @@ class Calls:
                 token=call.token,
                 session=call.index_session,
             )
-            started = await self._start(run_id, key, call, decide)
+            started = await self._start(run_id, key, call, decide, scope)
             if isinstance(started, Answer):
                 return started
             verdict = started
@@ -590,7 +595,12 @@ class Calls:
         return Answer.in_progress(tool)
 
     async def _start(
-        self, run_id: str, key: str, call: _Call, decide: Callable[..., Verdict]
+        self,
+        run_id: str,
+        key: str,
+        call: _Call,
+        decide: Callable[..., Verdict],
+        scope: tuple[str, str, str],
     ) -> Answer | Verdict:
         """Decide the call and, if it is new, start its run and take its step in the
         decision's own commit (and, for a result, settle it in the result's): an
@@ -620,8 +630,7 @@ class Calls:
                 on_end=on_end,
                 context=call.context,
                 principal=call.principal,
-                # `decide` reads and writes only this session's calls (decision 0065).
-                scope=call.index_session,
+                scope=scope,
             )
         except Exception as exc:
             try:

@@ -274,6 +274,21 @@ class CallIndex:
 
     # -- the decision --------------------------------------------------------
 
+    def scope_of(
+        self, session: str, key: str, tool: str, mutating: bool, may_need_approval: bool
+    ) -> tuple[str, str, str]:
+        """What `decide_in` reads and writes for such a call, as a scoped write's scope
+        (`Store.write_scoped`, decision 0065): all of the session's calls when it may
+        count the session's pending approvals (rule 7); all of the tool's when it is
+        mutating (rule 6 reads the tool's unknown outcomes); else only the calls of its
+        own request (`key`: rules 1 to 5), so the session's other requests, on any
+        proxy, are decided beside it."""
+        if may_need_approval:
+            return session, "", ""
+        if mutating:
+            return session, tool, ""
+        return session, tool, key
+
     def decide_in(
         self,
         connection: Connection,

@@ -9,7 +9,15 @@ from typing import Protocol
 
 from ._records import Connection
 
-__all__ = ["Backend", "Busy", "ScopedBackend"]
+__all__ = ["Backend", "Busy", "Scope", "ScopedBackend"]
+
+
+Scope = tuple[str, str, str]
+"""What a scoped write reads and writes (decision 0065): `(session, tool, key)`, a
+proxy session's calls of one request (`key`, of that `tool`); with `key` "", all of
+the tool's calls in the session; with `tool` "" too, all of the session's.  Scopes of
+disjoint rows run beside one another; a scope waits for those it covers or is
+covered by."""
 
 
 class Busy(Exception):
@@ -67,11 +75,11 @@ class ScopedBackend(Backend, Protocol):
     scoped to a session runs beside other sessions' scoped writes, and only its events
     take the chain's lock.  SQLite has one writer and no scoped writes."""
 
-    def begin(self, connection: Connection, scope: str | None = None) -> float | None:
+    def begin(self, connection: Connection, scope: Scope | None = None) -> float | None:
         """`Backend.begin`; with a `scope`, the write lock shared and the scope's own."""
         ...
 
-    def try_scopes(self, connection: Connection, scopes: Sequence[str]) -> set[str]:
+    def try_scopes(self, connection: Connection, scopes: Sequence[Scope]) -> set[Scope]:
         """Inside a scoped write, of `scopes` those whose locks it now holds, never
         waiting for one another write holds."""
         ...

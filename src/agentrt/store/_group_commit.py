@@ -22,6 +22,7 @@ import anyio.to_thread
 if TYPE_CHECKING:
     import asyncio
 
+    from ._backend import Scope
     from ._store import Store
 
 
@@ -33,11 +34,11 @@ class _Unit:
     )  # fmt: skip
 
     def __init__(
-        self, function: Callable[..., Any], args: tuple[Any, ...], scope: str | None = None
+        self, function: Callable[..., Any], args: tuple[Any, ...], scope: Scope | None = None
     ) -> None:
         self.function = function
         self.args = args
-        self.scope = scope  # the session a scoped write reads and writes, or None
+        self.scope = scope  # what a scoped write reads and writes, or None
         self.submitted = time.monotonic()
         self.value: Any = None
         self.error: BaseException | None = None

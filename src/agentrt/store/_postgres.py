@@ -30,15 +30,17 @@ whose rows are every column of a table (`SELECT *`, `RETURNING *`) never is,
 since a column another process adds would make PostgreSQL refuse it.
 
 A write that is not scoped does all of its work holding that lock: nothing else
-writes meanwhile.  A write scoped to a proxy's session (`Store.write_scoped`,
-decision 0065: a call decided, its run started and its step recorded; its result)
-takes the lock *shared*, then its session's own lock (`SCOPE_SPACE`, the session's
-`hashtext`), and does its reads and row writes beside other sessions' scoped
-writes; its events wait for the chain's lock (`CHAIN_LOCK`), taken at its end and
-held to its COMMIT, under which the head is read and the events written, so the
-chain stays one order, gap-free, in commit order.  Locks are taken in one order
-(the write lock, a session's, the chain's) and the only other scopes a write takes
-are taken without waiting (`try_scopes`), so no two writes wait on each other.
+writes meanwhile.  A scoped write (`Store.write_scoped`, decision 0065: a proxy's
+call decided, its run started and its step recorded; its result) takes the lock
+*shared*, then its scope's locks (`_scope_locks`: its session's, a tool's and a
+request's within it, exclusive at the scope's own level and shared above), and
+does its reads and row writes beside other scopes' writes; its events wait for
+the chain's lock (`CHAIN_LOCK`), taken at its end and held to its COMMIT, under
+which the head is read and the events written, so the chain stays one order,
+gap-free, in commit order.  Locks are taken in one order (the write lock, a
+session's, a tool's, a request's, the chain's) and the only other scopes a write
+takes are taken without waiting (`try_scopes`), so no two writes wait on each
+other.
 
 Credentials come only from libpq's environment (`PGPASSWORD`, a pgpass file,
 a service): a URL holding a password is refused, so no password is ever
@@ -62,11 +64,13 @@ import psycopg.rows
 
 from ..errors import StoreBusy, StoreConflict, StoreError, UnsafeDatabase, newer_build
 from ..sanitize import sanitize
+from ._backend import Scope
 from ._records import Connection
 
 __all__ = [
     "CHAIN_LOCK",
-    "SCOPE_SPACE",
+    "KEY_SPACE",
+    "SESSION_SPACE",
     "WRITE_LOCK",
     "PostgresBackend",
     "PostgresConnection",
@@ -85,15 +89,25 @@ _TAKE_WRITE_LOCK: Final = (
 
 # A scoped write (decision 0065) takes the same key *shared*: scoped writes run beside
 # one another, and every other write (taking it exclusive, as every earlier build did)
-# excludes them all.  Then its scope's lock (a session's, in its own key space: the two
-# 32-bit keys' form), and, for its events, the chain's lock last, held to its COMMIT.
+# excludes them all.  Then its scope's locks, a hierarchy (`_scope_locks`): its session's
+# (in a key space of its own, the two 32-bit keys' form), a tool's and a request's
+# within it (`KEY_SPACE`), each exclusive at the scope's own level and shared above it;
+# and, for its events, the chain's lock last, held to its COMMIT.
 _SHARE_WRITE_LOCK: Final = "SELECT pg_advisory_xact_lock_shared(?)"
-SCOPE_SPACE: Final = 0x61677274  # "agrt": the key space of the scopes' locks
-_TAKE_SCOPE_LOCK: Final = (
-    "SELECT pg_advisory_xact_lock(?, hashtext(?)), EXTRACT(EPOCH FROM clock_timestamp())::float8"
-)
-_TRY_SCOPE_LOCKS: Final = (
-    "SELECT scope, pg_try_advisory_xact_lock(?, hashtext(scope)) FROM unnest(?::text[]) AS scope"
+SESSION_SPACE: Final = 0x61677274  # "agrt": the sessions' locks
+KEY_SPACE: Final = 0x6167726B  # "agrk": the locks of a tool, or a request, of a session
+_CLOCK: Final = "EXTRACT(EPOCH FROM clock_timestamp())::float8"
+_TAKE: Final = f"SELECT pg_advisory_xact_lock(?, hashtext(?)), {_CLOCK}"
+_SHARE: Final = "SELECT pg_advisory_xact_lock_shared(?, hashtext(?))"
+_TRY_SCOPES: Final = (
+    "SELECT session, tool, key, CASE"
+    " WHEN tool = '' THEN pg_try_advisory_xact_lock(?, hashtext(session))"
+    " WHEN key = '' THEN pg_try_advisory_xact_lock_shared(?, hashtext(session))"
+    " AND pg_try_advisory_xact_lock(?, hashtext(session || '/' || tool))"
+    " ELSE pg_try_advisory_xact_lock_shared(?, hashtext(session))"
+    " AND pg_try_advisory_xact_lock_shared(?, hashtext(session || '/' || tool))"
+    " AND pg_try_advisory_xact_lock(?, hashtext(session || '/' || tool || '/' || key)) END"
+    " FROM unnest(?::text[], ?::text[], ?::text[]) AS scope (session, tool, key)"
 )
 CHAIN_LOCK: Final = 0x6167656E746368  # "agentch"
 _TAKE_CHAIN_LOCK: Final = "SELECT pg_advisory_xact_lock(?)"
@@ -108,6 +122,22 @@ _EVERY_COLUMN: Final = re.compile(r"\b(?:SELECT|RETURNING) \*")
 def _prepare(sql: str) -> bool | None:
     """psycopg's `prepare` for a statement: None (after a few uses), or never."""
     return False if _EVERY_COLUMN.search(sql) else None
+
+
+def _scope_locks(scope: Scope) -> list[tuple[str, tuple[Any, ...]]]:
+    """The statements a scoped write's BEGIN sends for `scope`, in the one order every
+    write takes them: the write lock shared, then the session's, the tool's and the
+    request's locks down to the scope's own level, shared above it and exclusive at it
+    (so a write of a whole session waits for every write of its tools and requests, and
+    one of a tool for its requests'); the last answers the server's time."""
+    session, tool, key = scope
+    names = [session] + ([f"{session}/{tool}"] if tool else [])
+    names += [f"{session}/{tool}/{key}"] if tool and key else []
+    statements: list[tuple[str, tuple[Any, ...]]] = [(_SHARE_WRITE_LOCK, (WRITE_LOCK,))]
+    for level, name in enumerate(names):
+        space = SESSION_SPACE if level == 0 else KEY_SPACE
+        statements.append((_TAKE if level == len(names) - 1 else _SHARE, (space, name)))
+    return statements
 
 
 # Whether this libpq has pipeline mode (14 and later; psycopg's binary wheels have it).
@@ -544,15 +574,15 @@ class PostgresConnection:
             )
         return StoreError(f"database {self.label}: {detail}")
 
-    def begin_write(self, scope: str | None = None) -> float:
+    def begin_write(self, scope: Scope | None = None) -> float:
         """Start a write transaction holding the write lock, its statements in pipeline
         mode from here to its COMMIT or ROLLBACK; return the server's time then.
 
         With a `scope` (decision 0065) the write lock is taken shared, then the scope's
-        own lock: the write runs beside other scopes' writes, and its events wait for
-        the chain's lock (`chain_head`).  BEGIN and the locks go out together, one round
-        trip.  A connection found broken by them is opened again and they are sent once
-        more (nothing was written yet).
+        own locks (`_scope_locks`): the write runs beside other scopes' writes, and its
+        events wait for the chain's lock (`chain_head`).  BEGIN and the locks go out
+        together, one round trip.  A connection found broken by them is opened again and
+        they are sent once more (nothing was written yet).
         """
         if not _PIPELINE:
             return self._begin_waiting_each(scope)
@@ -568,8 +598,8 @@ class PostgresConnection:
                 if scope is None:
                     cursor = self._send(_TAKE_WRITE_LOCK, (WRITE_LOCK,))
                 else:
-                    self._send(_SHARE_WRITE_LOCK, (WRITE_LOCK,))
-                    cursor = self._send(_TAKE_SCOPE_LOCK, (SCOPE_SPACE, scope))
+                    for sql, parameters in _scope_locks(scope):
+                        cursor = self._send(sql, parameters)
                 assert self._pipeline is not None
                 self._pipeline.sync()
                 row = cursor.fetchone()
@@ -593,7 +623,7 @@ class PostgresConnection:
             return float(row[1])
         raise AssertionError("unreachable")  # (the loop returns or raises)
 
-    def _begin_waiting_each(self, scope: str | None) -> float:
+    def _begin_waiting_each(self, scope: Scope | None) -> float:
         """`begin_write` where libpq has no pipeline mode (before 14): every statement of
         the write waited for, one by one."""
         self.execute("BEGIN")
@@ -601,19 +631,23 @@ class PostgresConnection:
             if scope is None:
                 row = self.execute(_TAKE_WRITE_LOCK, (WRITE_LOCK,)).fetchone()
             else:
-                self.execute(_SHARE_WRITE_LOCK, (WRITE_LOCK,))
-                row = self.execute(_TAKE_SCOPE_LOCK, (SCOPE_SPACE, scope)).fetchone()
+                for sql, parameters in _scope_locks(scope):
+                    row = self.execute(sql, parameters).fetchone()
         except BaseException:
             self.rollback_quietly()
             raise
         return float(row[1])
 
-    def try_scopes(self, scopes: Sequence[str]) -> set[str]:
+    def try_scopes(self, scopes: Sequence[Scope]) -> set[Scope]:
         """Inside a scoped write, take the locks of more `scopes` where no other write
         holds them, never waiting (so no two writes can wait on each other's scopes);
         the scopes now held."""
-        rows = self.execute(_TRY_SCOPE_LOCKS, (SCOPE_SPACE, list(scopes))).fetchall()
-        return {row[0] for row in rows if row[1]}
+        rows = self.execute(
+            _TRY_SCOPES,
+            (SESSION_SPACE, SESSION_SPACE, KEY_SPACE, SESSION_SPACE, KEY_SPACE, KEY_SPACE,
+             *([scope[level] for scope in scopes] for level in range(3))),
+        ).fetchall()  # fmt: skip
+        return {(row[0], row[1], row[2]) for row in rows if row[3]}
 
     def chain_head(self) -> tuple[int, str] | None:
         """Inside a scoped write: take the chain's lock, held to the COMMIT, then read the
@@ -664,13 +698,13 @@ class PostgresBackend:
     # Writes may be scoped: scoped ones run beside one another (decision 0065).
     scopes: Final = True
 
-    def begin(self, connection: Connection, scope: str | None = None) -> float | None:
+    def begin(self, connection: Connection, scope: Scope | None = None) -> float | None:
         """`BEGIN` and the write lock (shared, and the scope's, for a scoped write), waited
         for by the server (a wait past the lock timeout is `StoreBusy`); the server's
         time then."""
         return self._connection.begin_write(scope)  # the adapter: the store's connection
 
-    def try_scopes(self, connection: Connection, scopes: Sequence[str]) -> set[str]:
+    def try_scopes(self, connection: Connection, scopes: Sequence[Scope]) -> set[Scope]:
         """Of `scopes`, those whose locks this scoped write now holds (never waiting)."""
         return self._connection.try_scopes(scopes)
 

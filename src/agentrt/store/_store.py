@@ -23,7 +23,7 @@ import anyio.to_thread
 from ..errors import StoreBusy, StoreError
 from ..sanitize import sanitize
 from ._anchor import _AnchorFile, _Anchoring
-from ._backend import Backend, Busy, ScopedBackend
+from ._backend import Backend, Busy, Scope, ScopedBackend
 from ._chain import Deferred, _Chain
 from ._group_commit import _MAX_BATCH, _Unit, _Writer
 from ._outbox import Outbox
@@ -138,21 +138,23 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
 
     async def write_scoped(
         self,
-        scope: str,
+        scope: Scope,
         function: Callable[Concatenate[Connection, _P], _T],
         /,
         *args: _P.args,
         **kwargs: _P.kwargs,
     ) -> _T:
-        """`write`, for a unit that reads and writes only the rows of one scope (a proxy
-        session's calls, their runs, steps and approvals) and appends its events
-        through the ledger (decision 0065).
+        """`write`, for a unit that reads and writes only the rows of one scope and
+        appends its events through the ledger (decision 0065): `(session, key)`, a
+        proxy session's calls of one key (one request, or one tool), their runs and
+        steps; `(session, "")`, all of the session's.
 
         On PostgreSQL such units of different scopes run beside one another, from
         several proxies at once: each write takes the write lock shared and its scope's
-        lock, and its events are written at its end, under the chain's lock, in one
-        order.  Every other write takes the write lock whole, as before, so it sees no
-        scoped write half done.  On SQLite (one writer) it is `write`.
+        locks (a key's beside the session's other keys, a whole session's beside other
+        sessions), and its events are written at its end, under the chain's lock, in
+        one order.  Every other write takes the write lock whole, as before, so it sees
+        no scoped write half done.  On SQLite (one writer) it is `write`.
         """
         if kwargs:
             function = functools.partial(function, **kwargs)
@@ -325,7 +327,7 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
     def _take_scopes(
         self,
         connection: Connection,
-        scope: str,
+        scope: Scope,
         units: list[_Unit],
         give_back: Callable[[list[_Unit]], None] | None,
     ) -> None:
@@ -334,7 +336,9 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         and give back, in order, the units whose scopes it could not take."""
         assert self._scoped is not None
         self._deferred = []
-        others = sorted({unit.scope for unit in units if unit.scope not in (None, scope)})
+        others = sorted(
+            {unit.scope for unit in units if unit.scope is not None and unit.scope != scope}
+        )
         held = {scope}
         if others:
             held |= self._scoped.try_scopes(connection, others)
@@ -372,7 +376,7 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
             with self._waiters_guard:
                 self._lock_waiters -= 1
 
-    def _begin(self, deadline: float | None = None, scope: str | None = None) -> None:
+    def _begin(self, deadline: float | None = None, scope: Scope | None = None) -> None:
         """Take the store's lock and begin a write holding the database's write lock (the
         backend's `begin`), waiting out a busy database in short attempts (the lock
         released between them) until `deadline` (monotonic; `busy_deadline` from now by
