@@ -81,7 +81,7 @@ async def test_two_sessions_scoped_writes_commit_beside_each_other_in_one_chain(
     """One proxy's write for session a is inside its transaction (its session's lock held,
     its row written); another proxy's write for session b starts, commits and is answered
     meanwhile.  Then a's commits: its event follows b's in the chain, its creation order
-    too, and the chain and the tables verify."""
+    and its time too, and the chain and the tables verify."""
     first, second = open_store(url), open_store(url)
     entered, release = threading.Event(), threading.Event()
     answered: dict[str, str] = {}
@@ -102,6 +102,10 @@ async def test_two_sessions_scoped_writes_commit_beside_each_other_in_one_chain(
         release.set()
     assert answered == {"a": "run-a", "b": "run-b"}
     assert _started(first) == [("run-b", 1, 1), ("run-a", 2, 2)]
+    # Stamped when written, under the chain's lock: a's event, made first, is dated after
+    # b's, so the chain stays in time order (the archive's cut bisects on it).
+    times = [event.created_at for event in first.events_after(0)]
+    assert times == sorted(times) and times[0] < times[1]
     _sound(first)
     for store in (first, second):
         store.close()

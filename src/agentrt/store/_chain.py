@@ -47,7 +47,6 @@ class _LaterEvent(NamedTuple):
     type_: str
     payload: dict[str, Any]
     payload_text: str
-    created_at: str
 
 
 # What a scoped write leaves for its end, under the chain's lock (decision 0065): an
@@ -81,12 +80,11 @@ class _Chain:
 
     def defer_event(self, run_id: str, type_: str, payload: Mapping[str, Any]) -> None:
         """In a scoped write, the event `append_event` would append, written at the
-        write's end in the order made, with the time it was made (and its outbox
-        announcement, if the store has an outbox)."""
+        write's end in the order made (and its outbox announcement, if the store has an
+        outbox).  Its time is taken then, under the chain's lock, so the chain stays in
+        time order (the archive's cut bisects on it); its payload's canonical JSON now."""
         assert self._deferred is not None
-        self._deferred.append(
-            _LaterEvent(run_id, type_, dict(payload), canonical_json(payload), utc_now())
-        )
+        self._deferred.append(_LaterEvent(run_id, type_, dict(payload), canonical_json(payload)))
 
     def defer_run_order(self, run_id: str) -> None:
         """In a scoped write, the creation order of the run just inserted (its
@@ -119,7 +117,7 @@ class _Chain:
                 connection.execute(_DRAW_RUN_ORDER, (item,))
                 continue
             event = self._append_now(connection, item.run_id, item.type_, item.payload,
-                                     item.payload_text, item.created_at)  # fmt: skip
+                                     item.payload_text, utc_now())  # fmt: skip
             if self.outbox is not None:
                 enqueue(self.outbox, connection, event)
 
