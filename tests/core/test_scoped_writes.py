@@ -16,8 +16,11 @@ import anyio
 import pytest
 
 from agentrt import open_store
+from agentrt.canonical import canonical_json
 from agentrt.errors import StoreError
 from agentrt.store import Store, ledger
+from agentrt.store._chain import event_hash
+from agentrt.store._outbox import enable_outbox, outbox_rows
 from agentrt.store._times import utc_now
 
 pytestmark = pytest.mark.anyio
@@ -130,7 +133,7 @@ async def test_a_scoped_write_waits_for_one_of_its_own_session_in_progress(url: 
         await anyio.sleep(0.5)
         assert answered == []  # the session's lock is the first write's
         release.set()
-    assert answered == ["run-1", "run-2"]
+    assert sorted(answered) == ["run-1", "run-2"]  # (answered in either order: see the chain)
     assert _started(second) == [("run-1", 1, 1), ("run-2", 2, 2)]
     _sound(second)
     for store in (first, second):
@@ -161,7 +164,7 @@ async def test_an_unscoped_write_waits_for_every_scoped_write_in_progress(url: s
         await anyio.sleep(0.5)
         assert answered == []
         release.set()
-    assert answered == ["run-a", "run-whole"]
+    assert sorted(answered) == ["run-a", "run-whole"]
     assert [run_id for run_id, _, _ in _started(second)] == ["run-a", "run-whole"]
     _sound(second)
     for store in (first, second):
@@ -439,11 +442,61 @@ async def test_a_write_waits_for_one_whose_scope_covers_or_is_covered_by_its_own
         await anyio.sleep(0.5)
         assert answered == []
         release.set()
-    assert answered == ["run-1", "run-2"]
+    assert sorted(answered) == ["run-1", "run-2"]  # (answered in either order: see the chain)
     assert _started(second) == [("run-1", 1, 1), ("run-2", 2, 2)]
     _sound(second)
     for store in (first, second):
         store.close()
+
+
+async def test_events_hashed_by_the_database_are_the_chains_own_hashes(url: str) -> None:
+    """A scoped write's events are appended after the head and hashed by PostgreSQL
+    (decision 0065); text beyond ASCII, quotes, backslashes and control characters in
+    every field, after events appended the ordinary way, give the hashes `verify_chain`
+    recomputes, and the head this host anchors."""
+    store = open_store(url)
+    assert await store.write(_starting(store, "run-plain")) == "run-plain"
+    odd = 'ünïcödé ✓ 😀 "quoted" back\\slash tab\t newline\n \u2028'
+    for number in range(3):
+        run_id = f"run {odd} {number}"
+        assert await store.write_scoped(("s", "t", odd), _starting(store, run_id)) == run_id
+    events = store.events_after(0)
+    assert len(events) == 4
+    for event in events:
+        assert event.hash == event_hash(
+            event.prev_hash, event.seq, event.run_id, event.type,
+            canonical_json(event.payload), event.created_at,
+        )  # fmt: skip
+    assert [event.prev_hash for event in events[1:]] == [event.hash for event in events[:-1]]
+    _sound(store)
+    anchor = store.check_anchor()
+    assert anchor.ok and anchor.anchor_seq == 4
+    store.close()
+
+
+async def test_a_scoped_writes_announcements_are_written_with_its_events(url: str) -> None:
+    """With an outbox (`notify` configured), a scoped write's events are answered before
+    its COMMIT so each announcement is written in the same transaction, naming the seq
+    the database gave the event; a scoped unit that fails leaves neither."""
+    store = open_store(url)
+    enable_outbox(
+        store,
+        lambda type_, payload: [("r", "started")] if type_ == "run_started" else [],
+        lambda: 1.0,
+        ["r"],
+    )
+    assert await store.write(_starting(store, "run-plain")) == "run-plain"
+    for number in range(2):
+        scope = ("s", "t", str(number))
+        assert await store.write_scoped(scope, _starting(store, f"run-{number}")) == f"run-{number}"
+    with pytest.raises(_Refused):
+        await store.write_scoped(("s", "t", "x"), _starting(store, "run-refused", fail=True))
+    started = {run_id: seq for run_id, seq, _ in _started(store)}
+    rows = outbox_rows(store)
+    assert sorted((row.run_id, row.event_seq) for row in rows) == sorted(started.items())
+    assert "run-refused" not in started
+    _sound(store)
+    store.close()
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])

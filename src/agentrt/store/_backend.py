@@ -5,7 +5,7 @@ only hooks).  SQL is written once, in SQLite's dialect, for both."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from ._records import Connection
 
@@ -84,7 +84,16 @@ class ScopedBackend(Backend, Protocol):
         waiting for one another write holds."""
         ...
 
-    def chain_head(self, connection: Connection) -> tuple[int, str] | None:
-        """Inside a scoped write, take the chain's lock (held to the COMMIT) and read the
-        chain's head (seq, hash), or None for an empty chain."""
+    def take_chain(self, connection: Connection) -> Any:
+        """Inside a scoped write, send the chain's lock (held to the COMMIT) without
+        waiting; a cursor whose row, once answered, has the server's time it was held."""
+        ...
+
+    def append_at_head(
+        self, connection: Connection, events: Sequence[Sequence[Any]], *, then_commit: bool
+    ) -> list[Any]:
+        """Inside a scoped write, after `take_chain`: append `events` (run id, type,
+        payload, time, `envelope_parts`) after the chain's head, read and hashed by the
+        database, without waiting; cursors whose rows, once answered, are each event's
+        seq, prev hash and hash.  `then_commit`: the COMMIT goes out with them."""
         ...

@@ -5,12 +5,14 @@ after the fact; `verify_state` checks the tables against the events."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
 from ..canonical import canonical_json, json_string, parse_json, sha256_hex
 from ..errors import StoreError
 from ..sanitize import sanitize
+from ._backend import ScopedBackend
 from ._outbox import Outbox, enqueue
 from ._records import ChainReport, Connection, Event, StateReport
 from ._times import utc_now
@@ -28,16 +30,24 @@ def event_hash(
     change to the stored bytes (even whitespace) breaks the chain, and nothing
     is parsed or re-encoded to hash it.
     """
-    envelope = (
+    before, between, after = envelope_parts(run_id, type_, payload_text, created_at)
+    return sha256_hex((before + prev_hash + between + str(seq) + after).encode("utf-8"))
+
+
+def envelope_parts(
+    run_id: str, type_: str, payload_text: str, created_at: str
+) -> tuple[str, str, str]:
+    """The event's envelope (`event_hash`) around the two fields only the chain's head
+    gives, its prev hash and its seq: `before + prev_hash + between + str(seq) + after`
+    (a prev hash is hex, its JSON string the hex quoted).  PostgreSQL's scoped writes
+    splice the head in on the server (decision 0065)."""
+    before = (
         '{"created_at":' + json_string(created_at)
         + ',"payload":' + payload_text
-        + ',"prev_hash":' + json_string(prev_hash)
-        + ',"run_id":' + json_string(run_id)
-        + ',"seq":' + str(seq)
-        + ',"type":' + json_string(type_)
-        + "}"
+        + ',"prev_hash":"'
     )  # fmt: skip
-    return sha256_hex(envelope.encode("utf-8"))
+    between = '","run_id":' + json_string(run_id) + ',"seq":'
+    return before, between, ',"type":' + json_string(type_) + "}"
 
 
 class _LaterEvent(NamedTuple):
@@ -59,6 +69,40 @@ _DRAW_RUN_ORDER: Final = (
     "UPDATE runs SET created_seq = (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM runs)"
     " WHERE run_id = ?"
 )
+
+
+class Tail:
+    """A scoped write's tail (`_Chain._write_tail`): its events as the database appended
+    them, read once answered (after the COMMIT, or before it with an outbox)."""
+
+    __slots__ = ("_cursors", "_events", "_lock", "_made", "asked")
+
+    def __init__(
+        self,
+        asked: float,
+        lock: Any,
+        made: list[tuple[_LaterEvent, str]],
+        cursors: list[Any],
+    ) -> None:
+        self.asked = asked  # this host's clock when the chain's lock was asked for
+        self._lock = lock
+        self._made = made
+        self._cursors = cursors
+        self._events: list[Event] | None = None
+
+    def events(self) -> list[Event]:
+        """The events, with the seq, prev hash and hash the database gave each."""
+        if self._events is None:
+            self._events = []
+            for (item, created), cursor in zip(self._made, self._cursors, strict=True):
+                seq, prev_hash, digest = cursor.fetchone()
+                self._events.append(Event(int(seq), item.run_id, item.type_, item.payload,
+                                          created, str(prev_hash), str(digest)))  # fmt: skip
+        return self._events
+
+    def held_since(self) -> float:
+        """The database server's time when the chain's lock was granted."""
+        return float(self._lock.fetchone()[1])
 
 
 class _Chain:
@@ -106,20 +150,34 @@ class _Chain:
             connection, run_id, type_, payload, canonical_json(payload), utc_now()
         )
 
-    def _write_in_order(
-        self, connection: Connection, head: tuple[int, str] | None, deferred: list[Deferred]
-    ) -> None:
-        """Write a scoped write's events and runs' creation order, the chain's lock held
-        and its `head` (None: empty) read under it."""
-        self._head = head or (0, GENESIS_HASH)
+    def _write_tail(
+        self, connection: Connection, scoped: ScopedBackend, deferred: list[Deferred]
+    ) -> Tail:
+        """At a scoped write's end: the chain's lock, the creation order of the runs it
+        started, and its events after the chain's head, each stamped with its time now
+        (so the chain stays in time order: the archive's cut bisects on it), all sent
+        without waiting and answered with the COMMIT; with an outbox, answered first, so
+        each event's announcement is written in the same transaction."""
+        lock = scoped.take_chain(connection)
+        asked = time.time()
+        events: list[tuple[_LaterEvent, str]] = []
         for item in deferred:
             if isinstance(item, str):
                 connection.execute(_DRAW_RUN_ORDER, (item,))
-                continue
-            event = self._append_now(connection, item.run_id, item.type_, item.payload,
-                                     item.payload_text, utc_now())  # fmt: skip
-            if self.outbox is not None:
-                enqueue(self.outbox, connection, event)
+            else:
+                events.append((item, utc_now()))
+        rows = [
+            (item.run_id, item.type_, item.payload_text, created,
+             *envelope_parts(item.run_id, item.type_, item.payload_text, created))
+            for item, created in events
+        ]  # fmt: skip
+        outbox = self.outbox
+        appended = scoped.append_at_head(connection, rows, then_commit=outbox is None)
+        tail = Tail(asked, lock, events, appended)
+        if outbox is not None:
+            for event in tail.events():
+                enqueue(outbox, connection, event)
+        return tail
 
     def _append_now(
         self,

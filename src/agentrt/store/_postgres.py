@@ -65,6 +65,7 @@ import psycopg.rows
 from ..errors import StoreBusy, StoreConflict, StoreError, UnsafeDatabase, newer_build
 from ..sanitize import sanitize
 from ._backend import Scope
+from ._chain import GENESIS_HASH
 from ._records import Connection
 
 __all__ = [
@@ -110,8 +111,17 @@ _TRY_SCOPES: Final = (
     " FROM unnest(?::text[], ?::text[], ?::text[]) AS scope (session, tool, key)"
 )
 CHAIN_LOCK: Final = 0x6167656E746368  # "agentch"
-_TAKE_CHAIN_LOCK: Final = "SELECT pg_advisory_xact_lock(?)"
-_HEAD: Final = "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
+_TAKE_CHAIN_LOCK: Final = f"SELECT pg_advisory_xact_lock(?), {_CLOCK}"
+# A scoped write's event, appended after the chain's head (the newest event, or the genesis
+# hash for an empty chain) with the head's seq and hash spliced into its envelope and
+# hashed on the server: no round trip to read the head (`append_at_head`).
+_APPEND_AT_HEAD: Final = (
+    "INSERT INTO events (seq, run_id, type, payload, created_at, prev_hash, hash)"
+    " SELECT head.seq + 1, ?, ?, ?, ?, head.hash, encode(sha256(convert_to("
+    "? || head.hash || ? || (head.seq + 1)::text || ?, 'UTF8')), 'hex')"
+    " FROM (SELECT seq, hash FROM events UNION ALL SELECT 0, ? ORDER BY seq DESC LIMIT 1)"
+    " AS head RETURNING seq, prev_hash, hash"
+)
 
 # A statement whose rows are every column of a table is never prepared
 # (`PostgresConnection._send`).
@@ -335,6 +345,8 @@ class PostgresConnection:
         self._pipeline: psycopg.Pipeline | None = None
         self._pipeline_scope: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None
         self._unanswered = 0  # statements sent since the last wait for answers
+        # The next COMMIT goes out with the statements before it (`append_at_head`).
+        self._commit_unsettled = False
 
     @property
     def in_transaction(self) -> bool:
@@ -454,9 +466,11 @@ class PostgresConnection:
 
     def _end_write(self, sql: str) -> Cursor:
         """COMMIT or ROLLBACK the write and leave pipeline mode."""
-        if sql == "COMMIT" and self._unanswered:
+        unsettled, self._commit_unsettled = self._commit_unsettled, False
+        if sql == "COMMIT" and self._unanswered and not unsettled:
             # Make sure every statement of the write was kept before asking for the
-            # COMMIT, so a break while it is answered leaves only its own fate unknown.
+            # COMMIT, so a break while it is answered leaves only its own fate unknown
+            # (but after a scoped write's events, `append_at_head`: all in one).
             self.settle()
         scope = self._pipeline_scope
         cursor: psycopg.Cursor[Any] | None = None
@@ -495,6 +509,7 @@ class PostgresConnection:
         self._pipeline = scope.__enter__()
         self._pipeline_scope = scope
         self._unanswered = 0
+        self._commit_unsettled = False
 
     def _forget_pipeline(self) -> None:
         self._pipeline = self._pipeline_scope = None
@@ -649,24 +664,34 @@ class PostgresConnection:
         ).fetchall()  # fmt: skip
         return {(row[0], row[1], row[2]) for row in rows if row[3]}
 
-    def chain_head(self) -> tuple[int, str] | None:
-        """Inside a scoped write: take the chain's lock, held to the COMMIT, then read the
-        chain's head (seq, hash), or None for an empty chain.  The head is read by a
-        statement of its own sent after the lock's: under READ COMMITTED a statement sees
-        the commits made before it started, and one that waited for the lock would not
-        see those made while it waited (decision 0058)."""
+    def take_chain(self) -> Cursor:
+        """Inside a scoped write: send the chain's lock (held to the COMMIT) without
+        waiting for it; the server's time once it is held, read after the COMMIT."""
         if self._pipeline is None:
-            self.execute(_TAKE_CHAIN_LOCK, (CHAIN_LOCK,))
-            row = self.execute(_HEAD).fetchone()
-        else:
-            try:
-                self._send(_TAKE_CHAIN_LOCK, (CHAIN_LOCK,))
-                cursor = self._send(_HEAD, ())
-            except psycopg.Error as exc:
-                raise self._refused_in_pipeline(exc) from None
-            self.sync()
-            row = cursor.fetchone()
-        return None if row is None else (int(row[0]), str(row[1]))
+            return self.execute(_TAKE_CHAIN_LOCK, (CHAIN_LOCK,))
+        try:
+            cursor = self._send(_TAKE_CHAIN_LOCK, (CHAIN_LOCK,))
+        except psycopg.Error as exc:
+            raise self._refused_in_pipeline(exc) from None
+        self._unanswered += 1
+        return Cursor(cursor, self)
+
+    def append_at_head(self, events: Sequence[Sequence[Any]], *, then_commit: bool) -> list[Cursor]:
+        """Inside a scoped write holding (or waiting for) the chain's lock: append
+        `events` (run id, type, payload, time, and the envelope's three parts around the
+        head's hash and seq, `envelope_parts`) after the chain's head, read and hashed on
+        the server by each statement itself, sent without waiting (decision 0065).  Each
+        cursor gives the event's seq, prev hash and hash once answered.
+
+        The head is read inside each `INSERT`, a statement sent after the lock's: under
+        READ COMMITTED a statement sees the commits made before it started, and one that
+        waited for the lock would not see those made while it waited (decision 0058).
+        `then_commit`: the COMMIT that follows goes out with them, one round trip for all
+        (a refused one fails the COMMIT, and nothing of the write is kept)."""
+        cursors = [self.execute(_APPEND_AT_HEAD, (*event, GENESIS_HASH)) for event in events]
+        if then_commit:
+            self._commit_unsettled = True
+        return cursors
 
     def rollback_quietly(self) -> None:
         self._cut = self._writing = False
@@ -708,9 +733,15 @@ class PostgresBackend:
         """Of `scopes`, those whose locks this scoped write now holds (never waiting)."""
         return self._connection.try_scopes(scopes)
 
-    def chain_head(self, connection: Connection) -> tuple[int, str] | None:
-        """The chain's lock, then its head: where a scoped write's events begin."""
-        return self._connection.chain_head()
+    def take_chain(self, connection: Connection) -> Cursor:
+        """The chain's lock, sent without waiting: where a scoped write's tail begins."""
+        return self._connection.take_chain()
+
+    def append_at_head(
+        self, connection: Connection, events: Sequence[Sequence[Any]], *, then_commit: bool
+    ) -> list[Cursor]:
+        """A scoped write's events, after the chain's head, hashed on the server."""
+        return self._connection.append_at_head(events, then_commit=then_commit)
 
     def is_busy(self, error: Exception) -> bool:
         return False  # the server waits; the adapter says a wait too long as StoreBusy
