@@ -112,15 +112,18 @@ _TRY_SCOPES: Final = (
 )
 CHAIN_LOCK: Final = 0x6167656E746368  # "agentch"
 _TAKE_CHAIN_LOCK: Final = f"SELECT pg_advisory_xact_lock(?), {_CLOCK}"
-# A scoped write's event, appended after the chain's head (the newest event, or the genesis
-# hash for an empty chain) with the head's seq and hash spliced into its envelope and
-# hashed on the server: no round trip to read the head (`append_at_head`).
+# A scoped write's event, appended after the chain's head (the newest event, one probe of
+# the primary key's index from its end, or the genesis hash for an empty chain) with the
+# head's seq and hash spliced into its envelope and hashed on the server: no round trip to
+# read the head (`append_at_head`).
 _APPEND_AT_HEAD: Final = (
     "INSERT INTO events (seq, run_id, type, payload, created_at, prev_hash, hash)"
     " SELECT head.seq + 1, ?, ?, ?, ?, head.hash, encode(sha256(convert_to("
     "? || head.hash || ? || (head.seq + 1)::text || ?, 'UTF8')), 'hex')"
-    " FROM (SELECT seq, hash FROM events UNION ALL SELECT 0, ? ORDER BY seq DESC LIMIT 1)"
-    " AS head RETURNING seq, prev_hash, hash"
+    " FROM (SELECT COALESCE(last.seq, 0) AS seq, COALESCE(last.hash, ?) AS hash"
+    " FROM (SELECT 1) AS one LEFT JOIN LATERAL"
+    " (SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1) AS last ON true) AS head"
+    " RETURNING seq, prev_hash, hash"
 )
 
 # A statement whose rows are every column of a table is never prepared
