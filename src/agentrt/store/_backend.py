@@ -75,8 +75,15 @@ class ScopedBackend(Backend, Protocol):
     scoped to a session runs beside other sessions' scoped writes, and only its events
     take the chain's lock.  SQLite has one writer and no scoped writes."""
 
-    def begin(self, connection: Connection, scope: Scope | None = None) -> float | None:
-        """`Backend.begin`; with a `scope`, the write lock shared and the scope's own."""
+    def begin(
+        self, connection: Connection, scope: Scope | None = None, others: Sequence[Scope] = ()
+    ) -> float | None:
+        """`Backend.begin`; with a `scope`, the write lock shared and the scope's own,
+        then `others` tried without waiting, in the same round trip (`granted`)."""
+        ...
+
+    def granted(self, connection: Connection) -> set[Scope]:
+        """Of the `others` the last `begin` tried, those the write now holds."""
         ...
 
     def try_scopes(self, connection: Connection, scopes: Sequence[Scope]) -> set[Scope]:

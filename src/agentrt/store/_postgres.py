@@ -98,8 +98,6 @@ _SHARE_WRITE_LOCK: Final = "SELECT pg_advisory_xact_lock_shared(?)"
 SESSION_SPACE: Final = 0x61677274  # "agrt": the sessions' locks
 KEY_SPACE: Final = 0x6167726B  # "agrk": the locks of a tool, or a request, of a session
 _CLOCK: Final = "EXTRACT(EPOCH FROM clock_timestamp())::float8"
-_TAKE: Final = f"SELECT pg_advisory_xact_lock(?, hashtext(?)), {_CLOCK}"
-_SHARE: Final = "SELECT pg_advisory_xact_lock_shared(?, hashtext(?))"
 _TRY_SCOPES: Final = (
     "SELECT session, tool, key, CASE"
     " WHEN tool = '' THEN pg_try_advisory_xact_lock(?, hashtext(session))"
@@ -137,20 +135,41 @@ def _prepare(sql: str) -> bool | None:
     return False if _EVERY_COLUMN.search(sql) else None
 
 
-def _scope_locks(scope: Scope) -> list[tuple[str, tuple[Any, ...]]]:
-    """The statements a scoped write's BEGIN sends for `scope`, in the one order every
-    write takes them: the write lock shared, then the session's, the tool's and the
-    request's locks down to the scope's own level, shared above it and exclusive at it
-    (so a write of a whole session waits for every write of its tools and requests, and
-    one of a tool for its requests'); the last answers the server's time."""
+def _scope_locks(scope: Scope) -> tuple[str, tuple[Any, ...]]:
+    """The one statement a scoped write's BEGIN sends for `scope`: the write lock shared,
+    then the session's, the tool's and the request's locks down to the scope's own level,
+    shared above it and exclusive at it (so a write of a whole session waits for every
+    write of its tools and requests, and one of a tool for its requests'), with the
+    server's time once all are held.  Each lock is taken in a subquery of the next, so
+    the server takes them in that order, always (a subquery whose output is a volatile
+    function's is scanned, not flattened, and is read before its parent's row is made)."""
     session, tool, key = scope
     names = [session] + ([f"{session}/{tool}"] if tool else [])
     names += [f"{session}/{tool}/{key}"] if tool and key else []
-    statements: list[tuple[str, tuple[Any, ...]]] = [(_SHARE_WRITE_LOCK, (WRITE_LOCK,))]
+    sql = "SELECT pg_advisory_xact_lock_shared(?) AS held"
+    parameters: list[Any] = [WRITE_LOCK]
     for level, name in enumerate(names):
         space = SESSION_SPACE if level == 0 else KEY_SPACE
-        statements.append((_TAKE if level == len(names) - 1 else _SHARE, (space, name)))
-    return statements
+        taken = (
+            f"pg_advisory_xact_lock(?, hashtext(?)), {_CLOCK}"
+            if level == len(names) - 1
+            else "pg_advisory_xact_lock_shared(?, hashtext(?)) AS held"
+        )
+        sql = f"SELECT {taken} FROM ({sql}) AS x{level}"
+        parameters = [space, name, *parameters]  # (the outermost statement's come first)
+    return sql, tuple(parameters)
+
+
+def _trying(scopes: Sequence[Scope]) -> tuple[str, tuple[Any, ...]]:
+    """The statement that tries the locks of `scopes` (`PostgresConnection.try_scopes`)."""
+    return _TRY_SCOPES, (
+        SESSION_SPACE, SESSION_SPACE, KEY_SPACE, SESSION_SPACE, KEY_SPACE, KEY_SPACE,
+        *([scope[level] for scope in scopes] for level in range(3)),
+    )  # fmt: skip
+
+
+def _granted(rows: Sequence[Any]) -> set[Scope]:
+    return {(row[0], row[1], row[2]) for row in rows if row[3]}
 
 
 # Whether this libpq has pipeline mode (14 and later; psycopg's binary wheels have it).
@@ -350,6 +369,8 @@ class PostgresConnection:
         self._unanswered = 0  # statements sent since the last wait for answers
         # The next COMMIT goes out with the statements before it (`append_at_head`).
         self._commit_unsettled = False
+        # Of the other scopes the last scoped BEGIN tried, those it holds (`begin_write`).
+        self.granted: set[Scope] = set()
 
     @property
     def in_transaction(self) -> bool:
@@ -592,18 +613,21 @@ class PostgresConnection:
             )
         return StoreError(f"database {self.label}: {detail}")
 
-    def begin_write(self, scope: Scope | None = None) -> float:
+    def begin_write(self, scope: Scope | None = None, others: Sequence[Scope] = ()) -> float:
         """Start a write transaction holding the write lock, its statements in pipeline
         mode from here to its COMMIT or ROLLBACK; return the server's time then.
 
         With a `scope` (decision 0065) the write lock is taken shared, then the scope's
         own locks (`_scope_locks`): the write runs beside other scopes' writes, and its
-        events wait for the chain's lock (`chain_head`).  BEGIN and the locks go out
-        together, one round trip.  A connection found broken by them is opened again and
-        they are sent once more (nothing was written yet).
+        events wait for the chain's lock (`take_chain`); `others`, the scopes of the
+        batch's other units, are then tried without waiting (`granted` says which are
+        held).  BEGIN and the locks go out together, one round trip.  A connection found
+        broken by them is opened again and they are sent once more (nothing was written
+        yet).
         """
+        self.granted = set()
         if not _PIPELINE:
-            return self._begin_waiting_each(scope)
+            return self._begin_waiting_each(scope, others)
         if self._cut or (self._writing and self._connection.broken):
             self._drop_pipeline()
             self._writing = self._cut = False
@@ -613,14 +637,18 @@ class PostgresConnection:
             try:
                 self._enter_pipeline()
                 self._send("BEGIN", ())
+                tried = None
                 if scope is None:
                     cursor = self._send(_TAKE_WRITE_LOCK, (WRITE_LOCK,))
                 else:
-                    for sql, parameters in _scope_locks(scope):
-                        cursor = self._send(sql, parameters)
+                    cursor = self._send(*_scope_locks(scope))
+                    if others:
+                        tried = self._send(*_trying(others))
                 assert self._pipeline is not None
                 self._pipeline.sync()
                 row = cursor.fetchone()
+                if tried is not None:
+                    self.granted = _granted(tried.fetchall())
             except psycopg.Error as exc:
                 broken = self._connection.broken
                 if broken:
@@ -641,7 +669,7 @@ class PostgresConnection:
             return float(row[1])
         raise AssertionError("unreachable")  # (the loop returns or raises)
 
-    def _begin_waiting_each(self, scope: Scope | None) -> float:
+    def _begin_waiting_each(self, scope: Scope | None, others: Sequence[Scope]) -> float:
         """`begin_write` where libpq has no pipeline mode (before 14): every statement of
         the write waited for, one by one."""
         self.execute("BEGIN")
@@ -649,8 +677,9 @@ class PostgresConnection:
             if scope is None:
                 row = self.execute(_TAKE_WRITE_LOCK, (WRITE_LOCK,)).fetchone()
             else:
-                for sql, parameters in _scope_locks(scope):
-                    row = self.execute(sql, parameters).fetchone()
+                row = self.execute(*_scope_locks(scope)).fetchone()
+                if others:
+                    self.granted = self.try_scopes(others)
         except BaseException:
             self.rollback_quietly()
             raise
@@ -660,12 +689,7 @@ class PostgresConnection:
         """Inside a scoped write, take the locks of more `scopes` where no other write
         holds them, never waiting (so no two writes can wait on each other's scopes);
         the scopes now held."""
-        rows = self.execute(
-            _TRY_SCOPES,
-            (SESSION_SPACE, SESSION_SPACE, KEY_SPACE, SESSION_SPACE, KEY_SPACE, KEY_SPACE,
-             *([scope[level] for scope in scopes] for level in range(3))),
-        ).fetchall()  # fmt: skip
-        return {(row[0], row[1], row[2]) for row in rows if row[3]}
+        return _granted(self.execute(*_trying(scopes)).fetchall())
 
     def take_chain(self) -> Cursor:
         """Inside a scoped write: send the chain's lock (held to the COMMIT) without
@@ -726,11 +750,17 @@ class PostgresBackend:
     # Writes may be scoped: scoped ones run beside one another (decision 0065).
     scopes: Final = True
 
-    def begin(self, connection: Connection, scope: Scope | None = None) -> float | None:
-        """`BEGIN` and the write lock (shared, and the scope's, for a scoped write), waited
-        for by the server (a wait past the lock timeout is `StoreBusy`); the server's
-        time then."""
-        return self._connection.begin_write(scope)  # the adapter: the store's connection
+    def begin(
+        self, connection: Connection, scope: Scope | None = None, others: Sequence[Scope] = ()
+    ) -> float | None:
+        """`BEGIN` and the write lock (shared, and the scope's, for a scoped write, with
+        `others` tried: `granted`), waited for by the server (a wait past the lock
+        timeout is `StoreBusy`); the server's time then."""
+        return self._connection.begin_write(scope, others)  # the store's connection
+
+    def granted(self, connection: Connection) -> set[Scope]:
+        """Of the `others` the last `begin` tried, those it holds."""
+        return self._connection.granted
 
     def try_scopes(self, connection: Connection, scopes: Sequence[Scope]) -> set[Scope]:
         """Of `scopes`, those whose locks this scoped write now holds (never waiting)."""

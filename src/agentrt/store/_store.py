@@ -226,10 +226,12 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         Its units' events are written at its end, under the chain's lock.
         """
         scope = units[0].scope
+        # The other units' scopes, tried in the round trip that takes the first's.
+        others = _other_scopes(units, {scope}) if scope is not None else []
         try:
             # Each unit waits out a busy database one deadline from its submission,
             # not from when an earlier batch's wait for the lock gave up.
-            self._begin(min(unit.submitted for unit in units) + self.busy_deadline, scope)
+            self._begin(min(unit.submitted for unit in units) + self.busy_deadline, scope, others)
         except BaseException as exc:
             for unit in units:
                 unit.error = exc
@@ -241,7 +243,7 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         connection = self._connection
         try:
             if scope is not None:
-                self._take_scopes(connection, scope, units, give_back)
+                self._take_scopes(connection, scope, others, units, give_back)
             # A unit alone in its batch needs no savepoint: the transaction is its own.
             alone = len(units) == 1
             self._head = None
@@ -325,20 +327,20 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         self,
         connection: Connection,
         scope: Scope,
+        tried: list[Scope],
         units: list[_Unit],
         give_back: Callable[[list[_Unit]], None] | None,
     ) -> None:
-        """In a scoped batch holding `scope`: take the other units' scopes where no other
-        write holds them (never waiting: two writes never wait on each other's scopes),
-        and give back, in order, the units whose scopes it could not take."""
+        """In a scoped batch holding `scope` (and those of `tried`, the scopes its BEGIN
+        tried, that it was granted): take the scopes of the units that joined since where
+        no other write holds them (never waiting: two writes never wait on each other's
+        scopes), and give back, in order, the units whose scopes it could not take."""
         assert self._scoped is not None
         self._deferred = []
-        others = sorted(
-            {unit.scope for unit in units if unit.scope is not None and unit.scope != scope}
-        )
-        held = {scope}
-        if others:
-            held |= self._scoped.try_scopes(connection, others)
+        held = {scope} | self._scoped.granted(connection)
+        joined = _other_scopes(units, {scope, *tried})
+        if joined:
+            held |= self._scoped.try_scopes(connection, joined)
         refused = [unit for unit in units if unit.scope not in held]
         if refused:
             units[:] = [unit for unit in units if unit.scope in held]
@@ -379,7 +381,12 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
             with self._waiters_guard:
                 self._lock_waiters -= 1
 
-    def _begin(self, deadline: float | None = None, scope: Scope | None = None) -> None:
+    def _begin(
+        self,
+        deadline: float | None = None,
+        scope: Scope | None = None,
+        others: Sequence[Scope] = (),
+    ) -> None:
         """Take the store's lock and begin a write holding the database's write lock (the
         backend's `begin`), waiting out a busy database in short attempts (the lock
         released between them) until `deadline` (monotonic; `busy_deadline` from now by
@@ -399,7 +406,7 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
                     self._server_now = self._backend.begin(self._connection)
                 else:
                     assert self._scoped is not None
-                    self._server_now = self._scoped.begin(self._connection, scope)
+                    self._server_now = self._scoped.begin(self._connection, scope, others)
                 self._lock_taken = time.perf_counter()
                 self.write_lock_wait_s += self._lock_taken - asked
                 return
@@ -496,3 +503,8 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
                     f"database {sanitize(self.path)} stayed locked for {self.busy_deadline:g}s"
                 )
             time.sleep(0.005)
+
+
+def _other_scopes(units: list[_Unit], known: set[Scope]) -> list[Scope]:
+    """The scopes of `units` not in `known`, each once, in order."""
+    return sorted({unit.scope for unit in units if unit.scope is not None} - known)
