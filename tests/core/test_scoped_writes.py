@@ -114,32 +114,6 @@ async def test_two_sessions_scoped_writes_commit_beside_each_other_in_one_chain(
         store.close()
 
 
-async def test_a_scoped_write_waits_for_one_of_its_own_session_in_progress(url: str) -> None:
-    """Two proxies writing for the same session take turns: the second is answered only
-    after the first committed, and sees what it wrote."""
-    first, second = open_store(url), open_store(url)
-    entered, release = threading.Event(), threading.Event()
-    answered: list[str] = []
-
-    async def write(store: Store, run_id: str, **waits: Any) -> None:
-        answered.append(
-            await store.write_scoped(("session-a", "", ""), _starting(store, run_id, **waits))
-        )
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(functools.partial(write, first, "run-1", entered=entered, release=release))
-        await _inside(entered)
-        group.start_soon(write, second, "run-2")
-        await anyio.sleep(0.5)
-        assert answered == []  # the session's lock is the first write's
-        release.set()
-    assert sorted(answered) == ["run-1", "run-2"]  # (answered in either order: see the chain)
-    assert _started(second) == [("run-1", 1, 1), ("run-2", 2, 2)]
-    _sound(second)
-    for store in (first, second):
-        store.close()
-
-
 async def test_an_unscoped_write_waits_for_every_scoped_write_in_progress(url: str) -> None:
     """A write that is not scoped (an approval decided, a checkpoint, an archive) takes
     the write lock whole: it waits for a scoped write in progress, and sees it committed."""
@@ -414,6 +388,7 @@ async def test_writes_of_disjoint_scopes_of_one_session_commit_beside_each_other
 @pytest.mark.parametrize(
     ("holding", "waiting"),
     [
+        (("team", "", ""), ("team", "", "")),  # the same session, whole
         (("team", "read", "a"), ("team", "read", "a")),  # the same request
         (("team", "read", "a"), ("team", "", "")),  # the whole session waits for a request
         (("team", "", ""), ("team", "read", "b")),  # a request for the whole session
@@ -424,8 +399,9 @@ async def test_writes_of_disjoint_scopes_of_one_session_commit_beside_each_other
 async def test_a_write_waits_for_one_whose_scope_covers_or_is_covered_by_its_own(
     url: str, holding: tuple[str, str, str], waiting: tuple[str, str, str]
 ) -> None:
-    """The same request, a whole session and one of its tools or requests, a tool and one
-    of its requests: the second waits for the one in progress, then sees it."""
+    """The same session or request, a whole session and one of its tools or requests, a
+    tool and one of its requests: the second waits for the one in progress, is answered
+    only after it committed, and sees what it wrote."""
     first, second = open_store(url), open_store(url)
     entered, release = threading.Event(), threading.Event()
     answered: list[str] = []
@@ -514,3 +490,39 @@ async def test_on_sqlite_a_scoped_write_is_a_write(backend: str, tmp_path: Path)
     assert _started(store) == [("run-a", 1, 1)]
     _sound(store)
     store.close()
+
+
+@pytest.mark.parametrize("lock", ["chain", "write"])
+async def test_a_session_holding_the_advisory_locks_delays_scoped_writes_but_cannot_reorder_them(
+    url: str, lock: str
+) -> None:
+    """A role that can take advisory locks (SECURITY.md) holds the chain's lock, or the write
+    lock, from a session of its own: two proxies' scoped writes wait (at their tail, or at
+    their BEGIN), and once it lets go both commit into one chain whose order is the order
+    of their commits (seq and creation order agree, every hash recomputes)."""
+    import psycopg
+
+    from agentrt.store._postgres import CHAIN_LOCK, WRITE_LOCK
+
+    key = CHAIN_LOCK if lock == "chain" else WRITE_LOCK
+    first, second = open_store(url), open_store(url)
+    answered: dict[str, str] = {}
+
+    async def write(store: Store, session: str, run_id: str) -> None:
+        answered[run_id] = await store.write_scoped((session, "", ""), _starting(store, run_id))
+
+    with psycopg.connect(url, autocommit=True) as rogue:
+        rogue.execute("SELECT pg_advisory_lock(%s)", (key,))
+        async with anyio.create_task_group() as group:
+            group.start_soon(write, first, "session-a", "run-a")
+            group.start_soon(write, second, "session-b", "run-b")
+            await anyio.sleep(0.5)
+            assert answered == {}  # delayed
+            rogue.execute("SELECT pg_advisory_unlock(%s)", (key,))
+    assert sorted(answered) == ["run-a", "run-b"]
+    started = _started(first)
+    assert [seq for _, seq, _ in started] == [1, 2]
+    assert [order for _, _, order in started] == [1, 2]
+    _sound(first)
+    for store in (first, second):
+        store.close()

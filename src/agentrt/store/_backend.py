@@ -75,15 +75,12 @@ class ScopedBackend(Backend, Protocol):
     scoped to a session runs beside other sessions' scoped writes, and only its events
     take the chain's lock.  SQLite has one writer and no scoped writes."""
 
-    def begin(
-        self, connection: Connection, scope: Scope | None = None, others: Sequence[Scope] = ()
-    ) -> float | None:
-        """`Backend.begin`; with a `scope`, the write lock shared and the scope's own,
-        then `others` tried without waiting, in the same round trip (`granted`)."""
-        ...
-
-    def granted(self, connection: Connection) -> set[Scope]:
-        """Of the `others` the last `begin` tried, those the write now holds."""
+    def begin_scoped(
+        self, connection: Connection, scope: Scope, others: Sequence[Scope] = ()
+    ) -> tuple[float | None, set[Scope]]:
+        """`Backend.begin` for a write scoped to `scope`: the write lock shared and the
+        scope's own, then `others` tried without waiting, in the same round trip; the
+        server's time then, and those of `others` the write now holds."""
         ...
 
     def try_scopes(self, connection: Connection, scopes: Sequence[Scope]) -> set[Scope]:
@@ -96,11 +93,20 @@ class ScopedBackend(Backend, Protocol):
         waiting; a cursor whose row, once answered, has the server's time it was held."""
         ...
 
-    def append_at_head(
-        self, connection: Connection, events: Sequence[Sequence[Any]], *, then_commit: bool
-    ) -> list[Any]:
+    def draw_run_order(self, connection: Connection, run_id: str) -> None:
+        """Inside a scoped write, after `take_chain`: send the creation order of run
+        `run_id` (its `created_seq`, the next under the chain's lock) without waiting."""
+        ...
+
+    def append_at_head(self, connection: Connection, events: Sequence[Sequence[Any]]) -> list[Any]:
         """Inside a scoped write, after `take_chain`: append `events` (run id, type,
         payload, time, `envelope_parts`) after the chain's head, read and hashed by the
         database, without waiting; cursors whose rows, once answered, are each event's
-        seq, prev hash and hash.  `then_commit`: the COMMIT goes out with them."""
+        seq, prev hash and hash."""
+        ...
+
+    def commit_tail(self, connection: Connection) -> None:
+        """COMMIT a scoped write whose tail is still unanswered: the statements sent
+        without waiting go out with it, answered in one round trip (a refused one fails
+        the COMMIT, and nothing of the write is kept)."""
         ...

@@ -63,13 +63,6 @@ class _LaterEvent(NamedTuple):
 # event, or (a plain string) a run whose creation order is drawn there.
 Deferred = _LaterEvent | str
 
-# A run's creation order, drawn under the chain's lock (so two scoped writes started
-# beside one another never draw the same number).
-_DRAW_RUN_ORDER: Final = (
-    "UPDATE runs SET created_seq = (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM runs)"
-    " WHERE run_id = ?"
-)
-
 
 class Tail:
     """A scoped write's tail (`_Chain._write_tail`): its events as the database appended
@@ -89,6 +82,11 @@ class Tail:
         self._made = made
         self._cursors = cursors
         self._events: list[Event] | None = None
+
+    @property
+    def answered(self) -> bool:
+        """Whether its statements were answered before the COMMIT (with an outbox)."""
+        return self._events is not None
 
     def events(self) -> list[Event]:
         """The events, with the seq, prev hash and hash the database gave each."""
@@ -157,13 +155,14 @@ class _Chain:
         started, and its events after the chain's head, each stamped with its time now
         (so the chain stays in time order: the archive's cut bisects on it), all sent
         without waiting and answered with the COMMIT; with an outbox, answered first, so
-        each event's announcement is written in the same transaction."""
+        each event's announcement is written in the same transaction (`Tail.answered`
+        says which: the COMMIT to send is then the ordinary one)."""
         lock = scoped.take_chain(connection)
         asked = time.time()
         events: list[tuple[_LaterEvent, str]] = []
         for item in deferred:
             if isinstance(item, str):
-                connection.execute(_DRAW_RUN_ORDER, (item,))
+                scoped.draw_run_order(connection, item)
             else:
                 events.append((item, utc_now()))
         rows = [
@@ -171,9 +170,8 @@ class _Chain:
              *envelope_parts(item.run_id, item.type_, item.payload_text, created))
             for item, created in events
         ]  # fmt: skip
+        tail = Tail(asked, lock, events, scoped.append_at_head(connection, rows))
         outbox = self.outbox
-        appended = scoped.append_at_head(connection, rows, then_commit=outbox is None)
-        tail = Tail(asked, lock, events, appended)
         if outbox is not None:
             for event in tail.events():
                 enqueue(outbox, connection, event)

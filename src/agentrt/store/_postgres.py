@@ -110,6 +110,12 @@ _TRY_SCOPES: Final = (
 )
 CHAIN_LOCK: Final = 0x6167656E746368  # "agentch"
 _TAKE_CHAIN_LOCK: Final = f"SELECT pg_advisory_xact_lock(?), {_CLOCK}"
+# A run's creation order, drawn under the chain's lock (so two scoped writes started
+# beside one another never draw the same number).
+_DRAW_RUN_ORDER: Final = (
+    "UPDATE runs SET created_seq = (SELECT COALESCE(MAX(created_seq), 0) + 1 FROM runs)"
+    " WHERE run_id = ?"
+)
 # A scoped write's event, appended after the chain's head (the newest event, one probe of
 # the primary key's index from its end, or the genesis hash for an empty chain) with the
 # head's seq and hash spliced into its envelope and hashed on the server: no round trip to
@@ -175,11 +181,12 @@ def _granted(rows: Sequence[Any]) -> set[Scope]:
 # Whether this libpq has pipeline mode (14 and later; psycopg's binary wheels have it).
 _PIPELINE: Final = psycopg.capabilities.has_pipeline()
 
-# Statements of a write not waited for one by one: the chain's appends and a scoped
-# write's runs' creation order (answered together at the end of the unit, `settle`, or
-# before the COMMIT: nobody catches their error, a refused one fails the unit or the
-# write) and a unit's savepoints (answered with the next statement that is).
-_APPEND: Final = ("INSERT INTO events ", "UPDATE runs SET created_seq ")
+# Statements of a write not waited for one by one: the chain's appends (answered
+# together at the end of the unit, `settle`, or before the COMMIT: nobody catches their
+# error, a refused one fails the unit or the write) and a unit's savepoints (answered
+# with the next statement that is).  A scoped write's tail is sent the same way, by name
+# (`send_unanswered`).
+_APPEND: Final = "INSERT INTO events "
 _BOOKKEEPING: Final = ("SAVEPOINT ", "RELEASE ", "ROLLBACK TO ")
 
 # The server ended the session (`pg_terminate_backend`, a shutdown): the connection is as
@@ -367,10 +374,6 @@ class PostgresConnection:
         self._pipeline: psycopg.Pipeline | None = None
         self._pipeline_scope: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None
         self._unanswered = 0  # statements sent since the last wait for answers
-        # The next COMMIT goes out with the statements before it (`append_at_head`).
-        self._commit_unsettled = False
-        # Of the other scopes the last scoped BEGIN tried, those it holds (`begin_write`).
-        self.granted: set[Scope] = set()
 
     @property
     def in_transaction(self) -> bool:
@@ -488,13 +491,12 @@ class PostgresConnection:
         self._unanswered = 0
         return self._mapped(exc)
 
-    def _end_write(self, sql: str) -> Cursor:
+    def _end_write(self, sql: str, *, settle: bool = True) -> Cursor:
         """COMMIT or ROLLBACK the write and leave pipeline mode."""
-        unsettled, self._commit_unsettled = self._commit_unsettled, False
-        if sql == "COMMIT" and self._unanswered and not unsettled:
+        if sql == "COMMIT" and settle:
             # Make sure every statement of the write was kept before asking for the
             # COMMIT, so a break while it is answered leaves only its own fate unknown
-            # (but after a scoped write's events, `append_at_head`: all in one).
+            # (but not after a scoped write's tail, `commit_unanswered`: all in one).
             self.settle()
         scope = self._pipeline_scope
         cursor: psycopg.Cursor[Any] | None = None
@@ -533,7 +535,6 @@ class PostgresConnection:
         self._pipeline = scope.__enter__()
         self._pipeline_scope = scope
         self._unanswered = 0
-        self._commit_unsettled = False
 
     def _forget_pipeline(self) -> None:
         self._pipeline = self._pipeline_scope = None
@@ -613,19 +614,20 @@ class PostgresConnection:
             )
         return StoreError(f"database {self.label}: {detail}")
 
-    def begin_write(self, scope: Scope | None = None, others: Sequence[Scope] = ()) -> float:
+    def begin_write(
+        self, scope: Scope | None = None, others: Sequence[Scope] = ()
+    ) -> tuple[float, set[Scope]]:
         """Start a write transaction holding the write lock, its statements in pipeline
-        mode from here to its COMMIT or ROLLBACK; return the server's time then.
+        mode from here to its COMMIT or ROLLBACK; return the server's time then, and the
+        scopes of `others` it holds.
 
         With a `scope` (decision 0065) the write lock is taken shared, then the scope's
         own locks (`_scope_locks`): the write runs beside other scopes' writes, and its
         events wait for the chain's lock (`take_chain`); `others`, the scopes of the
-        batch's other units, are then tried without waiting (`granted` says which are
-        held).  BEGIN and the locks go out together, one round trip.  A connection found
-        broken by them is opened again and they are sent once more (nothing was written
-        yet).
+        batch's other units, are then tried without waiting.  BEGIN and the locks go out
+        together, one round trip.  A connection found broken by them is opened again and
+        they are sent once more (nothing was written yet).
         """
-        self.granted = set()
         if not _PIPELINE:
             return self._begin_waiting_each(scope, others)
         if self._cut or (self._writing and self._connection.broken):
@@ -638,6 +640,7 @@ class PostgresConnection:
                 self._enter_pipeline()
                 self._send("BEGIN", ())
                 tried = None
+                granted: set[Scope] = set()
                 if scope is None:
                     cursor = self._send(_TAKE_WRITE_LOCK, (WRITE_LOCK,))
                 else:
@@ -648,7 +651,7 @@ class PostgresConnection:
                 self._pipeline.sync()
                 row = cursor.fetchone()
                 if tried is not None:
-                    self.granted = _granted(tried.fetchall())
+                    granted = _granted(tried.fetchall())
             except psycopg.Error as exc:
                 broken = self._connection.broken
                 if broken:
@@ -666,24 +669,27 @@ class PostgresConnection:
                 self.rollback_quietly()
                 raise StoreError(f"database {self.label} did not answer for its write lock")
             self._writing = True
-            return float(row[1])
+            return float(row[1]), granted
         raise AssertionError("unreachable")  # (the loop returns or raises)
 
-    def _begin_waiting_each(self, scope: Scope | None, others: Sequence[Scope]) -> float:
+    def _begin_waiting_each(
+        self, scope: Scope | None, others: Sequence[Scope]
+    ) -> tuple[float, set[Scope]]:
         """`begin_write` where libpq has no pipeline mode (before 14): every statement of
         the write waited for, one by one."""
         self.execute("BEGIN")
+        granted: set[Scope] = set()
         try:
             if scope is None:
                 row = self.execute(_TAKE_WRITE_LOCK, (WRITE_LOCK,)).fetchone()
             else:
                 row = self.execute(*_scope_locks(scope)).fetchone()
                 if others:
-                    self.granted = self.try_scopes(others)
+                    granted = self.try_scopes(others)
         except BaseException:
             self.rollback_quietly()
             raise
-        return float(row[1])
+        return float(row[1]), granted
 
     def try_scopes(self, scopes: Sequence[Scope]) -> set[Scope]:
         """Inside a scoped write, take the locks of more `scopes` where no other write
@@ -691,19 +697,29 @@ class PostgresConnection:
         the scopes now held."""
         return _granted(self.execute(*_trying(scopes)).fetchall())
 
-    def take_chain(self) -> Cursor:
-        """Inside a scoped write: send the chain's lock (held to the COMMIT) without
-        waiting for it; the server's time once it is held, read after the COMMIT."""
+    def send_unanswered(self, sql: str, parameters: Sequence[Any] = ()) -> Cursor:
+        """Inside a write: send a statement without waiting for its answer (answered by
+        `settle`, a later read, or the COMMIT); outside pipeline mode, as `execute`."""
         if self._pipeline is None:
-            return self.execute(_TAKE_CHAIN_LOCK, (CHAIN_LOCK,))
+            return self.execute(sql, parameters)
         try:
-            cursor = self._send(_TAKE_CHAIN_LOCK, (CHAIN_LOCK,))
+            cursor = self._send(sql, parameters)
         except psycopg.Error as exc:
             raise self._refused_in_pipeline(exc) from None
         self._unanswered += 1
         return Cursor(cursor, self)
 
-    def append_at_head(self, events: Sequence[Sequence[Any]], *, then_commit: bool) -> list[Cursor]:
+    def take_chain(self) -> Cursor:
+        """Inside a scoped write: send the chain's lock (held to the COMMIT) without
+        waiting for it; the server's time once it is held, read after the COMMIT."""
+        return self.send_unanswered(_TAKE_CHAIN_LOCK, (CHAIN_LOCK,))
+
+    def draw_run_order(self, run_id: str) -> None:
+        """Inside a scoped write holding (or waiting for) the chain's lock: send run
+        `run_id`'s creation order, the next under the lock, without waiting."""
+        self.send_unanswered(_DRAW_RUN_ORDER, (run_id,))
+
+    def append_at_head(self, events: Sequence[Sequence[Any]]) -> list[Cursor]:
         """Inside a scoped write holding (or waiting for) the chain's lock: append
         `events` (run id, type, payload, time, and the envelope's three parts around the
         head's hash and seq, `envelope_parts`) after the chain's head, read and hashed on
@@ -712,13 +728,16 @@ class PostgresConnection:
 
         The head is read inside each `INSERT`, a statement sent after the lock's: under
         READ COMMITTED a statement sees the commits made before it started, and one that
-        waited for the lock would not see those made while it waited (decision 0058).
-        `then_commit`: the COMMIT that follows goes out with them, one round trip for all
-        (a refused one fails the COMMIT, and nothing of the write is kept)."""
-        cursors = [self.execute(_APPEND_AT_HEAD, (*event, GENESIS_HASH)) for event in events]
-        if then_commit:
-            self._commit_unsettled = True
-        return cursors
+        waited for the lock would not see those made while it waited (decision 0058)."""
+        return [self.send_unanswered(_APPEND_AT_HEAD, (*event, GENESIS_HASH)) for event in events]
+
+    def commit_unanswered(self) -> Cursor:
+        """COMMIT a write whose last statements were sent without waiting (a scoped
+        write's tail): they go out with the COMMIT, all answered in one round trip (a
+        refused one fails the COMMIT, and nothing of the write is kept)."""
+        if self._pipeline is None or self._cut or self._connection.broken:
+            return self.execute("COMMIT")  # (which says what became of the write)
+        return self._end_write("COMMIT", settle=False)
 
     def rollback_quietly(self) -> None:
         self._cut = self._writing = False
@@ -750,17 +769,16 @@ class PostgresBackend:
     # Writes may be scoped: scoped ones run beside one another (decision 0065).
     scopes: Final = True
 
-    def begin(
-        self, connection: Connection, scope: Scope | None = None, others: Sequence[Scope] = ()
-    ) -> float | None:
-        """`BEGIN` and the write lock (shared, and the scope's, for a scoped write, with
-        `others` tried: `granted`), waited for by the server (a wait past the lock
+    def begin(self, connection: Connection) -> float | None:
+        """`BEGIN` and the write lock, waited for by the server (a wait past the lock
         timeout is `StoreBusy`); the server's time then."""
-        return self._connection.begin_write(scope, others)  # the store's connection
+        return self._connection.begin_write()[0]  # the store's connection
 
-    def granted(self, connection: Connection) -> set[Scope]:
-        """Of the `others` the last `begin` tried, those it holds."""
-        return self._connection.granted
+    def begin_scoped(
+        self, connection: Connection, scope: Scope, others: Sequence[Scope] = ()
+    ) -> tuple[float | None, set[Scope]]:
+        """`begin` with the write lock shared and the scope's own, `others` tried."""
+        return self._connection.begin_write(scope, others)
 
     def try_scopes(self, connection: Connection, scopes: Sequence[Scope]) -> set[Scope]:
         """Of `scopes`, those whose locks this scoped write now holds (never waiting)."""
@@ -770,11 +788,19 @@ class PostgresBackend:
         """The chain's lock, sent without waiting: where a scoped write's tail begins."""
         return self._connection.take_chain()
 
+    def draw_run_order(self, connection: Connection, run_id: str) -> None:
+        """A run's creation order, under the chain's lock, sent without waiting."""
+        self._connection.draw_run_order(run_id)
+
     def append_at_head(
-        self, connection: Connection, events: Sequence[Sequence[Any]], *, then_commit: bool
+        self, connection: Connection, events: Sequence[Sequence[Any]]
     ) -> list[Cursor]:
         """A scoped write's events, after the chain's head, hashed on the server."""
-        return self._connection.append_at_head(events, then_commit=then_commit)
+        return self._connection.append_at_head(events)
+
+    def commit_tail(self, connection: Connection) -> None:
+        """COMMIT with the tail's statements, one round trip."""
+        self._connection.commit_unanswered()
 
     def is_busy(self, error: Exception) -> bool:
         return False  # the server waits; the adapter says a wait too long as StoreBusy

@@ -231,7 +231,9 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         try:
             # Each unit waits out a busy database one deadline from its submission,
             # not from when an earlier batch's wait for the lock gave up.
-            self._begin(min(unit.submitted for unit in units) + self.busy_deadline, scope, others)
+            granted = self._begin(
+                min(unit.submitted for unit in units) + self.busy_deadline, scope, others
+            )
         except BaseException as exc:
             for unit in units:
                 unit.error = exc
@@ -243,7 +245,7 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         connection = self._connection
         try:
             if scope is not None:
-                self._take_scopes(connection, scope, others, units, give_back)
+                self._take_scopes(connection, {scope, *granted}, others, units, give_back)
             # A unit alone in its batch needs no savepoint: the transaction is its own.
             alone = len(units) == 1
             self._head = None
@@ -285,7 +287,11 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
             if self._deferred is not None and connection.in_transaction:
                 tail = self._write_deferred(connection)
             if connection.in_transaction:
-                connection.execute("COMMIT")
+                if tail is not None and not tail.answered:
+                    assert self._scoped is not None
+                    self._scoped.commit_tail(connection)
+                else:
+                    connection.execute("COMMIT")
                 self.commits += 1
                 if tail is not None:
                     committed.extend(tail.events())
@@ -326,19 +332,19 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
     def _take_scopes(
         self,
         connection: Connection,
-        scope: Scope,
+        held: set[Scope],
         tried: list[Scope],
         units: list[_Unit],
         give_back: Callable[[list[_Unit]], None] | None,
     ) -> None:
-        """In a scoped batch holding `scope` (and those of `tried`, the scopes its BEGIN
-        tried, that it was granted): take the scopes of the units that joined since where
-        no other write holds them (never waiting: two writes never wait on each other's
-        scopes), and give back, in order, the units whose scopes it could not take."""
+        """In a scoped batch holding the scopes `held` (its first unit's, and those of
+        `tried`, the scopes its BEGIN tried, that it was granted): take the scopes of the
+        units that joined since where no other write holds them (never waiting: two
+        writes never wait on each other's scopes), and give back, in order, the units
+        whose scopes it could not take."""
         assert self._scoped is not None
         self._deferred = []
-        held = {scope} | self._scoped.granted(connection)
-        joined = _other_scopes(units, {scope, *tried})
+        joined = _other_scopes(units, {*held, *tried})
         if joined:
             held |= self._scoped.try_scopes(connection, joined)
         refused = [unit for unit in units if unit.scope not in held]
@@ -386,7 +392,7 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         deadline: float | None = None,
         scope: Scope | None = None,
         others: Sequence[Scope] = (),
-    ) -> None:
+    ) -> set[Scope]:
         """Take the store's lock and begin a write holding the database's write lock (the
         backend's `begin`), waiting out a busy database in short attempts (the lock
         released between them) until `deadline` (monotonic; `busy_deadline` from now by
@@ -394,7 +400,8 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
 
         On SQLite that is `BEGIN IMMEDIATE`; on PostgreSQL `BEGIN` and the write lock
         every writer takes first (the server itself waits for it up to the deadline),
-        with the server's time then, which judges the write (`write_time`).
+        with the server's time then, which judges the write (`write_time`).  A scoped
+        write (`scope`) tries the scopes of `others` too: those it holds are returned.
         """
         if deadline is None:
             deadline = time.monotonic() + self.busy_deadline
@@ -402,14 +409,17 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         while True:
             self._acquire_lock()
             try:
+                granted: set[Scope] = set()
                 if scope is None:
                     self._server_now = self._backend.begin(self._connection)
                 else:
                     assert self._scoped is not None
-                    self._server_now = self._scoped.begin(self._connection, scope, others)
+                    self._server_now, granted = self._scoped.begin_scoped(
+                        self._connection, scope, others
+                    )
                 self._lock_taken = time.perf_counter()
                 self.write_lock_wait_s += self._lock_taken - asked
-                return
+                return granted
             except Busy:
                 self._lock.release()
             except BaseException:
