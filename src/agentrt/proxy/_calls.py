@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import secrets
 import shlex
-import socket
 import sys
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Final
@@ -79,7 +76,6 @@ __all__ = [
     "Calls",
     "ProxyPolicy",
     "WatchedTool",
-    "new_owner",
     "proxy_policy",
 ]
 
@@ -121,11 +117,6 @@ class _Call:
         if self.host_session is not None:
             metadata[HOST_SESSION] = self.host_session
         return metadata
-
-
-def new_owner() -> str:
-    """A label for this proxy process, unique even across restarts with the same pid."""
-    return f"proxy:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 def _mutating(spec: ToolSpec) -> bool:
@@ -404,6 +395,8 @@ class Calls:
         log: IO[str] | None = None,
         repeat_windows: Mapping[str, float] | None = None,
         forwarded: dict[str, Forwarded] | None = None,
+        specs: dict[str, ToolSpec] | None = None,
+        closing: anyio.Event | None = None,
     ) -> None:
         self.gate = gate
         self.store = gate.store
@@ -421,8 +414,11 @@ class Calls:
         self.forwarded = forwarded if forwarded is not None else {}
         self.max_pending = max_pending
         self.log = log if log is not None else sys.stderr
-        self.closing = anyio.Event()
-        self._specs = {spec.name: spec for spec in gate.specs}
+        # Set once the proxy takes no more calls (the proxy's own event, when it has one).
+        self.closing = closing if closing is not None else anyio.Event()
+        # The specs served by name: the proxy's own (`Proxy.specs`, which its listing reads),
+        # so a tool admitted or retired while serving is one change for both.
+        self._specs = specs if specs is not None else {spec.name: spec for spec in gate.specs}
         # A remote server's login check by tool name (`oauth_preflights`): why it waits, or None.
         self.logins: dict[str, Callable[[], Awaitable[str | None]]] = {}
         self._announced: set[str] = set()

@@ -219,7 +219,7 @@ class HTTPFront:
 
     def _input_schema(self, name: str) -> Any:
         assert self._handlers is not None
-        for spec in self._handlers.proxy.calls.specs:
+        for spec in self._handlers.proxy.specs.values():
             if spec.name == name:
                 return spec.input_schema
         return None
