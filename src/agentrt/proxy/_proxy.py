@@ -262,8 +262,14 @@ class Proxy:
 
     async def _warm(self) -> None:
         await anyio.sleep(_WARM_AFTER_LISTING)
-        if not self.closing.is_set():
+        if self.closing.is_set():
+            return
+        try:
             await self.calling()
+        except Exception as exc:
+            # Not the serving's end: the first call builds it again, and answers its failure.
+            log_line(self.log, "agentrt proxy: the call path could not be prepared: "
+                     f"{sanitize(str(exc))}")  # fmt: skip
 
     def admit(self, tools: list[Loaded], *, replacing: bool = False) -> list[str]:
         """Serve the tools of a server that loaded after the proxy started (its login came
