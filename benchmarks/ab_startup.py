@@ -2,7 +2,8 @@
 (by `PYTHONPATH`) behind the instant server, against that server spawned directly, in
 interleaved rounds (the order rotated each round), for both host eras as benchmark 12
 opens them.  Per tree and era: the median of each round's time to the `tools/list`
-answer minus the direct server's in the same round, and the proxy's CPU to that answer.
+answer minus the direct server's in the same round, and the proxy's CPU to that answer;
+then the first `tools/call`'s own time, sent at once after the listing and 0.2 s later.
 
     .venv/bin/python benchmarks/ab_startup.py BEFORE_SRC AFTER_SRC [--rounds 11]
 """
@@ -93,6 +94,36 @@ def main() -> None:
                     f"(CPU to ready {statistics.median(cpu[name]):.3f} s)  "
                     f"deltas {' '.join(f'{value:+.3f}' for value in deltas[name])}"
                 )
+        _first_calls(proxy, root, trees, options.rounds)
+
+
+def _first_calls(
+    proxy: dict[str, list[str]], root: Path, trees: dict[str, str], rounds: int
+) -> None:
+    """The median time of the first call (handshake era), sent `pause` after the listing:
+    at once it may find the call path still to import (decision 0066)."""
+    for pause in (0.0, 0.2):
+        seconds: dict[str, list[float]] = {name: [] for name in trees}
+        for round_index in range(rounds):
+            names = list(trees) if round_index % 2 == 0 else list(reversed(trees))
+            for name in names:
+                host = _host(proxy[name], root / name, trees[name])
+                try:
+                    host.ready()
+                    time.sleep(pause)
+                    began = time.perf_counter()
+                    answer = host.request(
+                        "tools/call", {"name": "instant_echo", "arguments": {"text": "x"}}
+                    )
+                    seconds[name].append(time.perf_counter() - began)
+                    if answer.get("isError"):
+                        raise RuntimeError(f"the first call failed: {answer}")
+                finally:
+                    host.close()
+        medians = "  ".join(
+            f"{name} {statistics.median(values) * 1000:.1f} ms" for name, values in seconds.items()
+        )
+        print(f"first call, {pause:.1f} s after the listing: {medians}")
 
 
 if __name__ == "__main__":
