@@ -1,7 +1,7 @@
 """The proxy's call path: the gate over the served tools, the proxy's policy and `Calls`.
 
 A host's first `tools/list` needs only what the tools are (`Proxy`); the gate, the
-ledger, the index's decisions and the calls' modules take 50-70 ms to import, which
+ledger and the calls' modules take 25-70 ms to import (by the machine's load), which
 the first listing no longer waits for (issue 36, decision 0066).  `Proxy.calling`
 imports this module in a worker thread at the first call, or just after the first
 listing was answered, and builds the path once (`build_call_path`); every call

@@ -23,7 +23,7 @@ import secrets
 import shlex
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Final
 
@@ -437,28 +437,12 @@ class Calls:
         # prove its approval (a row a shell wrote into the database proves nothing).
         self.passkeys: PasskeyMode | None = None
 
-    @property
-    def specs(self) -> Sequence[ToolSpec]:
-        return list(self._specs.values())
-
-    def spec_of(self, tool: str) -> ToolSpec | None:
-        return self._specs.get(tool)
-
     def index_session(self, principal: Principal | None) -> str:
         """The call index's keyspace for `principal`'s calls: the session's own without one,
         one of their own with one (the session's name and a digest of issuer and subject)."""
         if principal is None:
             return self.session
         return f"{self.session}~{principal_key(principal)}"
-
-    def add_spec(self, spec: ToolSpec) -> None:
-        """A tool the gate registered while serving (`Proxy.admit`)."""
-        self._specs[spec.name] = spec
-
-    def remove_spec(self, name: str) -> None:
-        """A name no longer served (`Proxy.retire`): a call to it is answered as to a name
-        that never was a tool."""
-        self._specs.pop(name, None)
 
     def new_run_id(self) -> str:
         return f"{self.session}.{secrets.token_hex(8)}"
