@@ -65,16 +65,57 @@ NOT_FOR_A_DEFAULT_STDIO_PROXY = (
     "email",
 )
 
+# The call path: the gate, the ledger and the calls' modules, imported at the first call
+# (or warmed just after the first listing), never before the first listing is answered
+# (decision 0066).  Each is imported by the end, so a misspelled name fails the test.
+CALL_PATH_MODULES = (
+    "agentrt.proxy._call_path",
+    "agentrt.gate",
+    "agentrt.gate._leases",
+    "agentrt.gate._resuming",
+    "agentrt.gate._reconcile",
+    "agentrt.gate._preconditions",
+    "agentrt.gate._values",
+    "agentrt.store.ledger",
+    "agentrt.proxy._calls",
+    "agentrt.proxy._client_requests",
+    "agentrt.proxy._preconditions",
+    "agentrt.proxy._grants",
+    "agentrt.proxy._conditions",
+)
+
 _PROBE = """
 import json, sys
+from agentrt.proxy import _handlers
 from agentrt.proxy.__main__ import main
+at_listing = []
+listing = _handlers.Handlers._list_tools
+async def first_listing(self, ctx, params):
+    if not at_listing:
+        at_listing.append(sorted(name for name in CALL_PATH if name in sys.modules))
+    return await listing(self, ctx, params)
+_handlers.Handlers._list_tools = first_listing
 try:
     status = main(sys.argv[1:])
 finally:
     loaded = sorted(name for name in NAMES if name in sys.modules)
     print("LOADED " + json.dumps(loaded), file=sys.stderr, flush=True)
+    print("AT-LISTING " + json.dumps(at_listing), file=sys.stderr, flush=True)
+    at_end = sorted(name for name in CALL_PATH if name in sys.modules)
+    print("CALL-PATH " + json.dumps(at_end), file=sys.stderr, flush=True)
 sys.exit(status)
-"""
+""".replace("CALL_PATH", repr(CALL_PATH_MODULES))
+
+
+def _assert_the_call_path_came_after_the_listing(stderr: str) -> None:
+    """None of the call path's modules was loaded when the first listing was asked for,
+    and every one was by the end, once a call had been made."""
+    lines = stderr.splitlines()
+    at_listing = [line for line in lines if line.startswith("AT-LISTING ")]
+    at_end = [line for line in lines if line.startswith("CALL-PATH ")]
+    assert at_listing and at_end, stderr
+    assert json.loads(at_listing[-1].removeprefix("AT-LISTING ")) == [[]]
+    assert json.loads(at_end[-1].removeprefix("CALL-PATH ")) == sorted(CALL_PATH_MODULES)
 
 
 async def test_a_default_stdio_proxy_does_not_import_what_it_does_not_serve(
@@ -101,6 +142,7 @@ async def test_a_default_stdio_proxy_does_not_import_what_it_does_not_serve(
     lines = [line for line in setup.stderr().splitlines() if line.startswith("LOADED ")]
     assert lines, setup.stderr()
     assert json.loads(lines[-1].removeprefix("LOADED ")) == []
+    _assert_the_call_path_came_after_the_listing(setup.stderr())
 
 
 # A host of the 2026-07-28 era (Claude Code over stdio) is answered by the front too
@@ -139,6 +181,7 @@ async def test_a_2026_stdio_host_that_discovers_listens_lists_and_calls_loads_no
     lines = [line for line in setup.stderr().splitlines() if line.startswith("LOADED ")]
     assert lines, setup.stderr()
     assert json.loads(lines[-1].removeprefix("LOADED ")) == []
+    _assert_the_call_path_came_after_the_listing(setup.stderr())
     assert "loading the MCP SDK's server" not in setup.stderr()
 
 

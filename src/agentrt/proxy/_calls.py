@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import secrets
 import shlex
-import socket
 import sys
 import time
-import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Final
 
@@ -79,7 +76,6 @@ __all__ = [
     "Calls",
     "ProxyPolicy",
     "WatchedTool",
-    "new_owner",
     "proxy_policy",
 ]
 
@@ -121,11 +117,6 @@ class _Call:
         if self.host_session is not None:
             metadata[HOST_SESSION] = self.host_session
         return metadata
-
-
-def new_owner() -> str:
-    """A label for this proxy process, unique even across restarts with the same pid."""
-    return f"proxy:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 def _mutating(spec: ToolSpec) -> bool:
@@ -404,6 +395,8 @@ class Calls:
         log: IO[str] | None = None,
         repeat_windows: Mapping[str, float] | None = None,
         forwarded: dict[str, Forwarded] | None = None,
+        specs: dict[str, ToolSpec] | None = None,
+        closing: anyio.Event | None = None,
     ) -> None:
         self.gate = gate
         self.store = gate.store
@@ -421,8 +414,11 @@ class Calls:
         self.forwarded = forwarded if forwarded is not None else {}
         self.max_pending = max_pending
         self.log = log if log is not None else sys.stderr
-        self.closing = anyio.Event()
-        self._specs = {spec.name: spec for spec in gate.specs}
+        # Set once the proxy takes no more calls (the proxy's own event, when it has one).
+        self.closing = closing if closing is not None else anyio.Event()
+        # The specs served by name: the proxy's own (`Proxy.specs`, which its listing reads),
+        # so a tool admitted or retired while serving is one change for both.
+        self._specs = specs if specs is not None else {spec.name: spec for spec in gate.specs}
         # A remote server's login check by tool name (`oauth_preflights`): why it waits, or None.
         self.logins: dict[str, Callable[[], Awaitable[str | None]]] = {}
         self._announced: set[str] = set()
@@ -441,28 +437,12 @@ class Calls:
         # prove its approval (a row a shell wrote into the database proves nothing).
         self.passkeys: PasskeyMode | None = None
 
-    @property
-    def specs(self) -> Sequence[ToolSpec]:
-        return list(self._specs.values())
-
-    def spec_of(self, tool: str) -> ToolSpec | None:
-        return self._specs.get(tool)
-
     def index_session(self, principal: Principal | None) -> str:
         """The call index's keyspace for `principal`'s calls: the session's own without one,
         one of their own with one (the session's name and a digest of issuer and subject)."""
         if principal is None:
             return self.session
         return f"{self.session}~{principal_key(principal)}"
-
-    def add_spec(self, spec: ToolSpec) -> None:
-        """A tool the gate registered while serving (`Proxy.admit`)."""
-        self._specs[spec.name] = spec
-
-    def remove_spec(self, name: str) -> None:
-        """A name no longer served (`Proxy.retire`): a call to it is answered as to a name
-        that never was a tool."""
-        self._specs.pop(name, None)
 
     def new_run_id(self) -> str:
         return f"{self.session}.{secrets.token_hex(8)}"

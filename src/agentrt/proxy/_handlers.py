@@ -307,7 +307,7 @@ class Handlers:
         # The hints a host sees are the operator's classification, never the server's claims.
         ui = self.proxy.ui if host_renders_apps(ctx) else {}
         tools: list[dict[str, Any]] = []
-        for spec in self.proxy.calls.specs:
+        for spec in self.proxy.specs.values():
             if spec.name in self.proxy.hidden or not self.proxy.serves(spec.name):
                 continue
             title, output_schema = self.proxy.listed.get(spec.name, (None, None))
@@ -324,6 +324,8 @@ class Handlers:
                 )
             )
         tools.append(self.proxy.status.listed())
+        # The first call then finds its path imported (decision 0066).
+        self.proxy.listed_once()
         return {**_LIST_HINTS, "tools": tools, "resultType": "complete"}
 
     async def _call_tool(
@@ -341,8 +343,9 @@ class Handlers:
             else:
                 outcome = resumed
         elif params.name == STATUS_TOOL:
+            path = await self.proxy.calling()
             outcome = await self.proxy.status.answer(
-                params.arguments, self.proxy.calls.index_session(principal_of_request(ctx))
+                params.arguments, path.calls.index_session(principal_of_request(ctx))
             )
         elif params.name in self.proxy.hidden:
             # The proxy's own names for prompts/get and resources/read are not tools.

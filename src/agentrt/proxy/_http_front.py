@@ -219,10 +219,8 @@ class HTTPFront:
 
     def _input_schema(self, name: str) -> Any:
         assert self._handlers is not None
-        for spec in self._handlers.proxy.calls.specs:
-            if spec.name == name:
-                return spec.input_schema
-        return None
+        spec = self._handlers.proxy.specs.get(name)
+        return None if spec is None else spec.input_schema
 
     def answers(self, method: str) -> bool:
         return method in self._methods

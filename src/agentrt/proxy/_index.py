@@ -32,6 +32,9 @@ not grow with the number of earlier identical calls.
 from __future__ import annotations
 
 import enum
+import os
+import secrets
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -58,7 +61,15 @@ __all__ = [
     "Settled",
     "Verdict",
     "call_key",
+    "new_owner",
 ]
+
+
+def new_owner() -> str:
+    """A label for this proxy process, the holder of its calls' holds: unique even across
+    restarts with the same pid."""
+    return f"proxy:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
 
 MIGRATIONS: Final[Sequence[str]] = (
     """

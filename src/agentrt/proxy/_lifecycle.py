@@ -51,8 +51,10 @@ if TYPE_CHECKING:
 __all__ = ["event_loop_factory", "running", "serve_config"]
 
 
-# What serving a host needs beyond loading the servers: the gate and its JSON Schema
-# validators, and the proxy.  Imported in a worker thread while the servers start.  Over
+# What serving a host needs beyond loading the servers: the schemas' checks and the
+# proxy.  Imported in a worker thread while the servers start; the gate and the rest of
+# the call path come at the first call, or just after the first listing (`Proxy.calling`,
+# decision 0066).  Over
 # stdio the front (`_dispatch`) answers the common methods in plain JSON (`_plain`,
 # decision 0061): the protocol's pydantic models (0.44 s of CPU, 25 MiB) and the MCP
 # SDK's server (0.6 s more) are imported only if a host needs them (decision 0043); over
@@ -62,7 +64,6 @@ _SERVING_MODULES: Final = (
     # name a draft other than 2020-12): what checks each listed tool's schema, which the
     # load reaches as soon as a server has listed its tools.
     "agentrt.schema",
-    "agentrt.gate",
     "agentrt.proxy._proxy",
     "agentrt.proxy._handlers",
 )
@@ -97,7 +98,8 @@ async def _renew_holds(proxy: Proxy) -> None:
         await anyio.sleep(proxy.config.lease_ttl / 3)
         with contextlib.suppress(Exception):
             await proxy.store.run(proxy.index.renew_holds)
-        await proxy.calls.repair()
+        if proxy.built is not None:  # no call yet, nothing to repair
+            await proxy.built.calls.repair()
 
 
 @contextlib.asynccontextmanager
@@ -110,7 +112,7 @@ async def running(proxy: Proxy) -> AsyncIterator[None]:
         try:
             yield
         finally:
-            proxy.calls.closing.set()
+            proxy.closing.set()
             with anyio.CancelScope(shield=True):
                 await proxy.in_flight.wait()
                 if proxy.call_tasks:
@@ -181,7 +183,7 @@ async def _serve_stdio(
         wire.stop()
 
     async with (
-        stdio_wire(proxy.calls.closing.set, settled, log) as wire,
+        stdio_wire(proxy.closing.set, settled, log) as wire,
         anyio.create_task_group() as group,
     ):
         group.start_soon(stop_when_asked, wire)
@@ -224,9 +226,11 @@ async def _serving_inbox(
             inbox_store, parse_listen(settings.listen), token=token,
             login=_login_name(), tools=described, passkeys=config.passkeys,
         ) as running:  # fmt: skip
-            proxy.calls.inbox_address = running.address
+            # The inbox's address joins each approval's line: the call path is built now.
+            calls = proxy.call_path().calls
+            calls.inbox_address = running.address
             if settings.notify:
-                proxy.calls.on_waiting = lambda approval: notify_waiting(approval, running.address)
+                calls.on_waiting = lambda approval: notify_waiting(approval, running.address)
             if token_file is not None:
                 log_line(log, f"agentrt proxy: inbox at {running.address} (token in {token_file})")
             else:
@@ -235,8 +239,8 @@ async def _serving_inbox(
             try:
                 yield
             finally:
-                proxy.calls.inbox_address = None
-                proxy.calls.on_waiting = None
+                calls.inbox_address = None
+                calls.on_waiting = None
 
 
 def _login_name() -> str:

@@ -37,7 +37,6 @@ from ..mcp import Manifest
 from ..mcp._offers import load_offers
 from ..mcp._upstream import Upstream
 from ..sanitize import sanitize
-from ..store import ledger
 from ._log import log_line
 from ._offers import Offered
 from ._upstreams import take_offers
@@ -288,6 +287,10 @@ class LiveListings:
                          "with agentrt pin --config FILE")  # fmt: skip
 
     async def _record(self, name: str, refused: dict[str, str], unpinned: tuple[str, ...]) -> None:
+        # Here, not at the top: the ledger is the call path's, imported at the first call
+        # (decision 0066), and a listing changes rarely.
+        from ..store import ledger
+
         store = self.proxy.store
         try:
             await store.write(

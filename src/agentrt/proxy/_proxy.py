@@ -1,11 +1,14 @@
 """The proxy's state for one process, and the task each host call runs in.
 
-`Proxy` is built once the upstream servers loaded: the store, the call
-index, the gate over the loaded tools (each watched for a call cut off
-before its server answered) and the proxy's policy.  `Proxy.start` hands a
-host's call to `Calls` in a task the proxy owns, not the host's request: a
-host that cancels a call stops waiting for it, but the upstream call
-finishes and is recorded, and an identical call then gets it as `DUPLICATE`.
+`Proxy` is built once the upstream servers loaded: the store, the call index
+and what a host's listing shows.  The gate over the loaded tools (each
+watched for a call cut off before its server answered), the proxy's policy
+and `Calls` are its call path (`_call_path`), imported and built at the
+first call, or warmed just after the first listing, so that listing never
+waits on them (decision 0066).  `Proxy.start` hands a host's call to
+`Calls` in a task the proxy owns, not the host's request: a host that
+cancels a call stops waiting for it, but the upstream call finishes and is
+recorded, and an identical call then gets it as `DUPLICATE`.
 """
 
 from __future__ import annotations
@@ -13,36 +16,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Final
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from ..canonical import canonical_json, plain_json
 from ..errors import RegistrationError
-from ..gate import Gate, Limits
-from ..mcp import CallContext
 from ..mcp._tool import ServerTool
 from ..policy import Outcome
 from ..sanitize import sanitize
 from ..store import Principal, Store
-from ..telemetry import trace_context_metadata
-from ..tools import Tool
+from ..tools import Tool, ToolSpec
 from ._answers import Answer, bounded, listed_output_schema
-from ._calls import Calls, WatchedTool, new_owner, proxy_policy
-from ._client_requests import asker_for
 from ._flows import host_session_of, new_stdio_session
 from ._forward import Forwarded
-from ._grants import GrantCover
-from ._index import CallIndex
+from ._index import CallIndex, new_owner
 from ._input_required import HostCall, Suspended, is_stateless
 from ._live import HostListeners
 from ._log import log_line
 from ._logins import oauth_preflights
 from ._offers import Offered, OfferTool, hidden_name
-from ._preconditions import StatefulTool, precondition_reader
 from ._resource import PRINCIPAL_SCOPE_KEY, ProtectedResource
 from ._revision import wanted_log_level
 from ._status import STATUS_TOOL, GateStatus
@@ -52,10 +50,19 @@ if TYPE_CHECKING:
     # The SDK's request context, or the stdio front's (`_dispatch`), which has its shape.
     from mcp.server.context import ServerRequestContext
 
+    from ._call_path import CallPath
+
 __all__ = ["Loaded", "Proxy", "log_line"]
 
 # A loaded tool, and the configuration of the server it came from.
 Loaded = tuple[Tool, UpstreamConfig]
+
+# The call path's module, imported at the first call or warmed after the first listing.
+_CALL_PATH: Final = "agentrt.proxy._call_path"
+# How long after the first listing the call path is warmed: the listing's answer is
+# written by then, so the import neither competes with it for the interpreter nor counts
+# in what the host waited for; a call that comes sooner imports it itself.
+_WARM_AFTER_LISTING: Final = 0.05
 
 _LOG_LEVELS: Final = (
     "debug",
@@ -91,7 +98,8 @@ class _InFlight:
 
 
 class Proxy:
-    """The proxy's state for one process: store, index, gate and the calls in flight."""
+    """The proxy's state for one process: store, index, what a listing shows, the calls in
+    flight, and the call path once built (`calling`)."""
 
     def __init__(
         self,
@@ -103,6 +111,8 @@ class Proxy:
     ) -> None:
         self.config = config
         self.offered = offered if offered is not None else Offered()
+        # The tools as loaded, which the call path wraps for the gate when it is built.
+        self.loaded = list(tools)
         # Each served tool's server, for the operator's client_requests rule of its call.
         self.server_of: dict[str, UpstreamConfig] = {tool.spec.name: up for tool, up in tools}
         # How long a suspended call waits for a stateless host's answer: the call's timeout.
@@ -121,30 +131,36 @@ class Proxy:
         self.listeners = HostListeners()
         self.store = store
         self.log = log
-        owner = new_owner()
-        self.index = CallIndex(store, config.session, owner, config.lease_ttl)
+        self.owner = new_owner()
+        # Made here, not at the first call: its tables are migrated now, so a database
+        # whose proxy tables are from a newer build is refused at start, as before.
+        self.index = CallIndex(store, config.session, self.owner, config.lease_ttl)
         # `"principals"`: the HTTP listener's token checks (`_resource.py`); unused over stdio.
         self.resource = (
             ProtectedResource(config.principals) if config.principals is not None else None
         )
-        cut_off: set[tuple[str, int]] = set()
-        sent: set[str] = set()
-        forwarded: dict[str, Forwarded] = {}
-        repeat_windows: dict[str, float] = {}
-        # Shared by every watched tool, those a late server brings too (`admit`).
-        self._shared = (cut_off, sent, forwarded)
+        # Shared by every watched tool, those a late server brings too (`admit`): the calls
+        # cut off before their server answered, those sent, and the results to forward.
+        self.cut_off: set[tuple[str, int]] = set()
+        self.sent: set[str] = set()
+        self.forwarded: dict[str, Forwarded] = {}
         # The server's own `title` and `outputSchema`, listed for results forwarded as sent.
         self.listed: dict[str, tuple[str | None, dict[str, Any] | None]] = {}
         # MCP Apps: each tool's `_meta` naming its app, offered to hosts that render apps.
         self.ui: dict[str, dict[str, Any]] = {
             tool.spec.name: tool.ui for tool, _ in tools if isinstance(tool, ServerTool) and tool.ui
         }
-        watched = [self._watched(tool, upstream, tools, repeat_windows) for tool, upstream in tools]
+        for tool, upstream in tools:
+            self.list_as_sent(tool, upstream)
+        # The specs served by name, in the gate's order: what a listing shows and a call
+        # finds its tool by (shared with `Calls`).
+        self.specs: dict[str, ToolSpec] = {tool.spec.name: tool.spec for tool, _ in tools}
         # prompts/get and resources/read of each server that offers them: read-only gate tools
         # the host never sees, so each one is recorded and decided like a call.
         self.hidden: set[str] = set()
-        resource_rules: dict[str, tuple[tuple[str, Outcome], ...]] = {}
-        taken = {tool.spec.name for tool in watched}
+        self.offer_tools: list[OfferTool] = []
+        self.resource_rules: dict[str, tuple[tuple[str, Outcome], ...]] = {}
+        taken = set(self.specs)
         for position, upstream in enumerate(config.servers):
             name = upstream.server.name
             offering = self.offered.upstreams.get(name)
@@ -159,64 +175,28 @@ class Proxy:
                 continue
             self.offered.tools[name] = (get_name, read_name)
             for tool_name, method in ((get_name, "prompts/get"), (read_name, "resources/read")):
-                watched.append(
-                    OfferTool(
-                        name=tool_name,
-                        method=method,
-                        server=name,
-                        upstream=offering,
-                        timeout=upstream.server.default_timeout or DEFAULT_SERVER_TIMEOUT,
-                        max_result_bytes=upstream.max_result_bytes,
-                        forwarded=forwarded,
-                        apps=self.offered.apps,
-                    )
+                offer = OfferTool(
+                    name=tool_name,
+                    method=method,
+                    server=name,
+                    upstream=offering,
+                    timeout=upstream.server.default_timeout or DEFAULT_SERVER_TIMEOUT,
+                    max_result_bytes=upstream.max_result_bytes,
+                    forwarded=self.forwarded,
+                    apps=self.offered.apps,
                 )
+                self.offer_tools.append(offer)
+                self.specs[tool_name] = offer.spec
                 self.hidden.add(tool_name)
-            resource_rules[read_name] = upstream.resource_rules
-        # Conditions, each rule's `outcome` and `fixed` values, and the policy's identity.
-        self.policy = proxy_policy(config, store)
-        self.policy.resource_rules = resource_rules
-        # With "principals", a condition may read who asked, on resume too (`principal`).
-        self.policy.reads_principals = config.principals is not None
-        for stateful in watched:
-            if isinstance(stateful, StatefulTool):
-                stateful.policy = self.policy
+            self.resource_rules[read_name] = upstream.resource_rules
         self.server_names = _servers_by_tool(config)
-        if config.standing_grants is not None:
-            self.policy.grants = GrantCover(
-                store, config.session, config.standing_grants, self.server_names
-            )
-            self.policy.grants.record_limits()
-            self.policy.grants.per_principal = config.principals is not None
-        self.gate = Gate(
-            store,
-            watched,
-            policy=self.policy,
-            limits=Limits(approval_ttl=config.approval_ttl, grant_ttl=config.grant_ttl),
-            owner=owner,
-            lease_ttl=config.lease_ttl,
-        )
-        self.calls = Calls(
-            gate=self.gate,
-            index=self.index,
-            policy=self.policy,
-            cut_off=cut_off,
-            sent=sent,
-            session=config.session,
-            database=str(config.database),
-            hold=config.hold,
-            repeat_window=config.repeat_window,
-            max_pending=config.max_pending,
-            log=log,
-            repeat_windows=repeat_windows,
-            forwarded=forwarded,
-        )
-        self.calls.passkeys = config.passkeys
         self.status = GateStatus(store, self.index, functools.partial(log_line, log))
         self.status.withheld = self.withheld
         # The host session of this process's stdio host (docs/flows.md), when labels are used.
         self.stdio_session = new_stdio_session() if config.labelled else None
         self.in_flight = _InFlight()
+        # Set once the proxy takes no more calls (`_lifecycle.running`, stdin's end).
+        self.closing = anyio.Event()
         # Set while the proxy serves (`_lifecycle.running`): calls are taken only then.
         self.work: TaskGroup | None = None
         self.call_tasks: set[asyncio.Task[None]] = set()
@@ -228,69 +208,100 @@ class Proxy:
         self.single_host = False
         # A remote server's OAuth tokens are checked (and refreshed) before its call
         # enters the gate: one that needs a login is UNAVAILABLE, nothing recorded or run.
-        self.calls.logins = oauth_preflights(tools)
+        self.logins = oauth_preflights(tools)
+        # The call path, once built (`calling`); its import is taken once, by one task.
+        self.built: CallPath | None = None
+        self._importing = anyio.Lock()
+        self._imported = False
+        self._warming = False
+        if builds_at_start(config):
+            self.call_path()
 
-    def _watched(
-        self,
-        tool: Tool,
-        upstream: UpstreamConfig,
-        tools: list[Loaded],
-        repeat_windows: dict[str, float],
-    ) -> Tool:
-        """`tool` as the gate registers it: watched for a call cut off before its server
-        answered, and for its state when its rule names a precondition."""
-        cut_off, sent, forwarded = self._shared
-        name = tool.spec.name
+    def list_as_sent(self, tool: Tool, upstream: UpstreamConfig) -> None:
+        """Keep the server's own `title` and `outputSchema` of `tool` for its listing, when
+        its results are forwarded as sent."""
+        if not isinstance(tool, ServerTool):
+            return
         as_sent = upstream.results == "as_sent"
-        on_server = tool.server_tool_name if isinstance(tool, ServerTool) else name
-        extra = upstream.tool_rules.get(on_server)
-        if extra is not None and extra.repeat_window is not None:
-            repeat_windows[name] = extra.repeat_window
-        if isinstance(tool, ServerTool):
-            schema = plain_json(tool.output_schema) if as_sent and tool.output_schema else None
-            self.listed[name] = (
-                tool.title,
-                None if schema is None else listed_output_schema(schema),
-            )
-        watching: dict[str, Any] = {
-            "cut_off": cut_off,
-            "sent": sent,
-            "forwarded": forwarded if as_sent else None,
-            "max_result_bytes": upstream.max_result_bytes if as_sent else None,
-        }
-        if extra is not None and extra.precondition is not None:
-            reader = precondition_reader(tools, upstream, extra.precondition)
-            return StatefulTool(
-                tool, extra.precondition, reader, reconcile=extra.reconcile, **watching
-            )
-        return WatchedTool(tool, **watching)
+        schema = plain_json(tool.output_schema) if as_sent and tool.output_schema else None
+        self.listed[tool.spec.name] = (
+            tool.title,
+            None if schema is None else listed_output_schema(schema),
+        )
+
+    # -- the call path ---------------------------------------------------------
+
+    def call_path(self) -> CallPath:
+        """The call path, built now if it is not yet (its modules imported on this thread
+        if no worker has): for what needs it outside a call, rarely (a tool admitted while
+        serving, the rules taken again, the inbox)."""
+        if self.built is None:
+            from ._call_path import build_call_path
+
+            self.built = build_call_path(self)
+        return self.built
+
+    async def calling(self) -> CallPath:
+        """The call path, its modules imported in a worker thread the first time (or by the
+        warm-up after the first listing), then built once: what a call awaits first."""
+        if self.built is None and not self._imported:
+            # A flag, not `sys.modules`: a module is there while another thread imports it.
+            async with self._importing:
+                if not self._imported:
+                    await anyio.to_thread.run_sync(importlib.import_module, _CALL_PATH)
+                    self._imported = True
+        return self.call_path()
+
+    def listed_once(self) -> None:
+        """A host was answered a tools listing: warm the call path shortly after, off the
+        listing's path, so the first call finds it imported (decision 0066)."""
+        if self._warming or self.built is not None or self.work is None:
+            return
+        self._warming = True
+        self.work.start_soon(self._warm)
+
+    async def _warm(self) -> None:
+        await anyio.sleep(_WARM_AFTER_LISTING)
+        if self.closing.is_set():
+            return
+        try:
+            await self.calling()
+        except Exception as exc:
+            # Not the serving's end: the first call builds it again, and answers its failure.
+            log_line(self.log, "agentrt proxy: the call path could not be prepared: "
+                     f"{sanitize(str(exc))}")  # fmt: skip
 
     def admit(self, tools: list[Loaded], *, replacing: bool = False) -> list[str]:
         """Serve the tools of a server that loaded after the proxy started (its login came
         later, `_logins.py`), or with `replacing` those its new manifest registered in place
         of its own (`_reload.py`), held to its pins as at start; the lines to log.  A name
         another server holds goes to neither silently: the late tool is refused."""
+        from ._call_path import watched
+        from ._preconditions import StatefulTool
+
+        path = self.call_path()
         lines: list[str] = []
         repeat_windows: dict[str, float] = {}
         for tool, upstream in tools:
             name = tool.spec.name
             holder = self.server_of.get(name)
             own = replacing and holder is not None and holder.server.name == upstream.server.name
-            if not own and (self.calls.spec_of(name) is not None or name == STATUS_TOOL):
+            if not own and (name in self.specs or name == STATUS_TOOL):
                 lines.append(f"server {sanitize(upstream.server.name)}: refused {name}: the "
                              "name is already taken; give it a rename rule")  # fmt: skip
                 continue
-            watched = self._watched(tool, upstream, tools, repeat_windows)
-            if isinstance(watched, StatefulTool):
-                watched.policy = self.policy
+            self.list_as_sent(tool, upstream)
+            wrapped = watched(self, tool, upstream, tools, repeat_windows)
+            if isinstance(wrapped, StatefulTool):
+                wrapped.policy = path.policy
             try:
                 # A name retired from a tool (`retire`) is still in the gate, served by no one.
-                self.gate.register(watched, replacing=own or self.calls.spec_of(name) is None)
+                path.gate.register(wrapped, replacing=own or name not in self.specs)
             except RegistrationError as exc:
                 lines.append(f"server {sanitize(upstream.server.name)}: refused {name}: "
                              f"{sanitize(str(exc))}")  # fmt: skip
                 continue
-            self.calls.add_spec(tool.spec)
+            self.specs[name] = tool.spec
             self.server_of[name] = upstream
             self.timeouts[name] = tool.spec.timeout
             if isinstance(tool, ServerTool):
@@ -300,8 +311,8 @@ class Proxy:
                     self.ui[name] = tool.ui
                 else:
                     self.ui.pop(name, None)
-            self.calls.logins.update(oauth_preflights([(tool, upstream)]))
-        self.calls.repeat_windows.update(repeat_windows)
+            self.logins.update(oauth_preflights([(tool, upstream)]))
+        path.calls.repeat_windows.update(repeat_windows)
         return lines
 
     def retire(self, name: str) -> None:
@@ -309,8 +320,8 @@ class Proxy:
         listed to no host, a call to it answered as to a name that never was a tool.  The
         gate cannot unregister a tool, so it stays there, out of reach, and the name can be
         given to a tool again (`admit`)."""
-        self.calls.remove_spec(name)
-        self.calls.logins.pop(name, None)
+        self.specs.pop(name, None)
+        self.logins.pop(name, None)
         self.server_tools.pop(name, None)
         self.ui.pop(name, None)
 
@@ -334,7 +345,7 @@ class Proxy:
         """The tool names a host's `tools/list` shows now (besides `gate_status`)."""
         return frozenset(
             spec.name
-            for spec in self.calls.specs
+            for spec in self.specs.values()
             if spec.name not in self.hidden and self.serves(spec.name)
         )
 
@@ -347,7 +358,7 @@ class Proxy:
     ) -> HostCall | Answer:
         """Hand the call to the gate in a task the proxy owns; its answer arrives on the
         returned `HostCall`."""
-        if self.calls.closing.is_set() or self.work is None:
+        if self.closing.is_set() or self.work is None:
             return Answer.unrecorded()
         call = HostCall(ctx, tool, arguments)
         principal = principal_of_request(ctx)
@@ -398,20 +409,9 @@ class Proxy:
                     logger=bounded(logger, 100) if logger is not None else None,
                 )
 
-        # The run ids the gate opens for this call, so a server's request is recorded in its run.
-        runs: list[str] = []
         upstream = self.server_of.get(tool)
         timeout = self.timeouts.get(tool, DEFAULT_SERVER_TIMEOUT)
-        context = CallContext(
-            progress=upstream_progress if wants_progress else None,
-            log=upstream_log,
-            ask=None if upstream is None else asker_for(upstream, call, self.store, runs, timeout),
-            on_run=runs.append,
-            # The host's W3C trace context goes upstream too: the server's spans join its trace.
-            trace=trace_context_metadata(meta) or None,
-        )
-
-        spec = self.calls.spec_of(tool)
+        spec = self.specs.get(tool)
         host_ask = (
             self.host_approval.asker(
                 self.store, ctx, spec, self.server_names.get(tool), self.log, call=call
@@ -423,7 +423,13 @@ class Proxy:
         async def work() -> None:
             answer = Answer.unavailable("the gate could not complete this call.")
             try:
-                answer = await self.calls.handle(
+                # The first call imports and builds the call path (decision 0066).
+                path = await self.calling()
+                context = path.upstream_context(
+                    call, upstream, self.store, timeout, meta,
+                    progress=upstream_progress if wants_progress else None, log=upstream_log,
+                )  # fmt: skip
+                answer = await path.calls.handle(
                     tool,
                     arguments,
                     progress,
@@ -448,6 +454,22 @@ class Proxy:
         self.call_tasks.add(task)
         task.add_done_callback(self.call_tasks.discard)
         return call
+
+
+def builds_at_start(config: ProxyConfig) -> bool:
+    """Whether the call path is built with the proxy, as before decision 0066, rather than
+    at the first call: when building it writes to the database or refuses the rules, which
+    start must still do (standing grants write the operator's maximum; labels migrate the
+    taint's tables; a precondition's reading tool must have loaded)."""
+    return (
+        config.standing_grants is not None
+        or config.labelled
+        or any(
+            rule.precondition is not None
+            for upstream in config.servers
+            for rule in upstream.tool_rules.values()
+        )
+    )
 
 
 def principal_of_request(ctx: ServerRequestContext[Any]) -> Principal | None:

@@ -32,7 +32,6 @@ from ..mcp import read_manifest
 from ..mcp._load import take_manifest
 from ..mcp._tool import ServerTool
 from ..sanitize import sanitize
-from ._calls import proxy_policy
 from ._log import log_line
 from ._proxy import _servers_by_tool
 from ._stamps import Stamp, rule_stamps, stamp
@@ -147,14 +146,17 @@ class RulesWatch:
                 self._admit(upstream, *held)
         self.stamps.update(rule_stamps(config))
         log_line(self.log, f"agentrt proxy: took the new rules of {shown} (policy "
-                 f"{sanitize(str(proxy.policy.id))})")  # fmt: skip
+                 f"{sanitize(str(proxy.call_path().policy.id))})")  # fmt: skip
         if proxy.visible_tools() != before:
             await proxy.listeners.tools_changed()
         return True
 
     def _swap_policy(self, config: ProxyConfig) -> None:
+        from ._calls import proxy_policy  # the call path's, built here if no call came yet
+
         proxy = self.proxy
-        old = proxy.policy
+        path = proxy.call_path()
+        old = path.policy
         policy = proxy_policy(config, proxy.store)
         policy.resource_rules = old.resource_rules
         policy.reads_principals = old.reads_principals
@@ -163,9 +165,9 @@ class RulesWatch:
             old.grants.servers = dict(proxy.server_names)
             policy.grants = old.grants
         proxy.config = config
-        proxy.policy = policy
-        proxy.gate.policy = policy
-        proxy.calls.policy = policy
+        path.policy = policy
+        path.gate.policy = policy
+        path.calls.policy = policy
 
     async def _held(self, upstream: UpstreamConfig) -> tuple[Manifest, list[Tool], str] | None:
         """A loaded server's listing held to its manifest under its new rules, on its
