@@ -41,8 +41,9 @@ def find_binaries() -> Path | None:
 class PostgresServer:
     """One running server in a private directory; `database()` makes a fresh database."""
 
-    def __init__(self, binaries: Path) -> None:
+    def __init__(self, binaries: Path, *, fsync: bool = True) -> None:
         self.binaries = binaries
+        self.fsync = fsync
         self.directory = Path(tempfile.mkdtemp(prefix="agentrt-pg-"))
         self.data = self.directory / "data"
         self._as_root = os.geteuid() == 0
@@ -60,7 +61,8 @@ class PostgresServer:
         """Start the server (again, after `halt`)."""
         self._run(
             "pg_ctl", "-D", str(self.data), "-l", str(self.directory / "server.log"), "-w",
-            "-o", f"-c listen_addresses='' -k {self.directory} -c max_connections=200",
+            "-o", f"-c listen_addresses='' -k {self.directory} -c max_connections=200 "
+                  f"-c fsync={'on' if self.fsync else 'off'}",
             "start",
         )  # fmt: skip
 
@@ -106,13 +108,19 @@ _server: PostgresServer | None = None
 
 
 def server() -> PostgresServer | None:
-    """The session's server, started on first use; None when PostgreSQL is not installed."""
+    """The session's server, started on first use; None when PostgreSQL is not installed.
+
+    Without fsync: it is thrown away after the session, and no test stops it.  With fsync,
+    each DROP DATABASE's checkpoint flushed every database the session had made by then
+    (seconds, late in a run).  A server a test stops and starts (`private_postgres`) and
+    the benchmarks' keep it.
+    """
     global _server
     if _server is None:
         binaries = find_binaries()
         if binaries is None:
             return None
-        _server = PostgresServer(binaries)
+        _server = PostgresServer(binaries, fsync=False)
     return _server
 
 

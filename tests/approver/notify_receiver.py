@@ -33,11 +33,21 @@ class Receiver:
     port: int = field(default_factory=free_port)
     received: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     bad_signatures: int = 0
-    delay: float = 0.0
+    held: bool = False
+    """Whether each signed delivery is left unanswered until `release()`: a receiver slower
+    than anything the sender could wait for."""
+    holding: int = 0
+    _released: anyio.Event | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/hooks/agentrt"
+
+    def release(self) -> None:
+        """Answer the deliveries held so far, and those that come later, at once."""
+        self.held = False
+        if self._released is not None:
+            self._released.set()
 
     def delivered_keys(self) -> set[str]:
         return {key for key, _ in self.received}
@@ -66,8 +76,11 @@ class Receiver:
             self.bad_signatures += 1
             status = 401
         else:
-            if self.delay:
-                await anyio.sleep(self.delay)
+            if self.held:
+                if self._released is None:
+                    self._released = anyio.Event()
+                self.holding += 1
+                await self._released.wait()
             self.received.append((headers.get("idempotency-key", ""), json.loads(body)))
             status = 200
         await send({"type": "http.response.start", "status": status, "headers": []})

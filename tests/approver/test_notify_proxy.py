@@ -75,17 +75,25 @@ async def test_a_proxy_killed_between_the_event_and_its_delivery_delivers_it_aft
 
 @pytest.mark.slow
 async def test_a_slow_receiver_never_delays_a_call(tmp_path: Path) -> None:
-    receiver = Receiver(RECEIVER_SECRET, delay=8.0)
+    # The receiver answers nothing until released, after the calls: a call that waited on
+    # a delivery would never be answered (and fail on its deadline).
+    receiver = Receiver(RECEIVER_SECRET, held=True)
     setup = await _notifying_setup(tmp_path, receiver)
     async with receiver.serving(), host(setup) as session:
         timings = []
         for index in range(3):
             started = time.monotonic()
-            held = await session.call_tool(
-                "notes_write_note", {"path": f"{index}.md", "content": "x\n"}
-            )
+            with anyio.fail_after(30):
+                held = await session.call_tool(
+                    "notes_write_note", {"path": f"{index}.md", "content": "x\n"}
+                )
             timings.append(time.monotonic() - started)
             assert text_of(held).startswith("PENDING_APPROVAL: ")
+            if index == 0:
+                # The later calls are made while the first call's delivery hangs.
+                await _until(lambda: receiver.holding >= 1)
+        assert receiver.delivered_keys() == set()
+        receiver.release()
         await _until(lambda: len(receiver.delivered_keys()) == 3, 60)
-    # The hold is 300 ms; a call waiting on the receiver's 8 s would take 8 s or more.
+    # The hold is 300 ms; the calls took no longer than calls without notifications do.
     assert max(timings) < 4.0, timings

@@ -39,9 +39,9 @@ POLICY = ClassPolicy({SideEffect.REMOTE_MUTATION: Outcome.ALLOW})
 class Sender:
     """The heir's copy of the tool: counts the calls the heir itself makes."""
 
-    def __init__(self, effects: Path, terminal: bool = False) -> None:
+    def __init__(self, effects: Path, terminal: bool = False, timeout: float = 5.0) -> None:
         self.spec = ToolSpec("send", "Send a mail.", {"type": "object"},
-                             SideEffect.REMOTE_MUTATION, 5.0, terminal=terminal)  # fmt: skip
+                             SideEffect.REMOTE_MUTATION, timeout, terminal=terminal)  # fmt: skip
         self.effects = effects
         self.calls = 0
 
@@ -182,7 +182,7 @@ async def _ran_without_json(call: Interrupted) -> Reconciliation:
     [
         (_ask, "cannot tell"),
         (_raise, "the reconcile hook failed: mail server unreachable"),
-        (_hang, "the reconcile hook did not answer within 5s"),
+        (_hang, "the reconcile hook did not answer within 1s"),
         (_garbage, "the reconcile hook answered something other than a verdict"),
         (_ran_without_json, "the reconcile hook's result is not valid JSON"),
     ],
@@ -191,7 +191,8 @@ async def test_an_unknown_or_unusable_verdict_pauses_the_run_as_without_a_hook(
     tmp_path: Path, hook: object, note: str
 ) -> None:
     database, effects = _killed_mid_call(tmp_path)
-    tool = Sender(effects)
+    # The hook is given the tool's timeout to answer: a hanging one is waited for 1 s.
+    tool = Sender(effects, timeout=1.0)
     with open_store(database) as store:
         gate = Gate(store, [tool], policy=POLICY, reconcile=hook)  # type: ignore[arg-type]
         outcome = await _resume(gate)

@@ -3,6 +3,7 @@ of the command, to a real OTLP/HTTP receiver on loopback."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -12,23 +13,28 @@ import time
 from pathlib import Path
 
 import anyio
+import pytest
 from export_support import AGENTRT, POLICY, approved_write_run, produce_runs, tools
 from otlp_receiver import ReceivedSpan, Receiver, otlp_receiver
 
 from agentrt import Decision
 from agentrt.approvals import approve
+from agentrt.export import Follower
 from agentrt.gate import Gate
-from agentrt.store import open_store
-from agentrt.telemetry import TraceBuilder
+from agentrt.store import Store, open_store
+from agentrt.telemetry import SpansNotDelivered, TelemetrySettings, TraceBuilder, TraceExporter
 
 
-def agentrt(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def agentrt(
+    *args: str, timeout: float = 60, environment: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(AGENTRT), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         stdin=subprocess.DEVNULL,
+        env=None if environment is None else {**os.environ, **environment},
     )
 
 
@@ -168,8 +174,14 @@ def test_a_collector_that_is_down_moves_no_cursor_and_gets_everything_later(
     database = produce_runs(tmp_path / "runs.db", tmp_path / "sandbox").database
     cursor = tmp_path / "spans.cursor"
     down = f"http://127.0.0.1:{_dead_port()}"
-    failed = agentrt("--db", str(database), "export", "--otlp", down, "--cursor", str(cursor))
+    # Sent twice (one pause of 0.5 s, not the default five), each export given up when its
+    # 0.5 s are out: a refused connection is not waited out with the SDK's own backoff.
+    failed = agentrt(
+        "--db", str(database), "export", "--otlp", down, "--cursor", str(cursor), "--retries", "1",
+        environment={"OTEL_EXPORTER_OTLP_TIMEOUT": "0.5"},
+    )  # fmt: skip
     assert failed.returncode != 0
+    assert f"could not be sent to {down}/v1/traces; trying again" in failed.stderr
     assert f"spans could not be sent to {down}/v1/traces; the cursor stays at the start" in (
         failed.stderr
     )
@@ -182,6 +194,39 @@ def test_a_collector_that_is_down_moves_no_cursor_and_gets_everything_later(
     assert _received(receiver) == _every_span_id(database)
 
 
+class _PausesRecorded(Follower):
+    """A follower whose pauses between attempts are written down, not waited out."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.pauses: list[float] = []
+
+    def wait_stopped(self, seconds: float) -> bool:
+        self.pauses.append(seconds)
+        return False
+
+
+def test_without_follow_a_refused_batch_is_tried_after_each_pause_of_the_schedule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    database = produce_runs(tmp_path / "runs.db", tmp_path / "sandbox", count=1).database
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "0.5")
+    settings = TelemetrySettings(f"http://127.0.0.1:{_dead_port()}/v1/traces")
+    for retries, pauses in (
+        (None, [0.5, 1.0, 2.0, 5.0, 10.0]),  # the default: the command's five pauses
+        (7, [0.5, 1.0, 2.0, 5.0, 10.0, 10.0, 10.0]),  # --retries 7: the last one repeats
+        (0, []),  # --retries 0: one attempt
+    ):
+        with open_store(database, read_only=True) as store:
+            follower = _PausesRecorded(store)
+            exporter = TraceExporter(database, settings, log=io.StringIO())
+            with pytest.raises(SpansNotDelivered):
+                exporter.follow_cursor(store, follower, retries=retries)
+            assert follower.position.seq == 0
+        assert follower.pauses == pauses
+        assert exporter.sent == 0
+
+
 def test_bad_otlp_options_are_refused_in_one_sentence_and_nothing_is_written(
     tmp_path: Path,
 ) -> None:
@@ -192,6 +237,11 @@ def test_bad_otlp_options_are_refused_in_one_sentence_and_nothing_is_written(
         (("--otlp", "ftp://collector:4318"), "--otlp takes an http:// or https:// base URL"),
         (("--otlp", "not a url"), "--otlp takes an http:// or https:// base URL"),
         (("--content",), "--content goes with --otlp"),
+        (("--retries", "1"), "--retries goes with --otlp"),
+        (
+            ("--otlp", "http://127.0.0.1:4318", "--retries", "1", "--follow"),
+            "--retries goes without --follow",
+        ),
     ):
         refused = agentrt("--db", str(database), "export", "--cursor", str(cursor), *args)
         assert refused.returncode != 0

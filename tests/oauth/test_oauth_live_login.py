@@ -41,6 +41,7 @@ def _config(root: Path, server: OAuthServer) -> Path:
     document = {
         "database": "proxy.db",
         "session": "oauth",
+        "hold": "300ms",  # a held call is answered PENDING_APPROVAL after this, not 15 s
         "servers": [
             {
                 "name": "remote",

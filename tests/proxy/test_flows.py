@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -79,16 +80,28 @@ def _servers(work: Path) -> dict[str, Server]:
     }
 
 
-async def build_flow_setup(
-    root: Path, database: str | Path, flows: list[dict[str, Any]] | None = None
+@pytest.fixture(scope="module")
+def manifests(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The three servers' manifests, pinned once for the file: they hold tools, not the
+    paths a test's servers are started with, and each proxy checks its servers against them."""
+    work = tmp_path_factory.mktemp("pinned")
+    (work / "files").mkdir()
+    return {name: anyio.run(pin, server).to_json() for name, server in _servers(work).items()}
+
+
+def build_flow_setup(
+    root: Path,
+    database: str | Path,
+    manifests: dict[str, str],
+    flows: list[dict[str, Any]] | None = None,
 ) -> ProxySetup:
     conf, work = root / "conf", root / "work"
     (work / "files").mkdir(parents=True, exist_ok=True)
     conf.mkdir(parents=True, exist_ok=True)
     (work / "files" / "secret.txt").write_text(SECRET)
     servers = _servers(work)
-    for name, server in servers.items():
-        write_private(conf / f"{name}.manifest.json", (await pin(server)).to_json())
+    for name, manifest in manifests.items():
+        write_private(conf / f"{name}.manifest.json", manifest)
     document: dict[str, Any] = {
         "database": database if isinstance(database, str) else str(database),
         "session": "flows",
@@ -193,9 +206,9 @@ def needs_fetch() -> None:
 
 @pytest.mark.usefixtures("needs_fetch")
 async def test_read_fetch_send_is_held_naming_both_calls_and_a_fresh_session_sends(
-    tmp_path: Path, database: str | Path, page_url: str
+    tmp_path: Path, database: str | Path, page_url: str, manifests: dict[str, str]
 ) -> None:
-    setup = await build_flow_setup(tmp_path, database)
+    setup = build_flow_setup(tmp_path, database, manifests)
     async with host(setup) as session:
         answer = await _read_fetch_send(session, setup, page_url)
     # Held: nothing left, and the model is told only that a person must decide.
@@ -228,9 +241,9 @@ async def test_read_fetch_send_is_held_naming_both_calls_and_a_fresh_session_sen
 
 @pytest.mark.usefixtures("needs_fetch")
 async def test_two_http_sessions_on_one_proxy_are_tainted_apart(
-    tmp_path: Path, database: str | Path, page_url: str
+    tmp_path: Path, database: str | Path, page_url: str, manifests: dict[str, str]
 ) -> None:
-    setup = await build_flow_setup(tmp_path, database)
+    setup = build_flow_setup(tmp_path, database, manifests)
     with serving_http(setup.config_path, setup.root) as (url, _stderr):
         async with _http_host(url) as tainted, _http_host(url) as clean:
             answer = await _read_fetch_send(tainted, setup, page_url)
@@ -245,9 +258,9 @@ async def test_two_http_sessions_on_one_proxy_are_tainted_apart(
 
 @pytest.mark.usefixtures("needs_fetch")
 async def test_taint_clear_lets_the_session_send_and_is_in_the_chain(
-    tmp_path: Path, database: str | Path, page_url: str
+    tmp_path: Path, database: str | Path, page_url: str, manifests: dict[str, str]
 ) -> None:
-    setup = await build_flow_setup(tmp_path, database)
+    setup = build_flow_setup(tmp_path, database, manifests)
     db = str(database)
     async with host(setup) as session:
         answer = await _read_fetch_send(session, setup, page_url)

@@ -89,6 +89,7 @@ async def apps(tmp_path: Path) -> AppsSetup:
     document = {
         "database": "proxy.db",
         "session": "apps",
+        "hold": "300ms",  # a held call is answered PENDING_APPROVAL after this, not 15 s
         "policy": {
             "read_only": "allow",
             "local_mutation": "require_approval",

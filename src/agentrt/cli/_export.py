@@ -112,6 +112,14 @@ def _sync_if_file(stdout: BinaryIO) -> None:
     is_flag=True,
     help="With --otlp, put arguments and results (sanitized, bounded) in the spans.",
 )
+@click.option(
+    "--retries",
+    type=click.IntRange(0, 100),
+    metavar="N",
+    help="With --otlp and without --follow, how many times a batch the collector did not "
+    "take is sent again before the command gives up (default 5, after 0.5, 1, 2, 5 and 10 s; "
+    "then every 10 s).",
+)
 @click.pass_obj
 def export(
     settings: Settings,
@@ -121,6 +129,7 @@ def export(
     poll_seconds: float,
     otlp_url: str | None,
     content: bool,
+    retries: int | None,
 ) -> None:
     """Print every event after the cursor, oldest first, one JSON object per line.
 
@@ -130,10 +139,14 @@ def export(
     a collector instead, each batch before the cursor moves past it.
     """
     if otlp_url is not None:
-        _export_spans(settings, otlp_url, cursor_path, follow, from_seq, poll_seconds, content)
+        _export_spans(
+            settings, otlp_url, cursor_path, follow, from_seq, poll_seconds, content, retries
+        )
         return
     if content:
         raise CommandError("--content goes with --otlp (the JSON Lines always carry everything)")
+    if retries is not None:
+        raise CommandError("--retries goes with --otlp (printing lines is never retried)")
     stdout: BinaryIO = sys.stdout.buffer
     with open_for_reading(settings) as store:
         follower = Follower(store, cursor_path=cursor_path, from_seq=from_seq)
@@ -170,6 +183,7 @@ def _export_spans(
     from_seq: int | None,
     poll_seconds: float,
     content: bool,
+    retries: int | None,
 ) -> None:
     """`export --otlp URL`: spans, not lines, with the same cursor and the same stops."""
     from ..telemetry import SpansNotDelivered, TraceExporter, otel_available, settings_from
@@ -180,6 +194,8 @@ def _export_spans(
             f"--otlp takes an http:// or https:// base URL such as http://127.0.0.1:4318, "
             f"not {sanitize(url)!r}"
         )
+    if retries is not None and follow:
+        raise CommandError("--retries goes without --follow (a follower tries until it is stopped)")
     if not otel_available():
         raise CommandError(
             "--otlp needs the OpenTelemetry extra, which is not installed "
@@ -192,7 +208,9 @@ def _export_spans(
         exporter = TraceExporter(store.path, telemetry, log=sys.stderr)
         with _stopped_by_signals(follower):
             try:
-                exporter.follow_cursor(store, follower, follow=follow, poll_seconds=poll_seconds)
+                exporter.follow_cursor(
+                    store, follower, follow=follow, poll_seconds=poll_seconds, retries=retries
+                )
             except SpansNotDelivered as error:
                 raise CommandError(str(error)) from None
             except OSError as error:

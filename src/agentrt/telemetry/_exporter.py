@@ -150,6 +150,7 @@ class TraceExporter:
         follow: bool = False,
         poll_seconds: float = _POLL_SECONDS,
         retry_seconds: Sequence[float] = _RETRY_SECONDS,
+        retries: int | None = None,
     ) -> None:
         """`agentrt export --otlp`: the spans of the events after `follower`'s cursor, each
         batch's spans delivered before the cursor moves past it.
@@ -158,10 +159,12 @@ class TraceExporter:
         collector refuses is sent again after a pause (`retry_seconds`, the
         last one repeated), until it is taken or the follower is stopped, and
         then `SpansNotDelivered` names the event the cursor stays at.  Without
-        `follow`, the attempts end after the listed pauses.  A run that began
-        before the cursor is read back from the store, so its later spans find
-        their parents; the spans its earlier events closed are not sent again.
+        `follow`, the attempts end after `retries` pauses (by default one per
+        listed pause).  A run that began before the cursor is read back from
+        the store, so its later spans find their parents; the spans its
+        earlier events closed are not sent again.
         """
+        limit = len(retry_seconds) if retries is None else retries
         self._open_exporter()
         try:
             for batch in follower.batches(follow=follow, poll_seconds=poll_seconds):
@@ -174,7 +177,7 @@ class TraceExporter:
                             f"{sanitize(self.settings.traces_url)}; trying again"
                         )
                     self._failing = True
-                    if attempt >= len(retry_seconds) and not follow:
+                    if attempt >= limit and not follow:
                         raise SpansNotDelivered(self.settings.traces_url, follower.position.seq)
                     pause = retry_seconds[min(attempt, len(retry_seconds) - 1)]
                     attempt += 1
