@@ -51,9 +51,11 @@ def _counting_commit_batch(self: Store, units: list[Any], *joining: Any) -> None
         _counts["writer_cpu_s"] += time.thread_time() - began
 
 
-def _counting_begin(self: Store, *args: Any) -> None:
-    _original_begin(self, *args)  # (deadline, and a scope since decision 0065)
+def _counting_begin(self: Store, *args: Any) -> Any:
+    # (deadline, and a scope since decision 0065; the scopes held since session 19)
+    held = _original_begin(self, *args)
     _counts["write_locks"] += 1  # (holding the store's lock)
+    return held
 
 
 def _dump(target: Path) -> None:

@@ -72,3 +72,26 @@ def test_the_http_benchmark_reads_the_upstreams_cpu_from_every_descendant() -> N
         if grandchild is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(grandchild, signal.SIGKILL)
+
+
+@pytest.mark.timeout(180)
+def test_the_scaling_benchmark_runs_its_proxies_on_postgresql_to_one_verified_chain() -> None:
+    # bench_scale's proxies count the store's writes through wrappers of its private
+    # methods (`_counted_proxy.py`): a wrapper that loses what one returns fails every
+    # call, so the shortest run (1 then 2 proxies, a second each) must end with calls
+    # made, scoped writes' chain lock held, and the chain verified.
+    from _postgres import find_binaries
+
+    if find_binaries() is None:
+        pytest.skip("PostgreSQL is not installed")
+    finished = subprocess.run(
+        [sys.executable, "benchmarks/bench_scale.py", "--backend", "postgresql",
+         "--proxies", "1,2", "--apart", "", "--window", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=170,
+    )  # fmt: skip
+    assert finished.returncode == 0, finished.stdout[-2000:] + finished.stderr[-2000:]
+    results, _ = json.JSONDecoder().raw_decode(finished.stdout)
+    rows = results["postgresql"]["rows"]
+    assert [row["proxies"] for row in rows] == [1, 2]
+    assert all(row["calls"] > 0 and row["chain_held_ms_per_call"] > 0 for row in rows)
+    assert results["postgresql"]["chain"]["ok"] is True
