@@ -37,12 +37,16 @@ __all__ = ["CallPath", "build_call_path", "watched"]
 
 @dataclass(slots=True)
 class CallPath:
-    """What a call goes through once the proxy has built it: the proxy's policy (swapped
-    when the rules change, `_rules_reload`), the gate and `Calls`."""
+    """What a call goes through once the proxy has built it: the gate and `Calls`, under
+    the proxy's policy (swapped in both when the rules change, `_rules_reload`)."""
 
-    policy: ProxyPolicy
     gate: Gate
     calls: Calls
+
+    @property
+    def policy(self) -> ProxyPolicy:
+        """The proxy's policy, the one the gate and `Calls` hold."""
+        return self.calls.policy
 
     @staticmethod
     def upstream_context(
@@ -116,7 +120,7 @@ def build_call_path(proxy: Proxy) -> CallPath:
     )
     calls.passkeys = config.passkeys
     calls.logins = proxy.logins
-    return CallPath(policy, gate, calls)
+    return CallPath(gate, calls)
 
 
 def watched(

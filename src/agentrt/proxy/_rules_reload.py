@@ -165,7 +165,6 @@ class RulesWatch:
             old.grants.servers = dict(proxy.server_names)
             policy.grants = old.grants
         proxy.config = config
-        path.policy = policy
         path.gate.policy = policy
         path.calls.policy = policy
 
