@@ -12,7 +12,10 @@ Beside the serving process's CPU, each round reads the CPU a call of the two pro
 target shares with it on the machine's cores: this process (the host's SDK client) and the
 upstream (the serving process's descendants; for `direct`, none).  Their sum, times calls/s,
 is how many of the machine's cores the round kept busy: on 2 cores, a target whose round keeps
-them near full is bound by the whole machine's CPU, not by a wait of its own.
+them near full is bound by the whole machine's CPU, not by a wait of its own.  The "main"
+column is the serving process's main thread alone (the event loop: HTTP, the front, the gate's
+Python, the upstream's pipe); the rest of its CPU is its other threads (agentrt's store writer,
+which runs each record's statements and COMMIT).
 
     .venv/bin/python benchmarks/bench_http.py [--rounds N] [--calls N] [--only a,b]
         [--agentrt-src NAME=DIR]  # another checkout's src/ beside this one: before/after
@@ -31,7 +34,16 @@ from pathlib import Path
 
 import anyio
 import peers as peer_module
-from _common import HERE, PYTHON, cpu_of, cpu_seconds, descendants_of, find_descendant, log
+from _common import (
+    HERE,
+    PYTHON,
+    cpu_of,
+    cpu_seconds,
+    descendants_of,
+    find_descendant,
+    log,
+    main_thread_cpu_seconds,
+)
 from bench_gate import Floor
 from bench_mcp import raw_session, server_command
 from bench_proxy import (
@@ -109,6 +121,7 @@ async def _round(target: Target, sequential: int, per_worker: int) -> dict[str, 
         latencies = [await _call(session, target.tool, index) for index in range(sequential)]
         pid = find_descendant(os.getpid(), target.process)
         cpu_before = cpu_seconds(pid) if pid is not None else 0.0
+        main_before = main_thread_cpu_seconds(pid) if pid is not None else 0.0
         upstream = descendants_of(pid) if pid is not None else []
         upstream_before = cpu_of(upstream)
         client_before = _own_cpu()
@@ -123,6 +136,7 @@ async def _round(target: Target, sequential: int, per_worker: int) -> dict[str, 
                 group.start_soon(worker, worker_index)
         wall = time.perf_counter() - began
         cpu = cpu_seconds(pid) - cpu_before if pid is not None else float("nan")
+        main = main_thread_cpu_seconds(pid) - main_before if pid is not None else float("nan")
         upstream_cpu = cpu_of(upstream) - upstream_before
         client_cpu = _own_cpu() - client_before
     calls = CONCURRENCY * per_worker
@@ -131,6 +145,7 @@ async def _round(target: Target, sequential: int, per_worker: int) -> dict[str, 
         "p50_s": statistics.median(latencies),
         "calls_per_s": calls / wall,
         "cpu_ms_per_call": cpu / calls * 1000,
+        "main_ms_per_call": main / calls * 1000,
         "client_ms_per_call": client_cpu / calls * 1000,
         "upstream_ms_per_call": upstream_cpu / calls * 1000,
         "machine_ms_per_call": machine_ms,
@@ -167,12 +182,13 @@ async def main(
     }
     direct = medians["direct"]["p50_s"]
     print(f"\nfloor (two commits) p50 {floor_s * 1000:.3f} ms; 1-min load per round {load}")
-    print(f"{'target':<18}{'added p50 ms':>14}{'calls/s':>10}{'CPU ms/call':>13}"
+    print(f"{'target':<18}{'added p50 ms':>14}{'calls/s':>10}{'CPU ms/call':>13}{'main':>7}"
           f"{'client':>8}{'upstream':>10}{'machine':>9}{'cores':>7}")  # fmt: skip
     for name, values in medians.items():
         added = (values["p50_s"] - direct) * 1000
         print(f"{name:<18}{added:>14.3f}{values['calls_per_s']:>10.1f}"
-              f"{values['cpu_ms_per_call']:>13.3f}{values['client_ms_per_call']:>8.3f}"
+              f"{values['cpu_ms_per_call']:>13.3f}{values['main_ms_per_call']:>7.3f}"
+              f"{values['client_ms_per_call']:>8.3f}"
               f"{values['upstream_ms_per_call']:>10.3f}{values['machine_ms_per_call']:>9.3f}"
               f"{values['cores_busy']:>7.2f}")  # fmt: skip
     for ours in sources:

@@ -74,6 +74,35 @@ def test_the_http_benchmark_reads_the_upstreams_cpu_from_every_descendant() -> N
                 os.kill(grandchild, signal.SIGKILL)
 
 
+def test_the_http_benchmark_tells_the_serving_process_main_thread_from_its_others() -> None:
+    # bench_http's "main" column reads the main thread alone: CPU another thread of the
+    # serving process spends (agentrt's store writer) is in its total, not in "main".
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from _common import cpu_seconds, main_thread_cpu_seconds
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    spin = (
+        "import sys, threading, time\n"
+        "def spin():\n"
+        "    end = time.thread_time() + 0.3\n"
+        "    while time.thread_time() < end: pass\n"
+        "    print('spun', flush=True)\n"
+        "threading.Thread(target=spin).start()\n"
+        "time.sleep(60)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline() == "spun\n"
+        total, main = cpu_seconds(process.pid), main_thread_cpu_seconds(process.pid)
+        assert total >= 0.3
+        assert main <= total - 0.25  # the spinning thread's 0.3 s is not the main thread's
+    finally:
+        process.kill()
+        process.wait()
+
+
 @pytest.mark.timeout(180)
 def test_the_scaling_benchmark_runs_its_proxies_on_postgresql_to_one_verified_chain() -> None:
     # bench_scale's proxies count the store's writes through wrappers of its private
