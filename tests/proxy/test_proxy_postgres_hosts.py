@@ -8,13 +8,14 @@ client.  Only the database is shared, as it would be across hosts.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
 import subprocess
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import pytest
@@ -300,5 +301,120 @@ async def test_four_proxies_write_and_read_at_once_into_one_verified_chain(
         assert sorted(machine.executions("echo")) == sorted(
             f"echo text {index}-{number}" for number in range(10)
         )
+    verified = _verify(url, tmp_path)
+    assert verified.returncode == 0 and "intact" in verified.stdout, verified.stdout
+
+
+# How each proxy's operator classified `echo` (the server hints it is read-only): a rule
+# that says it mutates (allowed without a person, so its calls are scoped to the tool,
+# not the session), or one that agrees with the server (scoped to each request).
+_ECHO_AS: dict[str, dict[str, Any]] = {
+    "read_only": {"side_effect": "read_only"},
+    "local_mutation": {
+        "side_effect": "local_mutation", "outcome": "allow", "allow_hint_mismatch": True,
+    },
+}  # fmt: skip
+
+# An advisory lock of the test's own (one 64-bit key nothing of agentrt uses), and a
+# trigger that makes the first commit of the call whose arguments name "held" wait for
+# it, inside its scoped write: its scope's locks taken, its step being written.
+_HOLD: Final = 0x74657374686F6C64  # "testhold"
+_HOLD_THE_HELD_CALL: Final = (
+    f"""
+    CREATE FUNCTION test_hold_the_held_call() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM pg_advisory_xact_lock_shared({_HOLD});
+        RETURN NEW;
+    END
+    $$
+    """,
+    "CREATE TRIGGER test_hold_the_held_call BEFORE INSERT ON steps FOR EACH ROW"
+    """ WHEN (NEW.args LIKE '%"held"%') EXECUTE FUNCTION test_hold_the_held_call()""",
+)
+
+
+def _waiting_for(admin: Any, lock: tuple[int, int, int]) -> bool:
+    """Whether a session waits for the advisory lock `lock`, as pg_locks names one:
+    (classid, objid, objsubid), the key's two unsigned halves and 1 for the one-key form,
+    the two keys and 2 for the two-key form."""
+    row = admin.execute(
+        "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        " AND classid = %s::bigint::oid AND objid = %s::bigint::oid AND objsubid = %s",
+        lock,
+    ).fetchone()
+    return int(row[0]) > 0
+
+
+def _committed_calls(admin: Any) -> list[str]:
+    """The echoed text of each committed call, in the chain's order of their runs."""
+    rows = admin.execute(
+        "SELECT s.args FROM events e JOIN steps s ON s.run_id = e.run_id AND s.step = 1"
+        " WHERE e.type = 'run_started' ORDER BY e.seq"
+    ).fetchall()
+    return [json.loads(row[0])["text"] for row in rows]
+
+
+@pytest.mark.parametrize(
+    ("held_as", "other_as", "excluded"),
+    [
+        ("local_mutation", "read_only", True),
+        ("read_only", "local_mutation", True),
+        ("read_only", "read_only", False),  # so the test can tell the difference
+    ],
+)
+async def test_two_proxies_that_disagree_on_whether_a_tool_mutates_exclude_each_other_on_it(
+    tmp_path: Path, postgres_server: Any, held_as: str, other_as: str, excluded: bool
+) -> None:
+    """Decision 0065: two proxies of one team session whose rules disagree on whether a
+    tool mutates still exclude each other on it (one takes the tool's lock exclusive, the
+    other shared).  One proxy's call is held inside its first commit, its scope's locks
+    taken; the other proxy's call of the same tool, another request, waits on the tool's
+    lock, runs nothing and commits nothing until the first commits, then follows it in
+    the one chain, which verifies.  Two proxies that agree the tool is read-only do not
+    wait on each other: the second call commits, runs and is answered meanwhile."""
+    import psycopg
+
+    from agentrt.store._postgres import KEY_SPACE
+
+    url = postgres_server.database()
+    held, other = [
+        await build_setup(
+            tmp_path / name, rules={"echo": _ECHO_AS[kind]}, database=url, session="team"
+        )
+        for name, kind in (("held", held_as), ("other", other_as))
+    ]
+    answers: dict[str, str] = {}
+
+    async def call(session: Any, text: str) -> None:
+        arguments = {"text": text, "seconds": 0}
+        answers[text] = text_of(await session.call_tool("up_echo", arguments))
+
+    with psycopg.connect(url, autocommit=True) as admin:
+        async with host(held) as held_host, host(other) as other_host:
+            for statement in _HOLD_THE_HELD_CALL:  # once the proxies made the schema
+                admin.execute(statement)
+            admin.execute("SELECT pg_advisory_lock(%s)", (_HOLD,))
+            hold = (_HOLD >> 32, _HOLD & 0xFFFFFFFF, 1)
+            (tool_key,) = admin.execute("SELECT hashtext('team/up_echo')").fetchall()[0]
+            tool = (KEY_SPACE, tool_key & 0xFFFFFFFF, 2)  # the team session's lock on echo
+            async with anyio.create_task_group() as group:
+                group.start_soon(call, held_host, "held")
+                await until(lambda: _waiting_for(admin, hold))
+                group.start_soon(call, other_host, "beside")
+                await until(lambda: "beside" in answers or _waiting_for(admin, tool))
+                if excluded:
+                    await anyio.sleep(0.5)  # (time to commit, run and answer, were it free)
+                    assert answers == {} and _waiting_for(admin, tool)
+                    assert _committed_calls(admin) == [] and other.executions() == []
+                else:
+                    assert _committed_calls(admin) == ["beside"]
+                    assert other.executions() == ["echo beside"]
+                assert _waiting_for(admin, hold) and held.executions() == []
+                admin.execute("SELECT pg_advisory_unlock(%s)", (_HOLD,))
+        admin.execute("DROP TRIGGER test_hold_the_held_call ON steps")
+        committed = _committed_calls(admin)
+    assert answers == {"held": "held", "beside": "beside"}
+    assert committed == (["held", "beside"] if excluded else ["beside", "held"])
+    assert held.executions() == ["echo held"] and other.executions() == ["echo beside"]
     verified = _verify(url, tmp_path)
     assert verified.returncode == 0 and "intact" in verified.stdout, verified.stdout
