@@ -144,9 +144,10 @@ class Store(_Reads, _Chain, _Anchoring, _Extensions):
         **kwargs: _P.kwargs,
     ) -> _T:
         """`write`, for a unit that reads and writes only the rows of one scope and
-        appends its events through the ledger (decision 0065): `(session, key)`, a
-        proxy session's calls of one key (one request, or one tool), their runs and
-        steps; `(session, "")`, all of the session's.
+        appends its events through the ledger (decision 0065): `(session, tool, key)`,
+        a proxy session's calls of one request, their runs and steps; `(session, tool,
+        "")`, all of the session's calls of one tool; `(session, "", "")`, all of the
+        session's (`CallIndex.scope_of` says which a call takes).
 
         On PostgreSQL such units of different scopes run beside one another, from
         several proxies at once: each write takes the write lock shared and its scope's
