@@ -9,12 +9,18 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 from mcp import Client, ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
-from proxy_helpers import ProxySetup, build_setup, host_environment
+from proxy_helpers import RULES, ProxySetup, RawHost, build_setup, host_environment, until
+
+from agentrt.store import GrantLimits, grant_limits, open_store
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -332,3 +338,136 @@ def test_the_proxy_and_its_call_path_import_no_pydantic_model() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert finished.stdout.strip() == "[]", finished.stdout + finished.stderr
+
+
+# -- what start still does for a configuration that builds the call path at once -----------
+# (decision 0066, `builds_at_start`): each proxy below is given no host message at all, its
+# stdin ends at once, so what it wrote or refused, it did at start, before any call.
+
+_LIMITS = {"max_for": "1h", "max_calls": 10}
+
+
+async def test_standing_grants_write_the_operators_maximum_at_start_before_any_call(
+    tmp_path: Path,
+) -> None:
+    setup = await build_setup(tmp_path, standing_grants=_LIMITS)
+    finished = _serve_until_stdin_ends(setup, "-m", "agentrt.proxy")
+    assert finished.returncode == 0, finished.stderr
+    with open_store(setup.database, create=False) as store:
+        assert grant_limits(store, "test-session") == GrantLimits(3600.0, 10, False)
+
+
+async def test_labels_migrate_the_taint_tables_at_start_before_any_call(tmp_path: Path) -> None:
+    setup = await build_setup(tmp_path)
+    setup.document["servers"][0]["labels"] = ["private"]
+    setup.rewrite()
+    finished = _serve_until_stdin_ends(setup, "-m", "agentrt.proxy")
+    assert finished.returncode == 0, finished.stderr
+    with open_store(setup.database, create=False) as store:
+        assert store.extension_version("flows") > 0
+
+
+async def test_a_precondition_whose_reading_tool_did_not_load_is_refused_at_start(
+    tmp_path: Path,
+) -> None:
+    # `echo`, the read a precondition names, no longer matches its pin (its description
+    # changed), so its server loads without it: refused before the proxy serves.
+    precondition = {"tool": "echo", "arguments": {"text": "$.note"}}
+    rules = {**RULES, "write_note": {**RULES["write_note"], "precondition": precondition}}
+    setup = await build_setup(tmp_path, rules=rules)
+    manifest_path = setup.config_path.parent / "up.manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["tools"]["echo"]["description_hash"] = "0" * 64
+    manifest_path.write_text(json.dumps(manifest))
+    finished = _serve_until_stdin_ends(setup, "-m", "agentrt.proxy")
+    assert "refused echo" in finished.stderr, finished.stderr
+    assert finished.returncode == 1, finished.stderr
+    assert 'server "up" has no loaded tool "echo" for a precondition' in finished.stderr
+    assert "Traceback" not in finished.stderr
+
+
+# -- the warm-up after the first listing (decision 0066) -------------------------------------
+# The probe notes on stderr each import of the call path's module in a worker thread (with
+# the host's calls received by then) and each build of the path (with the call path's
+# modules then loaded); `SLOW` seconds are added to each import, so that a warm-up can come
+# while a call's import is under way.
+_WARM_PROBE = """
+import importlib, json, sys, time
+from agentrt.proxy import _handlers
+from agentrt.proxy.__main__ import main
+calls = []
+call_tool = _handlers.Handlers._call_tool
+async def counted_call(self, ctx, params):
+    calls.append(params.name)
+    return await call_tool(self, ctx, params)
+_handlers.Handlers._call_tool = counted_call
+import_module = importlib.import_module
+def noted_import(name, package=None):
+    if name != "agentrt.proxy._call_path":
+        return import_module(name, package)
+    print("IMPORTING " + json.dumps({"calls": len(calls)}), file=sys.stderr, flush=True)
+    time.sleep(SLOW)
+    module = import_module(name, package)
+    build = module.build_call_path
+    def noted_build(proxy):
+        path = build(proxy)
+        loaded = sorted(name for name in CALL_PATH if name in sys.modules)
+        print("BUILT " + json.dumps({"calls": len(calls), "loaded": loaded}), file=sys.stderr,
+              flush=True)
+        return path
+    if not hasattr(build, "noted"):
+        noted_build.noted = True
+        module.build_call_path = noted_build
+    return module
+importlib.import_module = noted_import
+sys.exit(main(sys.argv[1:]))
+""".replace("CALL_PATH", repr(CALL_PATH_MODULES))
+
+
+def _noted(setup: ProxySetup, kind: str) -> list[dict[str, Any]]:
+    lines = [line for line in setup.stderr().splitlines() if line.startswith(kind + " ")]
+    return [json.loads(line.removeprefix(kind + " ")) for line in lines]
+
+
+@asynccontextmanager
+async def _probed_host(setup: ProxySetup, slow: float) -> AsyncIterator[RawHost]:
+    """A raw host of a stdio proxy run under `_WARM_PROBE`; on the way out, its stdin is
+    closed and the proxy waited for, so it ends as a host's proxy does."""
+    probe = _WARM_PROBE.replace("SLOW", repr(slow))
+    setup.command = lambda: [  # type: ignore[method-assign]
+        sys.executable, "-c", probe, "--config", str(setup.config_path),
+    ]  # fmt: skip
+    async with RawHost.start(setup) as raw:
+        yield raw
+        await raw.process.stdin.aclose()
+        with anyio.fail_after(30):
+            assert await raw.process.wait() == 0, setup.stderr()
+
+
+async def test_the_first_listing_warms_the_call_path_without_a_call(tmp_path: Path) -> None:
+    setup = await build_setup(tmp_path)
+    async with _probed_host(setup, slow=0.0) as raw:
+        listed = await raw.request("tools/list", {})
+        assert "up_echo" in [tool["name"] for tool in listed["result"]["tools"]]
+        await until(lambda: bool(_noted(setup, "BUILT")), limit=10)
+    assert _noted(setup, "IMPORTING") == [{"calls": 0}]
+    assert _noted(setup, "BUILT") == [{"calls": 0, "loaded": sorted(CALL_PATH_MODULES)}]
+
+
+async def test_a_call_sent_with_the_first_listing_is_served_and_imports_the_call_path_once(
+    tmp_path: Path,
+) -> None:
+    # The call comes at once, so it imports the call path itself; the import takes longer
+    # than the warm-up's wait, so the warm-up comes while it is under way and must take
+    # that import, not start another.
+    setup = await build_setup(tmp_path)
+    async with _probed_host(setup, slow=0.3) as raw:
+        listing = await raw.send_request("tools/list", {})
+        call = await raw.call("up_echo", {"text": "hello"})
+        answers = await raw.responses({listing, call})
+        assert "up_echo" in [tool["name"] for tool in answers[listing]["result"]["tools"]]
+        result = answers[call]["result"]
+        assert result.get("isError") is not True, result
+        assert [block["text"] for block in result["content"]] == ["hello"]
+    assert _noted(setup, "IMPORTING") == [{"calls": 1}]
+    assert _noted(setup, "BUILT") == [{"calls": 1, "loaded": sorted(CALL_PATH_MODULES)}]

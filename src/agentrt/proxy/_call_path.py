@@ -32,7 +32,7 @@ from .config import UpstreamConfig
 if TYPE_CHECKING:
     from ._proxy import Loaded, Proxy
 
-__all__ = ["CallPath", "build_call_path", "watched"]
+__all__ = ["CallPath", "build_call_path", "upstream_context", "watched"]
 
 
 @dataclass(slots=True)
@@ -47,29 +47,6 @@ class CallPath:
     def policy(self) -> ProxyPolicy:
         """The proxy's policy, the one the gate and `Calls` hold."""
         return self.calls.policy
-
-    @staticmethod
-    def upstream_context(
-        call: HostCall,
-        upstream: UpstreamConfig | None,
-        store: Store,
-        timeout: float,
-        meta: Mapping[str, Any],
-        *,
-        progress: Callable[[float, float | None, str | None], Awaitable[None]] | None,
-        log: Callable[[str, str | None, Any], Awaitable[None]],
-    ) -> CallContext:
-        """The channels by which a call's server reaches its host: its progress and log
-        lines, its requests (recorded in the runs the gate opens for the call), and the
-        host's W3C trace context, so the server's spans join its trace."""
-        runs: list[str] = []
-        return CallContext(
-            progress=progress,
-            log=log,
-            ask=None if upstream is None else asker_for(upstream, call, store, runs, timeout),
-            on_run=runs.append,
-            trace=trace_context_metadata(meta) or None,
-        )
 
 
 def build_call_path(proxy: Proxy) -> CallPath:
@@ -121,6 +98,31 @@ def build_call_path(proxy: Proxy) -> CallPath:
     calls.passkeys = config.passkeys
     calls.logins = proxy.logins
     return CallPath(gate, calls)
+
+
+def upstream_context(
+    call: HostCall,
+    upstream: UpstreamConfig | None,
+    store: Store,
+    timeout: float,
+    meta: Mapping[str, Any],
+    *,
+    progress: Callable[[float, float | None, str | None], Awaitable[None]] | None,
+    log: Callable[[str, str | None, Any], Awaitable[None]],
+) -> CallContext:
+    """The channels by which a call's server reaches its host: its progress and log
+    lines, its requests (recorded in the runs the gate opens for the call), and the
+    host's W3C trace context, so the server's spans join its trace.  Here, not in
+    `_proxy`, because the client requests' and telemetry's modules come with the call
+    path, after the first listing."""
+    runs: list[str] = []
+    return CallContext(
+        progress=progress,
+        log=log,
+        ask=None if upstream is None else asker_for(upstream, call, store, runs, timeout),
+        on_run=runs.append,
+        trace=trace_context_metadata(meta) or None,
+    )
 
 
 def watched(

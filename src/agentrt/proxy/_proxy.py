@@ -209,11 +209,9 @@ class Proxy:
         # A remote server's OAuth tokens are checked (and refreshed) before its call
         # enters the gate: one that needs a login is UNAVAILABLE, nothing recorded or run.
         self.logins = oauth_preflights(tools)
-        # The call path, once built (`calling`); its import is taken once, by one task.
-        self.built: CallPath | None = None
-        self._importing = anyio.Lock()
-        self._imported = False
-        self._warming = False
+        # The call path once something asked for it (a call, the warm-up, `call_path`): a
+        # future, done once it is built; its import runs once, for every task that waits.
+        self._call_path: asyncio.Future[CallPath] | None = None
         if builds_at_start(config):
             self.call_path()
 
@@ -231,34 +229,50 @@ class Proxy:
 
     # -- the call path ---------------------------------------------------------
 
+    @property
+    def built(self) -> CallPath | None:
+        """The call path if it is built: not before the first call or the warm-up, unless
+        the configuration builds it at start (`builds_at_start`)."""
+        path = self._call_path
+        return path.result() if path is not None and _succeeded(path) else None
+
     def call_path(self) -> CallPath:
         """The call path, built now if it is not yet (its modules imported on this thread
         if no worker has): for what needs it outside a call, rarely (a tool admitted while
         serving, the rules taken again, the inbox)."""
-        if self.built is None:
+        path = self.built
+        if path is None:
+            # Waits for a worker's import of the module, if one is under way; that worker's
+            # task then finds the path built here (`_import_and_build`).
             from ._call_path import build_call_path
 
-            self.built = build_call_path(self)
-        return self.built
+            path = build_call_path(self)
+            self._call_path = asyncio.get_running_loop().create_future()
+            self._call_path.set_result(path)
+        return path
 
     async def calling(self) -> CallPath:
-        """The call path, its modules imported in a worker thread the first time (or by the
-        warm-up after the first listing), then built once: what a call awaits first."""
-        if self.built is None and not self._imported:
-            # A flag, not `sys.modules`: a module is there while another thread imports it.
-            async with self._importing:
-                if not self._imported:
-                    await anyio.to_thread.run_sync(importlib.import_module, _CALL_PATH)
-                    self._imported = True
+        """The call path, its modules imported in a worker thread by the first task that
+        needs it (a call, or the warm-up after the first listing), then built once: what a
+        call awaits first.  A task that comes meanwhile awaits that same import; one that
+        comes after it failed tries again."""
+        path = self._call_path
+        if path is None or (path.done() and not _succeeded(path)):
+            path = self._call_path = asyncio.get_running_loop().create_task(
+                self._import_and_build()
+            )
+        # Shielded: a call cancelled while it waits leaves the import to the others.
+        return await asyncio.shield(path)
+
+    async def _import_and_build(self) -> CallPath:
+        await anyio.to_thread.run_sync(importlib.import_module, _CALL_PATH)
         return self.call_path()
 
     def listed_once(self) -> None:
         """A host was answered a tools listing: warm the call path shortly after, off the
         listing's path, so the first call finds it imported (decision 0066)."""
-        if self._warming or self.built is not None or self.work is None:
-            return
-        self._warming = True
-        self.work.start_soon(self._warm)
+        if self._call_path is None and self.work is not None:
+            self.work.start_soon(self._warm)
 
     async def _warm(self) -> None:
         await anyio.sleep(_WARM_AFTER_LISTING)
@@ -425,7 +439,9 @@ class Proxy:
             try:
                 # The first call imports and builds the call path (decision 0066).
                 path = await self.calling()
-                context = path.upstream_context(
+                from ._call_path import upstream_context  # imported: the path is built
+
+                context = upstream_context(
                     call, upstream, self.store, timeout, meta,
                     progress=upstream_progress if wants_progress else None, log=upstream_log,
                 )  # fmt: skip
@@ -470,6 +486,10 @@ def builds_at_start(config: ProxyConfig) -> bool:
             for rule in upstream.tool_rules.values()
         )
     )
+
+
+def _succeeded(future: asyncio.Future[Any]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
 
 
 def principal_of_request(ctx: ServerRequestContext[Any]) -> Principal | None:
