@@ -8,7 +8,7 @@ second is refused with a line naming the first.
 
 from __future__ import annotations
 
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any, Final
 
 import anyio
 
@@ -27,7 +27,7 @@ from .config import ProxyConfig, UpstreamConfig
 if TYPE_CHECKING:
     from ._proxy import Loaded
 
-__all__ = ["load_upstreams", "take_offers"]
+__all__ = ["load_upstreams", "plainly_listable", "take_offers"]
 
 
 async def load_upstreams(
@@ -146,26 +146,21 @@ def take_offers(offered: Offered, name: str, offers: Offers) -> list[str]:
     """Add one server's checked prompts, resources and templates to `offered`; the lines
     to log (its refusals, and what the SDK could not list or another server took first)."""
     lines = list(offers.lines)
-    if not (offers.prompts or offers.resources or offers.resource_templates):
-        return lines  # nothing for the models to check: they are not imported (issue 36)
-    import mcp_types as types
-
     sections = (
-        (offers.prompts, types.Prompt, "prompt"),
-        (offers.resources, types.Resource, "resource"),
-        (offers.resource_templates, types.ResourceTemplate, "resource template"),
+        (offers.prompts, "prompt"),
+        (offers.resources, "resource"),
+        (offers.resource_templates, "resource template"),
     )
-    for listed, model, noun in sections:
+    for listed, noun in sections:
         for raw in listed:
             plain = plain_json(raw)
             shown = sanitize(str(raw.get("name", "")))
-            try:
-                # What the SDK cannot list to the host is refused alone, not the whole list.
-                model.model_validate(plain)
-            except ValueError as exc:
+            # What the SDK cannot list to the host is refused alone, not the whole list.
+            refusal = None if plainly_listable(noun, plain) else _model_refusal(noun, plain)
+            if refusal is not None:
                 lines.append(
                     f"{sanitize(name)}: refused {noun} {shown}: the host could not be sent it "
-                    f"({sanitize(str(exc).splitlines()[0])})"
+                    f"({sanitize(refusal)})"
                 )
                 continue
             if noun == "prompt":
@@ -182,3 +177,78 @@ def take_offers(offered: Offered, name: str, offers: Offers) -> list[str]:
             else:
                 offered.templates.append((plain, name))
     return lines
+
+
+# The members of the SDK's Prompt, Resource and ResourceTemplate models (their wire names)
+# whose values `plainly_listable` decides: a string or null, an integer or null, ...
+_TEXT: Final = frozenset({"title", "description", "mimeType"})
+_REQUIRED_TEXT: Final = {
+    "prompt": ("name",),
+    "resource": ("name", "uri"),
+    "resource template": ("name", "uriTemplate"),
+}
+# Python names the models also accept for a member (`populate_by_name`), and the members
+# whose values are models of their own: where one is present, the model decides.
+_TO_THE_MODEL: Final = frozenset({"mime_type", "uri_template", "meta", "icons", "annotations"})
+_ARGUMENT_TEXT: Final = frozenset({"title", "description"})
+
+
+def plainly_listable(noun: str, item: Any) -> bool:
+    """Whether a server's prompt, resource or resource template (`noun`, its plain JSON)
+    is one the SDK's model certainly accepts, decided without importing the models
+    (issue 36: `mcp_types` costs ~0.2 s at start): its required members strings, the
+    others it has of the plain kinds the model takes (text or null, a 64-bit integer or
+    null, an object or null for `_meta`, a prompt's arguments of the same).  False is
+    not a refusal: the model decides whatever this cannot."""
+    if not isinstance(item, dict):
+        return False
+    for key in _REQUIRED_TEXT[noun]:
+        if type(item.get(key)) is not str:
+            return False
+    for key, value in item.items():
+        if key in _TO_THE_MODEL and value is not None:
+            return False
+        if key in _TEXT and value is not None and type(value) is not str:
+            return False
+        if key == "_meta" and value is not None and type(value) is not dict:
+            return False
+    if noun == "resource" and not _integer_or_null(item.get("size")):
+        return False
+    if noun == "prompt":
+        arguments = item.get("arguments")
+        if arguments is not None and not (
+            type(arguments) is list and all(_plain_argument(entry) for entry in arguments)
+        ):
+            return False
+    return True
+
+
+def _integer_or_null(value: Any) -> bool:
+    return value is None or (type(value) is int and -(2**63) <= value < 2**63)
+
+
+def _plain_argument(argument: Any) -> bool:
+    if type(argument) is not dict or type(argument.get("name")) is not str:
+        return False
+    for key, value in argument.items():
+        if key in _ARGUMENT_TEXT and value is not None and type(value) is not str:
+            return False
+        if key == "required" and value is not None and type(value) is not bool:
+            return False
+    return True
+
+
+def _model_refusal(noun: str, item: Any) -> str | None:
+    """The SDK's model's first line of refusal of `item`, or None when it accepts it."""
+    import mcp_types as types
+
+    try:
+        if noun == "prompt":
+            types.Prompt.model_validate(item)
+        elif noun == "resource":
+            types.Resource.model_validate(item)
+        else:
+            types.ResourceTemplate.model_validate(item)
+    except ValueError as exc:
+        return str(exc).splitlines()[0]
+    return None

@@ -1,0 +1,154 @@
+"""A server's prompts, resources and templates checked without the SDK's models where the
+check can be sure (issue 36: `mcp_types` cost a proxy ~0.2 s of its start whenever its
+server offered any).
+
+`plainly_listable` says yes only for shapes the SDK's `Prompt`, `Resource` and
+`ResourceTemplate` certainly accept; for every other shape the model decides, as before.
+The differential test feeds the same generated items to both: wherever the plain check
+says yes, the model accepts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mcp_types as types
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+from wire_values import SETTINGS, json_values, objects
+
+from agentrt.mcp._offers import Offers
+from agentrt.proxy._offers import Offered
+from agentrt.proxy._upstreams import plainly_listable, take_offers
+
+_MODELS: dict[str, Any] = {
+    "prompt": types.Prompt,
+    "resource": types.Resource,
+    "resource template": types.ResourceTemplate,
+}
+
+_text = st.text(max_size=4)
+# Mostly the right kind, now and then any JSON value: each member's plain kinds, and the
+# ones the plain check must leave to the model.
+_maybe_text = _text | st.none() | json_values
+_mostly_text = _text | _text | json_values
+
+
+def _members(required: dict[str, Any], optional: dict[str, Any]) -> Any:
+    """Items whose required members are mostly of their kind, with any subset of the
+    optional ones and now and then a stray member."""
+    return st.fixed_dictionaries(required, optional={**optional, "stray": json_values}) | objects(
+        {**required, **optional}
+    )
+
+
+_argument = _members(
+    {"name": _mostly_text},
+    {"title": _maybe_text, "description": _maybe_text,
+     "required": st.booleans() | st.none() | json_values},
+)  # fmt: skip
+_common = {
+    "title": _maybe_text,
+    "description": _maybe_text,
+    "_meta": st.none() | st.dictionaries(_text, json_values, max_size=2) | json_values,
+    "meta": st.none() | json_values,
+    "icons": st.none() | st.just([{"src": "https://example.com/a.png"}]) | json_values,
+    "annotations": st.none() | st.just({"audience": ["user"]}) | json_values,
+    "mimeType": _maybe_text,
+}
+_items = {
+    "prompt": _members(
+        {"name": _mostly_text},
+        {**_common, "arguments": st.none() | st.lists(_argument, max_size=2) | json_values},
+    ),
+    "resource": _members(
+        {"name": _mostly_text, "uri": _mostly_text},
+        {
+            **_common,
+            "mime_type": _maybe_text,
+            "size": st.none()
+            | st.integers()
+            | st.sampled_from([2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 5.0, True])
+            | json_values,
+        },
+    ),
+    "resource template": _members(
+        {"name": _mostly_text, "uriTemplate": _mostly_text},
+        {**_common, "uri_template": _maybe_text},
+    ),
+}
+
+
+def _model_accepts(noun: str, item: Any) -> bool:
+    try:
+        _MODELS[noun].model_validate(item)
+    except ValidationError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("noun", list(_MODELS))
+@SETTINGS
+@given(data=st.data())
+def test_what_the_plain_check_lists_the_sdks_model_accepts(noun: str, data: st.DataObject) -> None:
+    item = data.draw(_items[noun] | json_values)
+    if plainly_listable(noun, item):
+        assert _model_accepts(noun, item), item
+
+
+@pytest.mark.parametrize(
+    ("noun", "item"),
+    [
+        ("prompt", {"name": "greet", "description": "Say hello", "arguments": [
+            {"name": "who", "description": "whom", "required": True}]}),
+        ("prompt", {"name": "bare"}),
+        ("resource", {"name": "note", "uri": "file:///note.txt", "mimeType": "text/plain",
+                      "size": 12, "_meta": {"k": 1}}),
+        ("resource template", {"name": "notes", "uriTemplate": "file:///{name}",
+                               "title": None}),
+    ],
+)  # fmt: skip
+def test_ordinary_offers_are_decided_without_the_models(noun: str, item: Any) -> None:
+    # The plain check must say yes for what servers ordinarily offer, or the models load.
+    assert plainly_listable(noun, item)
+    assert _model_accepts(noun, item)
+
+
+@pytest.mark.parametrize(
+    ("noun", "item"),
+    [
+        # Members of models of their own, and the Python names the models also take.
+        ("resource", {"name": "r", "uri": "u", "annotations": {"priority": 0.5}}),
+        ("resource", {"name": "r", "uri": "u", "icons": [{"src": "https://e.com/i.png"}]}),
+        ("resource template", {"name": "t", "uri_template": "u/{x}"}),
+        # Kinds the model may coerce or refuse: it decides.
+        ("resource", {"name": "r", "uri": "u", "size": 5.0}),
+        ("resource", {"name": "r", "uri": "u", "size": True}),
+        ("resource", {"name": "r", "uri": "u", "size": 2**63}),
+        ("prompt", {"name": "p", "arguments": [{"name": "a", "required": "yes"}]}),
+        ("prompt", {"name": 7}),
+    ],
+)  # fmt: skip
+def test_what_the_plain_check_cannot_be_sure_of_goes_to_the_model(noun: str, item: Any) -> None:
+    assert not plainly_listable(noun, item)
+
+
+def test_a_refused_offer_is_refused_alone_with_the_models_reason_and_the_rest_listed() -> None:
+    offers = Offers(
+        prompts=[{"name": "good"}, {"name": "bad", "arguments": [{"name": 3}]}],
+        resources=[{"name": "note", "uri": "file:///n", "size": "twelve"}],
+        resource_templates=[{"name": "t", "uriTemplate": "file:///{x}"}],
+        lines=[],
+    )
+    offered = Offered()
+    lines = take_offers(offered, "up", offers)
+    assert list(offered.prompts) == ["good"]
+    assert offered.resources == []
+    assert [template for template, _ in offered.templates] == [
+        {"name": "t", "uriTemplate": "file:///{x}"}
+    ]
+    assert len(lines) == 2
+    assert lines[0].startswith("up: refused prompt bad: the host could not be sent it (")
+    assert lines[1].startswith("up: refused resource note: the host could not be sent it (")
