@@ -13,15 +13,20 @@ from __future__ import annotations
 from typing import Any
 
 import mcp_types as types
+import mcp_types.methods as wire
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
-from wire_values import SETTINGS, json_values, objects
+from wire_values import SETTINGS, as_read, json_values, objects
 
 from agentrt.mcp._offers import Offers
+from agentrt.proxy import _dispatch, _modern_plain, _plain
 from agentrt.proxy._offers import Offered
-from agentrt.proxy._upstreams import plainly_listable, take_offers
+from agentrt.proxy._plain import UNDECIDED
+from agentrt.proxy._upstreams import listed_plainly, plainly_listable, take_offers
+
+_ERA = "2026-07-28"
 
 _MODELS: dict[str, Any] = {
     "prompt": types.Prompt,
@@ -77,6 +82,31 @@ _items = {
     "resource template": _members(
         {"name": _mostly_text, "uriTemplate": _mostly_text},
         {**_common, "uri_template": _maybe_text},
+    ),
+}
+
+
+# Items the plain check lists: every member of its plain kind, often all of them.
+_good_argument = st.fixed_dictionaries(
+    {"name": _text},
+    optional={"title": _text, "description": _text, "required": st.booleans()},
+)
+_good_common = {
+    "title": _text,
+    "description": _text,
+    "_meta": st.dictionaries(_text, json_values, max_size=2),
+}
+_good_items = {
+    "prompt": st.fixed_dictionaries(
+        {"name": _text},
+        optional={**_good_common, "arguments": st.lists(_good_argument, max_size=2)},
+    ),
+    "resource": st.fixed_dictionaries(
+        {"name": _text, "uri": _text},
+        optional={**_good_common, "mimeType": _text, "size": st.integers(-(2**63), 2**63 - 1)},
+    ),
+    "resource template": st.fixed_dictionaries(
+        {"name": _text, "uriTemplate": _text}, optional={**_good_common, "mimeType": _text}
     ),
 }
 
@@ -152,3 +182,45 @@ def test_a_refused_offer_is_refused_alone_with_the_models_reason_and_the_rest_li
     assert len(lines) == 2
     assert lines[0].startswith("up: refused prompt bad: the host could not be sent it (")
     assert lines[1].startswith("up: refused resource note: the host could not be sent it (")
+
+
+# -- listed to the host without the models: the handler's dump, each era's shape -----------
+
+_LISTINGS = {
+    "prompt": ("prompts/list", "prompts"),
+    "resource": ("resources/list", "resources"),
+    "resource template": ("resources/templates/list", "resourceTemplates"),
+}
+
+
+@pytest.mark.parametrize("noun", list(_MODELS))
+@SETTINGS
+@given(data=st.data())
+def test_what_is_listed_plainly_is_what_the_models_list(noun: str, data: st.DataObject) -> None:
+    # The handler's plain listing equals the SDK model's dump, item by item; and where
+    # either era's front shapes a listing plainly (the handler's dump, or any other items),
+    # the bytes are those the era's wire types give.
+    items = data.draw(st.lists(_good_items[noun] | _items[noun], max_size=3))
+    listed = listed_plainly(noun, items)
+    if listed is not None:
+        assert as_read(listed) == as_read(
+            [_MODELS[noun].model_validate(item).model_dump(by_alias=True, mode="json",
+                                                           exclude_none=True)
+             for item in items]
+        )  # fmt: skip
+    method, key = _LISTINGS[noun]
+    for shown in (listed, items):
+        if shown is None:
+            continue
+        result = {"ttlMs": 0, "cacheScope": "private", key: shown, "resultType": "complete"}
+        handshake = _plain.shaped_result(method, result)
+        if handshake is not UNDECIDED:
+            assert as_read(handshake) == as_read(_dispatch._shaped(method, result))
+        modern = _modern_plain.shaped_result(method, result)
+        if modern is not UNDECIDED:
+            assert as_read(modern) == as_read(wire.serialize_server_result(method, _ERA, result))
+        if shown is listed:
+            # What the handler lists plainly, the handshake era shapes plainly too, and the
+            # 2026 era unless an item has a `_meta` (the era's own model).
+            assert handshake is not UNDECIDED
+            assert (modern is UNDECIDED) == any("_meta" in item for item in shown)

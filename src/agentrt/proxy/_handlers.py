@@ -26,6 +26,7 @@ from ._proxy import Proxy, principal_of_request
 from ._resource import same_principal
 from ._revision import cache_hints
 from ._status import STATUS_TOOL
+from ._upstreams import listed_plainly
 from .config import DEFAULT_SERVER_TIMEOUT
 
 if TYPE_CHECKING:
@@ -138,6 +139,10 @@ class Handlers:
         self.proxy.listeners.listened(_host_key(ctx), ctx.session)
         if not self.proxy.offered.prompts:
             return _empty_list("prompts")
+        raws = [raw for raw, _ in self.proxy.offered.prompts.values()]
+        plainly = listed_plainly("prompt", raws)
+        if plainly is not None:  # the models are not imported (issue 36)
+            return {**_LIST_HINTS, "prompts": plainly, "resultType": "complete"}
         import mcp_types as types
 
         return types.ListPromptsResult(
@@ -154,14 +159,18 @@ class Handlers:
         self.proxy.listeners.listened(_host_key(ctx), ctx.session)
         if not self.proxy.offered.resources:
             return _empty_list("resources")
+        raws = [
+            raw
+            for raw, _ in self.proxy.offered.resources
+            if apps or not is_app_uri(str(raw.get("uri", "")))
+        ]
+        plainly = listed_plainly("resource", raws)
+        if plainly is not None:
+            return {**_LIST_HINTS, "resources": plainly, "resultType": "complete"}
         import mcp_types as types
 
         return types.ListResourcesResult(
-            resources=[
-                types.Resource.model_validate(raw)
-                for raw, _ in self.proxy.offered.resources
-                if apps or not is_app_uri(str(raw.get("uri", "")))
-            ],
+            resources=[types.Resource.model_validate(raw) for raw in raws],
             **cache_hints(),
         )
 
@@ -170,6 +179,10 @@ class Handlers:
     ) -> types.ListResourceTemplatesResult | dict[str, Any]:
         if not self.proxy.offered.templates:
             return _empty_list("resourceTemplates")
+        raws = [raw for raw, _ in self.proxy.offered.templates]
+        plainly = listed_plainly("resource template", raws)
+        if plainly is not None:
+            return {**_LIST_HINTS, "resourceTemplates": plainly, "resultType": "complete"}
         import mcp_types as types
 
         return types.ListResourceTemplatesResult(

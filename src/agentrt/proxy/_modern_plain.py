@@ -32,6 +32,7 @@ from ._plain import (
     _text_block,
     _Undecided,
     checked_params,
+    shaped_offers,
     shaped_tool,
 )
 from ._revision import LOG_LEVEL_META_KEY, PROTOCOL_VERSION_META_KEY
@@ -338,14 +339,16 @@ def _listing(method: str, result: Mapping[str, Any]) -> dict[str, Any] | _Undeci
         or not _optional_str(result, "nextCursor")
     ):
         return UNDECIDED
+    listed: list[Any] | _Undecided
     if method == "tools/list":
         listed = [_tool(tool) for tool in items]
         if UNDECIDED in listed:
             return UNDECIDED
-    elif items:
-        return UNDECIDED  # prompts and resources: the models shape them
     else:
-        listed = []
+        # An item's `_meta` is the era's `MetaObject`: the models shape those.
+        listed = shaped_offers(key, items, lambda meta: False)
+        if listed is UNDECIDED:
+            return UNDECIDED
     fields: dict[str, Any] = {
         "cacheScope": result["cacheScope"],
         "resultType": result["resultType"],

@@ -47,6 +47,7 @@ __all__ = [
     "message_of_model",
     "model_of",
     "monolith_call_result",
+    "shaped_offers",
     "shaped_result",
     "shaped_tool",
     "wire_form",
@@ -525,6 +526,82 @@ _LISTS: Final = {
     "resources/list": "resources",
     "resources/templates/list": "resourceTemplates",
 }
+# The members of a listed prompt, resource or template `shaped_offers` shapes, in the order
+# both eras' wire types dump them (`_meta` first, then by field name); an item with any
+# other member (icons, annotations) is left to the models.
+_OFFER_MEMBERS: Final = {
+    "prompts": ("_meta", "arguments", "description", "name", "title"),
+    "resources": ("_meta", "description", "mimeType", "name", "size", "title", "uri"),
+    "resourceTemplates": ("_meta", "description", "mimeType", "name", "title", "uriTemplate"),
+}
+_OFFER_TEXT: Final = frozenset({"description", "mimeType", "name", "title", "uri", "uriTemplate"})
+_OFFER_REQUIRED: Final = {
+    "prompts": ("name",),
+    "resources": ("name", "uri"),
+    "resourceTemplates": ("name", "uriTemplate"),
+}
+_ARGUMENT_MEMBERS: Final = ("description", "name", "required", "title")
+
+
+def shaped_offers(
+    key: str, items: list[Any], meta_kept: Callable[[Any], bool]
+) -> list[dict[str, Any]] | _Undecided:
+    """A listing's prompts, resources or templates (`key`, each a handler's dump of the
+    SDK's model) as an era's wire type shapes them, their members in its order; a `_meta`
+    kept as it is where `meta_kept` says the era keeps it; `UNDECIDED` for any other
+    shape."""
+    members = _OFFER_MEMBERS[key]
+    shaped: list[dict[str, Any]] = []
+    for item in items:
+        if not isinstance(item, dict) or not item.keys() <= set(members):
+            return UNDECIDED
+        if any(not isinstance(item.get(required), str) for required in _OFFER_REQUIRED[key]):
+            return UNDECIDED
+        kept: dict[str, Any] = {}
+        for member in members:
+            value = item.get(member)
+            if value is None:
+                continue
+            if member in _OFFER_TEXT:
+                if not isinstance(value, str):
+                    return UNDECIDED
+            elif member == "size":
+                if type(value) is not int or not -(2**63) <= value < 2**63:
+                    return UNDECIDED
+            elif member == "_meta":
+                if not meta_kept(value):
+                    return UNDECIDED
+            else:  # a prompt's arguments
+                arguments = _shaped_arguments(value)
+                if arguments is UNDECIDED:
+                    return UNDECIDED
+                value = arguments
+            kept[member] = value
+        shaped.append(kept)
+    return shaped
+
+
+def _shaped_arguments(arguments: Any) -> list[dict[str, Any]] | _Undecided:
+    if not isinstance(arguments, list):
+        return UNDECIDED
+    shaped: list[dict[str, Any]] = []
+    for argument in arguments:
+        if not isinstance(argument, dict) or not argument.keys() <= set(_ARGUMENT_MEMBERS):
+            return UNDECIDED
+        if not isinstance(argument.get("name"), str):
+            return UNDECIDED
+        kept: dict[str, Any] = {}
+        for member in _ARGUMENT_MEMBERS:
+            value = argument.get(member)
+            if value is None:
+                continue
+            if member == "required" and type(value) is not bool:
+                return UNDECIDED
+            if member != "required" and not isinstance(value, str):
+                return UNDECIDED
+            kept[member] = value
+        shaped.append(kept)
+    return shaped
 
 
 def shaped_result(method: str, result: Mapping[str, Any]) -> dict[str, Any] | _Undecided:
@@ -567,6 +644,7 @@ def shaped_result(method: str, result: Mapping[str, Any]) -> dict[str, Any] | _U
             call["structuredContent"] = structured
         return call
     key = _LISTS.get(method)
-    if key is not None and result.get(key) == []:
-        return {key: []}
+    if key is not None and isinstance(result.get(key), list):
+        offers = shaped_offers(key, result[key], lambda meta: isinstance(meta, dict))
+        return UNDECIDED if offers is UNDECIDED else {key: offers}
     return UNDECIDED

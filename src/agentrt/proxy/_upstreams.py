@@ -27,7 +27,7 @@ from .config import ProxyConfig, UpstreamConfig
 if TYPE_CHECKING:
     from ._proxy import Loaded
 
-__all__ = ["load_upstreams", "plainly_listable", "take_offers"]
+__all__ = ["listed_plainly", "load_upstreams", "plainly_listable", "take_offers"]
 
 
 async def load_upstreams(
@@ -221,6 +221,32 @@ def plainly_listable(noun: str, item: Any) -> bool:
         ):
             return False
     return True
+
+
+# The members of the SDK's models in the order they dump them (`by_alias`, nulls left out).
+_DUMPED: Final = {
+    "prompt": ("name", "title", "description", "arguments", "_meta"),
+    "resource": ("name", "title", "uri", "description", "mimeType", "size", "_meta"),
+    "resource template": ("name", "title", "uriTemplate", "description", "mimeType", "_meta"),
+}
+_ARGUMENT_DUMPED: Final = ("name", "title", "description", "required")
+
+
+def listed_plainly(noun: str, items: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """`items` as the SDK's model of `noun` dumps each (`by_alias`, `mode="json"`, nulls
+    left out), when every one is `plainly_listable`; None when the models must."""
+    if not all(plainly_listable(noun, item) for item in items):
+        return None
+    listed: list[dict[str, Any]] = []
+    for item in items:
+        dumped = {key: item[key] for key in _DUMPED[noun] if item.get(key) is not None}
+        if "arguments" in dumped:
+            dumped["arguments"] = [
+                {key: entry[key] for key in _ARGUMENT_DUMPED if entry.get(key) is not None}
+                for entry in dumped["arguments"]
+            ]
+        listed.append(dumped)
+    return listed
 
 
 def _integer_or_null(value: Any) -> bool:
