@@ -18,7 +18,15 @@ import anyio
 import pytest
 from mcp import Client, ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
-from proxy_helpers import RULES, ProxySetup, RawHost, build_setup, host_environment, until
+from proxy_helpers import (
+    RULES,
+    ProxySetup,
+    RawHost,
+    build_setup,
+    conformance_config,
+    host_environment,
+    until,
+)
 
 from agentrt.store import GrantLimits, grant_limits, open_store
 
@@ -471,3 +479,40 @@ async def test_a_call_sent_with_the_first_listing_is_served_and_imports_the_call
         assert [block["text"] for block in result["content"]] == ["hello"]
     assert _noted(setup, "IMPORTING") == [{"calls": 1}]
     assert _noted(setup, "BUILT") == [{"calls": 1, "loaded": sorted(CALL_PATH_MODULES)}]
+
+
+async def test_a_server_offering_prompts_and_resources_is_listed_to_the_host_without_the_models(
+    tmp_path: Path,
+) -> None:
+    # The server's prompts, resources and templates are checked (`plainly_listable`) and
+    # listed (`listed_plainly`, `shaped_offers`) in plain JSON: a host that opens and lists
+    # everything, as Claude Code does, loads none of the modules a default proxy does not
+    # (but JSON Schema's validators: this server's schemas are ones that need them).
+    config = await anyio.to_thread.run_sync(conformance_config, tmp_path, "offers")
+    schemas = {"jsonschema", "referencing", "regex"}
+    names = [name for name in NOT_FOR_A_DEFAULT_STDIO_PROXY if name not in schemas]
+    assert "mcp_types" in names and "pydantic" in names
+    probe = _PROBE.replace("NAMES", repr(names))
+    stderr_path = tmp_path / "proxy.stderr"
+    parameters = StdioServerParameters(
+        command=sys.executable,
+        args=["-c", probe, "--config", str(config)],
+        env=host_environment(),
+        cwd=str(tmp_path),
+    )
+    with stderr_path.open("a") as errlog:
+        async with (
+            stdio_client(parameters, errlog=errlog) as (read_stream, write_stream),
+            ClientSession(read_stream, write_stream) as session,
+        ):
+            await session.initialize()
+            tools = (await session.list_tools()).tools
+            prompts = (await session.list_prompts()).prompts
+            resources = (await session.list_resources()).resources
+            templates = (await session.list_resource_templates()).resource_templates
+    assert tools and prompts and resources and templates
+    assert "test_prompt_with_arguments" in [prompt.name for prompt in prompts]
+    stderr = stderr_path.read_text()
+    lines = [line for line in stderr.splitlines() if line.startswith("LOADED ")]
+    assert lines, stderr
+    assert json.loads(lines[-1].removeprefix("LOADED ")) == [], stderr
