@@ -23,15 +23,15 @@ from wire_values import SETTINGS, as_read, json_values, objects
 from agentrt.mcp._offers import Offers
 from agentrt.proxy import _dispatch, _modern_plain, _plain
 from agentrt.proxy._offers import Offered
-from agentrt.proxy._plain import UNDECIDED
-from agentrt.proxy._upstreams import listed_plainly, plainly_listable, take_offers
+from agentrt.proxy._plain import UNDECIDED, listed_plainly, plainly_listable
+from agentrt.proxy._upstreams import take_offers
 
 _ERA = "2026-07-28"
 
 _MODELS: dict[str, Any] = {
-    "prompt": types.Prompt,
-    "resource": types.Resource,
-    "resource template": types.ResourceTemplate,
+    "prompts": types.Prompt,
+    "resources": types.Resource,
+    "resourceTemplates": types.ResourceTemplate,
 }
 
 _text = st.text(max_size=4)
@@ -64,11 +64,11 @@ _common = {
     "mimeType": _maybe_text,
 }
 _items = {
-    "prompt": _members(
+    "prompts": _members(
         {"name": _mostly_text},
         {**_common, "arguments": st.none() | st.lists(_argument, max_size=2) | json_values},
     ),
-    "resource": _members(
+    "resources": _members(
         {"name": _mostly_text, "uri": _mostly_text},
         {
             **_common,
@@ -79,7 +79,7 @@ _items = {
             | json_values,
         },
     ),
-    "resource template": _members(
+    "resourceTemplates": _members(
         {"name": _mostly_text, "uriTemplate": _mostly_text},
         {**_common, "uri_template": _maybe_text},
     ),
@@ -97,15 +97,15 @@ _good_common = {
     "_meta": st.dictionaries(_text, json_values, max_size=2),
 }
 _good_items = {
-    "prompt": st.fixed_dictionaries(
+    "prompts": st.fixed_dictionaries(
         {"name": _text},
         optional={**_good_common, "arguments": st.lists(_good_argument, max_size=2)},
     ),
-    "resource": st.fixed_dictionaries(
+    "resources": st.fixed_dictionaries(
         {"name": _text, "uri": _text},
         optional={**_good_common, "mimeType": _text, "size": st.integers(-(2**63), 2**63 - 1)},
     ),
-    "resource template": st.fixed_dictionaries(
+    "resourceTemplates": st.fixed_dictionaries(
         {"name": _text, "uriTemplate": _text}, optional={**_good_common, "mimeType": _text}
     ),
 }
@@ -131,12 +131,12 @@ def test_what_the_plain_check_lists_the_sdks_model_accepts(noun: str, data: st.D
 @pytest.mark.parametrize(
     ("noun", "item"),
     [
-        ("prompt", {"name": "greet", "description": "Say hello", "arguments": [
+        ("prompts", {"name": "greet", "description": "Say hello", "arguments": [
             {"name": "who", "description": "whom", "required": True}]}),
-        ("prompt", {"name": "bare"}),
-        ("resource", {"name": "note", "uri": "file:///note.txt", "mimeType": "text/plain",
+        ("prompts", {"name": "bare"}),
+        ("resources", {"name": "note", "uri": "file:///note.txt", "mimeType": "text/plain",
                       "size": 12, "_meta": {"k": 1}}),
-        ("resource template", {"name": "notes", "uriTemplate": "file:///{name}",
+        ("resourceTemplates", {"name": "notes", "uriTemplate": "file:///{name}",
                                "title": None}),
     ],
 )  # fmt: skip
@@ -150,15 +150,15 @@ def test_ordinary_offers_are_decided_without_the_models(noun: str, item: Any) ->
     ("noun", "item"),
     [
         # Members of models of their own, and the Python names the models also take.
-        ("resource", {"name": "r", "uri": "u", "annotations": {"priority": 0.5}}),
-        ("resource", {"name": "r", "uri": "u", "icons": [{"src": "https://e.com/i.png"}]}),
-        ("resource template", {"name": "t", "uri_template": "u/{x}"}),
+        ("resources", {"name": "r", "uri": "u", "annotations": {"priority": 0.5}}),
+        ("resources", {"name": "r", "uri": "u", "icons": [{"src": "https://e.com/i.png"}]}),
+        ("resourceTemplates", {"name": "t", "uri_template": "u/{x}"}),
         # Kinds the model may coerce or refuse: it decides.
-        ("resource", {"name": "r", "uri": "u", "size": 5.0}),
-        ("resource", {"name": "r", "uri": "u", "size": True}),
-        ("resource", {"name": "r", "uri": "u", "size": 2**63}),
-        ("prompt", {"name": "p", "arguments": [{"name": "a", "required": "yes"}]}),
-        ("prompt", {"name": 7}),
+        ("resources", {"name": "r", "uri": "u", "size": 5.0}),
+        ("resources", {"name": "r", "uri": "u", "size": True}),
+        ("resources", {"name": "r", "uri": "u", "size": 2**63}),
+        ("prompts", {"name": "p", "arguments": [{"name": "a", "required": "yes"}]}),
+        ("prompts", {"name": 7}),
     ],
 )  # fmt: skip
 def test_what_the_plain_check_cannot_be_sure_of_goes_to_the_model(noun: str, item: Any) -> None:
@@ -187,9 +187,9 @@ def test_a_refused_offer_is_refused_alone_with_the_models_reason_and_the_rest_li
 # -- listed to the host without the models: the handler's dump, each era's shape -----------
 
 _LISTINGS = {
-    "prompt": ("prompts/list", "prompts"),
-    "resource": ("resources/list", "resources"),
-    "resource template": ("resources/templates/list", "resourceTemplates"),
+    "prompts": "prompts/list",
+    "resources": "resources/list",
+    "resourceTemplates": "resources/templates/list",
 }
 
 
@@ -208,7 +208,7 @@ def test_what_is_listed_plainly_is_what_the_models_list(noun: str, data: st.Data
                                                            exclude_none=True)
              for item in items]
         )  # fmt: skip
-    method, key = _LISTINGS[noun]
+    method, key = _LISTINGS[noun], noun
     for shown in (listed, items):
         if shown is None:
             continue

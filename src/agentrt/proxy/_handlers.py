@@ -21,12 +21,11 @@ from ..tools import SideEffect
 from ._answers import Answer, admits_waiting, bounded
 from ._apps import host_renders_apps, is_app_uri
 from ._input_required import HostCall, Question
-from ._plain import UNDECIDED, call_result, listed_tool, monolith_call_result
+from ._plain import UNDECIDED, call_result, listed_plainly, listed_tool, monolith_call_result
 from ._proxy import Proxy, principal_of_request
 from ._resource import same_principal
 from ._revision import cache_hints
 from ._status import STATUS_TOOL
-from ._upstreams import listed_plainly
 from .config import DEFAULT_SERVER_TIMEOUT
 
 if TYPE_CHECKING:
@@ -140,7 +139,7 @@ class Handlers:
         if not self.proxy.offered.prompts:
             return _empty_list("prompts")
         raws = [raw for raw, _ in self.proxy.offered.prompts.values()]
-        plainly = listed_plainly("prompt", raws)
+        plainly = listed_plainly("prompts", raws)
         if plainly is not None:  # the models are not imported (issue 36)
             return {**_LIST_HINTS, "prompts": plainly, "resultType": "complete"}
         import mcp_types as types
@@ -164,7 +163,7 @@ class Handlers:
             for raw, _ in self.proxy.offered.resources
             if apps or not is_app_uri(str(raw.get("uri", "")))
         ]
-        plainly = listed_plainly("resource", raws)
+        plainly = listed_plainly("resources", raws)
         if plainly is not None:
             return {**_LIST_HINTS, "resources": plainly, "resultType": "complete"}
         import mcp_types as types
@@ -180,7 +179,7 @@ class Handlers:
         if not self.proxy.offered.templates:
             return _empty_list("resourceTemplates")
         raws = [raw for raw, _ in self.proxy.offered.templates]
-        plainly = listed_plainly("resource template", raws)
+        plainly = listed_plainly("resourceTemplates", raws)
         if plainly is not None:
             return {**_LIST_HINTS, "resourceTemplates": plainly, "resultType": "complete"}
         import mcp_types as types

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from ..mcp._handshake import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
 
@@ -42,11 +42,13 @@ __all__ = [
     "checked_params",
     "field",
     "initialize_result",
+    "listed_plainly",
     "listed_tool",
     "message_of",
     "message_of_model",
     "model_of",
     "monolith_call_result",
+    "plainly_listable",
     "shaped_offers",
     "shaped_result",
     "shaped_tool",
@@ -526,21 +528,107 @@ _LISTS: Final = {
     "resources/list": "resources",
     "resources/templates/list": "resourceTemplates",
 }
-# The members of a listed prompt, resource or template `shaped_offers` shapes, in the order
-# both eras' wire types dump them (`_meta` first, then by field name); an item with any
-# other member (icons, annotations) is left to the models.
-_OFFER_MEMBERS: Final = {
-    "prompts": ("_meta", "arguments", "description", "name", "title"),
-    "resources": ("_meta", "description", "mimeType", "name", "size", "title", "uri"),
-    "resourceTemplates": ("_meta", "description", "mimeType", "name", "title", "uriTemplate"),
+
+
+class _Offer(NamedTuple):
+    """A listed prompt's, resource's or template's members: in the order the SDK's model
+    dumps them (`by_alias`, nulls left out), in the order both eras' wire types do
+    (`_meta` first, then by field name), the ones it must have (strings), and those whose
+    values `plainly_listable` checks in a server's item."""
+
+    dumped: tuple[str, ...]
+    wire: tuple[str, ...]
+    required: tuple[str, ...]
+    checked: frozenset[str]
+
+
+# A server's prompts, resources and templates in plain JSON (decision 0068), by the key
+# their listing gives them; an item with a member of neither order (icons, annotations)
+# is left to the models.
+_OFFERS: Final = {
+    "prompts": _Offer(
+        dumped=("name", "title", "description", "arguments", "_meta"),
+        wire=("_meta", "arguments", "description", "name", "title"),
+        required=("name",),
+        checked=frozenset({"title", "description", "mimeType", "_meta", "arguments"}),
+    ),
+    "resources": _Offer(
+        dumped=("name", "title", "uri", "description", "mimeType", "size", "_meta"),
+        wire=("_meta", "description", "mimeType", "name", "size", "title", "uri"),
+        required=("name", "uri"),
+        checked=frozenset({"title", "description", "mimeType", "_meta", "size"}),
+    ),
+    "resourceTemplates": _Offer(
+        dumped=("name", "title", "uriTemplate", "description", "mimeType", "_meta"),
+        wire=("_meta", "description", "mimeType", "name", "title", "uriTemplate"),
+        required=("name", "uriTemplate"),
+        checked=frozenset({"title", "description", "mimeType", "_meta"}),
+    ),
 }
-_OFFER_TEXT: Final = frozenset({"description", "mimeType", "name", "title", "uri", "uriTemplate"})
-_OFFER_REQUIRED: Final = {
-    "prompts": ("name",),
-    "resources": ("name", "uri"),
-    "resourceTemplates": ("name", "uriTemplate"),
-}
-_ARGUMENT_MEMBERS: Final = ("description", "name", "required", "title")
+_ARGUMENT: Final = _Offer(
+    dumped=("name", "title", "description", "required"),
+    wire=("description", "name", "required", "title"),
+    required=("name",),
+    checked=frozenset({"title", "description", "required"}),
+)
+# Python names the models also accept for a member (`populate_by_name`), and the members
+# whose values are models of their own: where one is present, the model decides.
+_TO_THE_MODEL: Final = frozenset({"mime_type", "uri_template", "meta", "icons", "annotations"})
+
+
+def _plain_kind(member: str, value: Any) -> bool:
+    """Whether an offer's (not null) member is of the plain kind the models take."""
+    if member == "_meta":
+        return type(value) is dict
+    if member == "arguments":
+        return type(value) is list and all(
+            _plainly(argument, _ARGUMENT, frozenset()) for argument in value
+        )
+    if member == "size":
+        return type(value) is int and -(2**63) <= value < 2**63
+    if member == "required":
+        return type(value) is bool
+    return type(value) is str
+
+
+def _plainly(item: Any, offer: _Offer, to_the_model: frozenset[str]) -> bool:
+    if type(item) is not dict:
+        return False
+    if any(type(item.get(member)) is not str for member in offer.required):
+        return False
+    for member, value in item.items():
+        if value is None:
+            continue
+        if member in to_the_model:
+            return False
+        if member in offer.checked and not _plain_kind(member, value):
+            return False
+    return True
+
+
+def plainly_listable(key: str, item: Any) -> bool:
+    """Whether a server's prompt, resource or resource template (`key`: its listing's,
+    the item its plain JSON) is one the SDK's model certainly accepts, decided without
+    importing the models (issue 36: `mcp_types` costs ~0.2 s at start): its required
+    members strings, the others it has of the plain kinds the model takes (text or null,
+    a 64-bit integer or null, an object or null for `_meta`, a prompt's arguments of the
+    same).  False is not a refusal: the model decides whatever this cannot."""
+    return _plainly(item, _OFFERS[key], _TO_THE_MODEL)
+
+
+def listed_plainly(key: str, items: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """`items` as the SDK's model dumps each (`by_alias`, `mode="json"`, nulls left out),
+    when every one is `plainly_listable`; None when the models must."""
+    if not all(plainly_listable(key, item) for item in items):
+        return None
+    return [_dumped(item, _OFFERS[key].dumped) for item in items]
+
+
+def _dumped(item: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
+    kept = {member: item[member] for member in order if item.get(member) is not None}
+    if "arguments" in kept:
+        kept["arguments"] = [_dumped(argument, _ARGUMENT.dumped) for argument in kept["arguments"]]
+    return kept
 
 
 def shaped_offers(
@@ -550,58 +638,46 @@ def shaped_offers(
     SDK's model) as an era's wire type shapes them, their members in its order; a `_meta`
     kept as it is where `meta_kept` says the era keeps it; `UNDECIDED` for any other
     shape."""
-    members = _OFFER_MEMBERS[key]
+
+    def shaped_value(member: str, value: Any) -> Any:
+        if member == "_meta":
+            return value if meta_kept(value) else UNDECIDED
+        if member == "arguments":
+            if not isinstance(value, list):
+                return UNDECIDED
+            arguments = [_in_wire_order(argument, _ARGUMENT, shaped_value) for argument in value]
+            return UNDECIDED if UNDECIDED in arguments else arguments
+        return value if _plain_kind(member, value) else UNDECIDED
+
     shaped: list[dict[str, Any]] = []
     for item in items:
-        if not isinstance(item, dict) or not item.keys() <= set(members):
+        kept = _in_wire_order(item, _OFFERS[key], shaped_value)
+        if not isinstance(kept, dict):
             return UNDECIDED
-        if any(not isinstance(item.get(required), str) for required in _OFFER_REQUIRED[key]):
-            return UNDECIDED
-        kept: dict[str, Any] = {}
-        for member in members:
-            value = item.get(member)
-            if value is None:
-                continue
-            if member in _OFFER_TEXT:
-                if not isinstance(value, str):
-                    return UNDECIDED
-            elif member == "size":
-                if type(value) is not int or not -(2**63) <= value < 2**63:
-                    return UNDECIDED
-            elif member == "_meta":
-                if not meta_kept(value):
-                    return UNDECIDED
-            else:  # a prompt's arguments
-                arguments = _shaped_arguments(value)
-                if arguments is UNDECIDED:
-                    return UNDECIDED
-                value = arguments
-            kept[member] = value
         shaped.append(kept)
     return shaped
 
 
-def _shaped_arguments(arguments: Any) -> list[dict[str, Any]] | _Undecided:
-    if not isinstance(arguments, list):
+def _in_wire_order(
+    item: Any, offer: _Offer, shaped_value: Callable[[str, Any], Any]
+) -> dict[str, Any] | _Undecided:
+    """`item`'s members in the wire order, nulls left out, each as `shaped_value` gives
+    it; `UNDECIDED` for an item of other members, without one it must have, or with a
+    value `shaped_value` does not decide."""
+    if not isinstance(item, dict) or not item.keys() <= set(offer.wire):
         return UNDECIDED
-    shaped: list[dict[str, Any]] = []
-    for argument in arguments:
-        if not isinstance(argument, dict) or not argument.keys() <= set(_ARGUMENT_MEMBERS):
+    if any(not isinstance(item.get(member), str) for member in offer.required):
+        return UNDECIDED
+    kept: dict[str, Any] = {}
+    for member in offer.wire:
+        value = item.get(member)
+        if value is None:
+            continue
+        shaped = shaped_value(member, value)
+        if isinstance(shaped, _Undecided):
             return UNDECIDED
-        if not isinstance(argument.get("name"), str):
-            return UNDECIDED
-        kept: dict[str, Any] = {}
-        for member in _ARGUMENT_MEMBERS:
-            value = argument.get(member)
-            if value is None:
-                continue
-            if member == "required" and type(value) is not bool:
-                return UNDECIDED
-            if member != "required" and not isinstance(value, str):
-                return UNDECIDED
-            kept[member] = value
-        shaped.append(kept)
-    return shaped
+        kept[member] = shaped
+    return kept
 
 
 def shaped_result(method: str, result: Mapping[str, Any]) -> dict[str, Any] | _Undecided:

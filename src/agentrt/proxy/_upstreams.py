@@ -8,7 +8,7 @@ second is refused with a line naming the first.
 
 from __future__ import annotations
 
-from typing import IO, TYPE_CHECKING, Any, Final
+from typing import IO, TYPE_CHECKING, Any
 
 import anyio
 
@@ -21,13 +21,14 @@ from ..sanitize import sanitize
 from ..tools import Tool
 from ._log import log_line
 from ._offers import Offered
+from ._plain import plainly_listable
 from ._status import STATUS_TOOL
 from .config import ProxyConfig, UpstreamConfig
 
 if TYPE_CHECKING:
     from ._proxy import Loaded
 
-__all__ = ["listed_plainly", "load_upstreams", "plainly_listable", "take_offers"]
+__all__ = ["load_upstreams", "take_offers"]
 
 
 async def load_upstreams(
@@ -147,16 +148,16 @@ def take_offers(offered: Offered, name: str, offers: Offers) -> list[str]:
     to log (its refusals, and what the SDK could not list or another server took first)."""
     lines = list(offers.lines)
     sections = (
-        (offers.prompts, "prompt"),
-        (offers.resources, "resource"),
-        (offers.resource_templates, "resource template"),
+        (offers.prompts, "prompt", "prompts"),
+        (offers.resources, "resource", "resources"),
+        (offers.resource_templates, "resource template", "resourceTemplates"),
     )
-    for listed, noun in sections:
+    for listed, noun, key in sections:
         for raw in listed:
             plain = plain_json(raw)
             shown = sanitize(str(raw.get("name", "")))
             # What the SDK cannot list to the host is refused alone, not the whole list.
-            refusal = None if plainly_listable(noun, plain) else _model_refusal(noun, plain)
+            refusal = None if plainly_listable(key, plain) else _model_refusal(noun, plain)
             if refusal is not None:
                 lines.append(
                     f"{sanitize(name)}: refused {noun} {shown}: the host could not be sent it "
@@ -177,91 +178,6 @@ def take_offers(offered: Offered, name: str, offers: Offers) -> list[str]:
             else:
                 offered.templates.append((plain, name))
     return lines
-
-
-# The members of the SDK's Prompt, Resource and ResourceTemplate models (their wire names)
-# whose values `plainly_listable` decides: a string or null, an integer or null, ...
-_TEXT: Final = frozenset({"title", "description", "mimeType"})
-_REQUIRED_TEXT: Final = {
-    "prompt": ("name",),
-    "resource": ("name", "uri"),
-    "resource template": ("name", "uriTemplate"),
-}
-# Python names the models also accept for a member (`populate_by_name`), and the members
-# whose values are models of their own: where one is present, the model decides.
-_TO_THE_MODEL: Final = frozenset({"mime_type", "uri_template", "meta", "icons", "annotations"})
-_ARGUMENT_TEXT: Final = frozenset({"title", "description"})
-
-
-def plainly_listable(noun: str, item: Any) -> bool:
-    """Whether a server's prompt, resource or resource template (`noun`, its plain JSON)
-    is one the SDK's model certainly accepts, decided without importing the models
-    (issue 36: `mcp_types` costs ~0.2 s at start): its required members strings, the
-    others it has of the plain kinds the model takes (text or null, a 64-bit integer or
-    null, an object or null for `_meta`, a prompt's arguments of the same).  False is
-    not a refusal: the model decides whatever this cannot."""
-    if not isinstance(item, dict):
-        return False
-    for key in _REQUIRED_TEXT[noun]:
-        if type(item.get(key)) is not str:
-            return False
-    for key, value in item.items():
-        if key in _TO_THE_MODEL and value is not None:
-            return False
-        if key in _TEXT and value is not None and type(value) is not str:
-            return False
-        if key == "_meta" and value is not None and type(value) is not dict:
-            return False
-    if noun == "resource" and not _integer_or_null(item.get("size")):
-        return False
-    if noun == "prompt":
-        arguments = item.get("arguments")
-        if arguments is not None and not (
-            type(arguments) is list and all(_plain_argument(entry) for entry in arguments)
-        ):
-            return False
-    return True
-
-
-# The members of the SDK's models in the order they dump them (`by_alias`, nulls left out).
-_DUMPED: Final = {
-    "prompt": ("name", "title", "description", "arguments", "_meta"),
-    "resource": ("name", "title", "uri", "description", "mimeType", "size", "_meta"),
-    "resource template": ("name", "title", "uriTemplate", "description", "mimeType", "_meta"),
-}
-_ARGUMENT_DUMPED: Final = ("name", "title", "description", "required")
-
-
-def listed_plainly(noun: str, items: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """`items` as the SDK's model of `noun` dumps each (`by_alias`, `mode="json"`, nulls
-    left out), when every one is `plainly_listable`; None when the models must."""
-    if not all(plainly_listable(noun, item) for item in items):
-        return None
-    listed: list[dict[str, Any]] = []
-    for item in items:
-        dumped = {key: item[key] for key in _DUMPED[noun] if item.get(key) is not None}
-        if "arguments" in dumped:
-            dumped["arguments"] = [
-                {key: entry[key] for key in _ARGUMENT_DUMPED if entry.get(key) is not None}
-                for entry in dumped["arguments"]
-            ]
-        listed.append(dumped)
-    return listed
-
-
-def _integer_or_null(value: Any) -> bool:
-    return value is None or (type(value) is int and -(2**63) <= value < 2**63)
-
-
-def _plain_argument(argument: Any) -> bool:
-    if type(argument) is not dict or type(argument.get("name")) is not str:
-        return False
-    for key, value in argument.items():
-        if key in _ARGUMENT_TEXT and value is not None and type(value) is not str:
-            return False
-        if key == "required" and value is not None and type(value) is not bool:
-            return False
-    return True
 
 
 def _model_refusal(noun: str, item: Any) -> str | None:
